@@ -1,0 +1,58 @@
+# cudalua: make (build), make test, make examples, make bench (GPU machine), make install.
+# Builds against the CUDA toolkit's headers only: libcuda and NVRTC are opened at run time.
+LUA        ?= lua5.4
+LUA_INCDIR ?= /usr/include/lua5.4
+CUDA_DIR   ?= /usr/local/cuda
+CC         ?= gcc
+CFLAGS     ?= -O2 -g
+WARN        = -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers
+ALL_CFLAGS  = $(CFLAGS) $(WARN) -fPIC -std=gnu11 -I$(LUA_INCDIR) -I$(CUDA_DIR)/include -Isrc
+LIBFLAG    ?= -shared
+LIBS        = -ldl -lpthread -lm
+
+SRCS    = $(wildcard src/*.c)
+OBJS    = $(SRCS:src/%.c=build/%.o) build/embedded.o
+PARTS   = $(wildcard lua/cudalua/*.lua)
+HEADERS = $(wildcard kernels/cudalua/*.cuh)
+
+# install locations (LuaRocks passes its own)
+PREFIX     ?= /usr/local
+INST_LIBDIR ?= $(PREFIX)/lib/lua/5.4
+INST_INCDIR ?= $(PREFIX)/include
+
+# the busted runner under Lua 5.4, whatever `busted` runs by default
+BUSTED = $(LUA) -e "package.path='./?.lua;'..package.path; package.cpath='./?.so;'..package.cpath; require 'busted.runner'({standalone=false})" /dev/null
+
+.PHONY: all test examples bench install clean
+all: cudalua.so
+
+build/%.o: src/%.c src/cl.h | build
+	$(CC) $(ALL_CFLAGS) -c $< -o $@
+
+build/embedded.c: tools/embed.lua $(PARTS) $(HEADERS) | build
+	$(LUA) tools/embed.lua $@ $(PARTS) -- $(HEADERS)
+
+build/embedded.o: build/embedded.c
+	$(CC) $(ALL_CFLAGS) -c $< -o $@
+
+build:
+	mkdir -p build
+
+cudalua.so: $(OBJS)
+	$(CC) $(LIBFLAG) -o $@ $(OBJS) $(LIBS)
+
+test: cudalua.so
+	$(BUSTED) -o spec/output.lua spec
+
+examples: cudalua.so
+	@sh examples/run.sh $(LUA)
+
+bench: cudalua.so
+	@sh bench/run.sh $(LUA)
+
+install: cudalua.so
+	mkdir -p $(INST_LIBDIR) $(INST_INCDIR)
+	cp cudalua.so $(INST_LIBDIR)/
+
+clean:
+	rm -rf build cudalua.so

@@ -1,0 +1,52 @@
+-- cudalua: the module table users get from require "cudalua".
+-- The C core (src/*.c) does what must be fast or touch the driver; this file and its siblings
+-- are glue and policy. They are compiled into the binary (see src/core.c).
+local core = ...
+local cuda = {}
+
+for k, v in pairs(core) do
+  if type(v) == "function" and not k:match("^nvrtc_") and not k:match("^module_") then cuda[k] = v end
+end
+for _, name in ipairs { "float32", "float64", "int8", "int16", "int32", "int64", "uint8",
+                        "uint16", "uint32", "uint64", "bool", "float16" } do
+  cuda[name] = core[name]
+end
+cuda.driver_version, cuda.nvrtc_version, cuda.mem_info = nil, nil, nil
+cuda.__version = core.version
+
+-- cuda.versions() -> {driver = 13000, nvrtc = {13, 0}, cudalua = "x.y.z"}
+function cuda.versions()
+  local ma, mi = core.nvrtc_version()
+  return { driver = core.driver_version(), nvrtc = ma and { ma, mi } or nil, cudalua = core.version }
+end
+
+-- cuda.mem_info() -> free, total bytes of the current device
+cuda.mem_info = core.mem_info
+
+-- like `numba -s`: what this machine offers; returns true when a GPU is usable
+function cuda.detect(out)
+  out = out or io.stdout
+  local v = cuda.versions()
+  local ma, mi, path = core.nvrtc_version()
+  out:write(("cudalua %s\n"):format(core.version))
+  out:write(("NVRTC: %s\n"):format(ma and ("%d.%d (%s)"):format(ma, mi, path) or mi))
+  if not core.is_available() then
+    out:write(core.driver_error() .. "\n")
+    return false
+  end
+  out:write(("CUDA driver: %d.%d\n"):format(v.driver // 1000, v.driver % 1000 // 10))
+  local devs = core.devices()
+  out:write(("Found %d CUDA device%s\n"):format(#devs, #devs == 1 and "" or "s"))
+  for _, d in ipairs(devs) do
+    out:write(("id %d  %-28s  compute capability %d.%d  %d SMs  %.1f GiB\n"):format(
+      d.id, d.name, d.compute_capability[1], d.compute_capability[2], d.multiprocessors,
+      d.total_memory / 2 ^ 30))
+  end
+  return true
+end
+
+local compile = require "cudalua.compile"
+cuda.compile = compile.compile
+cuda.kernel = compile.kernel
+
+return cuda

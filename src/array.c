@@ -1,0 +1,568 @@
+/* array.c: host arrays (pageable, pinned, mapped, managed) and device arrays, all one Lua type.
+   Indices are 1-based on the Lua side; a[i] reads the i-th element in row-major order. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "cl.h"
+
+static const char *kind_names[] = {"array", "pinned_array", "mapped_array", "managed_array",
+                                   "device_array", "foreign_array"};
+
+cl_array *cl_toarray(lua_State *L, int idx) { return luaL_testudata(L, idx, CL_ARRAY); }
+
+cl_array *cl_checkarray(lua_State *L, int idx) {
+  cl_array *a = luaL_testudata(L, idx, CL_ARRAY);
+  if (!a) luaL_typeerror(L, idx, "cudalua array");
+  if (!a->mem) luaL_argerror(L, idx, "closed array");
+  return a;
+}
+
+size_t cl_nbytes(const cl_array *a) { return a->size * cl_dtypes[a->dtype].size; }
+CUdeviceptr cl_devptr(const cl_array *a) { return a->mem->dptr ? a->mem->dptr + a->offset : 0; }
+void *cl_hostptr(const cl_array *a) { return a->mem->host ? (char *)a->mem->host + a->offset : NULL; }
+
+static int is_host(const cl_array *a) { return a->kind != CL_DEVICE && a->kind != CL_FOREIGN; }
+
+/* the host may touch managed memory only when no kernel runs, unless the device allows it */
+static void host_access(lua_State *L, cl_array *a) {
+  if (a->kind == CL_MANAGED && !cl_concurrent_managed()) {
+    cl_ctx(L);
+    cl_check(L, cu.cuCtxSynchronize(), "waiting before host access to managed memory");
+  }
+}
+
+/* shape: an integer or a table of 1..8 integers >= 0 */
+static int parse_shape(lua_State *L, int idx, int64_t *shape, const char *where) {
+  int ndim = 0;
+  if (lua_type(L, idx) == LUA_TNUMBER) {
+    if (!lua_isinteger(L, idx)) luaL_error(L, "%s: shape must be an integer, got %s", where, lua_tostring(L, idx));
+    shape[0] = lua_tointeger(L, idx);
+    ndim = 1;
+  } else if (lua_type(L, idx) == LUA_TTABLE) {
+    ndim = (int)lua_rawlen(L, idx);
+    if (ndim < 1 || ndim > CL_MAXDIM)
+      luaL_error(L, "%s: shape needs 1 to %d dimensions, got %d", where, CL_MAXDIM, ndim);
+    for (int i = 0; i < ndim; i++) {
+      lua_rawgeti(L, idx, i + 1);
+      if (!lua_isinteger(L, -1))
+        luaL_error(L, "%s: shape[%d] must be an integer, got %s", where, i + 1, luaL_typename(L, -1));
+      shape[i] = lua_tointeger(L, -1);
+      lua_pop(L, 1);
+    }
+  } else {
+    luaL_error(L, "%s: shape must be an integer or a table of integers, got %s", where,
+               luaL_typename(L, idx));
+  }
+  for (int i = 0; i < ndim; i++)
+    if (shape[i] < 0) luaL_error(L, "%s: shape[%d] is negative (%I)", where, i + 1, (lua_Integer)shape[i]);
+  return ndim;
+}
+
+static cl_array *push_array(lua_State *L, cl_mem *m, size_t offset, int kind, int dt, int ndim,
+                            const int64_t *shape) {
+  cl_array *a = lua_newuserdatauv(L, sizeof *a, 1);
+  memset(a, 0, sizeof *a);
+  a->mem = m; a->offset = offset; a->kind = kind; a->dtype = dt; a->ndim = ndim;
+  a->size = 1;
+  for (int i = 0; i < ndim; i++) { a->shape[i] = shape[i]; a->size *= (size_t)shape[i]; }
+  luaL_setmetatable(L, CL_ARRAY);
+  return a;
+}
+
+cl_array *cl_newarray(lua_State *L, int kind, int dt, int ndim, const int64_t *shape,
+                      cl_stream *s, int zero) {
+  size_t n = 1, isz = cl_dtypes[dt].size;
+  for (int i = 0; i < ndim; i++) {
+    if (shape[i] && n > ((size_t)1 << 50) / (size_t)shape[i])
+      luaL_error(L, "cudalua: array too large");
+    n *= (size_t)shape[i];
+  }
+  if (n > ((size_t)1 << 50) / isz) luaL_error(L, "cudalua: array too large");
+  /* the userdata exists before the memory, so an error in between leaks nothing */
+  cl_array *a = push_array(L, NULL, 0, kind, dt, ndim, shape);
+  a->mem = cl_mem_new(L, kind, n * isz, s, zero);
+  return a;
+}
+
+/* ---- constructors ---- */
+
+static int infer_dtype(lua_State *L, int idx, int ndim) {
+  /* the first leaf decides between bool, int64 and float64; a later float widens to float64 */
+  int dt = -1;
+  if (ndim == 1) {
+    size_t n = lua_rawlen(L, idx);
+    for (size_t i = 1; i <= n; i++) {
+      int t = lua_rawgeti(L, idx, (lua_Integer)i);
+      if (t == LUA_TBOOLEAN && dt < 0) dt = CL_BOOL;
+      else if (t == LUA_TNUMBER) {
+        if (!lua_isinteger(L, -1)) { lua_pop(L, 1); return CL_F64; }
+        if (dt < 0 || dt == CL_BOOL) dt = CL_I64;
+      }
+      lua_pop(L, 1);
+    }
+    return dt < 0 ? CL_F64 : dt;
+  }
+  size_t n = lua_rawlen(L, idx);
+  for (size_t i = 1; i <= n; i++) {
+    if (lua_rawgeti(L, idx, (lua_Integer)i) == LUA_TTABLE) {
+      int d = infer_dtype(L, lua_gettop(L), ndim - 1);
+      if (d == CL_F64) { lua_pop(L, 1); return CL_F64; }
+      if (dt < 0 || d == CL_I64) dt = d;
+    }
+    lua_pop(L, 1);
+  }
+  return dt < 0 ? CL_F64 : dt;
+}
+
+static int table_shape(lua_State *L, int idx, int64_t *shape) {
+  int ndim = 0;
+  lua_pushvalue(L, idx);
+  while (lua_type(L, -1) == LUA_TTABLE) {
+    if (ndim == CL_MAXDIM) luaL_error(L, "cuda.array: tables nested deeper than %d", CL_MAXDIM);
+    shape[ndim++] = (int64_t)lua_rawlen(L, -1);
+    lua_rawgeti(L, -1, 1);
+    lua_remove(L, -2);
+  }
+  lua_pop(L, 1);
+  return ndim;
+}
+
+static char *fill_from(lua_State *L, int idx, int dt, int d, int ndim, const int64_t *shape,
+                       char *p, lua_Integer *count) {
+  int isz = cl_dtypes[dt].size;
+  if ((int64_t)lua_rawlen(L, idx) != shape[d])
+    luaL_error(L, "cuda.array: ragged table: a row at depth %d has %d elements, expected %I", d + 1,
+               (int)lua_rawlen(L, idx), (lua_Integer)shape[d]);
+  for (int64_t i = 1; i <= shape[d]; i++) {
+    lua_rawgeti(L, idx, i);
+    if (d + 1 < ndim) {
+      if (!lua_istable(L, -1)) luaL_error(L, "cuda.array: ragged table: expected a row at depth %d", d + 2);
+      p = fill_from(L, lua_gettop(L), dt, d + 1, ndim, shape, p, count);
+    } else {
+      cl_tovalue(L, -1, dt, p, "cuda.array", ++*count);
+      p += isz;
+    }
+    lua_pop(L, 1);
+  }
+  return p;
+}
+
+static int l_array(lua_State *L) {
+  int64_t shape[CL_MAXDIM];
+  if (lua_type(L, 1) == LUA_TTABLE) {
+    int ndim = table_shape(L, 1, shape);
+    if (ndim == 0) { ndim = 1; shape[0] = 0; }
+    int dt = lua_isnoneornil(L, 2) ? infer_dtype(L, 1, ndim) : cl_checkdtype(L, 2);
+    cl_array *a = cl_newarray(L, CL_HOST, dt, ndim, shape, NULL, 0);
+    lua_Integer count = 0;
+    if (a->size) fill_from(L, 1, dt, 0, ndim, shape, cl_hostptr(a), &count);
+    return 1;
+  }
+  if (lua_type(L, 1) != LUA_TNUMBER)
+    return luaL_typeerror(L, 1, "table of values or integer length");
+  int ndim = parse_shape(L, 1, shape, "cuda.array");
+  cl_newarray(L, CL_HOST, cl_optdtype(L, 2, CL_F64), ndim, shape, NULL, 1);
+  return 1;
+}
+
+static int new_kind(lua_State *L, int kind, const char *where) {
+  int64_t shape[CL_MAXDIM];
+  int ndim = parse_shape(L, 1, shape, where);
+  int dt = cl_optdtype(L, 2, CL_F64);
+  cl_stream *s = kind == CL_DEVICE ? cl_tostream(L, 3, where) : NULL;
+  cl_newarray(L, kind, dt, ndim, shape, s, kind != CL_DEVICE);
+  return 1;
+}
+
+static int l_zeros(lua_State *L) { return new_kind(L, CL_HOST, "cuda.zeros"); }
+static int l_pinned_array(lua_State *L) { return new_kind(L, CL_PINNED, "cuda.pinned_array"); }
+static int l_mapped_array(lua_State *L) { return new_kind(L, CL_MAPPED, "cuda.mapped_array"); }
+static int l_managed_array(lua_State *L) { return new_kind(L, CL_MANAGED, "cuda.managed_array"); }
+static int l_device_array(lua_State *L) { return new_kind(L, CL_DEVICE, "cuda.device_array"); }
+
+static int l_device_array_like(lua_State *L) {
+  cl_array *a = cl_checkarray(L, 1);
+  cl_stream *s = cl_tostream(L, 2, "cuda.device_array_like");
+  cl_newarray(L, CL_DEVICE, a->dtype, a->ndim, a->shape, s, 0);
+  return 1;
+}
+
+/* ---- copies ---- */
+
+/* copies src into dst (same dtype and size). With no stream the copy is finished on return;
+   with a stream it is queued, except that pageable memory is always done on return, as the
+   driver does for pageable copies. */
+static void copy(lua_State *L, cl_array *dst, cl_array *src, cl_stream *s, int sync,
+                 const char *where) {
+  if (dst->dtype != src->dtype)
+    luaL_error(L, "%s: dtype mismatch (%s into %s)", where, cl_dtypes[src->dtype].name,
+               cl_dtypes[dst->dtype].name);
+  if (dst->size != src->size)
+    luaL_error(L, "%s: size mismatch (%I elements into %I)", where, (lua_Integer)src->size,
+               (lua_Integer)dst->size);
+  if (dst->readonly) luaL_error(L, "%s: destination is read-only", where);
+  size_t n = cl_nbytes(src);
+  if (n == 0) return;
+  if (is_host(dst) && is_host(src)) {   /* host to host: no driver needed */
+    host_access(L, dst); host_access(L, src);
+    if (dst->mem->used) cl_mem_settle(L, dst->mem);
+    if (src->mem->used) cl_mem_settle(L, src->mem);
+    memmove(cl_hostptr(dst), cl_hostptr(src), n);
+    return;
+  }
+  cl_ctx(L);
+  int pageable = 0;
+  if (dst->kind == CL_HOST) { cl_pageable_prepare(dst->mem); pageable = 1; }
+  if (src->kind == CL_HOST) { cl_pageable_prepare(src->mem); pageable = 1; }
+  CUdeviceptr d = dst->kind == CL_HOST ? (CUdeviceptr)(uintptr_t)cl_hostptr(dst) : cl_devptr(dst);
+  CUdeviceptr p = src->kind == CL_HOST ? (CUdeviceptr)(uintptr_t)cl_hostptr(src) : cl_devptr(src);
+  CUstream h = s ? s->h : NULL;
+  cl_check(L, cu.cuMemcpyAsync(d, p, n, h), where);
+  cl_mem_use(dst->mem, s);
+  cl_mem_use(src->mem, s);
+  if (sync || pageable) cl_check(L, cu.cuStreamSynchronize(h), where);
+}
+
+static cl_array *host_from(lua_State *L, int idx, int dtidx, const char *where) {
+  /* a table (with a dtype) becomes a new pageable array on the stack */
+  if (!lua_istable(L, idx)) return NULL;
+  lua_pushcfunction(L, l_array);
+  lua_pushvalue(L, idx);
+  if (dtidx) lua_pushvalue(L, dtidx); else lua_pushnil(L);
+  lua_call(L, 2, 1);
+  (void)where;
+  return lua_touserdata(L, -1);
+}
+
+/* cuda.to_device(host_array | table [, dtype] [, stream]) */
+static int l_to_device(lua_State *L) {
+  int sidx = 2, dtidx = 0;
+  if (lua_type(L, 2) == LUA_TSTRING || (lua_type(L, 2) == LUA_TUSERDATA && !luaL_testudata(L, 2, "cudalua.stream")))
+    { dtidx = 2; sidx = 3; }
+  cl_array *src = host_from(L, 1, dtidx, "cuda.to_device");
+  if (!src) {
+    src = cl_toarray(L, 1);
+    if (!src) return luaL_typeerror(L, 1, "array or table");
+    if (!src->mem) return luaL_argerror(L, 1, "closed array");
+    if (dtidx && cl_checkdtype(L, dtidx) != src->dtype)
+      return luaL_argerror(L, dtidx, "dtype differs from the array's (no conversion is done)");
+  }
+  cl_stream *s = cl_tostream(L, sidx, "cuda.to_device");
+  cl_array *d = cl_newarray(L, CL_DEVICE, src->dtype, src->ndim, src->shape, s, 0);
+  copy(L, d, src, s, lua_isnoneornil(L, sidx), "cuda.to_device");
+  return 1;
+}
+
+/* a:copy_to_host([into] [, stream]) */
+static int a_copy_to_host(lua_State *L) {
+  cl_array *a = cl_checkarray(L, 1);
+  int into = 0, sidx = 2;
+  if (cl_toarray(L, 2)) { into = 2; sidx = 3; }
+  else if (lua_isnil(L, 2) && !lua_isnone(L, 3)) sidx = 3;
+  cl_stream *s = cl_tostream(L, sidx, "copy_to_host");
+  cl_array *dst;
+  if (into) {
+    dst = cl_checkarray(L, 2);
+    if (!is_host(dst)) return luaL_argerror(L, 2, "destination must be a host array");
+    lua_pushvalue(L, 2);
+  } else {
+    dst = cl_newarray(L, CL_HOST, a->dtype, a->ndim, a->shape, NULL, 0);
+  }
+  copy(L, dst, a, s, lua_isnoneornil(L, sidx), "copy_to_host");
+  return 1;
+}
+
+/* d:copy_to_device(src [, stream]): src is an array or a table */
+static int a_copy_to_device(lua_State *L) {
+  cl_array *d = cl_checkarray(L, 1);
+  if (is_host(d)) return luaL_error(L, "copy_to_device: the array is a host array (%s)", kind_names[d->kind]);
+  cl_array *src = host_from(L, 2, 0, "copy_to_device");
+  if (src) {   /* a table takes the array's dtype */
+    lua_pop(L, 1);
+    lua_pushcfunction(L, l_array); lua_pushvalue(L, 2); cl_pushdtype(L, d->dtype);
+    lua_call(L, 2, 1);
+    src = lua_touserdata(L, -1);
+    lua_replace(L, 2);
+  } else src = cl_checkarray(L, 2);
+  cl_stream *s = cl_tostream(L, 3, "copy_to_device");
+  copy(L, d, src, s, lua_isnoneornil(L, 3), "copy_to_device");
+  lua_settop(L, 1);
+  return 1;
+}
+
+/* ---- element access ---- */
+
+static size_t flat_index(lua_State *L, cl_array *a, int first, int n) {
+  if (n == 1) {
+    if (!lua_isinteger(L, first)) luaL_error(L, "cudalua: array index must be an integer, got %s",
+                                             lua_type(L, first) == LUA_TNUMBER ? lua_tostring(L, first) : luaL_typename(L, first));
+    lua_Integer i = lua_tointeger(L, first);
+    if (i < 1 || (size_t)i > a->size)
+      luaL_error(L, "cudalua: index %I out of range (1..%I)", i, (lua_Integer)a->size);
+    return (size_t)(i - 1);
+  }
+  if (n != a->ndim)
+    luaL_error(L, "cudalua: %d indices for an array of %d dimensions", n, a->ndim);
+  size_t off = 0;
+  for (int d = 0; d < n; d++) {
+    if (!lua_isinteger(L, first + d)) luaL_error(L, "cudalua: index %d must be an integer", d + 1);
+    lua_Integer i = lua_tointeger(L, first + d);
+    if (i < 1 || i > a->shape[d])
+      luaL_error(L, "cudalua: index %d is %I, out of range (1..%I)", d + 1, i, (lua_Integer)a->shape[d]);
+    off = off * (size_t)a->shape[d] + (size_t)(i - 1);
+  }
+  return off;
+}
+
+static void get_elem(lua_State *L, cl_array *a, size_t i) {
+  int isz = cl_dtypes[a->dtype].size;
+  if (is_host(a)) {
+    host_access(L, a);
+    cl_pushvalue(L, a->dtype, (char *)cl_hostptr(a) + i * isz);
+  } else {   /* one element from the device: slow, synchronous */
+    char buf[8];
+    cl_ctx(L);
+    cl_check(L, cu.cuMemcpyDtoH(buf, cl_devptr(a) + i * isz, isz), "reading a device array element");
+    cl_pushvalue(L, a->dtype, buf);
+  }
+}
+
+static void set_elem(lua_State *L, cl_array *a, size_t i, int vidx) {
+  int isz = cl_dtypes[a->dtype].size;
+  char buf[8];
+  if (a->readonly) luaL_error(L, "cudalua: array is read-only");
+  cl_tovalue(L, vidx, a->dtype, buf, "cudalua: array", (lua_Integer)i + 1);
+  if (is_host(a)) {
+    host_access(L, a);
+    memcpy((char *)cl_hostptr(a) + i * isz, buf, isz);
+  } else {
+    cl_ctx(L);
+    cl_check(L, cu.cuMemcpyHtoD(cl_devptr(a) + i * isz, buf, isz), "writing a device array element");
+  }
+}
+
+static int a_get(lua_State *L) {
+  cl_array *a = cl_checkarray(L, 1);
+  get_elem(L, a, flat_index(L, a, 2, lua_gettop(L) - 1));
+  return 1;
+}
+
+static int a_set(lua_State *L) {
+  cl_array *a = cl_checkarray(L, 1);
+  int n = lua_gettop(L) - 2;
+  if (n < 1) return luaL_error(L, "cudalua: set needs indices and a value");
+  set_elem(L, a, flat_index(L, a, 2, n), n + 2);
+  return 0;
+}
+
+static void push_shape(lua_State *L, cl_array *a) {
+  lua_createtable(L, a->ndim, 0);
+  for (int i = 0; i < a->ndim; i++) { lua_pushinteger(L, a->shape[i]); lua_rawseti(L, -2, i + 1); }
+}
+
+static int a_index(lua_State *L) {
+  cl_array *a = luaL_checkudata(L, 1, CL_ARRAY);
+  if (lua_type(L, 2) == LUA_TNUMBER) {
+    if (!a->mem) return luaL_error(L, "cudalua: closed array");
+    get_elem(L, a, flat_index(L, a, 2, 1));
+    return 1;
+  }
+  const char *k = lua_tostring(L, 2);
+  if (k) {
+    /* methods first: one table lookup */
+    lua_getfield(L, LUA_REGISTRYINDEX, CL_ARRAY ".methods");
+    if (lua_getfield(L, -1, k) != LUA_TNIL) return 1;
+    lua_pop(L, 2);
+    if (!strcmp(k, "closed")) { lua_pushboolean(L, a->mem == NULL); return 1; }
+    if (!strcmp(k, "kind")) { lua_pushstring(L, kind_names[a->kind]); return 1; }
+    if (!strcmp(k, "dtype")) { cl_pushdtype(L, a->dtype); return 1; }
+    if (!strcmp(k, "shape")) { push_shape(L, a); return 1; }
+    if (!strcmp(k, "ndim")) { lua_pushinteger(L, a->ndim); return 1; }
+    if (!strcmp(k, "size")) { lua_pushinteger(L, (lua_Integer)a->size); return 1; }
+    if (!strcmp(k, "nbytes")) { lua_pushinteger(L, (lua_Integer)cl_nbytes(a)); return 1; }
+    if (!strcmp(k, "itemsize")) { lua_pushinteger(L, cl_dtypes[a->dtype].size); return 1; }
+  }
+  return luaL_error(L, "cudalua: arrays have no field '%s'", luaL_tolstring(L, 2, NULL));
+}
+
+static int a_newindex(lua_State *L) {
+  cl_array *a = luaL_checkudata(L, 1, CL_ARRAY);
+  if (lua_type(L, 2) != LUA_TNUMBER)
+    return luaL_error(L, "cudalua: cannot set field '%s' of an array", luaL_tolstring(L, 2, NULL));
+  if (!a->mem) return luaL_error(L, "cudalua: closed array");
+  set_elem(L, a, flat_index(L, a, 2, 1), 3);
+  return 0;
+}
+
+static int a_len(lua_State *L) {
+  cl_array *a = luaL_checkudata(L, 1, CL_ARRAY);
+  lua_pushinteger(L, (lua_Integer)a->size);
+  return 1;
+}
+
+/* ---- methods ---- */
+
+static void push_table(lua_State *L, cl_array *a, const char *base, int d, size_t *off) {
+  lua_createtable(L, (int)a->shape[d], 0);
+  int isz = cl_dtypes[a->dtype].size;
+  for (int64_t i = 1; i <= a->shape[d]; i++) {
+    if (d + 1 < a->ndim) push_table(L, a, base, d + 1, off);
+    else { cl_pushvalue(L, a->dtype, base + *off * isz); (*off)++; }
+    lua_rawseti(L, -2, i);
+  }
+}
+
+static int a_totable(lua_State *L) {
+  cl_array *a = cl_checkarray(L, 1);
+  if (!is_host(a)) {   /* through a host copy */
+    lua_pushcfunction(L, a_copy_to_host); lua_pushvalue(L, 1);
+    lua_call(L, 1, 1);
+    a = lua_touserdata(L, -1);
+  }
+  host_access(L, a);
+  size_t off = 0;
+  push_table(L, a, cl_hostptr(a), 0, &off);
+  return 1;
+}
+
+static int a_fill(lua_State *L) {
+  cl_array *a = cl_checkarray(L, 1);
+  char v[8];
+  int isz = cl_dtypes[a->dtype].size;
+  cl_tovalue(L, 2, a->dtype, v, "fill", 0);
+  cl_stream *s = cl_tostream(L, 3, "fill");
+  if (a->readonly) return luaL_error(L, "fill: array is read-only");
+  lua_settop(L, 1);
+  if (a->size == 0) return 1;
+  if (is_host(a)) {
+    host_access(L, a);
+    if (a->mem->used) cl_mem_settle(L, a->mem);
+    char *p = cl_hostptr(a);
+    for (size_t i = 0; i < a->size; i++) memcpy(p + i * isz, v, isz);
+    return 1;
+  }
+  cl_ctx(L);
+  CUdeviceptr d = cl_devptr(a);
+  CUstream h = s ? s->h : NULL;
+  CUresult r;
+  if (isz == 1) r = cu.cuMemsetD8Async(d, *(uint8_t *)v, a->size, h);
+  else if (isz == 2) r = cu.cuMemsetD16Async(d, *(uint16_t *)v, a->size, h);
+  else if (isz == 4) r = cu.cuMemsetD32Async(d, *(uint32_t *)v, a->size, h);
+  else {   /* 8-byte elements: the low and the high words as two strided 2-D memsets */
+    uint32_t w[2]; memcpy(w, v, 8);
+    r = cu.cuMemsetD2D32Async(d, 8, w[0], 1, a->size, h);
+    if (r == CUDA_SUCCESS) r = cu.cuMemsetD2D32Async(d + 4, 8, w[1], 1, a->size, h);
+  }
+  cl_check(L, r, "fill");
+  cl_mem_use(a->mem, s);
+  if (!s) cl_check(L, cu.cuStreamSynchronize(NULL), "fill");
+  return 1;
+}
+
+static int a_slice(lua_State *L) {
+  cl_array *a = cl_checkarray(L, 1);
+  lua_Integer n = a->shape[0];
+  lua_Integer i = luaL_checkinteger(L, 2), j = luaL_optinteger(L, 3, n);
+  if (i < 1 || i > n + 1) return luaL_error(L, "slice: start %I out of range (1..%I)", i, n + 1);
+  if (j < i - 1 || j > n) return luaL_error(L, "slice: stop %I out of range (%I..%I)", j, i - 1, n);
+  size_t row = cl_nbytes(a) / (n ? (size_t)n : 1);
+  int64_t shape[CL_MAXDIM];
+  memcpy(shape, a->shape, sizeof shape);
+  shape[0] = j - i + 1;
+  cl_array *v = push_array(L, cl_mem_ref(a->mem), a->offset + (size_t)(i - 1) * row, a->kind,
+                           a->dtype, a->ndim, shape);
+  v->readonly = a->readonly;
+  lua_getiuservalue(L, 1, 1);   /* a foreign owner stays alive with the view */
+  lua_setiuservalue(L, -2, 1);
+  return 1;
+}
+
+static int a_reshape(lua_State *L) {
+  cl_array *a = cl_checkarray(L, 1);
+  int64_t shape[CL_MAXDIM];
+  int ndim;
+  if (lua_gettop(L) > 2) {
+    lua_createtable(L, lua_gettop(L) - 1, 0);
+    for (int i = 2; i < lua_gettop(L); i++) { lua_pushvalue(L, i); lua_rawseti(L, -2, i - 1); }
+    ndim = parse_shape(L, -1, shape, "reshape");
+  } else ndim = parse_shape(L, 2, shape, "reshape");
+  size_t n = 1;
+  for (int i = 0; i < ndim; i++) n *= (size_t)shape[i];
+  if (n != a->size)
+    return luaL_error(L, "reshape: %I elements cannot take a shape of %I", (lua_Integer)a->size, (lua_Integer)n);
+  cl_array *v = push_array(L, cl_mem_ref(a->mem), a->offset, a->kind, a->dtype, ndim, shape);
+  v->readonly = a->readonly;
+  lua_getiuservalue(L, 1, 1);
+  lua_setiuservalue(L, -2, 1);
+  return 1;
+}
+
+static int a_ptr(lua_State *L) {
+  cl_array *a = cl_checkarray(L, 1);
+  if (a->kind == CL_HOST) return luaL_error(L, "ptr: a pageable host array has no device address");
+  lua_pushinteger(L, (lua_Integer)cl_devptr(a));
+  return 1;
+}
+
+static int a_close(lua_State *L) {
+  cl_array *a = luaL_checkudata(L, 1, CL_ARRAY);
+  if (a->mem) { cl_mem *m = a->mem; a->mem = NULL; cl_mem_unref(L, m); }
+  return 0;
+}
+
+static int a_tostring(lua_State *L) {
+  cl_array *a = luaL_checkudata(L, 1, CL_ARRAY);
+  luaL_Buffer b;
+  luaL_buffinit(L, &b);
+  lua_pushfstring(L, "cudalua.%s<%s>", kind_names[a->kind], cl_dtypes[a->dtype].name);
+  luaL_addvalue(&b);
+  for (int i = 0; i < a->ndim; i++) {
+    lua_pushfstring(L, "[%I]", (lua_Integer)a->shape[i]);
+    luaL_addvalue(&b);
+  }
+  if (!a->mem) luaL_addstring(&b, " (closed)");
+  else if (is_host(a) && (a->kind != CL_MANAGED || cl_concurrent_managed())) {
+    const char *p = cl_hostptr(a);
+    int isz = cl_dtypes[a->dtype].size;
+    luaL_addstring(&b, " {");
+    for (size_t i = 0; i < a->size; i++) {
+      if (a->size > 10 && i == 5) { luaL_addstring(&b, ", ..."); i = a->size - 5; }
+      if (i) luaL_addstring(&b, ", ");
+      cl_pushvalue(L, a->dtype, p + i * isz);
+      if (lua_isinteger(L, -1) || lua_isboolean(L, -1)) luaL_addvalue(&b);
+      else {   /* "%.14g": 5 rather than 5.0, as the tutorials print arrays */
+        char num[40];
+        snprintf(num, sizeof num, "%.14g", (double)lua_tonumber(L, -1));
+        lua_pop(L, 1);
+        luaL_addstring(&b, num);
+      }
+    }
+    luaL_addstring(&b, "}");
+  }
+  luaL_pushresult(&b);
+  return 1;
+}
+
+void cl_open_array(lua_State *L) {
+  static const luaL_Reg m[] = {
+    {"copy_to_host", a_copy_to_host}, {"copy_to_device", a_copy_to_device},
+    {"get", a_get}, {"set", a_set}, {"totable", a_totable}, {"fill", a_fill},
+    {"slice", a_slice}, {"reshape", a_reshape}, {"ptr", a_ptr}, {"close", a_close},
+    {NULL, NULL}};
+  static const luaL_Reg f[] = {
+    {"array", l_array}, {"zeros", l_zeros}, {"pinned_array", l_pinned_array},
+    {"mapped_array", l_mapped_array}, {"managed_array", l_managed_array},
+    {"device_array", l_device_array}, {"device_array_like", l_device_array_like},
+    {"to_device", l_to_device}, {NULL, NULL}};
+  luaL_newmetatable(L, CL_ARRAY);
+  lua_pushcfunction(L, a_index); lua_setfield(L, -2, "__index");
+  lua_pushcfunction(L, a_newindex); lua_setfield(L, -2, "__newindex");
+  lua_pushcfunction(L, a_len); lua_setfield(L, -2, "__len");
+  lua_pushcfunction(L, a_close); lua_setfield(L, -2, "__gc");
+  lua_pushcfunction(L, a_close); lua_setfield(L, -2, "__close");
+  lua_pushcfunction(L, a_tostring); lua_setfield(L, -2, "__tostring");
+  lua_pop(L, 1);
+  luaL_newlib(L, m);
+  lua_setfield(L, LUA_REGISTRYINDEX, CL_ARRAY ".methods");
+  luaL_setfuncs(L, f, 0);
+}

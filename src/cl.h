@@ -1,0 +1,159 @@
+/* cl.h: what the C files of cudalua share with each other (not installed). */
+#ifndef CUDALUA_CL_H
+#define CUDALUA_CL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <lua.h>
+#include <lauxlib.h>
+#include <cuda.h>
+#include <nvrtc.h>
+
+#define CUDALUA_VERSION "0.1.0"
+
+/* ---- driver.c: libcuda and NVRTC, opened with dlopen at run time ---- */
+#define CL_CUDA_FUNCS(X) \
+  X(cuInit) X(cuDriverGetVersion) X(cuGetErrorName) X(cuGetErrorString) \
+  X(cuDeviceGet) X(cuDeviceGetCount) X(cuDeviceGetName) X(cuDeviceGetAttribute) \
+  X(cuDeviceTotalMem) X(cuDevicePrimaryCtxRetain) X(cuCtxSetCurrent) X(cuCtxGetCurrent) \
+  X(cuCtxSynchronize) X(cuCtxGetDevice) X(cuMemGetInfo) \
+  X(cuMemAlloc) X(cuMemFree) X(cuMemAllocAsync) X(cuMemFreeAsync) \
+  X(cuDeviceGetDefaultMemPool) X(cuMemPoolSetAttribute) \
+  X(cuMemHostAlloc) X(cuMemFreeHost) X(cuMemHostGetDevicePointer) X(cuMemAllocManaged) \
+  X(cuMemHostRegister) X(cuMemHostUnregister) X(cuPointerGetAttribute) \
+  X(cuMemcpyAsync) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync) X(cuMemcpyDtoDAsync) \
+  X(cuMemcpyHtoD) X(cuMemcpyDtoH) \
+  X(cuMemsetD8Async) X(cuMemsetD16Async) X(cuMemsetD32Async) X(cuMemsetD2D32Async) \
+  X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize) X(cuStreamQuery) \
+  X(cuStreamWaitEvent) X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) \
+  X(cuEventQuery) X(cuEventSynchronize) X(cuEventElapsedTime) \
+  X(cuModuleLoadData) X(cuModuleUnload) X(cuModuleGetFunction) X(cuFuncGetAttribute) \
+  X(cuFuncGetParamInfo) X(cuLaunchKernel) X(cuOccupancyMaxPotentialBlockSize) \
+  X(cuOccupancyMaxActiveBlocksPerMultiprocessor)
+
+#define CL_NVRTC_FUNCS(X) \
+  X(nvrtcVersion) X(nvrtcGetErrorString) X(nvrtcCreateProgram) X(nvrtcDestroyProgram) \
+  X(nvrtcCompileProgram) X(nvrtcGetProgramLogSize) X(nvrtcGetProgramLog) \
+  X(nvrtcGetCUBINSize) X(nvrtcGetCUBIN) X(nvrtcGetPTXSize) X(nvrtcGetPTX) \
+  X(nvrtcAddNameExpression) X(nvrtcGetLoweredName) X(nvrtcGetNumSupportedArchs) \
+  X(nvrtcGetSupportedArchs)
+
+/* cuda.h maps names such as cuMemAlloc to cuMemAlloc_v2; the member takes the mapped name,
+   so calls through the table use the same ABI as the prototypes we compile against. */
+#define CL_MEMBER(f) __typeof__(f) *f;
+typedef struct cl_api {
+  CL_CUDA_FUNCS(CL_MEMBER)
+  CL_NVRTC_FUNCS(CL_MEMBER)
+} cl_api;
+extern cl_api cu;
+
+int cl_driver_load(void);          /* 1 when libcuda was opened and cuInit succeeded */
+int cl_nvrtc_load(void);           /* 1 when NVRTC was opened */
+const char *cl_driver_error(void); /* why the driver is not usable */
+const char *cl_nvrtc_error(void);
+const char *cl_nvrtc_path(void);
+CUcontext cl_ctx(lua_State *L);    /* raises unless a GPU is usable; makes its context current */
+int cl_device_attr(CUdevice_attribute a);  /* attribute of the current device */
+int cl_current_device(void);
+int cl_concurrent_managed(void);   /* host may touch managed memory while kernels run */
+/* raises "cudalua: what: CUDA_ERROR_X (text)" when r is not CUDA_SUCCESS */
+void cl_check(lua_State *L, CUresult r, const char *what);
+const char *cl_errname(CUresult r);
+void cl_open_driver(lua_State *L); /* registers the system functions in the table on top */
+
+/* ---- dtype.c: element types ---- */
+enum { CL_F32, CL_F64, CL_I8, CL_I16, CL_I32, CL_I64, CL_U8, CL_U16, CL_U32, CL_U64,
+       CL_BOOL, CL_F16, CL_NDTYPE };
+typedef struct cl_dtype_info {
+  const char *name, *alias;   /* "float32", "f4" */
+  int size;
+  const char *typestr;        /* CUDA Array Interface, e.g. "<f4" */
+  const char *ctype;          /* C type in kernels */
+} cl_dtype_info;
+extern const cl_dtype_info cl_dtypes[CL_NDTYPE];
+int cl_checkdtype(lua_State *L, int idx);      /* dtype object or name */
+int cl_optdtype(lua_State *L, int idx, int def);
+void cl_pushdtype(lua_State *L, int dt);
+void cl_open_dtype(lua_State *L);
+/* converts the Lua value at idx into one element at p; raises naming what and where */
+void cl_tovalue(lua_State *L, int idx, int dt, void *p, const char *where, lua_Integer index);
+void cl_pushvalue(lua_State *L, int dt, const void *p);
+float cl_half_to_float(uint16_t h);
+uint16_t cl_float_to_half(float f);
+
+/* ---- stream.c: streams, events ---- */
+typedef struct cl_stream {
+  int refs;            /* the Lua object and every memory block that last used it */
+  CUstream h;          /* NULL: the legacy default stream */
+  int owned;           /* destroy the handle with the last reference */
+  int blocking;        /* synchronises with the legacy stream */
+} cl_stream;
+cl_stream *cl_stream_ref(cl_stream *s);
+void cl_stream_unref(cl_stream *s);
+/* the stream at idx: nil/0/default stream -> NULL (legacy); raises for other values */
+cl_stream *cl_tostream(lua_State *L, int idx, const char *where);
+void cl_open_stream(lua_State *L);
+
+/* ---- array.c: host and device arrays ---- */
+enum { CL_HOST, CL_PINNED, CL_MAPPED, CL_MANAGED, CL_DEVICE, CL_FOREIGN };
+#define CL_MAXDIM 8
+typedef struct cl_mem {
+  int refs;            /* arrays (and views) that point into it */
+  int kind;
+  void *host;          /* host address, host kinds */
+  CUdeviceptr dptr;    /* device address, where kernels may use it */
+  size_t bytes;
+  CUcontext ctx;
+  cl_stream *stream;   /* last stream that used it (NULL with used: legacy) */
+  int used, multi;     /* used by queued work; on more than one stream */
+  int registered;      /* pageable memory page-locked with cuMemHostRegister */
+  void (*release)(void *ud, CUdeviceptr p);  /* foreign memory */
+  void *ud;
+} cl_mem;
+typedef struct cl_array {
+  cl_mem *mem;         /* NULL once closed */
+  size_t offset;       /* bytes into mem: views */
+  int kind, dtype, ndim, readonly;
+  int64_t shape[CL_MAXDIM];
+  size_t size;         /* elements */
+} cl_array;
+#define CL_ARRAY "cudalua.array"
+cl_array *cl_toarray(lua_State *L, int idx);      /* NULL unless a cudalua array */
+cl_array *cl_checkarray(lua_State *L, int idx);   /* raises if not an open array */
+size_t cl_nbytes(const cl_array *a);
+CUdeviceptr cl_devptr(const cl_array *a);         /* 0 for pageable host arrays */
+void *cl_hostptr(const cl_array *a);              /* NULL for device arrays */
+cl_mem *cl_mem_new(lua_State *L, int kind, size_t bytes, cl_stream *s, int zero);
+cl_mem *cl_mem_ref(cl_mem *m);
+void cl_mem_unref(lua_State *L, cl_mem *m);       /* never raises */
+void cl_mem_use(cl_mem *m, cl_stream *s);         /* queued work on s uses m */
+void cl_mem_settle(lua_State *L, cl_mem *m);      /* waits for queued work that uses m */
+int cl_pageable_prepare(cl_mem *m);               /* page-locks pageable memory for copies */
+cl_array *cl_newarray(lua_State *L, int kind, int dt, int ndim, const int64_t *shape,
+                      cl_stream *s, int zero);
+void cl_open_array(lua_State *L);
+
+/* ---- compile.c, module.c, launch.c ---- */
+void cl_open_compile(lua_State *L);
+void cl_open_module(lua_State *L);
+void cl_open_launch(lua_State *L);
+
+#define CL_MAXPARAMS 64
+typedef struct cl_kernel {
+  CUfunction fn;
+  CUcontext ctx;
+  int nparams;
+  size_t argbytes;
+  const void *array_mt;          /* the array metatable of this Lua state: fast type checks */
+  char ptype[CL_MAXPARAMS];      /* one code per parameter, see module.c */
+  unsigned short psize[CL_MAXPARAMS], poff[CL_MAXPARAMS];
+  int occ_block, occ_grid;       /* occupancy cache for shared == occ_shared */
+  size_t occ_shared;
+  int closed;
+} cl_kernel;
+#define CL_KERNEL "cudalua.kernel"
+cl_kernel *cl_checkkernel(lua_State *L, int idx);
+int cl_kernel_launch(lua_State *L, cl_kernel *k, int kidx, int first, unsigned g[3],
+                     unsigned b[3], cl_stream *s, unsigned shared);
+
+#endif

@@ -1,0 +1,288 @@
+/* driver.c: opens libcuda and NVRTC at run time, owns contexts, system functions.
+   Nothing links against the CUDA libraries, so the module loads on machines without them. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "cl.h"
+
+cl_api cu;
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static int drv_state;        /* 0 not tried, 1 ok, -1 failed */
+static int nv_state;
+static char drv_err[256], nv_err[1024], nv_path[600];
+
+#define MAXDEV 64
+static CUcontext dev_ctx[MAXDEV];  /* primary contexts, retained once per process */
+static int dev_count = -1;
+static __thread int tl_dev;          /* the device this thread selected, like the runtime */
+
+int cl_driver_load(void) {
+  pthread_mutex_lock(&lock);
+  if (drv_state == 0) {
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    typedef CUresult (*gpa_t)(const char *, void **, int, cuuint64_t,
+                              CUdriverProcAddressQueryResult *);
+    gpa_t gpa = h ? (gpa_t)dlsym(h, "cuGetProcAddress_v2") : NULL;
+    if (!h) {
+      snprintf(drv_err, sizeof drv_err, "cudalua: no CUDA driver found (libcuda.so.1)");
+      drv_state = -1;
+    } else if (!gpa) {
+      snprintf(drv_err, sizeof drv_err,
+               "cudalua: the CUDA driver is too old (need CUDA 12.0 or newer: no cuGetProcAddress_v2)");
+      drv_state = -1;
+    } else {
+      const char *missing = NULL;
+      /* ask for each entry point as of the headers we compile against */
+#define CL_GET(f) if (gpa(#f, (void **)&cu.f, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, NULL) \
+                      != CUDA_SUCCESS || !cu.f) { cu.f = NULL; if (!missing) missing = #f; }
+      CL_CUDA_FUNCS(CL_GET)
+#undef CL_GET
+      /* optional: cuFuncGetParamInfo needs a 12.4 driver */
+      if (missing && strcmp(missing, "cuFuncGetParamInfo") == 0) missing = NULL;
+      CUresult r;
+      if (missing) {
+        snprintf(drv_err, sizeof drv_err, "cudalua: the CUDA driver lacks %s", missing);
+        drv_state = -1;
+      } else if ((r = cu.cuInit(0)) != CUDA_SUCCESS) {
+        const char *n = "?"; cu.cuGetErrorName(r, &n);
+        snprintf(drv_err, sizeof drv_err,
+                 r == CUDA_ERROR_NO_DEVICE ? "cudalua: no CUDA device"
+                                           : "cudalua: cuInit failed: %s", n);
+        drv_state = -1;
+      } else {
+        int n = 0;
+        cu.cuDeviceGetCount(&n);
+        dev_count = n > MAXDEV ? MAXDEV : n;
+        if (dev_count <= 0) {
+          snprintf(drv_err, sizeof drv_err, "cudalua: no CUDA device");
+          drv_state = -1;
+        } else drv_state = 1;
+      }
+    }
+  }
+  int ok = drv_state == 1;
+  pthread_mutex_unlock(&lock);
+  return ok;
+}
+
+const char *cl_driver_error(void) { return drv_err; }
+const char *cl_nvrtc_error(void) { return nv_err; }
+const char *cl_nvrtc_path(void) { return nv_path; }
+
+static void *try_nvrtc(const char *path) {
+  void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (h) snprintf(nv_path, sizeof nv_path, "%s", path);
+  return h;
+}
+
+int cl_nvrtc_load(void) {
+  pthread_mutex_lock(&lock);
+  if (nv_state == 0) {
+    static const char *names[] = {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so", NULL};
+    void *h = NULL;
+    char buf[600];
+    const char *homes[] = {getenv("CUDA_HOME"), getenv("CUDA_PATH"), "/usr/local/cuda", NULL};
+    for (int i = 0; !h && names[i]; i++) h = try_nvrtc(names[i]);
+    for (int j = 0; !h && j < 3; j++) {
+      if (!homes[j] || !*homes[j]) continue;
+      for (int i = 0; !h && names[i]; i++) {
+        snprintf(buf, sizeof buf, "%s/lib64/%s", homes[j], names[i]);
+        h = try_nvrtc(buf);
+      }
+    }
+    if (!h) {
+      snprintf(nv_err, sizeof nv_err,
+               "cudalua: NVRTC not found (libnvrtc.so.13 or .12; set CUDA_HOME or LD_LIBRARY_PATH)");
+      nv_state = -1;
+    } else {
+      const char *missing = NULL;
+#define CL_GET(f) if (!(*(void **)&cu.f = dlsym(h, #f)) && !missing) missing = #f;
+      CL_NVRTC_FUNCS(CL_GET)
+#undef CL_GET
+      if (missing) {
+        snprintf(nv_err, sizeof nv_err, "cudalua: %s lacks %s", nv_path, missing);
+        nv_state = -1;
+      } else nv_state = 1;
+    }
+  }
+  int ok = nv_state == 1;
+  pthread_mutex_unlock(&lock);
+  return ok;
+}
+
+const char *cl_errname(CUresult r) {
+  const char *n = NULL;
+  if (drv_state != 1 || cu.cuGetErrorName(r, &n) != CUDA_SUCCESS || !n) return "CUDA_ERROR_UNKNOWN";
+  return n;
+}
+
+void cl_check(lua_State *L, CUresult r, const char *what) {
+  if (r == CUDA_SUCCESS) return;
+  const char *s = NULL;
+  if (cu.cuGetErrorString) cu.cuGetErrorString(r, &s);
+  luaL_error(L, "cudalua: %s: %s (%s)", what, cl_errname(r), s ? s : "no description");
+}
+
+static void need_driver(lua_State *L) {
+  if (!cl_driver_load()) luaL_error(L, "%s", drv_err);
+}
+
+/* The primary context, so a host program that uses the runtime API shares memory with us. */
+static CUcontext primary(lua_State *L, int d) {
+  if (dev_ctx[d]) return dev_ctx[d];
+  pthread_mutex_lock(&lock);
+  CUresult r = CUDA_SUCCESS;
+  if (!dev_ctx[d]) {
+    CUdevice dev; CUcontext c = NULL;
+    r = cu.cuDeviceGet(&dev, d);
+    if (r == CUDA_SUCCESS) r = cu.cuDevicePrimaryCtxRetain(&c, dev);
+    if (r == CUDA_SUCCESS) {
+      CUcontext old = NULL;
+      cu.cuCtxGetCurrent(&old);
+      cu.cuCtxSetCurrent(c);
+      /* keep freed device memory in the pool: allocation in loops stays cheap */
+      CUmemoryPool pool;
+      if (cu.cuDeviceGetDefaultMemPool(&pool, dev) == CUDA_SUCCESS) {
+        cuuint64_t thr = UINT64_MAX;
+        cu.cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &thr);
+      }
+      cu.cuCtxSetCurrent(old);
+      dev_ctx[d] = c;
+    }
+  }
+  pthread_mutex_unlock(&lock);
+  cl_check(L, r, "creating the device's primary context");
+  return dev_ctx[d];
+}
+
+CUcontext cl_ctx(lua_State *L) {
+  need_driver(L);
+  CUcontext want = dev_ctx[tl_dev] ? dev_ctx[tl_dev] : primary(L, tl_dev), cur = NULL;
+  /* cheap: the driver keeps the current context in thread-local storage */
+  cu.cuCtxGetCurrent(&cur);
+  if (cur != want) cl_check(L, cu.cuCtxSetCurrent(want), "making the context current");
+  return want;
+}
+
+int cl_current_device(void) { return tl_dev; }
+
+int cl_device_attr(CUdevice_attribute a) {
+  int v = 0; CUdevice dev;
+  if (drv_state != 1 || cu.cuDeviceGet(&dev, tl_dev) != CUDA_SUCCESS) return 0;
+  cu.cuDeviceGetAttribute(&v, a, dev);
+  return v;
+}
+
+int cl_concurrent_managed(void) {
+  static int cache[MAXDEV];   /* 0 unknown, 1 no, 2 yes */
+  int d = tl_dev;
+  if (!cache[d]) cache[d] = cl_device_attr(CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS) ? 2 : 1;
+  return cache[d] == 2;
+}
+
+/* ---- Lua functions ---- */
+
+static int l_is_available(lua_State *L) {
+  lua_pushboolean(L, cl_driver_load());
+  return 1;
+}
+
+static int l_driver_error(lua_State *L) {
+  if (cl_driver_load()) lua_pushnil(L); else lua_pushstring(L, drv_err);
+  return 1;
+}
+
+static void setint(lua_State *L, const char *k, lua_Integer v) {
+  lua_pushinteger(L, v); lua_setfield(L, -2, k);
+}
+
+static int l_devices(lua_State *L) {
+  need_driver(L);
+  lua_createtable(L, dev_count, 0);
+  for (int i = 0; i < dev_count; i++) {
+    CUdevice dev; char name[256] = "?"; size_t mem = 0; int ma = 0, mi = 0, sms = 0, pci = 0;
+    cl_check(L, cu.cuDeviceGet(&dev, i), "cuDeviceGet");
+    cu.cuDeviceGetName(name, sizeof name, dev);
+    cu.cuDeviceTotalMem(&mem, dev);
+    cu.cuDeviceGetAttribute(&ma, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev);
+    cu.cuDeviceGetAttribute(&mi, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev);
+    cu.cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
+    cu.cuDeviceGetAttribute(&pci, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, dev);
+    lua_createtable(L, 0, 8);
+    setint(L, "id", i);
+    lua_pushstring(L, name); lua_setfield(L, -2, "name");
+    lua_createtable(L, 2, 0);
+    lua_pushinteger(L, ma); lua_rawseti(L, -2, 1);
+    lua_pushinteger(L, mi); lua_rawseti(L, -2, 2);
+    lua_setfield(L, -2, "compute_capability");
+    setint(L, "multiprocessors", sms);
+    setint(L, "total_memory", (lua_Integer)mem);
+    setint(L, "pci_bus_id", pci);
+    int v = 0;
+    cu.cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS, dev);
+    lua_pushboolean(L, v); lua_setfield(L, -2, "concurrent_managed_access");
+    cu.cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK, dev);
+    setint(L, "max_threads_per_block", v);
+    lua_rawseti(L, -2, i + 1);
+  }
+  return 1;
+}
+
+static int l_select_device(lua_State *L) {
+  lua_Integer d = luaL_checkinteger(L, 1);
+  need_driver(L);
+  luaL_argcheck(L, d >= 0 && d < dev_count, 1,
+                lua_pushfstring(L, "device id %d out of range (0..%d)", (int)d, dev_count - 1));
+  tl_dev = (int)d;
+  cl_ctx(L);
+  return 0;
+}
+
+static int l_current_device(lua_State *L) {
+  need_driver(L);
+  lua_pushinteger(L, tl_dev);
+  return 1;
+}
+
+static int l_synchronize(lua_State *L) {
+  cl_ctx(L);
+  cl_check(L, cu.cuCtxSynchronize(), "synchronize");
+  return 0;
+}
+
+static int l_driver_version(lua_State *L) {
+  int v = 0;
+  if (!cl_driver_load() || cu.cuDriverGetVersion(&v) != CUDA_SUCCESS) return 0;
+  lua_pushinteger(L, v);
+  return 1;
+}
+
+static int l_nvrtc_version(lua_State *L) {
+  int ma = 0, mi = 0;
+  if (!cl_nvrtc_load()) { lua_pushnil(L); lua_pushstring(L, nv_err); return 2; }
+  cu.nvrtcVersion(&ma, &mi);
+  lua_pushinteger(L, ma); lua_pushinteger(L, mi); lua_pushstring(L, nv_path);
+  return 3;
+}
+
+static int l_mem_info(lua_State *L) {
+  size_t fr = 0, tot = 0;
+  cl_ctx(L);
+  cl_check(L, cu.cuMemGetInfo(&fr, &tot), "cuMemGetInfo");
+  lua_pushinteger(L, (lua_Integer)fr); lua_pushinteger(L, (lua_Integer)tot);
+  return 2;
+}
+
+void cl_open_driver(lua_State *L) {
+  static const luaL_Reg f[] = {
+    {"is_available", l_is_available}, {"driver_error", l_driver_error},
+    {"devices", l_devices}, {"select_device", l_select_device},
+    {"current_device", l_current_device}, {"synchronize", l_synchronize},
+    {"driver_version", l_driver_version}, {"nvrtc_version", l_nvrtc_version},
+    {"mem_info", l_mem_info}, {NULL, NULL}};
+  luaL_setfuncs(L, f, 0);
+}

@@ -1,0 +1,181 @@
+/* dtype.c: element types, and converting Lua values to and from elements with checks. */
+#include <float.h>
+#include <math.h>
+#include <string.h>
+#include "cl.h"
+
+const cl_dtype_info cl_dtypes[CL_NDTYPE] = {
+  {"float32", "f4", 4, "<f4", "float"},   {"float64", "f8", 8, "<f8", "double"},
+  {"int8", "i1", 1, "|i1", "signed char"}, {"int16", "i2", 2, "<i2", "short"},
+  {"int32", "i4", 4, "<i4", "int"},        {"int64", "i8", 8, "<i8", "long long"},
+  {"uint8", "u1", 1, "|u1", "unsigned char"}, {"uint16", "u2", 2, "<u2", "unsigned short"},
+  {"uint32", "u4", 4, "<u4", "unsigned int"}, {"uint64", "u8", 8, "<u8", "unsigned long long"},
+  {"bool", "b1", 1, "|b1", "bool"},        {"float16", "f2", 2, "<f2", "__half"},
+};
+
+#define DTYPE_MT "cudalua.dtype"
+
+/* IEEE half <-> float, round to nearest even */
+float cl_half_to_float(uint16_t h) {
+  uint32_t s = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff, u;
+  if (e == 0) {
+    if (m == 0) u = s;
+    else { float f = ldexpf((float)m, -24); return s ? -f : f; }
+  } else if (e == 31) u = s | 0x7f800000 | (m << 13);
+  else u = s | ((e + 112) << 23) | (m << 13);
+  float f; memcpy(&f, &u, 4); return f;
+}
+
+uint16_t cl_float_to_half(float f) {
+  uint32_t u; memcpy(&u, &f, 4);
+  uint16_t s = (u >> 16) & 0x8000;
+  uint32_t a = u & 0x7fffffff;
+  if (a >= 0x7f800000) return s | 0x7c00 | (a > 0x7f800000 ? 0x200 : 0);
+  if (a >= 0x477ff000) return s | 0x7c00;            /* rounds past 65504: inf */
+  if (a < 0x38800000) {                              /* subnormal half */
+    float v = fabsf(f) * 16777216.0f;                /* 2^24 */
+    return s | (uint16_t)lrintf(v);
+  }
+  uint32_t r = a + 0xfff + ((a >> 13) & 1);          /* round to nearest even */
+  return s | (uint16_t)((r - 0x38000000) >> 13);
+}
+
+int cl_checkdtype(lua_State *L, int idx) {
+  if (lua_type(L, idx) == LUA_TSTRING) {
+    const char *s = lua_tostring(L, idx);
+    for (int i = 0; i < CL_NDTYPE; i++)
+      if (!strcmp(s, cl_dtypes[i].name) || !strcmp(s, cl_dtypes[i].alias)) return i;
+    if (!strcmp(s, "float")) return CL_F32;
+    if (!strcmp(s, "double")) return CL_F64;
+    if (!strcmp(s, "int")) return CL_I32;
+    return luaL_argerror(L, idx, lua_pushfstring(L, "unknown dtype '%s'", s));
+  }
+  int *p = luaL_testudata(L, idx, DTYPE_MT);
+  if (!p) return luaL_typeerror(L, idx, "dtype (cuda.float32, \"float32\", ...)");
+  return *p;
+}
+
+int cl_optdtype(lua_State *L, int idx, int def) {
+  return lua_isnoneornil(L, idx) ? def : cl_checkdtype(L, idx);
+}
+
+void cl_pushdtype(lua_State *L, int dt) {
+  lua_getfield(L, LUA_REGISTRYINDEX, DTYPE_MT ".all");
+  lua_rawgeti(L, -1, dt + 1);
+  lua_remove(L, -2);
+}
+
+/* "where" gets the element's index only when an error is raised: filling is a hot loop */
+static const char *at(lua_State *L, const char *where, lua_Integer index) {
+  return index > 0 ? lua_pushfstring(L, "%s, element %I", where, index) : where;
+}
+
+static int fit_error(lua_State *L, int idx, int dt, const char *where, lua_Integer index) {
+  where = at(L, where, index);
+  return luaL_error(L, "%s: value %s does not fit %s", where, luaL_tolstring(L, idx, NULL),
+                    cl_dtypes[dt].name);
+}
+
+void cl_tovalue(lua_State *L, int idx, int dt, void *p, const char *where, lua_Integer index) {
+  int t = lua_type(L, idx);
+  if (dt == CL_BOOL && t == LUA_TBOOLEAN) { *(uint8_t *)p = (uint8_t)lua_toboolean(L, idx); return; }
+  if (t != LUA_TNUMBER)
+    luaL_error(L, "%s: expected a number for %s, got %s", at(L, where, index), cl_dtypes[dt].name,
+               luaL_typename(L, idx));
+  if (dt == CL_F32 || dt == CL_F64 || dt == CL_F16) {
+    double v = lua_tonumber(L, idx);
+    if (dt == CL_F64) { *(double *)p = v; return; }
+    double lim = dt == CL_F32 ? FLT_MAX : 65504.0;
+    if (isfinite(v) && fabs(v) > lim) fit_error(L, idx, dt, where, index);
+    if (dt == CL_F32) *(float *)p = (float)v;
+    else *(uint16_t *)p = cl_float_to_half((float)v);
+    return;
+  }
+  int isint;
+  lua_Integer i = lua_tointegerx(L, idx, &isint);
+  if (!isint) {
+    double v = lua_tonumber(L, idx);
+    /* uint64 values past 2^63 only exist as floats in Lua */
+    if (dt == CL_U64 && v == floor(v) && v >= 0 && v < 18446744073709551616.0) {
+      *(uint64_t *)p = (uint64_t)v; return;
+    }
+    where = at(L, where, index);
+    luaL_error(L, "%s: value %s is not an integer (dtype %s)", where,
+               luaL_tolstring(L, idx, NULL), cl_dtypes[dt].name);
+  }
+  switch (dt) {
+    case CL_I8: if (i < INT8_MIN || i > INT8_MAX) fit_error(L, idx, dt, where, index); *(int8_t *)p = (int8_t)i; break;
+    case CL_I16: if (i < INT16_MIN || i > INT16_MAX) fit_error(L, idx, dt, where, index); *(int16_t *)p = (int16_t)i; break;
+    case CL_I32: if (i < INT32_MIN || i > INT32_MAX) fit_error(L, idx, dt, where, index); *(int32_t *)p = (int32_t)i; break;
+    case CL_I64: *(int64_t *)p = i; break;
+    case CL_U8: if (i < 0 || i > UINT8_MAX) fit_error(L, idx, dt, where, index); *(uint8_t *)p = (uint8_t)i; break;
+    case CL_U16: if (i < 0 || i > UINT16_MAX) fit_error(L, idx, dt, where, index); *(uint16_t *)p = (uint16_t)i; break;
+    case CL_U32: if (i < 0 || i > (lua_Integer)UINT32_MAX) fit_error(L, idx, dt, where, index); *(uint32_t *)p = (uint32_t)i; break;
+    case CL_U64: if (i < 0) fit_error(L, idx, dt, where, index); *(uint64_t *)p = (uint64_t)i; break;
+    case CL_BOOL: if (i != 0 && i != 1) fit_error(L, idx, dt, where, index); *(uint8_t *)p = (uint8_t)i; break;
+  }
+}
+
+void cl_pushvalue(lua_State *L, int dt, const void *p) {
+  switch (dt) {
+    case CL_F32: lua_pushnumber(L, *(const float *)p); break;
+    case CL_F64: lua_pushnumber(L, *(const double *)p); break;
+    case CL_F16: lua_pushnumber(L, cl_half_to_float(*(const uint16_t *)p)); break;
+    case CL_I8: lua_pushinteger(L, *(const int8_t *)p); break;
+    case CL_I16: lua_pushinteger(L, *(const int16_t *)p); break;
+    case CL_I32: lua_pushinteger(L, *(const int32_t *)p); break;
+    case CL_I64: lua_pushinteger(L, *(const int64_t *)p); break;
+    case CL_U8: lua_pushinteger(L, *(const uint8_t *)p); break;
+    case CL_U16: lua_pushinteger(L, *(const uint16_t *)p); break;
+    case CL_U32: lua_pushinteger(L, *(const uint32_t *)p); break;
+    case CL_U64: {
+      uint64_t v = *(const uint64_t *)p;
+      if (v <= (uint64_t)LUA_MAXINTEGER) lua_pushinteger(L, (lua_Integer)v);
+      else lua_pushnumber(L, (lua_Number)v);   /* no Lua integer holds it */
+      break;
+    }
+    case CL_BOOL: lua_pushboolean(L, *(const uint8_t *)p != 0); break;
+  }
+}
+
+static int dt_tostring(lua_State *L) {
+  lua_pushstring(L, cl_dtypes[*(int *)luaL_checkudata(L, 1, DTYPE_MT)].name);
+  return 1;
+}
+
+static int dt_index(lua_State *L) {
+  const cl_dtype_info *d = &cl_dtypes[*(int *)luaL_checkudata(L, 1, DTYPE_MT)];
+  const char *k = luaL_checkstring(L, 2);
+  if (!strcmp(k, "name")) lua_pushstring(L, d->name);
+  else if (!strcmp(k, "itemsize")) lua_pushinteger(L, d->size);
+  else if (!strcmp(k, "typestr")) lua_pushstring(L, d->typestr);
+  else if (!strcmp(k, "ctype")) lua_pushstring(L, d->ctype);
+  else if (!strcmp(k, "is_float"))
+    lua_pushboolean(L, d == &cl_dtypes[CL_F32] || d == &cl_dtypes[CL_F64] || d == &cl_dtypes[CL_F16]);
+  else lua_pushnil(L);
+  return 1;
+}
+
+static int l_dtype(lua_State *L) {
+  cl_pushdtype(L, cl_checkdtype(L, 1));
+  return 1;
+}
+
+void cl_open_dtype(lua_State *L) {
+  luaL_newmetatable(L, DTYPE_MT);
+  lua_pushcfunction(L, dt_tostring); lua_setfield(L, -2, "__tostring");
+  lua_pushcfunction(L, dt_index); lua_setfield(L, -2, "__index");
+  lua_pushliteral(L, "cudalua.dtype"); lua_setfield(L, -2, "__name");
+  lua_pop(L, 1);
+  lua_createtable(L, CL_NDTYPE, 0);
+  for (int i = 0; i < CL_NDTYPE; i++) {
+    int *p = lua_newuserdatauv(L, sizeof(int), 0);
+    *p = i;
+    luaL_setmetatable(L, DTYPE_MT);
+    lua_pushvalue(L, -1);
+    lua_setfield(L, -4, cl_dtypes[i].name);   /* cuda.float32, ... in the module table */
+    lua_rawseti(L, -2, i + 1);
+  }
+  lua_setfield(L, LUA_REGISTRYINDEX, DTYPE_MT ".all");
+  lua_pushcfunction(L, l_dtype); lua_setfield(L, -2, "dtype");
+}

@@ -1,0 +1,283 @@
+/* launch.c: kernel launches. Arguments are converted by the kernel's own parameter types; this
+   is the hot path, so it does no allocation beyond the launcher object of k[{grid, block}]. */
+#include <string.h>
+#include "cl.h"
+
+#define LAUNCHER_MT "cudalua.launcher"
+typedef struct {
+  cl_kernel *k;
+  unsigned g[3], b[3], shared;
+  cl_stream *s;
+} launcher;
+
+/* the kernel's name and the C type of parameter i, for messages (slow path only) */
+static const char *kname(lua_State *L, int kidx) {
+  if (luaL_testudata(L, kidx, LAUNCHER_MT)) { lua_getiuservalue(L, kidx, 1); kidx = lua_gettop(L); }
+  lua_getiuservalue(L, kidx, 2);
+  lua_getfield(L, -1, "name");
+  return lua_tostring(L, -1);
+}
+
+static const char *ptypename(lua_State *L, int kidx, int i) {
+  if (luaL_testudata(L, kidx, LAUNCHER_MT)) { lua_getiuservalue(L, kidx, 1); kidx = lua_gettop(L); }
+  lua_getiuservalue(L, kidx, 2);
+  lua_getfield(L, -1, "types");
+  lua_rawgeti(L, -1, i + 1);
+  return lua_isstring(L, -1) ? lua_tostring(L, -1) : "?";
+}
+
+static int arg_error(lua_State *L, int kidx, int i, int aidx, const char *msg) {
+  const char *name = kname(L, kidx);
+  const char *t = ptypename(L, kidx, i);
+  return luaL_error(L, "cudalua: kernel '%s' argument %d (%s): %s, got %s", name, i + 1, t, msg,
+                    lua_type(L, aidx) == LUA_TNUMBER ? lua_tostring(L, aidx) : luaL_typename(L, aidx));
+}
+
+typedef struct { cl_array *a; CUdeviceptr d; int back; void *slot; } tmpcopy;
+
+int cl_kernel_launch(lua_State *L, cl_kernel *k, int kidx, int first, unsigned g[3],
+                     unsigned b[3], cl_stream *s, unsigned shared) {
+  int nargs = lua_gettop(L) - first + 1;
+  if (nargs != k->nparams)
+    return luaL_error(L, "cudalua: kernel '%s' expects %d arguments, got %d", kname(L, kidx),
+                      k->nparams, nargs);
+  uint64_t slots[CL_MAXPARAMS][2];
+  void *params[CL_MAXPARAMS];
+  cl_mem *used[CL_MAXPARAMS];
+  tmpcopy tmp[CL_MAXPARAMS];
+  int nused = 0, ntmp = 0;
+  CUstream h = s ? s->h : NULL;
+  CUcontext cur = NULL;
+  cu.cuCtxGetCurrent(&cur);
+  if (cur != k->ctx) cl_check(L, cu.cuCtxSetCurrent(k->ctx), "making the kernel's context current");
+  for (int i = 0; i < k->nparams; i++) {
+    int idx = first + i;
+    void *p = slots[i];
+    params[i] = p;
+    char c = k->ptype[i];
+    if (c == 'p' || c == 'q') {
+      cl_array *a = NULL;
+      if (lua_type(L, idx) == LUA_TUSERDATA && lua_getmetatable(L, idx)) {
+        if (lua_topointer(L, -1) == k->array_mt) a = lua_touserdata(L, idx);
+        lua_pop(L, 1);
+      }
+      if (!a) {
+        /* anything with __cuda_array_interface becomes an array view (lua/cudalua/interop.lua) */
+        if (luaL_getmetafield(L, idx, "__cuda_array_interface") != LUA_TNIL) {
+          lua_pop(L, 1);
+          if (lua_getfield(L, LUA_REGISTRYINDEX, "cudalua.as_cuda_array") != LUA_TFUNCTION)
+            return arg_error(L, kidx, i, idx, "no CUDA Array Interface support loaded");
+          lua_pushvalue(L, idx);
+          lua_call(L, 1, 1);
+          lua_replace(L, idx);
+          a = luaL_testudata(L, idx, CL_ARRAY);
+        }
+        if (!a) return arg_error(L, kidx, i, idx, "expected an array");
+      }
+      if (!a->mem) return arg_error(L, kidx, i, idx, "the array is closed");
+      if (c == 'p' && a->readonly)
+        return arg_error(L, kidx, i, idx, "the array is read-only but the parameter is not const");
+      if (a->kind == CL_HOST) {
+        /* pageable memory: copied in before and out after the launch, as Numba does; the
+           copies are made once every argument has been checked */
+        tmp[ntmp].a = a; tmp[ntmp].back = c == 'p'; tmp[ntmp].d = 0; tmp[ntmp].slot = p;
+        ntmp++;
+        *(CUdeviceptr *)p = 0;
+      } else {
+        if (a->mem->ctx != k->ctx && a->kind != CL_FOREIGN)
+          return arg_error(L, kidx, i, idx, "the array belongs to another device");
+        *(CUdeviceptr *)p = cl_devptr(a);
+        used[nused++] = a->mem;
+      }
+      continue;
+    }
+    if (c == 'x') {
+      size_t n;
+      const char *str = lua_tolstring(L, idx, &n);
+      if (lua_type(L, idx) != LUA_TSTRING || n != k->psize[i])
+        return arg_error(L, kidx, i, idx,
+                         lua_pushfstring(L, "expected a string of exactly %d bytes", (int)k->psize[i]));
+      params[i] = (void *)str;   /* the string stays on the stack through the launch */
+      continue;
+    }
+    if (c == 'b' && lua_type(L, idx) == LUA_TBOOLEAN) { *(uint8_t *)p = (uint8_t)lua_toboolean(L, idx); continue; }
+    if (lua_type(L, idx) != LUA_TNUMBER) return arg_error(L, kidx, i, idx, "expected a number");
+    if (c == 'f') { *(float *)p = (float)lua_tonumber(L, idx); continue; }
+    if (c == 'd') { *(double *)p = lua_tonumber(L, idx); continue; }
+    if (c == 'e' || c == 'E') {
+      float f = (float)lua_tonumber(L, idx);
+      uint32_t u; memcpy(&u, &f, 4);
+      /* bfloat16 is the top half of a float, rounded to nearest even */
+      *(uint16_t *)p = c == 'e' ? cl_float_to_half(f) : (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+      continue;
+    }
+    int isint;
+    lua_Integer v = lua_tointegerx(L, idx, &isint);
+    if (!isint) return arg_error(L, kidx, i, idx, "expected an integer");
+    int ok = 1;
+    switch (c) {
+      case 'a': ok = v >= INT8_MIN && v <= INT8_MAX; *(int8_t *)p = (int8_t)v; break;
+      case 'A': ok = v >= 0 && v <= UINT8_MAX; *(uint8_t *)p = (uint8_t)v; break;
+      case 's': ok = v >= INT16_MIN && v <= INT16_MAX; *(int16_t *)p = (int16_t)v; break;
+      case 'S': ok = v >= 0 && v <= UINT16_MAX; *(uint16_t *)p = (uint16_t)v; break;
+      case 'i': ok = v >= INT32_MIN && v <= INT32_MAX; *(int32_t *)p = (int32_t)v; break;
+      case 'I': ok = v >= 0 && v <= (lua_Integer)UINT32_MAX; *(uint32_t *)p = (uint32_t)v; break;
+      case 'l': *(int64_t *)p = v; break;
+      case 'L': ok = v >= 0; *(uint64_t *)p = (uint64_t)v; break;
+      case 'b': ok = v == 0 || v == 1; *(uint8_t *)p = (uint8_t)v; break;
+      default: ok = 0;
+    }
+    if (!ok) return arg_error(L, kidx, i, idx, "value out of range");
+  }
+  for (int i = 0; i < ntmp; i++) {
+    size_t n = cl_nbytes(tmp[i].a);
+    if (!n) continue;
+    CUresult r = cu.cuMemAllocAsync(&tmp[i].d, n, h);
+    if (r == CUDA_SUCCESS) {
+      cl_pageable_prepare(tmp[i].a->mem);
+      r = cu.cuMemcpyHtoDAsync(tmp[i].d, cl_hostptr(tmp[i].a), n, h);
+    }
+    if (r != CUDA_SUCCESS) {
+      for (int j = 0; j <= i; j++) if (tmp[j].d) cu.cuMemFreeAsync(tmp[j].d, h);
+      cl_check(L, r, "temporary device copy of a host array argument");
+    }
+    *(CUdeviceptr *)tmp[i].slot = tmp[i].d;
+  }
+  CUresult r = cu.cuLaunchKernel(k->fn, g[0], g[1], g[2], b[0], b[1], b[2], shared, h, params, NULL);
+  if (r != CUDA_SUCCESS) {
+    for (int i = 0; i < ntmp; i++) if (tmp[i].d) cu.cuMemFreeAsync(tmp[i].d, h);
+    const char *es = NULL;
+    cu.cuGetErrorString(r, &es);
+    return luaL_error(L, "cudalua: kernel '%s' launch with grid {%d, %d, %d}, block {%d, %d, %d}, "
+                      "shared %d failed: %s (%s)", kname(L, kidx), g[0], g[1], g[2], b[0], b[1],
+                      b[2], shared, cl_errname(r), es ? es : "");
+  }
+  for (int i = 0; i < nused; i++) cl_mem_use(used[i], s);
+  if (ntmp) {
+    for (int i = 0; i < ntmp; i++) {
+      if (!tmp[i].d) continue;
+      if (tmp[i].back && r == CUDA_SUCCESS)
+        r = cu.cuMemcpyDtoHAsync(cl_hostptr(tmp[i].a), tmp[i].d, cl_nbytes(tmp[i].a), h);
+      cu.cuMemFreeAsync(tmp[i].d, h);
+    }
+    CUresult r2 = cu.cuStreamSynchronize(h);
+    cl_check(L, r, "copying a host array back after the kernel");
+    cl_check(L, r2, "waiting for the kernel that used a host array");
+  }
+  return 0;
+}
+
+/* grid or block: an integer or {x [, y [, z]]} */
+static void dims(lua_State *L, int idx, unsigned out[3], const char *what) {
+  out[0] = out[1] = out[2] = 1;
+  int n = 1;
+  if (lua_type(L, idx) == LUA_TTABLE) {
+    n = (int)lua_rawlen(L, idx);
+    if (n < 1 || n > 3) luaL_error(L, "cudalua: %s needs 1 to 3 dimensions, got %d", what, n);
+    for (int i = 0; i < n; i++) {
+      lua_rawgeti(L, idx, i + 1);
+      int isint;
+      lua_Integer v = lua_tointegerx(L, -1, &isint);
+      if (!isint || v < 1 || v > 0x7fffffff)
+        luaL_error(L, "cudalua: %s[%d] must be an integer >= 1, got %s", what, i + 1,
+                   luaL_tolstring(L, -1, NULL));
+      out[i] = (unsigned)v;
+      lua_pop(L, 1);
+    }
+    return;
+  }
+  int isint;
+  lua_Integer v = lua_tointegerx(L, idx, &isint);
+  if (!isint || v < 1 || v > 0x7fffffff)
+    luaL_error(L, "cudalua: %s must be an integer >= 1 or a table of them, got %s", what,
+               luaL_tolstring(L, idx, NULL));
+  out[0] = (unsigned)v;
+}
+
+static unsigned shared_bytes(lua_State *L, int idx) {
+  if (lua_isnoneornil(L, idx)) return 0;
+  int isint;
+  lua_Integer v = lua_tointegerx(L, idx, &isint);
+  if (!isint || v < 0 || v > 0x7fffffff)
+    luaL_error(L, "cudalua: shared memory size must be an integer >= 0, got %s", luaL_tolstring(L, idx, NULL));
+  return (unsigned)v;
+}
+
+static int launcher_call(lua_State *L) {
+  launcher *l = lua_touserdata(L, 1);
+  return cl_kernel_launch(L, l->k, 1, 2, l->g, l->b, l->s, l->shared);
+}
+
+static int launcher_gc(lua_State *L) {
+  launcher *l = luaL_checkudata(L, 1, LAUNCHER_MT);
+  cl_stream_unref(l->s);
+  l->s = NULL;
+  return 0;
+}
+
+/* k[{grid, block [, stream [, shared]]}] -> launcher */
+int cl_kernel_index(lua_State *L) {
+  cl_kernel *k = lua_touserdata(L, 1);
+  if (lua_type(L, 2) == LUA_TTABLE) {
+    launcher *l = lua_newuserdatauv(L, sizeof *l, 1);
+    l->k = k; l->s = NULL;
+    luaL_setmetatable(L, LAUNCHER_MT);
+    lua_pushvalue(L, 1); lua_setiuservalue(L, -2, 1);
+    int cfg = 2, n = (int)lua_rawlen(L, cfg);
+    if (n < 2 || n > 4)
+      return luaL_error(L, "cudalua: launch configuration is {grid, block [, stream [, shared]]}, got %d entries", n);
+    lua_rawgeti(L, cfg, 1); dims(L, -1, l->g, "grid"); lua_pop(L, 1);
+    lua_rawgeti(L, cfg, 2); dims(L, -1, l->b, "block"); lua_pop(L, 1);
+    if (n >= 3) { lua_rawgeti(L, cfg, 3); l->s = cl_stream_ref(cl_tostream(L, -1, "launch configuration")); lua_pop(L, 1); }
+    if (n >= 4) { lua_rawgeti(L, cfg, 4); l->shared = shared_bytes(L, -1); lua_pop(L, 1); }
+    else l->shared = 0;
+    return 1;
+  }
+  lua_getfield(L, LUA_REGISTRYINDEX, CL_KERNEL ".methods");
+  lua_pushvalue(L, 2);
+  if (lua_rawget(L, -2) != LUA_TNIL) return 1;
+  if (lua_type(L, 2) == LUA_TSTRING && !strcmp(lua_tostring(L, 2), "name")) {
+    kname(L, 1);
+    return 1;
+  }
+  return luaL_error(L, "cudalua: kernels have no field '%s' (launch with k[{grid, block}](...))",
+                    luaL_tolstring(L, 2, NULL));
+}
+
+/* k:launch({grid=, block=, stream=, shared=}, ...) */
+static int k_launch(lua_State *L) {
+  cl_kernel *k = cl_checkkernel(L, 1);
+  luaL_checktype(L, 2, LUA_TTABLE);
+  unsigned g[3], b[3];
+  if (lua_getfield(L, 2, "grid") == LUA_TNIL) { lua_pop(L, 1); lua_rawgeti(L, 2, 1); }
+  if (lua_isnil(L, -1)) return luaL_error(L, "cudalua: launch: configuration needs grid");
+  dims(L, -1, g, "grid");
+  if (lua_getfield(L, 2, "block") == LUA_TNIL) { lua_pop(L, 1); lua_rawgeti(L, 2, 2); }
+  if (lua_isnil(L, -1)) return luaL_error(L, "cudalua: launch: configuration needs block");
+  dims(L, -1, b, "block");
+  lua_getfield(L, 2, "stream");
+  cl_stream *s = cl_tostream(L, -1, "launch configuration");
+  lua_getfield(L, 2, "shared");
+  unsigned shared = shared_bytes(L, -1);
+  lua_pop(L, 4);
+  lua_remove(L, 2);
+  return cl_kernel_launch(L, k, 1, 2, g, b, s, shared);
+}
+
+static int k_call(lua_State *L) {
+  return luaL_error(L, "cudalua: kernel '%s' needs a launch configuration: k[{grid, block}](...)",
+                    kname(L, 1));
+}
+
+void cl_open_launch(lua_State *L) {
+  luaL_newmetatable(L, LAUNCHER_MT);
+  lua_pushcfunction(L, launcher_call); lua_setfield(L, -2, "__call");
+  lua_pushcfunction(L, launcher_gc); lua_setfield(L, -2, "__gc");
+  lua_pop(L, 1);
+  luaL_getmetatable(L, CL_KERNEL);
+  lua_pushcfunction(L, k_call); lua_setfield(L, -2, "__call");
+  lua_pop(L, 1);
+  lua_getfield(L, LUA_REGISTRYINDEX, CL_KERNEL ".methods");
+  lua_pushcfunction(L, k_launch); lua_setfield(L, -2, "launch");
+  lua_pop(L, 1);
+}

@@ -1,0 +1,152 @@
+/* memory.c: the memory blocks behind arrays. A block is reference counted by the arrays and
+   views that point into it, remembers the stream that last used it, and is freed in that
+   stream's order (device memory) or after that stream is done (host memory), so memory is never
+   released while queued work may still use it. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include "cl.h"
+
+#define BIG (2u << 20)          /* pageable arrays this large are mmapped with huge pages */
+#define REGISTER_MIN (1u << 20) /* and page-locked on their first copy */
+
+static void warn(lua_State *L, const char *what, CUresult r) {
+  char buf[200];
+  snprintf(buf, sizeof buf, "cudalua: %s failed while freeing memory: %s", what, cl_errname(r));
+  if (L) lua_warning(L, buf, 0);
+}
+
+void cl_mem_use(cl_mem *m, cl_stream *s) {
+  if (m->used && m->stream == s) return;
+  if (m->used) m->multi = 1;
+  cl_stream_ref(s);
+  cl_stream_unref(m->stream);
+  m->stream = s;
+  m->used = 1;
+  if (s && !s->blocking) m->multi = 2;   /* a non-blocking stream is not ordered by the legacy one */
+}
+
+/* waits until no queued work uses m; returns a CUDA status, never raises */
+static CUresult settle(cl_mem *m) {
+  if (!m->used) return CUDA_SUCCESS;
+  CUresult r = m->multi ? cu.cuCtxSynchronize() : cu.cuStreamSynchronize(m->stream ? m->stream->h : NULL);
+  if (r == CUDA_SUCCESS) {
+    cl_stream_unref(m->stream);
+    m->stream = NULL; m->used = 0; m->multi = 0;
+  }
+  return r;
+}
+
+void cl_mem_settle(lua_State *L, cl_mem *m) {
+  if (!m->used) return;
+  cl_ctx(L);
+  cl_check(L, settle(m), "waiting for queued work on an array");
+}
+
+int cl_pageable_prepare(cl_mem *m) {
+  if (m->kind != CL_HOST || m->registered || m->bytes < REGISTER_MIN) return m->registered > 0;
+  /* page-locking once lets every later copy run at pinned speed; if the system refuses
+     (memlock limits), copies go the driver's pageable way */
+  m->registered = cu.cuMemHostRegister(m->host, m->bytes, CU_MEMHOSTREGISTER_PORTABLE) == CUDA_SUCCESS ? 1 : -1;
+  return m->registered > 0;
+}
+
+cl_mem *cl_mem_new(lua_State *L, int kind, size_t bytes, cl_stream *s, int zero) {
+  cl_mem *m = calloc(1, sizeof *m);
+  if (!m) { luaL_error(L, "cudalua: out of host memory"); return NULL; }
+  m->refs = 1; m->kind = kind; m->bytes = bytes;
+  CUresult r = CUDA_SUCCESS;
+  const char *what = "allocating memory";
+  if (kind == CL_HOST) {
+    if (bytes >= BIG) {
+      void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (p == MAP_FAILED) p = NULL;
+      else madvise(p, bytes, MADV_HUGEPAGE);   /* fewer pages to lock and to walk */
+      m->host = p;
+    } else {
+      m->host = calloc(1, bytes ? bytes : 1);
+    }
+    if (!m->host) {
+      free(m);
+      luaL_error(L, "cudalua: out of host memory (%I bytes)", (lua_Integer)bytes);
+    }
+    return m;
+  }
+  m->ctx = cl_ctx(L);
+  size_t b = bytes ? bytes : 1;
+  if (kind == CL_PINNED || kind == CL_MAPPED) {
+    what = kind == CL_PINNED ? "cuda.pinned_array" : "cuda.mapped_array";
+    r = cu.cuMemHostAlloc(&m->host, b, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP);
+    if (r == CUDA_SUCCESS) r = cu.cuMemHostGetDevicePointer(&m->dptr, m->host, 0);
+    if (r == CUDA_SUCCESS && zero) memset(m->host, 0, b);
+  } else if (kind == CL_MANAGED) {
+    what = "cuda.managed_array";
+    r = cu.cuMemAllocManaged(&m->dptr, b, CU_MEM_ATTACH_GLOBAL);
+    m->host = (void *)(uintptr_t)m->dptr;
+    if (r == CUDA_SUCCESS && zero) {
+      if (!cl_concurrent_managed()) r = cu.cuCtxSynchronize();
+      if (r == CUDA_SUCCESS) memset(m->host, 0, b);
+    }
+  } else { /* CL_DEVICE */
+    what = "cuda.device_array";
+    if (bytes) {
+      r = cu.cuMemAllocAsync(&m->dptr, bytes, s ? s->h : NULL);
+      if (r == CUDA_SUCCESS) cl_mem_use(m, s);
+    }
+  }
+  if (r != CUDA_SUCCESS) {
+    if (m->host && kind != CL_MANAGED) cu.cuMemFreeHost(m->host);
+    cl_stream_unref(m->stream);
+    free(m);
+    char buf[160];
+    snprintf(buf, sizeof buf, "%s of %zu bytes", what, bytes);
+    cl_check(L, r, buf);
+  }
+  return m;
+}
+
+cl_mem *cl_mem_ref(cl_mem *m) { if (m) m->refs++; return m; }
+
+void cl_mem_unref(lua_State *L, cl_mem *m) {
+  if (!m || --m->refs > 0) return;
+  CUresult r = CUDA_SUCCESS;
+  if (m->kind == CL_HOST) {
+    if (m->registered > 0) {
+      r = settle(m);
+      if (r == CUDA_SUCCESS) r = cu.cuMemHostUnregister(m->host);
+      if (r != CUDA_SUCCESS) warn(L, "unregistering host memory", r);
+    }
+    if (m->bytes >= BIG) munmap(m->host, m->bytes); else free(m->host);
+    cl_stream_unref(m->stream);
+    free(m);
+    return;
+  }
+  CUcontext cur = NULL;
+  cu.cuCtxGetCurrent(&cur);
+  if (cur != m->ctx) cu.cuCtxSetCurrent(m->ctx);
+  if (m->kind == CL_DEVICE) {
+    if (m->dptr) {
+      CUstream h = NULL;
+      if (m->multi == 2) r = cu.cuCtxSynchronize();       /* also waits for non-blocking streams */
+      else if (m->multi) h = CU_STREAM_LEGACY;          /* ordered after every blocking stream */
+      else if (m->stream) h = m->stream->h;
+      if (r == CUDA_SUCCESS) r = cu.cuMemFreeAsync(m->dptr, h);
+      if (r != CUDA_SUCCESS) warn(L, "cuMemFreeAsync", r);
+    }
+  } else if (m->kind == CL_FOREIGN) {
+    if (m->release) {
+      r = settle(m);
+      if (r != CUDA_SUCCESS) warn(L, "waiting for queued work", r);
+      m->release(m->ud, m->dptr);
+    }
+  } else {
+    r = settle(m);
+    if (r == CUDA_SUCCESS)
+      r = m->kind == CL_MANAGED ? cu.cuMemFree(m->dptr) : cu.cuMemFreeHost(m->host);
+    if (r != CUDA_SUCCESS) warn(L, "freeing host-visible memory", r);
+  }
+  if (cur != m->ctx) cu.cuCtxSetCurrent(cur);
+  cl_stream_unref(m->stream);
+  free(m);
+}

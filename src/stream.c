@@ -1,0 +1,134 @@
+/* stream.c: CUDA streams. A stream's handle is reference counted in C so that memory last
+   used on it can still be freed in its order after the Lua object is closed or collected. */
+#include <stdlib.h>
+#include "cl.h"
+
+#define STREAM_MT "cudalua.stream"
+typedef struct { cl_stream *s; int is_default; } lstream;
+
+cl_stream *cl_stream_ref(cl_stream *s) { if (s) s->refs++; return s; }
+
+void cl_stream_unref(cl_stream *s) {
+  if (!s || --s->refs > 0) return;
+  /* queued work still completes after destroy; memory freed on it was ordered before */
+  if (s->owned && s->h) cu.cuStreamDestroy(s->h);
+  free(s);
+}
+
+static lstream *checkls(lua_State *L, int idx) {
+  lstream *ls = luaL_checkudata(L, idx, STREAM_MT);
+  if (!ls->s && !ls->is_default) luaL_argerror(L, idx, "closed stream");
+  return ls;
+}
+
+cl_stream *cl_tostream(lua_State *L, int idx, const char *where) {
+  int t = lua_type(L, idx);
+  if (t == LUA_TNONE || t == LUA_TNIL) return NULL;
+  if (t == LUA_TNUMBER && lua_tointeger(L, idx) == 0 && lua_isinteger(L, idx)) return NULL;
+  lstream *ls = luaL_testudata(L, idx, STREAM_MT);
+  if (!ls) luaL_error(L, "%s: expected a stream, got %s", where, luaL_typename(L, idx));
+  if (!ls->s && !ls->is_default) luaL_error(L, "%s: closed stream", where);
+  return ls->s;
+}
+
+static int l_stream(lua_State *L) {
+  int nonblocking = lua_toboolean(L, 1);   /* cuda.stream(true): does not wait on the legacy stream */
+  cl_ctx(L);
+  lstream *ls = lua_newuserdatauv(L, sizeof *ls, 0);
+  ls->s = NULL; ls->is_default = 0;
+  luaL_setmetatable(L, STREAM_MT);
+  cl_stream *s = calloc(1, sizeof *s);
+  if (!s) return luaL_error(L, "cudalua: out of host memory");
+  CUresult r = cu.cuStreamCreate(&s->h, nonblocking ? CU_STREAM_NON_BLOCKING : CU_STREAM_DEFAULT);
+  if (r != CUDA_SUCCESS) { free(s); cl_check(L, r, "cuda.stream"); }
+  s->refs = 1; s->owned = 1; s->blocking = !nonblocking;
+  ls->s = s;
+  return 1;
+}
+
+static int l_default_stream(lua_State *L) {
+  lua_getfield(L, LUA_REGISTRYINDEX, STREAM_MT ".default");
+  return 1;
+}
+
+static CUstream handle(lua_State *L) { return checkls(L, 1)->s ? checkls(L, 1)->s->h : NULL; }
+
+static int s_synchronize(lua_State *L) {
+  CUstream h = handle(L);
+  cl_ctx(L);
+  cl_check(L, cu.cuStreamSynchronize(h), "stream:synchronize");
+  return 0;
+}
+
+static int s_query(lua_State *L) {
+  CUstream h = handle(L);
+  cl_ctx(L);
+  CUresult r = cu.cuStreamQuery(h);
+  if (r == CUDA_ERROR_NOT_READY) { lua_pushboolean(L, 0); return 1; }
+  cl_check(L, r, "stream:query");
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+CUevent cl_checkevent(lua_State *L, int idx);
+
+static int s_wait_event(lua_State *L) {
+  CUstream h = handle(L);
+  CUevent e = cl_checkevent(L, 2);
+  cl_ctx(L);
+  cl_check(L, cu.cuStreamWaitEvent(h, e, 0), "stream:wait_event");
+  return 0;
+}
+
+static int s_close(lua_State *L) {
+  lstream *ls = luaL_checkudata(L, 1, STREAM_MT);
+  if (ls->s) { cl_stream_unref(ls->s); ls->s = NULL; }
+  return 0;
+}
+
+static int s_handle(lua_State *L) {
+  lua_pushinteger(L, (lua_Integer)(uintptr_t)handle(L));
+  return 1;
+}
+
+static int s_tostring(lua_State *L) {
+  lstream *ls = luaL_checkudata(L, 1, STREAM_MT);
+  if (ls->is_default) lua_pushliteral(L, "cudalua.stream<default>");
+  else if (!ls->s) lua_pushliteral(L, "cudalua.stream<closed>");
+  else lua_pushfstring(L, "cudalua.stream<%p>", (void *)ls->s->h);
+  return 1;
+}
+
+/* lets the C embedding API and the Lua side wrap a host-made stream */
+int cl_push_foreign_stream(lua_State *L, CUstream h, int blocking) {
+  lstream *ls = lua_newuserdatauv(L, sizeof *ls, 0);
+  ls->s = NULL; ls->is_default = 0;
+  luaL_setmetatable(L, STREAM_MT);
+  cl_stream *s = calloc(1, sizeof *s);
+  if (!s) return luaL_error(L, "cudalua: out of host memory");
+  s->h = h; s->refs = 1; s->owned = 0; s->blocking = blocking;
+  ls->s = s;
+  return 1;
+}
+
+void cl_open_event(lua_State *L);
+
+void cl_open_stream(lua_State *L) {
+  static const luaL_Reg m[] = {
+    {"synchronize", s_synchronize}, {"query", s_query}, {"wait_event", s_wait_event},
+    {"close", s_close}, {"handle", s_handle}, {NULL, NULL}};
+  luaL_newmetatable(L, STREAM_MT);
+  luaL_newlib(L, m);
+  lua_setfield(L, -2, "__index");
+  lua_pushcfunction(L, s_close); lua_setfield(L, -2, "__gc");
+  lua_pushcfunction(L, s_close); lua_setfield(L, -2, "__close");
+  lua_pushcfunction(L, s_tostring); lua_setfield(L, -2, "__tostring");
+  lua_pop(L, 1);
+  lstream *ls = lua_newuserdatauv(L, sizeof *ls, 0);
+  ls->s = NULL; ls->is_default = 1;
+  luaL_setmetatable(L, STREAM_MT);
+  lua_setfield(L, LUA_REGISTRYINDEX, STREAM_MT ".default");
+  lua_pushcfunction(L, l_stream); lua_setfield(L, -2, "stream");
+  lua_pushcfunction(L, l_default_stream); lua_setfield(L, -2, "default_stream");
+  cl_open_event(L);
+}
