@@ -169,6 +169,7 @@ static int new_kind(lua_State *L, int kind, const char *where) {
   int64_t shape[CL_MAXDIM];
   int ndim = parse_shape(L, 1, shape, where);
   int dt = cl_optdtype(L, 2, CL_F64);
+  lua_settop(L, 3);
   cl_stream *s = kind == CL_DEVICE ? cl_tostream(L, 3, where) : NULL;
   cl_newarray(L, kind, dt, ndim, shape, s, kind != CL_DEVICE);
   return 1;
@@ -182,6 +183,7 @@ static int l_device_array(lua_State *L) { return new_kind(L, CL_DEVICE, "cuda.de
 
 static int l_device_array_like(lua_State *L) {
   cl_array *a = cl_checkarray(L, 1);
+  lua_settop(L, 2);
   cl_stream *s = cl_tostream(L, 2, "cuda.device_array_like");
   cl_newarray(L, CL_DEVICE, a->dtype, a->ndim, a->shape, s, 0);
   return 1;
@@ -237,6 +239,7 @@ static cl_array *host_from(lua_State *L, int idx, int dtidx, const char *where) 
 /* cuda.to_device(host_array | table [, dtype] [, stream]) */
 static int l_to_device(lua_State *L) {
   int sidx = 2, dtidx = 0;
+  lua_settop(L, 3);
   if (lua_type(L, 2) == LUA_TSTRING || (lua_type(L, 2) == LUA_TUSERDATA && !luaL_testudata(L, 2, "cudalua.stream")))
     { dtidx = 2; sidx = 3; }
   cl_array *src = host_from(L, 1, dtidx, "cuda.to_device");
@@ -257,6 +260,7 @@ static int l_to_device(lua_State *L) {
 static int a_copy_to_host(lua_State *L) {
   cl_array *a = cl_checkarray(L, 1);
   int into = 0, sidx = 2;
+  lua_settop(L, 3);
   if (cl_toarray(L, 2)) { into = 2; sidx = 3; }
   else if (lua_isnil(L, 2) && !lua_isnone(L, 3)) sidx = 3;
   cl_stream *s = cl_tostream(L, sidx, "copy_to_host");
@@ -275,6 +279,7 @@ static int a_copy_to_host(lua_State *L) {
 /* d:copy_to_device(src [, stream]): src is an array or a table */
 static int a_copy_to_device(lua_State *L) {
   cl_array *d = cl_checkarray(L, 1);
+  lua_settop(L, 3);
   if (is_host(d)) return luaL_error(L, "copy_to_device: the array is a host array (%s)", kind_names[d->kind]);
   cl_array *src = host_from(L, 2, 0, "copy_to_device");
   if (src) {   /* a table takes the array's dtype */

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include "cl.h"
 
 cl_api cu;
@@ -24,28 +25,23 @@ int cl_driver_load(void) {
   pthread_mutex_lock(&lock);
   if (drv_state == 0) {
     void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    typedef CUresult (*gpa_t)(const char *, void **, int, cuuint64_t,
-                              CUdriverProcAddressQueryResult *);
-    gpa_t gpa = h ? (gpa_t)dlsym(h, "cuGetProcAddress_v2") : NULL;
     if (!h) {
       snprintf(drv_err, sizeof drv_err, "cudalua: no CUDA driver found (libcuda.so.1)");
       drv_state = -1;
-    } else if (!gpa) {
-      snprintf(drv_err, sizeof drv_err,
-               "cudalua: the CUDA driver is too old (need CUDA 12.0 or newer: no cuGetProcAddress_v2)");
-      drv_state = -1;
     } else {
       const char *missing = NULL;
-      /* ask for each entry point as of the headers we compile against */
-#define CL_GET(f) if (gpa(#f, (void **)&cu.f, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, NULL) \
-                      != CUDA_SUCCESS || !cu.f) { cu.f = NULL; if (!missing) missing = #f; }
+      /* each entry point by the exact name the headers' prototype has (cuMemAlloc_v2, ...): a
+         newer variant under the plain name can take other arguments (cuCtxSynchronize_v2) */
+#define CL_STR(f) #f
+#define CL_XSTR(f) CL_STR(f)
+#define CL_GET(f) if (!(*(void **)&cu.f = dlsym(h, CL_XSTR(f))) && !missing) missing = CL_XSTR(f);
       CL_CUDA_FUNCS(CL_GET)
 #undef CL_GET
       /* optional: cuFuncGetParamInfo needs a 12.4 driver */
       if (missing && strcmp(missing, "cuFuncGetParamInfo") == 0) missing = NULL;
       CUresult r;
       if (missing) {
-        snprintf(drv_err, sizeof drv_err, "cudalua: the CUDA driver lacks %s", missing);
+        snprintf(drv_err, sizeof drv_err, "cudalua: the CUDA driver is too old (it lacks %s)", missing);
         drv_state = -1;
       } else if ((r = cu.cuInit(0)) != CUDA_SUCCESS) {
         const char *n = "?"; cu.cuGetErrorName(r, &n);
@@ -277,12 +273,29 @@ static int l_mem_info(lua_State *L) {
   return 2;
 }
 
+/* cuda.time(): a monotonic wall clock in seconds, for timing from Lua (os.clock is CPU time) */
+static int l_time(lua_State *L) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  lua_pushnumber(L, (lua_Number)ts.tv_sec + ts.tv_nsec * 1e-9);
+  return 1;
+}
+
+/* cuda.sleep(seconds) */
+static int l_sleep(lua_State *L) {
+  lua_Number s = luaL_checknumber(L, 1);
+  luaL_argcheck(L, s >= 0 && s < 1e9, 1, "seconds must be >= 0");
+  struct timespec ts = {(time_t)s, (long)((s - (time_t)s) * 1e9)};
+  while (nanosleep(&ts, &ts) != 0) {}
+  return 0;
+}
+
 void cl_open_driver(lua_State *L) {
   static const luaL_Reg f[] = {
     {"is_available", l_is_available}, {"driver_error", l_driver_error},
     {"devices", l_devices}, {"select_device", l_select_device},
     {"current_device", l_current_device}, {"synchronize", l_synchronize},
     {"driver_version", l_driver_version}, {"nvrtc_version", l_nvrtc_version},
-    {"mem_info", l_mem_info}, {NULL, NULL}};
+    {"mem_info", l_mem_info}, {"time", l_time}, {"sleep", l_sleep}, {NULL, NULL}};
   luaL_setfuncs(L, f, 0);
 }

@@ -29,8 +29,10 @@ static const char *ptypename(lua_State *L, int kidx, int i) {
 static int arg_error(lua_State *L, int kidx, int i, int aidx, const char *msg) {
   const char *name = kname(L, kidx);
   const char *t = ptypename(L, kidx, i);
-  return luaL_error(L, "cudalua: kernel '%s' argument %d (%s): %s, got %s", name, i + 1, t, msg,
-                    lua_type(L, aidx) == LUA_TNUMBER ? lua_tostring(L, aidx) : luaL_typename(L, aidx));
+  const char *got = lua_type(L, aidx) == LUA_TNUMBER ? lua_tostring(L, aidx) : luaL_typename(L, aidx);
+  cl_array *a = luaL_testudata(L, aidx, CL_ARRAY);
+  if (a) got = a->mem ? "an array" : "a closed array";
+  return luaL_error(L, "cudalua: kernel '%s' argument %d (%s): %s, got %s", name, i + 1, t, msg, got);
 }
 
 typedef struct { cl_array *a; CUdeviceptr d; int back; void *slot; } tmpcopy;
@@ -74,9 +76,9 @@ int cl_kernel_launch(lua_State *L, cl_kernel *k, int kidx, int first, unsigned g
         }
         if (!a) return arg_error(L, kidx, i, idx, "expected an array");
       }
-      if (!a->mem) return arg_error(L, kidx, i, idx, "the array is closed");
+      if (!a->mem) return arg_error(L, kidx, i, idx, "expected an open array");
       if (c == 'p' && a->readonly)
-        return arg_error(L, kidx, i, idx, "the array is read-only but the parameter is not const");
+        return arg_error(L, kidx, i, idx, "expected a writable array (the parameter is not const)");
       if (a->kind == CL_HOST) {
         /* pageable memory: copied in before and out after the launch, as Numba does; the
            copies are made once every argument has been checked */
@@ -85,7 +87,7 @@ int cl_kernel_launch(lua_State *L, cl_kernel *k, int kidx, int first, unsigned g
         *(CUdeviceptr *)p = 0;
       } else {
         if (a->mem->ctx != k->ctx && a->kind != CL_FOREIGN)
-          return arg_error(L, kidx, i, idx, "the array belongs to another device");
+          return arg_error(L, kidx, i, idx, "expected an array on the kernel's device");
         *(CUdeviceptr *)p = cl_devptr(a);
         used[nused++] = a->mem;
       }
