@@ -502,6 +502,41 @@ static int a_reshape(lua_State *L) {
   return 1;
 }
 
+/* a:view(dtype): the same memory as another dtype of the same size (e.g. uint64 as int64) */
+static int a_view(lua_State *L) {
+  cl_array *a = cl_checkarray(L, 1);
+  int dt = cl_checkdtype(L, 2);
+  if (cl_dtypes[dt].size != cl_dtypes[a->dtype].size)
+    return luaL_error(L, "view: %s and %s differ in size", cl_dtypes[a->dtype].name, cl_dtypes[dt].name);
+  cl_array *v = push_array(L, cl_mem_ref(a->mem), a->offset, a->kind, dt, a->ndim, a->shape);
+  v->readonly = a->readonly;
+  lua_getiuservalue(L, 1, 1);
+  lua_setiuservalue(L, -2, 1);
+  return 1;
+}
+
+/* a:advise(what): hints for managed memory, e.g. "preferred_device" + "accessed_by_host" lets the
+   host read a counter a kernel updates without pulling its page away from the device */
+static int a_advise(lua_State *L) {
+  cl_array *a = cl_checkarray(L, 1);
+  static const char *const names[] = {"preferred_device", "preferred_host", "accessed_by_host",
+                                      "accessed_by_device", "read_mostly", NULL};
+  int w = luaL_checkoption(L, 2, NULL, names);
+  if (a->kind != CL_MANAGED) return luaL_error(L, "advise: only managed arrays take advice (this is a %s)", kind_names[a->kind]);
+  CUcontext ctx = cl_ctx(L);
+  (void)ctx;
+  CUmemLocation dev = {CU_MEM_LOCATION_TYPE_DEVICE, cl_current_device()};
+  CUmemLocation host = {CU_MEM_LOCATION_TYPE_HOST, 0};
+  static const CUmem_advise adv[] = {CU_MEM_ADVISE_SET_PREFERRED_LOCATION, CU_MEM_ADVISE_SET_PREFERRED_LOCATION,
+                                     CU_MEM_ADVISE_SET_ACCESSED_BY, CU_MEM_ADVISE_SET_ACCESSED_BY,
+                                     CU_MEM_ADVISE_SET_READ_MOSTLY};
+  CUmemLocation loc = (w == 1 || w == 2) ? host : dev;
+  size_t n = cl_nbytes(a);
+  if (n) cl_check(L, cu.cuMemAdvise(cl_devptr(a), n, adv[w], loc), "advise");
+  lua_settop(L, 1);
+  return 1;
+}
+
 static int a_ptr(lua_State *L) {
   cl_array *a = cl_checkarray(L, 1);
   if (a->kind == CL_HOST) return luaL_error(L, "ptr: a pageable host array has no device address");
@@ -548,17 +583,29 @@ static int a_tostring(lua_State *L) {
   return 1;
 }
 
+/* array_info(a) -> size, dtype, kind, device address (0 for pageable): one call for Lua glue */
+static int l_array_info(lua_State *L) {
+  cl_array *a = cl_toarray(L, 1);
+  if (!a) return 0;
+  if (!a->mem) return luaL_argerror(L, 1, "closed array");
+  lua_pushinteger(L, (lua_Integer)a->size);
+  cl_pushdtype(L, a->dtype);
+  lua_pushstring(L, kind_names[a->kind]);
+  lua_pushinteger(L, a->kind == CL_HOST ? 0 : (lua_Integer)cl_devptr(a));
+  return 4;
+}
+
 void cl_open_array(lua_State *L) {
   static const luaL_Reg m[] = {
     {"copy_to_host", a_copy_to_host}, {"copy_to_device", a_copy_to_device},
     {"get", a_get}, {"set", a_set}, {"totable", a_totable}, {"fill", a_fill},
-    {"slice", a_slice}, {"reshape", a_reshape}, {"ptr", a_ptr}, {"close", a_close},
+    {"slice", a_slice}, {"reshape", a_reshape}, {"view", a_view}, {"advise", a_advise}, {"ptr", a_ptr}, {"close", a_close},
     {NULL, NULL}};
   static const luaL_Reg f[] = {
     {"array", l_array}, {"zeros", l_zeros}, {"pinned_array", l_pinned_array},
     {"mapped_array", l_mapped_array}, {"managed_array", l_managed_array},
     {"device_array", l_device_array}, {"device_array_like", l_device_array_like},
-    {"to_device", l_to_device}, {NULL, NULL}};
+    {"to_device", l_to_device}, {"array_info", l_array_info}, {NULL, NULL}};
   luaL_newmetatable(L, CL_ARRAY);
   lua_pushcfunction(L, a_index); lua_setfield(L, -2, "__index");
   lua_pushcfunction(L, a_newindex); lua_setfield(L, -2, "__newindex");

@@ -20,7 +20,7 @@
   X(cuMemAlloc) X(cuMemFree) X(cuMemAllocAsync) X(cuMemFreeAsync) \
   X(cuDeviceGetDefaultMemPool) X(cuMemPoolSetAttribute) \
   X(cuMemHostAlloc) X(cuMemFreeHost) X(cuMemHostGetDevicePointer) X(cuMemAllocManaged) \
-  X(cuMemHostRegister) X(cuMemHostUnregister) X(cuPointerGetAttribute) \
+  X(cuMemHostRegister) X(cuMemHostUnregister) X(cuMemAdvise) X(cuPointerGetAttribute) \
   X(cuMemcpyAsync) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync) X(cuMemcpyDtoDAsync) \
   X(cuMemcpyHtoD) X(cuMemcpyDtoH) \
   X(cuMemsetD8Async) X(cuMemsetD16Async) X(cuMemsetD32Async) X(cuMemsetD2D32Async) \
@@ -137,6 +137,9 @@ void cl_open_array(lua_State *L);
 void cl_open_compile(lua_State *L);
 void cl_open_module(lua_State *L);
 void cl_open_launch(lua_State *L);
+void cl_open_random(lua_State *L);
+void cl_open_progress(lua_State *L);
+void cl_open_cache(lua_State *L);
 
 #define CL_MAXPARAMS 64
 typedef struct cl_kernel {

@@ -29,6 +29,9 @@ int luaopen_cudalua(lua_State *L) {
   cl_open_compile(L);
   cl_open_module(L);
   cl_open_launch(L);
+  cl_open_random(L);
+  cl_open_progress(L);
+  cl_open_cache(L);
   lua_pushstring(L, CUDALUA_VERSION); lua_setfield(L, core, "version");
   lua_newtable(L);
   for (int i = 0; cl_kernel_headers[i].name; i++) {

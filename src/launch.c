@@ -266,6 +266,62 @@ static int k_launch(lua_State *L) {
   return cl_kernel_launch(L, k, 1, 2, g, b, s, shared);
 }
 
+/* k:forall(n [, {stream=, shared=}]) -> launcher covering n threads, with the block size the
+   occupancy calculator picks (cached per kernel and dynamic shared memory size) */
+static int k_forall(lua_State *L) {
+  cl_kernel *k = cl_checkkernel(L, 1);
+  int isint;
+  lua_Integer n = lua_tointegerx(L, 2, &isint);
+  if (!isint || n < 0) return luaL_error(L, "cudalua: forall: n must be an integer >= 0, got %s", luaL_tolstring(L, 2, NULL));
+  cl_stream *s = NULL;
+  unsigned shared = 0;
+  if (!lua_isnoneornil(L, 3)) {
+    luaL_checktype(L, 3, LUA_TTABLE);
+    lua_getfield(L, 3, "stream"); s = cl_tostream(L, -1, "forall");
+    lua_getfield(L, 3, "shared"); shared = shared_bytes(L, -1);
+    lua_pop(L, 2);
+  }
+  if (!k->occ_block || k->occ_shared != shared) {
+    int g = 0, b = 0;
+    CUcontext cur = NULL;
+    cu.cuCtxGetCurrent(&cur);
+    if (cur != k->ctx) cl_check(L, cu.cuCtxSetCurrent(k->ctx), "forall");
+    cl_check(L, cu.cuOccupancyMaxPotentialBlockSize(&g, &b, k->fn, NULL, shared, 0), "forall: occupancy");
+    k->occ_grid = g; k->occ_block = b; k->occ_shared = shared;
+  }
+  lua_Integer grid = (n + k->occ_block - 1) / k->occ_block;
+  if (grid < 1) grid = 1;
+  if (grid > 0x7fffffff) return luaL_error(L, "cudalua: forall: n = %I needs too many blocks", n);
+  launcher *l = lua_newuserdatauv(L, sizeof *l, 1);
+  l->k = k; l->s = cl_stream_ref(s); l->shared = shared;
+  l->g[0] = (unsigned)grid; l->g[1] = l->g[2] = 1;
+  l->b[0] = (unsigned)k->occ_block; l->b[1] = l->b[2] = 1;
+  luaL_setmetatable(L, LAUNCHER_MT);
+  lua_pushvalue(L, 1); lua_setiuservalue(L, -2, 1);
+  return 1;
+}
+
+/* k:max_blocks_per_sm(block [, shared]) */
+static int k_max_blocks(lua_State *L) {
+  cl_kernel *k = cl_checkkernel(L, 1);
+  lua_Integer b = luaL_checkinteger(L, 2);
+  unsigned shared = shared_bytes(L, 3);
+  luaL_argcheck(L, b >= 1 && b <= 1024, 2, "block size must be 1..1024");
+  int nb = 0;
+  cl_ctx(L);
+  cl_check(L, cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(&nb, k->fn, (int)b, shared),
+           "max_blocks_per_sm");
+  lua_pushinteger(L, nb);
+  return 1;
+}
+
+static int launcher_tostring(lua_State *L) {
+  launcher *l = luaL_checkudata(L, 1, LAUNCHER_MT);
+  lua_pushfstring(L, "cudalua.launcher<grid {%d, %d, %d}, block {%d, %d, %d}, shared %d>", l->g[0],
+                  l->g[1], l->g[2], l->b[0], l->b[1], l->b[2], l->shared);
+  return 1;
+}
+
 static int k_call(lua_State *L) {
   return luaL_error(L, "cudalua: kernel '%s' needs a launch configuration: k[{grid, block}](...)",
                     kname(L, 1));
@@ -275,11 +331,14 @@ void cl_open_launch(lua_State *L) {
   luaL_newmetatable(L, LAUNCHER_MT);
   lua_pushcfunction(L, launcher_call); lua_setfield(L, -2, "__call");
   lua_pushcfunction(L, launcher_gc); lua_setfield(L, -2, "__gc");
+  lua_pushcfunction(L, launcher_tostring); lua_setfield(L, -2, "__tostring");
   lua_pop(L, 1);
   luaL_getmetatable(L, CL_KERNEL);
   lua_pushcfunction(L, k_call); lua_setfield(L, -2, "__call");
   lua_pop(L, 1);
   lua_getfield(L, LUA_REGISTRYINDEX, CL_KERNEL ".methods");
   lua_pushcfunction(L, k_launch); lua_setfield(L, -2, "launch");
+  lua_pushcfunction(L, k_forall); lua_setfield(L, -2, "forall");
+  lua_pushcfunction(L, k_max_blocks); lua_setfield(L, -2, "max_blocks_per_sm");
   lua_pop(L, 1);
 }

@@ -3,6 +3,7 @@
 -- in the source (and every name expression) gets a probe instantiation
 -- __cudalua_sig<decltype(kernel)>, whose mangled name spells the kernel's parameter types.
 local core = ...
+local cache = require "cudalua.cache"
 local M = {}
 
 local PROBE = "__cudalua_sig"
@@ -226,10 +227,12 @@ local include_dir
 local function cuda_include()
   if include_dir ~= nil then return include_dir end
   include_dir = false
-  local _, _, nvpath = core.nvrtc_version()
+  local nvpath = core.nvrtc_identity():match("^(.*):%d+:%d+$")
   local cands = { os.getenv("CUDA_HOME"), os.getenv("CUDA_PATH"), os.getenv("CUDA_DIR"),
-                  nvpath and nvpath:match("^(.*)/lib[^/]*/[^/]*$"), "/usr/local/cuda" }
-  for _, base in pairs(cands) do
+                  "/usr/local/cuda", nvpath and nvpath:match("^(.*)/lib[^/]*/[^/]*$"),
+                  nvpath and nvpath:match("^(.*)/lib[^/]*/[^/]*/[^/]*$") }
+  for i = 1, 6 do
+    local base = cands[i]
     if base and base ~= "" then
       local f = io.open(base .. "/include/cuda_fp16.h")
       if f then f:close(); include_dir = base .. "/include"; break end
@@ -238,7 +241,10 @@ local function cuda_include()
   return include_dir
 end
 
+local arch_of = {}
 local function device_arch()
+  local dev = core.is_available() and core.current_device()
+  if dev and arch_of[dev] then return arch_of[dev] end
   if not core.is_available() then
     error("cuda.compile: " .. core.driver_error() .. "; give opts.arch (e.g. \"sm_90\") to compile without a GPU", 3)
   end
@@ -247,11 +253,12 @@ local function device_arch()
   local archs = core.nvrtc_archs()
   local best = 0
   for _, a in ipairs(archs) do
-    if a == want then return "sm_" .. want end
+    if a == want then arch_of[dev] = "sm_" .. want; return arch_of[dev] end
     if a <= want and a > best then best = a end
   end
   if best == 0 then error(("cuda.compile: NVRTC cannot compile for compute capability %d.%d"):format(cc[1], cc[2]), 3) end
-  return "compute_" .. best -- PTX the driver compiles for the newer device
+  arch_of[dev] = "compute_" .. best -- PTX the driver compiles for the newer device
+  return arch_of[dev]
 end
 
 local function check_opts(opts)
@@ -346,6 +353,13 @@ local module_mt = {
   __name = "cudalua.module",
 }
 
+local function new_module(e, name, arch)
+  local mod = setmetatable({}, module_mt)
+  state[mod] = { image = e.image, log = e.log, info = e.info, kernels = {}, name = name,
+                 ptx = e.ptx, arch = arch }
+  return mod
+end
+
 ---------------------------------------------------------------------------------------------
 function M.compile(src, opts)
   if type(src) ~= "string" then error("cuda.compile: source must be a string, got " .. type(src), 2) end
@@ -362,6 +376,23 @@ function M.compile(src, opts)
   for k in pairs(opts.headers or {}) do user_headers[#user_headers + 1] = k end
   table.sort(user_headers)
   for _, k in ipairs(user_headers) do headers[#headers + 1] = { k, opts.headers[k] } end
+
+  local key
+  if opts.cache ~= false then
+    local hparts = {}
+    for _, k in ipairs(user_headers) do hparts[#hparts + 1] = #k .. ":" .. k .. #opts.headers[k] .. ":" .. opts.headers[k] end
+    key = cache.key { arch, name, table.concat(options, "\0"), table.concat(hparts),
+                      table.concat(opts.name_expressions or {}, "\0"), src }
+    local mod = cache.get_memory(key)
+    if mod then return mod end
+    local e = cache.get_disk(key)
+    if e then
+      mod = new_module(e, name, arch)
+      cache.put_memory(key, mod)
+      return mod
+    end
+    cache.stats.misses = cache.stats.misses + 1
+  end
 
   local found = find_kernels(src)
   local wanted = {}
@@ -403,9 +434,12 @@ function M.compile(src, opts)
       info[e] = entry
     end
   end
-  local mod = setmetatable({}, module_mt)
-  state[mod] = { image = image, log = log, info = info, kernels = {}, name = name, ptx = ptx,
-                 arch = arch }
+  local e = { image = image, log = log, info = info, ptx = ptx }
+  local mod = new_module(e, name, arch)
+  if key then
+    cache.put_memory(key, mod)
+    cache.put_disk(key, e)
+  end
   return mod
 end
 

@@ -4,14 +4,14 @@
 local core = ...
 local cuda = {}
 
-for k, v in pairs(core) do
-  if type(v) == "function" and not k:match("^nvrtc_") and not k:match("^module_") then cuda[k] = v end
+for _, name in ipairs {
+  "is_available", "driver_error", "devices", "select_device", "current_device", "synchronize",
+  "time", "sleep", "dtype", "float32", "float64", "int8", "int16", "int32", "int64", "uint8",
+  "uint16", "uint32", "uint64", "bool", "float16", "array", "zeros", "pinned_array",
+  "mapped_array", "managed_array", "device_array", "device_array_like", "to_device", "stream",
+  "default_stream", "event", "event_elapsed_time" } do
+  cuda[name] = assert(core[name], name)
 end
-for _, name in ipairs { "float32", "float64", "int8", "int16", "int32", "int64", "uint8",
-                        "uint16", "uint32", "uint64", "bool", "float16" } do
-  cuda[name] = core[name]
-end
-cuda.driver_version, cuda.nvrtc_version, cuda.mem_info = nil, nil, nil
 cuda.__version = core.version
 
 -- cuda.versions() -> {driver = 13000, nvrtc = {13, 0}, cudalua = "x.y.z"}
@@ -48,5 +48,11 @@ end
 local compile = require "cudalua.compile"
 cuda.compile = compile.compile
 cuda.kernel = compile.kernel
+
+local reduce = require "cudalua.reduce"
+function cuda.reduce(expr, opts) return reduce.reduce(cuda, expr, opts) end
+
+cuda.random = require "cudalua.random"
+cuda.progress = require "cudalua.progress"
 
 return cuda

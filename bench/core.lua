@@ -1,0 +1,246 @@
+-- core.lua: the five measurements of bench/raw.c made through cudalua, with the same kernels,
+-- sizes and method. Prints one "key value" line per measurement; keys starting with diag_ are
+-- pieces timed apart to show where cudalua's time goes. A section that fails prints a "# ..."
+-- line and the others still run.
+-- Env: BENCH_LAUNCHES (default 100000), BENCH_REPS (default 5)
+package.cpath = "./?.so;" .. package.cpath
+local cuda = require "cudalua"
+
+local N = tonumber(os.getenv("BENCH_LAUNCHES")) or 100000
+local REPS = tonumber(os.getenv("BENCH_REPS")) or 5
+local now = cuda.time   -- monotonic wall clock (os.clock is CPU time)
+
+-- keep these two sources identical to the ones in bench/raw.c
+local KSRC = 'extern "C" __global__ void empty() {}\n' ..
+             'extern "C" __global__ void four(float *a, const float *b, int n, double s) {}\n'
+local VECADD = [[
+extern "C" __global__ void vecadd(float *z, const float *x, const float *y, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) z[i] = x[i] + y[i];
+}
+]]
+
+local function out(k, v) io.write(("%s %.4f\n"):format(k, v)); io.flush() end
+
+local function median(t)
+  local s = {}
+  for i, v in ipairs(t) do s[i] = v end
+  table.sort(s)
+  local n = #s
+  return n % 2 == 1 and s[(n + 1) // 2] or (s[n // 2] + s[n // 2 + 1]) / 2
+end
+
+local function section(name, f)
+  local ok, err = pcall(f)
+  if not ok then
+    io.write(("# core.lua: %s failed: %s\n"):format(name, (tostring(err):gsub("\n", " | "))))
+    io.flush()
+  end
+end
+
+-- the C core that cuda.compile drives (the loader's second upvalue), for the compile pieces
+local core = select(3, pcall(debug.getupvalue, package.preload["cudalua.compile"], 2))
+if type(core) ~= "table" then core = nil end
+
+section("info", function()
+  local v = cuda.versions()
+  local dev = cuda.devices()[cuda.current_device() + 1]
+  local nvpath = core and core.nvrtc_version and select(3, core.nvrtc_version())
+  print(("info_cudalua %s (sm_%d%d), driver %d, NVRTC %s, cudalua %s, %s"):format(dev.name,
+    dev.compute_capability[1], dev.compute_capability[2], v.driver,
+    v.nvrtc and table.concat(v.nvrtc, ".") or "?", v.cudalua, nvpath or "?"))
+end)
+
+-- runs body(count) REPS times after a warm-up, each followed by a synchronize; returns the
+-- median µs per item, and the median µs per item before the synchronize (enqueue time)
+local function per_item(body, count)
+  count = count or N
+  body(math.min(1000, count))
+  cuda.synchronize()
+  local tot, enq = {}, {}
+  for r = 1, REPS do
+    collectgarbage()
+    cuda.synchronize()
+    local t0 = now()
+    body(count)
+    local t1 = now()
+    cuda.synchronize()
+    local t2 = now()
+    tot[r], enq[r] = (t2 - t0) / count * 1e6, (t1 - t0) / count * 1e6
+  end
+  return median(tot), median(enq)
+end
+
+---------------------------------------------------------------------------------------------
+-- 1, 2: N back-to-back launches on one stream (the legacy stream), then a synchronize
+section("launches", function()
+  local mod = cuda.compile(KSRC)
+  local empty, four = mod.empty, mod.four
+  local n, s = 1024, 2.5
+  local d_a, d_b = cuda.device_array(n, "float32"), cuda.device_array(n, "float32")
+  local function launches(key, body)
+    local tot, enq = per_item(body)
+    out(key, tot)
+    out("diag_" .. key:gsub("_us$", "_enqueue_us"), enq)
+  end
+  launches("launch_empty_us", function(m)
+    for _ = 1, m do empty[{1, 1}]() end
+  end)
+  launches("launch_empty_launcher_us", function(m)
+    local l = empty[{1, 1}]
+    for _ = 1, m do l() end
+  end)
+  launches("launch_four_us", function(m)
+    for _ = 1, m do four[{1, 1}](d_a, d_b, n, s) end
+  end)
+  launches("launch_four_launcher_us", function(m)
+    local l = four[{1, 1}]
+    for _ = 1, m do l(d_a, d_b, n, s) end
+  end)
+  -- the pieces of the tutorial form, without launching: the {1, 1} table, then the launcher
+  -- object k[{1, 1}] makes from it; and a Lua-to-C call that does nothing, for scale
+  out("diag_config_table_us", (per_item(function(m)
+    for _ = 1, m do local t = {1, 1} end
+  end)))
+  out("diag_make_launcher_us", (per_item(function(m)
+    for _ = 1, m do local l = empty[{1, 1}] end
+  end)))
+  out("diag_lua_c_call_us", (per_item(function(m)
+    for _ = 1, m do now() end
+  end)))
+end)
+collectgarbage()
+
+---------------------------------------------------------------------------------------------
+-- 3: 256 MiB copies, each finished before the clock stops (no stream: copies are synchronous)
+local BYTES = 256 << 20
+local NEL = BYTES // 4
+
+local function bandwidth(copy)
+  copy()   -- warm-up
+  local t = {}
+  for r = 1, REPS do
+    local t0 = now()
+    copy()
+    t[r] = BYTES / (now() - t0) / 1e9
+  end
+  return median(t)
+end
+
+section("copies", function()
+  local d = cuda.device_array(NEL, "float32")
+  section("pinned copies", function()
+    local p = cuda.pinned_array(NEL, "float32")
+    p:fill(1)
+    out("h2d_pinned_gbs", bandwidth(function() d:copy_to_device(p) end))
+    out("d2h_pinned_gbs", bandwidth(function() d:copy_to_host(p) end))
+    p:close()
+  end)
+  -- default (pageable) host arrays: cudalua page-locks a large one on its first copy, and
+  -- later copies reuse that
+  section("default array copies", function()
+    local h = cuda.array(NEL, "float32")
+    h:fill(1)
+    out("h2d_default_gbs", bandwidth(function() d:copy_to_device(h) end))
+    out("d2h_default_gbs", bandwidth(function() d:copy_to_host(h) end))
+    h:close()
+  end)
+  local function first_copy(h2d)
+    local t, tclose, talloc, tfill = {}, {}, {}, {}
+    for r = 1, 3 do
+      local t0 = now()
+      local h = cuda.array(NEL, "float32")
+      talloc[r] = (now() - t0) * 1e3
+      t0 = now()
+      h:fill(1)   -- a user's array holds data: its pages exist before the copy
+      tfill[r] = (now() - t0) * 1e3
+      t0 = now()
+      if h2d then d:copy_to_device(h) else d:copy_to_host(h) end
+      t[r] = BYTES / (now() - t0) / 1e9
+      t0 = now()
+      h:close()
+      tclose[r] = (now() - t0) * 1e3
+    end
+    return median(t), median(tclose), median(talloc), median(tfill)
+  end
+  section("default array first copies", function()
+    local bw, tclose, talloc, tfill = first_copy(true)
+    out("h2d_default_first_gbs", bw)
+    out("diag_default_array_256MiB_new_ms", talloc)
+    out("diag_default_array_256MiB_fill_ms", tfill)
+    out("diag_default_array_256MiB_close_ms", tclose)
+    out("d2h_default_first_gbs", (first_copy(false)))
+  end)
+  d:close()
+end)
+collectgarbage()
+
+---------------------------------------------------------------------------------------------
+-- 4: device alloc + free of 1 MiB (stream-ordered, from the pool); every free is counted
+-- (the collections that run the finalizers are inside the clock)
+section("alloc", function()
+  local MIB = 1 << 20
+  out("alloc_free_close_us", (per_item(function(m)
+    for _ = 1, m do local a <close> = cuda.device_array(MIB, "uint8") end
+    collectgarbage()
+  end)))
+  out("alloc_free_gc_us", (per_item(function(m)
+    for _ = 1, m do local a = cuda.device_array(MIB, "uint8") end
+    collectgarbage()
+  end)))
+  -- the wrapper alone: a 0-byte device array allocates and frees no device memory
+  out("diag_alloc_free_0bytes_close_us", (per_item(function(m)
+    for _ = 1, m do local a <close> = cuda.device_array(0, "uint8") end
+    collectgarbage()
+  end)))
+end)
+collectgarbage()
+
+---------------------------------------------------------------------------------------------
+-- 5: cold compiles: a source no cache has seen (a comment with a counter appended)
+local stamp = ("%d %d"):format(os.time(), math.random(1 << 30))
+local count = 0
+local function unique() count = count + 1; return VECADD .. ("\n// bench %d %s\n"):format(count, stamp) end
+local function compile_ms(f)
+  f(unique())   -- warm-up
+  local t = {}
+  for r = 1, REPS do
+    local src = unique()
+    local t0 = now()
+    f(src)
+    t[r] = (now() - t0) * 1e3
+  end
+  return median(t)
+end
+
+section("compile", function()
+  out("compile_ms", compile_ms(function(src) cuda.compile(src, {arch = "sm_90"}) end))
+end)
+
+-- the same NVRTC work in pieces, through the C core: only -arch (as raw.c), then what
+-- cuda.compile adds one by one (the CUDA include path, the shipped headers, the name
+-- expressions and the probe template that read the kernel's parameter types)
+section("compile pieces", function()
+  if not (core and core.nvrtc_compile) then error("no access to the C core") end
+  local inc
+  for _, base in ipairs { os.getenv("CUDA_HOME") or "", os.getenv("CUDA_DIR") or "", "/usr/local/cuda" } do
+    local f = base ~= "" and io.open(base .. "/include/cuda_fp16.h")
+    if f then f:close(); inc = base .. "/include"; break end
+  end
+  local PROBE = '\n#line 1 "cudalua-probe"\ntemplate<typename T> __global__ void __cudalua_sig() {}\n'
+  local exprs = { "vecadd", "__cudalua_sig<decltype(vecadd)>" }
+  local opts = { "-arch=sm_90" }
+  local opts_inc = { "-arch=sm_90", inc and "-I" .. inc or nil }
+  out("diag_compile_nvrtc_plain_ms", compile_ms(function(src)
+    assert(core.nvrtc_compile(src, "cudalua_kernel.cu", opts, {}, {}, false))
+  end))
+  out("diag_compile_nvrtc_include_ms", compile_ms(function(src)
+    assert(core.nvrtc_compile(src, "cudalua_kernel.cu", opts_inc, {}, {}, false))
+  end))
+  out("diag_compile_nvrtc_headers_ms", compile_ms(function(src)
+    assert(core.nvrtc_compile(src, "cudalua_kernel.cu", opts_inc, core.headers, {}, false))
+  end))
+  out("diag_compile_nvrtc_probe_ms", compile_ms(function(src)
+    assert(core.nvrtc_compile(src .. PROBE, "cudalua_kernel.cu", opts_inc, core.headers, exprs, false))
+  end))
+end)

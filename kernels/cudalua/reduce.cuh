@@ -1,0 +1,152 @@
+// cudalua/reduce.cuh: the kernel behind cuda.reduce. One launch reduces the whole input and
+// keeps the order of the elements: the result is x1 op x2 op ... op xn for any associative op,
+// commutative or not.
+//   * each warp owns a contiguous run of tiles; in a tile each lane reads U vectors of V
+//     contiguous elements (16-byte loads), reduces them in order, then the warp combines its
+//     lanes in order (adjacent pairs first) and appends the tile to its running value;
+//   * warps, then blocks, are combined in order; the last block to finish (a ticket counter)
+//     combines the blocks' values and writes op(init, total); it resets the counter for reuse.
+#pragma once
+
+namespace cudalua {
+
+template <typename T>
+__device__ __forceinline__ T shfl_down(T v, int o) {
+  if constexpr (sizeof(T) == 8) {
+    unsigned long long u;
+    memcpy(&u, &v, 8);
+    u = __shfl_down_sync(0xffffffffu, u, o);
+    memcpy(&v, &u, 8);
+  } else {
+    unsigned int u = 0;
+    memcpy(&u, &v, sizeof(T));
+    u = __shfl_down_sync(0xffffffffu, u, o);
+    memcpy(&v, &u, sizeof(T));
+  }
+  return v;
+}
+
+// lanes [0, k) hold values in order; lane 0 gets their ordered combination
+template <typename T, typename Op>
+__device__ __forceinline__ T warp_reduce(T v, Op op, int k) {
+  int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    T w = shfl_down(v, o);
+    if ((lane & (2 * o - 1)) == 0 && lane + o < k) v = op(v, w);
+  }
+  return v;
+}
+
+// like warp_reduce, but any lane may be empty (has == false)
+template <typename T, typename Op>
+__device__ __forceinline__ T warp_reduce_flagged(T v, bool &has, Op op) {
+  int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    T w = shfl_down(v, o);
+    bool wh = __shfl_down_sync(0xffffffffu, (int)has, o) != 0;
+    if ((lane & (2 * o - 1)) == 0 && lane + o < 32 && wh) {
+      v = has ? op(v, w) : w;
+      has = true;
+    }
+  }
+  return v;
+}
+
+template <typename T, int V>
+struct alignas(sizeof(T) * V) vec_t { T v[V]; };
+
+constexpr int REDUCE_BLOCK = 256;
+
+// the block's threads hold (v, has) in thread order; thread 0 gets the ordered combination
+template <typename T, typename Op>
+__device__ __forceinline__ T block_reduce_flagged(T v, bool &has, Op op) {
+  __shared__ alignas(16) unsigned char buf[32 * sizeof(T)];
+  __shared__ int hbuf[32];
+  T *val = reinterpret_cast<T *>(buf);
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = warp_reduce_flagged(v, has, op);
+  if (lane == 0) { val[warp] = v; hbuf[warp] = has; }
+  __syncthreads();
+  if (warp == 0) {
+    has = lane < REDUCE_BLOCK / 32 ? hbuf[lane] != 0 : false;
+    if (has) v = val[lane];
+    v = warp_reduce_flagged(v, has, op);
+  }
+  return v;
+}
+
+template <typename T, typename Op, int V, int U>
+__global__ void __launch_bounds__(REDUCE_BLOCK)
+reduce_kernel(const T *x, long long n, T init, int use_init, T *out, T *partials,
+              unsigned int *counter) {
+  Op op;
+  constexpr int W = REDUCE_BLOCK / 32;
+  constexpr long long TILE = 32LL * V * U;
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  long long gw = (long long)blockIdx.x * W + warp, GW = (long long)gridDim.x * W;
+  long long ntiles = n / TILE;
+  long long t0 = gw * ntiles / GW, t1 = (gw + 1) * ntiles / GW;
+  T acc = T();
+  bool has = false;
+  typedef vec_t<T, V> vec;
+  for (long long t = t0; t < t1; t++) {
+    const vec *p = reinterpret_cast<const vec *>(x + t * TILE) + lane * U;
+    vec r[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) r[u] = p[u];
+    T s = r[0].v[0];
+#pragma unroll
+    for (int u = 0; u < U; u++)
+#pragma unroll
+      for (int j = 0; j < V; j++)
+        if (u | j) s = op(s, r[u].v[j]);
+    s = warp_reduce(s, op, 32);
+    acc = has ? op(acc, s) : s;
+    has = true;
+  }
+  if (gw == GW - 1) {  // the elements after the last whole tile
+    for (long long b = ntiles * TILE; b < n; b += 32) {
+      long long i = b + lane;
+      int k = (int)(n - b < 32 ? n - b : 32);
+      T s = i < n ? x[i] : T();
+      s = warp_reduce(s, op, k);
+      acc = has ? op(acc, s) : s;
+      has = true;
+    }
+  }
+  if (lane != 0) has = false;  // lane 0 holds the warp's value
+  T v = block_reduce_flagged(acc, has, op);
+  if (gridDim.x == 1) {
+    if (threadIdx.x == 0) *out = has ? (use_init ? op(init, v) : v) : init;
+    return;
+  }
+  __shared__ bool last;
+  if (threadIdx.x == 0) {
+    partials[blockIdx.x] = v;  // with several blocks every block has tiles (see reduce.lua)
+    __threadfence();
+    last = atomicAdd(counter, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  // the last block: each thread takes a contiguous run of partials, in order
+  int G = gridDim.x, per = (G + REDUCE_BLOCK - 1) / REDUCE_BLOCK;
+  int a = threadIdx.x * per, e = min(a + per, G);
+  has = false;
+  T s = T();
+  for (int i = a; i < e; i++) {
+    T p = partials[i];  // this block never read them before: no stale cache lines
+    s = has ? op(s, p) : p;
+    has = true;
+  }
+  __syncthreads();  // the shared buffers are reused
+  v = block_reduce_flagged(s, has, op);
+  if (threadIdx.x == 0) {
+    *out = use_init ? op(init, v) : v;
+    *counter = 0;
+  }
+}
+
+}  // namespace cudalua

@@ -1,0 +1,94 @@
+-- cudalua.progress: a progress bar driven by a running kernel (seed 000). The kernel bumps a
+-- counter in managed or mapped memory with atomics; watch() polls it until the stream's work
+-- is done, drawing on stderr.
+--
+-- Coherence: on Linux GPUs with concurrent managed access (Pascal and newer) the host may read
+-- a managed counter while a kernel runs; watch() advises the driver to keep its page on the
+-- device and map it for the host, so reading it does not move the page back and forth. Where
+-- the device lacks concurrent managed access (Windows, some older setups), touching managed
+-- memory while a kernel runs is not allowed: use cuda.mapped_array for the counter there.
+local core = ...
+local M = {}
+
+local function human(x)
+  if x >= 1e9 then return ("%.1fG"):format(x / 1e9) end
+  if x >= 1e6 then return ("%.1fM"):format(x / 1e6) end
+  if x >= 1e3 then return ("%.1fk"):format(x / 1e3) end
+  return ("%.0f"):format(x)
+end
+
+local function duration(s)
+  if s ~= s or s == math.huge then return "?" end
+  if s >= 3600 then return ("%dh%02dm"):format(s // 3600, s % 3600 // 60) end
+  if s >= 60 then return ("%dm%02ds"):format(s // 60, s % 60) end
+  return ("%.1fs"):format(s)
+end
+
+local advised = setmetatable({}, { __mode = "k" })
+
+-- watch(counter, total, {stream=, label=, interval=, out=, line_interval=}) -> last count
+function M.watch(counter, total, opts)
+  local cuda = require "cudalua"
+  local n, dtype, kind = core.array_info(counter)
+  if not n then error("progress.watch: counter must be a managed or mapped array, got " .. type(counter), 2) end
+  if kind ~= "managed_array" and kind ~= "mapped_array" then
+    error("progress.watch: counter must be a managed or mapped array (the host reads it while the kernel runs), got a " .. kind, 2)
+  end
+  if n < 1 then error("progress.watch: counter is empty", 2) end
+  if type(total) ~= "number" or total <= 0 then
+    error("progress.watch: total must be a number > 0, got " .. tostring(total), 2)
+  end
+  if opts ~= nil and type(opts) ~= "table" then error("progress.watch: options must be a table", 2) end
+  opts = opts or {}
+  local interval = opts.interval or 0.001
+  if type(interval) ~= "number" or interval < 0 then error("progress.watch: interval must be seconds >= 0", 2) end
+  local out = opts.out or io.stderr
+  local label = opts.label and tostring(opts.label) or "progress"
+  local stream = opts.stream or cuda.default_stream()
+  if kind == "managed_array" then
+    local dev = cuda.devices()[cuda.current_device() + 1]
+    if not dev.concurrent_managed_access then
+      error("progress.watch: this device cannot share managed memory with the host while a kernel runs; use cuda.mapped_array for the counter", 2)
+    end
+    if not advised[counter] then
+      counter:advise("preferred_device"):advise("accessed_by_host")
+      advised[counter] = true
+    end
+  end
+  local tty, cols = core.isatty(out)
+  local redraw = tty and 0.05 or (opts.line_interval or 1.0) -- seconds between draws
+  local t0 = core.time()
+  local last_draw = -math.huge
+  local function draw(v, final)
+    local now = core.time()
+    if not final and now - last_draw < redraw then return end
+    last_draw = now
+    local el = now - t0
+    local frac = math.min(math.max(v / total, 0), 1)
+    local rate = el > 0 and v / el or 0
+    local eta = rate > 0 and (total - v) / rate or math.huge
+    local stats = ("%3d%% %s/%s %s/s %s %s"):format(math.floor(frac * 100), human(v), human(total),
+      human(rate), final and "in" or "ETA", duration(final and el or eta))
+    if tty then
+      local width = math.max(10, cols - #label - #stats - 6)
+      local fill = math.floor(frac * width + 0.5)
+      out:write(("\r%s [%s%s] %s"):format(label, ("#"):rep(fill), ("."):rep(width - fill), stats))
+    else
+      out:write(("%s: %s\n"):format(label, stats))
+    end
+    out:flush()
+  end
+  local v = 0
+  while true do
+    local done = stream:query()
+    v = counter[1]
+    if done then break end
+    draw(v, false)
+    if interval > 0 then core.sleep(interval) end
+  end
+  draw(v, true)
+  if tty then out:write("\n"); out:flush() end
+  return v
+end
+
+return M

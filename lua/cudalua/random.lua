@@ -1,0 +1,86 @@
+-- cudalua.random: Numba's xoroshiro128+ generators. States are made on the GPU in parallel:
+-- state i is the seeded state jumped 2^64 draws (start + i) times, computed from precomputed
+-- powers of the jump matrix (src/random.c) instead of a serial host loop.
+local core = ...
+local M = {}
+
+local init_kernel, matrices
+
+local function splitmix(seed)
+  -- Lua integers wrap around like uint64 arithmetic
+  local z = seed + 0x9E3779B97F4A7C15
+  z = (z ~ (z >> 30)) * 0xBF58476D1CE4E5B9
+  z = (z ~ (z >> 27)) * 0x94D049BB133111EB
+  return z ~ (z >> 31)
+end
+M.splitmix64 = splitmix
+
+local function cuda() return require "cudalua" end
+
+local function prepare()
+  if not init_kernel then
+    local mod = cuda().compile("#include <cudalua/random.cuh>\n", {
+      name = "cudalua_random.cu", name_expressions = { "cudalua_xoroshiro128p_init" } })
+    init_kernel = mod:get("cudalua_xoroshiro128p_init")
+  end
+  if not matrices then
+    local bytes = core.xoroshiro_jump_matrices(64)
+    local n = #bytes // 8
+    local host = cuda().array(n, "int64")
+    for i = 1, n do host[i] = string.unpack("<i8", bytes, (i - 1) * 8 + 1) end
+    matrices = cuda().to_device(host)
+  end
+end
+
+local function check_int(v, what, where)
+  if math.type(v) ~= "integer" then
+    if type(v) == "number" and v == math.floor(v) and v >= 0 and v < 2 ^ 64 then
+      return v >= 2 ^ 63 and math.tointeger(v - 2 ^ 64) or math.tointeger(v)
+    end
+    error(("%s: %s must be an integer, got %s"):format(where, what, tostring(v)), 3)
+  end
+  return v
+end
+
+-- init_xoroshiro128p_states(states, seed [, subsequence_start [, stream]])
+function M.init_xoroshiro128p_states(states, seed, subsequence_start, stream)
+  local n, dtype, kind = core.array_info(states)
+  if not n or kind ~= "device_array" or tostring(dtype) ~= "uint64" or states.shape[2] ~= 2 then
+    error("init_xoroshiro128p_states: states must be a device array of uint64 with shape {n, 2}", 2)
+  end
+  seed = check_int(seed, "seed", "init_xoroshiro128p_states")
+  subsequence_start = check_int(subsequence_start or 0, "subsequence_start", "init_xoroshiro128p_states")
+  local count = n // 2
+  if count == 0 then return states end
+  prepare()
+  local block = 256
+  init_kernel[{ (count + block - 1) // block, block, stream }](states, count, splitmix(seed),
+                                                               subsequence_start, matrices)
+  return states
+end
+
+-- create_xoroshiro128p_states(n, seed [, subsequence_start [, stream]])
+-- create_xoroshiro128p_states(n, {seed =, subsequence_start =, stream =})
+function M.create_xoroshiro128p_states(n, seed, subsequence_start, stream)
+  if math.type(n) ~= "integer" or n < 0 then
+    error("create_xoroshiro128p_states: n must be an integer >= 0, got " .. tostring(n), 2)
+  end
+  if type(seed) == "table" then
+    local o = seed
+    for k in pairs(o) do
+      if k ~= "seed" and k ~= "subsequence_start" and k ~= "stream" then
+        error(("create_xoroshiro128p_states: unknown option '%s'"):format(tostring(k)), 2)
+      end
+    end
+    seed, subsequence_start, stream = o.seed, o.subsequence_start, o.stream
+  end
+  if seed == nil then -- as Numba: no seed, a random one
+    seed = (os.time() * 1000003) ~ math.floor(core.time() * 1e9)
+  end
+  local states = cuda().device_array({ math.max(n, 0), 2 }, "uint64", stream)
+  local ok, err = pcall(M.init_xoroshiro128p_states, states, seed, subsequence_start, stream)
+  if not ok then error((tostring(err):gsub("^init_xoroshiro128p_states", "create_xoroshiro128p_states")), 2) end
+  return states
+end
+
+return M

@@ -1,0 +1,171 @@
+-- cudalua.reduce: Numba's @cuda.reduce for Lua. cuda.reduce("a + b") gives a reducer; calling
+-- it on an array returns op(init, x1 op x2 op ... op xn), computed in one kernel launch
+-- (kernels/cudalua/reduce.cuh) that keeps the order of the elements.
+local core = ...
+local compile = require "cudalua.compile"
+
+local M = {}
+local BLOCK = 256
+local U = 2 -- vectors per lane per tile
+
+local ctypes = { float32 = "float", float64 = "double", int8 = "signed char", int16 = "short",
+  int32 = "int", int64 = "long long", uint8 = "unsigned char", uint16 = "unsigned short",
+  uint32 = "unsigned int", uint64 = "unsigned long long", bool = "bool", float16 = "__half" }
+
+local Reducer = {}
+Reducer.__index = Reducer
+Reducer.__name = "cudalua.reducer"
+
+local function source(self, ctype)
+  local fn
+  if self.expr then
+    fn = ("__device__ __forceinline__ T operator()(T a, T b) const { return (%s); }"):format(self.expr)
+  else
+    fn = ("__device__ __forceinline__ T operator()(T a, T b) const { %s }"):format(self.body)
+  end
+  return table.concat({
+    "#include <cudalua/reduce.cuh>",
+    ctype == "__half" and "#include <cuda_fp16.h>" or "",
+    self.preamble or "",
+    "struct cudalua_op { typedef " .. ctype .. " T; " .. fn .. " };",
+  }, "\n")
+end
+
+-- the kernels for one dtype: aligned (16-byte vector loads) and unaligned
+local function kernels(self, dtype)
+  local name = tostring(dtype)
+  local ks = self.kernels[name]
+  if ks then return ks end
+  local ctype = ctypes[name]
+  local v = 16 // dtype.itemsize
+  local aligned = ("cudalua::reduce_kernel<%s, cudalua_op, %d, %d>"):format(ctype, v, U)
+  local unaligned = ("cudalua::reduce_kernel<%s, cudalua_op, 1, 1>"):format(ctype)
+  local ok, mod = pcall(compile.compile, source(self, ctype), {
+    name = "cudalua_reduce.cu", name_expressions = { aligned, unaligned } })
+  if not ok then
+    error(("cuda.reduce: the reduction %q does not compile for %s:\n%s"):format(
+      self.expr or self.body, name, tostring(mod)), 3)
+  end
+  local sms = core.devices()[core.current_device() + 1].multiprocessors
+  ks = { mod = mod, { k = mod:get(aligned), tile = 32 * v * U }, { k = mod:get(unaligned), tile = 32 } }
+  for _, e in ipairs(ks) do e.max_grid = sms * math.max(1, e.k:max_blocks_per_sm(BLOCK)) end
+  self.kernels[name] = ks
+  return ks
+end
+
+-- per dtype: a one-element mapped array the kernel writes the host result into (no copy call)
+local outs = {}
+-- per stream: scratch for the blocks' values and the ticket counter
+local scratch = setmetatable({}, { __mode = "k" })
+local DEFAULT = {}
+
+local function get_scratch(cuda, stream, bytes)
+  local key = stream or DEFAULT
+  local s = scratch[key]
+  if not s or s.bytes < bytes then
+    local arr = cuda.device_array(bytes // 8 + 1, "uint64", stream)
+    local counter = cuda.device_array(1, "uint32", stream)
+    counter:fill(0, stream)
+    s = { bytes = bytes, partials = arr, counter = counter }
+    scratch[key] = s
+  end
+  return s
+end
+
+local function typed(dtype, v)
+  if dtype.is_float then return v + 0.0 end
+  return v
+end
+
+function Reducer:__call(arr, opts)
+  local cuda = self.cuda
+  if opts ~= nil and type(opts) ~= "table" then
+    error("reduce: options must be a table {init=, res=, stream=}, got " .. type(opts), 2)
+  end
+  opts = opts or {}
+  local n, dtype, kind, ptr = core.array_info(arr)
+  if not n then
+    if type(arr) == "table" and getmetatable(arr) == nil then
+      error("reduce: expected an array, got a table (make one with cuda.array(t, dtype))", 2)
+    end
+    error("reduce: expected an array, got " .. type(arr), 2)
+  end
+  local init = opts.init
+  if init == nil then init = self.init end
+  if init == nil then init = 0 end
+  if type(init) ~= "number" and type(init) ~= "boolean" then
+    error("reduce: init must be a number, got " .. type(init), 2)
+  end
+  local stream, res = opts.stream, opts.res
+  if res ~= nil then
+    local rn, rdt, rkind = core.array_info(res)
+    if not rn then error("reduce: res must be an array, got " .. type(res), 2) end
+    if rdt ~= dtype then error(("reduce: res has dtype %s, the input %s"):format(rdt, dtype), 2) end
+    if rn < 1 then error("reduce: res is empty", 2) end
+    if rkind == "array" then error("reduce: res must be a device (or pinned/mapped/managed) array", 2) end
+  end
+  if n == 0 then
+    if res then res:slice(1, 1):fill(init, stream); return res end
+    return typed(dtype, init)
+  end
+  local src = arr
+  if kind == "array" then -- pageable host memory: through a device copy
+    src = cuda.to_device(arr, stream)
+    ptr = src:ptr()
+  end
+  local ks = kernels(self, dtype)
+  local e = ptr % 16 == 0 and ks[1] or ks[2]
+  local ntiles = n // e.tile
+  local grid = ntiles >= BLOCK // 32 and math.min(e.max_grid, ntiles // (BLOCK // 32)) or 1
+  local out = res
+  if not out then
+    out = outs[dtype]
+    if not out then out = cuda.mapped_array(1, dtype); outs[dtype] = out end
+  end
+  local partials, counter = out, out
+  if grid > 1 then
+    local s = get_scratch(cuda, stream, grid * dtype.itemsize)
+    partials, counter = s.partials, s.counter
+  end
+  local ok, err = pcall(e.k.launch, e.k, { grid = grid, block = BLOCK, stream = stream },
+                        src, n, init, 1, out, partials, counter)
+  if not ok then error("reduce: " .. tostring(err):gsub("^cudalua: ", ""), 2) end
+  if res then return res end
+  if stream then stream:synchronize() else cuda.default_stream():synchronize() end
+  return out[1]
+end
+
+function Reducer:__tostring()
+  return "cudalua.reducer<" .. (self.expr or "function") .. ">"
+end
+
+-- cuda.reduce(expr | {body=, preamble=}, {init=})
+function M.reduce(cuda, expr, opts)
+  local self = setmetatable({ cuda = cuda, kernels = {} }, Reducer)
+  if type(expr) == "string" then
+    if not expr:find("%f[%w_]a%f[^%w_]") or not expr:find("%f[%w_]b%f[^%w_]") then
+      error(("cuda.reduce: the expression %q must use both a and b"):format(expr), 3)
+    end
+    self.expr = expr
+  elseif type(expr) == "table" then
+    if type(expr.body) ~= "string" then
+      error("cuda.reduce: a table argument needs body = \"...; return ...;\" (a device function of a and b)", 3)
+    end
+    if expr.preamble ~= nil and type(expr.preamble) ~= "string" then
+      error("cuda.reduce: preamble must be a string of CUDA C", 3)
+    end
+    self.body, self.preamble = expr.body, expr.preamble
+  else
+    error("cuda.reduce: expected a CUDA C expression of a and b, got " .. type(expr), 3)
+  end
+  if opts ~= nil then
+    if type(opts) ~= "table" then error("cuda.reduce: options must be a table, got " .. type(opts), 3) end
+    if opts.init ~= nil and type(opts.init) ~= "number" and type(opts.init) ~= "boolean" then
+      error("cuda.reduce: init must be a number", 3)
+    end
+    self.init = opts.init
+  end
+  return self
+end
+
+return M
