@@ -193,6 +193,10 @@ section("alloc", function()
     for _ = 1, m do local a <close> = cuda.device_array(0, "uint8") end
     collectgarbage()
   end)))
+  out("diag_alloc_free_0bytes_gc_us", (per_item(function(m)
+    for _ = 1, m do local a = cuda.device_array(0, "uint8") end
+    collectgarbage()
+  end)))
 end)
 collectgarbage()
 
