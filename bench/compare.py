@@ -4,7 +4,8 @@ back-to-back launches on one stream then a synchronize, median of REPS repetitio
 "key value" line per measurement; a library that is missing or fails is reported and skipped.
 
 Env: BENCH_LAUNCHES (default 100000), BENCH_REPS (default 5), BENCH_NUMBA_LAUNCHES (default
-20000: Numba's launches are slow enough that N of them would take most of the time budget).
+10000, with 3 repetitions: Numba's launches are slow enough that N of them, REPS times, would
+take most of the time budget).
 """
 import os
 import statistics
@@ -17,7 +18,7 @@ os.environ.setdefault("NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS", "0")
 
 N = int(os.environ.get("BENCH_LAUNCHES", "100000"))
 REPS = int(os.environ.get("BENCH_REPS", "5"))
-N_NUMBA = int(os.environ.get("BENCH_NUMBA_LAUNCHES", "20000"))
+N_NUMBA = int(os.environ.get("BENCH_NUMBA_LAUNCHES", "10000"))
 COPY_BYTES = 256 << 20
 
 # the same kernels as bench/raw.c and bench/core.lua
@@ -33,12 +34,12 @@ def note(msg):
     print(f"# {msg}", flush=True)
 
 
-def per_launch(body, sync, n):
+def per_launch(body, sync, n, reps=REPS):
     """median µs per launch of body(n) (n launches) followed by sync()"""
     body(min(n, 1000))
     sync()
     times = []
-    for _ in range(REPS):
+    for _ in range(reps):
         sync()
         t0 = time.perf_counter()
         body(n)
@@ -88,6 +89,14 @@ def bench_cupy():
         out("cupy_launch_empty_us", per_launch(launch_empty, sync, N))
         out("cupy_launch_four_us", per_launch(launch_four, sync, N))
 
+        # 1 MiB device alloc + free (CuPy's memory pool; freed when the last reference goes)
+        def alloc_free(m):
+            for _ in range(m):
+                x = cp.empty(1 << 20, dtype=cp.uint8)
+                del x
+
+        out("cupy_alloc_free_us", per_launch(alloc_free, sync, N))
+
         nel = COPY_BYTES // 4
         d = cp.empty(nel, dtype=cp.float32)
         pinned = cupyx.empty_pinned((nel,), dtype=np.float32)
@@ -122,7 +131,7 @@ def bench_numba():
 
         a = cuda.device_array(1024, dtype=np.float32)
         b = cuda.device_array(1024, dtype=np.float32)
-        n, s = 1024, 2.5
+        n, s = np.int32(1024), np.float64(2.5)
         sync = cuda.synchronize
 
         def launch_empty(m):
@@ -143,10 +152,18 @@ def bench_numba():
             for _ in range(m):
                 k(a, b, n, s)
 
-        out("numba_launch_empty_us", per_launch(launch_empty, sync, N_NUMBA))
-        out("numba_launch_empty_cfg_us", per_launch(launch_empty_cfg, sync, N_NUMBA))
-        out("numba_launch_four_us", per_launch(launch_four, sync, N_NUMBA))
-        out("numba_launch_four_cfg_us", per_launch(launch_four_cfg, sync, N_NUMBA))
+        out("numba_launch_empty_us", per_launch(launch_empty, sync, N_NUMBA, 3))
+        out("numba_launch_empty_cfg_us", per_launch(launch_empty_cfg, sync, N_NUMBA, 3))
+        out("numba_launch_four_us", per_launch(launch_four, sync, N_NUMBA, 3))
+        out("numba_launch_four_cfg_us", per_launch(launch_four_cfg, sync, N_NUMBA, 3))
+
+        # 1 MiB device alloc + free (Numba's default memory manager: cuMemAlloc, frees deferred)
+        def alloc_free(m):
+            for _ in range(m):
+                x = cuda.device_array(1 << 20, dtype=np.uint8)
+                del x
+
+        out("numba_alloc_free_us", per_launch(alloc_free, sync, max(N_NUMBA // 5, 1), 3))
     except Exception:  # noqa: BLE001
         note("numba failed: " + traceback.format_exc().replace("\n", " | "))
 

@@ -193,6 +193,16 @@ section("alloc", function()
     for _ = 1, m do local a <close> = cuda.device_array(0, "uint8") end
     collectgarbage()
   end)))
+  out("diag_alloc_free_0bytes_dtypeobj_close_us", (per_item(function(m)
+    local u8 = cuda.uint8
+    for _ = 1, m do local a <close> = cuda.device_array(0, u8) end
+    collectgarbage()
+  end)))
+  -- a 0-byte host array: the same userdata and bookkeeping with no driver call at all
+  out("diag_host_array_0bytes_close_us", (per_item(function(m)
+    for _ = 1, m do local a <close> = cuda.array(0, "uint8") end
+    collectgarbage()
+  end)))
   out("diag_alloc_free_0bytes_gc_us", (per_item(function(m)
     for _ = 1, m do local a = cuda.device_array(0, "uint8") end
     collectgarbage()

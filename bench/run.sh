@@ -67,14 +67,14 @@ function num(x) {
 function get(pre, k) { return (k != "-" && (pre k) in v) ? v[pre k] : "" }
 BEGIN {
   load(out "/raw.txt", "r:"); load(out "/core.txt", "l:"); load(out "/compare.txt", "p:")
-  printf "\n| %-50s | %9s | %9s | %6s | %9s | %9s |\n", "measurement", "raw C", "cudalua", "ratio", "CuPy", "Numba"
-  printf "|%s|%s|%s|%s|%s|%s|\n", "----------------------------------------------------", "-----------", "-----------", "--------", "-----------", "-----------"
+  printf "\n| %-50s | %9s | %9s | %8s | %9s | %9s |\n", "measurement", "raw C", "cudalua", "ratio", "CuPy", "Numba"
+  printf "|%s|%s|%s|%s|%s|%s|\n", "----------------------------------------------------", "-----------", "-----------", "----------", "-----------", "-----------"
 }
 /^#/ || NF < 6 { next }
 {
   r = get("r:", $2); l = get("l:", $3); c = get("p:", $4); nb = get("p:", $5)
   ratio = (r != "" && l != "" && r > 0) ? l / r : ""
-  printf "| %-50s | %9s | %9s | %6s | %9s | %9s |\n", $1, num(r), num(l),
+  printf "| %-50s | %9s | %9s | %8s | %9s | %9s |\n", $1, num(r), num(l),
          ratio == "" ? "-" : sprintf("%.2fx", ratio), num(c), num(nb)
   if ($6 != "") {
     split($6, t, " ")
@@ -110,7 +110,7 @@ H2D 256 MiB pageable; cuda.array steady (GB/s)|h2d_pageable_gbs|h2d_default_gbs|
 D2H 256 MiB pageable; cuda.array steady (GB/s)|d2h_pageable_gbs|d2h_default_gbs|cupy_d2h_pageable_gbs|-|gt 1
 H2D 256 MiB pageable; cuda.array 1st copy (GB/s)|h2d_pageable_gbs|h2d_default_first_gbs|cupy_h2d_pageable_gbs|-|
 D2H 256 MiB pageable; cuda.array 1st copy (GB/s)|d2h_pageable_gbs|d2h_default_first_gbs|cupy_d2h_pageable_gbs|-|
-alloc+free 1 MiB async; <close> (us)|alloc_free_us|alloc_free_close_us|-|-|le 1.5
-alloc+free 1 MiB async; garbage collected (us)|alloc_free_us|alloc_free_gc_us|-|-|le 1.5
+alloc+free 1 MiB async; <close> (us)|alloc_free_us|alloc_free_close_us|cupy_alloc_free_us|numba_alloc_free_us|le 1.5
+alloc+free 1 MiB async; garbage collected (us)|alloc_free_us|alloc_free_gc_us|cupy_alloc_free_us|numba_alloc_free_us|le 1.5
 cold NVRTC compile, vecadd sm_90 (ms)|compile_ms|compile_ms|-|-|le 1.1
 EOF

@@ -143,8 +143,8 @@ end
 function M.reduce(cuda, expr, opts)
   local self = setmetatable({ cuda = cuda, kernels = {} }, Reducer)
   if type(expr) == "string" then
-    if not expr:find("%f[%w_]a%f[^%w_]") or not expr:find("%f[%w_]b%f[^%w_]") then
-      error(("cuda.reduce: the expression %q must use both a and b"):format(expr), 3)
+    if not expr:find("%f[%w_][ab]%f[^%w_]") then
+      error(("cuda.reduce: the expression %q uses neither a nor b"):format(expr), 3)
     end
     self.expr = expr
   elseif type(expr) == "table" then
