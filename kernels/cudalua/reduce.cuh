@@ -1,9 +1,10 @@
 // cudalua/reduce.cuh: the kernel behind cuda.reduce. One launch reduces the whole input and
 // keeps the order of the elements: the result is x1 op x2 op ... op xn for any associative op,
 // commutative or not.
-//   * each warp owns a contiguous run of tiles; in a tile each lane reads U vectors of V
-//     contiguous elements (16-byte loads), reduces them in order, then the warp combines its
-//     lanes in order (adjacent pairs first) and appends the tile to its running value;
+//   * each warp owns a contiguous run of tiles; in a tile each lane reads one 16-byte vector
+//     of V contiguous elements (the warp's loads are coalesced), reduces it in order, then the
+//     warp combines its lanes in order (adjacent pairs first) and appends the tile to its
+//     running value; UN tiles are loaded before the first is reduced, to keep loads in flight;
 //   * warps, then blocks, are combined in order; the last block to finish (a ticket counter)
 //     combines the blocks' values and writes op(init, total); it resets the counter for reuse.
 #pragma once
@@ -77,13 +78,13 @@ __device__ __forceinline__ T block_reduce_flagged(T v, bool &has, Op op) {
   return v;
 }
 
-template <typename T, typename Op, int V, int U>
+template <typename T, typename Op, int V, int UN>
 __global__ void __launch_bounds__(REDUCE_BLOCK)
 reduce_kernel(const T *x, long long n, T init, int use_init, T *out, T *partials,
               unsigned int *counter) {
   Op op;
   constexpr int W = REDUCE_BLOCK / 32;
-  constexpr long long TILE = 32LL * V * U;
+  constexpr long long TILE = 32LL * V;  // a tile: one 16-byte vector per lane, coalesced
   int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   long long gw = (long long)blockIdx.x * W + warp, GW = (long long)gridDim.x * W;
   long long ntiles = n / TILE;
@@ -91,30 +92,36 @@ reduce_kernel(const T *x, long long n, T init, int use_init, T *out, T *partials
   T acc = T();
   bool has = false;
   typedef vec_t<T, V> vec;
-  for (long long t = t0; t < t1; t++) {
-    const vec *p = reinterpret_cast<const vec *>(x + t * TILE) + lane * U;
-    vec r[U];
+  const vec *base = reinterpret_cast<const vec *>(x);
+  for (long long t = t0; t < t1; t += UN) {
+    vec r[UN];  // UN tiles' loads in flight before any is reduced
 #pragma unroll
-    for (int u = 0; u < U; u++) r[u] = p[u];
-    T s = r[0].v[0];
+    for (int u = 0; u < UN; u++)
+      if (t + u < t1) r[u] = base[(t + u) * 32 + lane];
 #pragma unroll
-    for (int u = 0; u < U; u++)
+    for (int u = 0; u < UN; u++) {
+      if (t + u >= t1) break;
+      T s = r[u].v[0];
 #pragma unroll
-      for (int j = 0; j < V; j++)
-        if (u | j) s = op(s, r[u].v[j]);
-    s = warp_reduce(s, op, 32);
-    acc = has ? op(acc, s) : s;
-    has = true;
-  }
-  if (gw == GW - 1) {  // the elements after the last whole tile
-    for (long long b = ntiles * TILE; b < n; b += 32) {
-      long long i = b + lane;
-      int k = (int)(n - b < 32 ? n - b : 32);
-      T s = i < n ? x[i] : T();
-      s = warp_reduce(s, op, k);
+      for (int j = 1; j < V; j++) s = op(s, r[u].v[j]);
+      s = warp_reduce(s, op, 32);
       acc = has ? op(acc, s) : s;
       has = true;
     }
+  }
+  if (gw == GW - 1 && ntiles * TILE < n) {
+    // the elements after the last whole tile (fewer than TILE): a contiguous run per lane
+    long long b = ntiles * TILE;
+    int rem = (int)(n - b), per = (rem + 31) / 32, k = (rem + per - 1) / per;
+    int a = lane * per, e = min(a + per, rem);
+    T s = T();
+    if (a < e) {
+      s = x[b + a];
+      for (int j = a + 1; j < e; j++) s = op(s, x[b + j]);
+    }
+    s = warp_reduce(s, op, k);
+    acc = has ? op(acc, s) : s;
+    has = true;
   }
   if (lane != 0) has = false;  // lane 0 holds the warp's value
   T v = block_reduce_flagged(acc, has, op);

@@ -6,7 +6,8 @@ local compile = require "cudalua.compile"
 
 local M = {}
 local BLOCK = 256
-local U = 2 -- vectors per lane per tile
+local UN = 4 -- tiles a warp loads before reducing them
+local W = BLOCK // 32
 
 local ctypes = { float32 = "float", float64 = "double", int8 = "signed char", int16 = "short",
   int32 = "int", int64 = "long long", uint8 = "unsigned char", uint16 = "unsigned short",
@@ -34,12 +35,10 @@ end
 -- the kernels for one dtype: aligned (16-byte vector loads) and unaligned
 local function kernels(self, dtype)
   local name = tostring(dtype)
-  local ks = self.kernels[name]
-  if ks then return ks end
   local ctype = ctypes[name]
   local v = 16 // dtype.itemsize
-  local aligned = ("cudalua::reduce_kernel<%s, cudalua_op, %d, %d>"):format(ctype, v, U)
-  local unaligned = ("cudalua::reduce_kernel<%s, cudalua_op, 1, 1>"):format(ctype)
+  local aligned = ("cudalua::reduce_kernel<%s, cudalua_op, %d, %d>"):format(ctype, v, UN)
+  local unaligned = ("cudalua::reduce_kernel<%s, cudalua_op, 1, %d>"):format(ctype, UN)
   local ok, mod = pcall(compile.compile, source(self, ctype), {
     name = "cudalua_reduce.cu", name_expressions = { aligned, unaligned } })
   if not ok then
@@ -47,9 +46,12 @@ local function kernels(self, dtype)
       self.expr or self.body, name, tostring(mod)), 3)
   end
   local sms = core.devices()[core.current_device() + 1].multiprocessors
-  ks = { mod = mod, { k = mod:get(aligned), tile = 32 * v * U }, { k = mod:get(unaligned), tile = 32 } }
-  for _, e in ipairs(ks) do e.max_grid = sms * math.max(1, e.k:max_blocks_per_sm(BLOCK)) end
-  self.kernels[name] = ks
+  ks = { mod = mod, { k = mod:get(aligned), tile = 32 * v }, { k = mod:get(unaligned), tile = 32 } }
+  for _, e in ipairs(ks) do
+    e.max_grid = sms * math.max(1, e.k:max_blocks_per_sm(BLOCK))
+    e.one = e.k[{ 1, BLOCK }] -- the launcher for small inputs on the default stream
+  end
+  self.kernels[dtype] = ks -- dtypes are unique objects
   return ks
 end
 
@@ -77,12 +79,17 @@ local function typed(dtype, v)
   return v
 end
 
+local default_stream
+
 function Reducer:__call(arr, opts)
   local cuda = self.cuda
-  if opts ~= nil and type(opts) ~= "table" then
-    error("reduce: options must be a table {init=, res=, stream=}, got " .. type(opts), 2)
+  local init, stream, res
+  if opts ~= nil then
+    if type(opts) ~= "table" then
+      error("reduce: options must be a table {init=, res=, stream=}, got " .. type(opts), 2)
+    end
+    init, stream, res = opts.init, opts.stream, opts.res
   end
-  opts = opts or {}
   local n, dtype, kind, ptr = core.array_info(arr)
   if not n then
     if type(arr) == "table" and getmetatable(arr) == nil then
@@ -90,13 +97,13 @@ function Reducer:__call(arr, opts)
     end
     error("reduce: expected an array, got " .. type(arr), 2)
   end
-  local init = opts.init
-  if init == nil then init = self.init end
-  if init == nil then init = 0 end
-  if type(init) ~= "number" and type(init) ~= "boolean" then
-    error("reduce: init must be a number, got " .. type(init), 2)
+  if init == nil then init = self.init or 0 end
+  if math.type(init) ~= "integer" then
+    if type(init) ~= "number" then error("reduce: init must be a number, got " .. type(init), 2) end
+    if not dtype.is_float then
+      error(("reduce: init must be an integer for %s, got %s"):format(dtype, init), 2)
+    end
   end
-  local stream, res = opts.stream, opts.res
   if res ~= nil then
     local rn, rdt, rkind = core.array_info(res)
     if not rn then error("reduce: res must be an array, got " .. type(res), 2) end
@@ -113,25 +120,31 @@ function Reducer:__call(arr, opts)
     src = cuda.to_device(arr, stream)
     ptr = src:ptr()
   end
-  local ks = kernels(self, dtype)
+  local ks = self.kernels[dtype] or kernels(self, dtype)
   local e = ptr % 16 == 0 and ks[1] or ks[2]
-  local ntiles = n // e.tile
-  local grid = ntiles >= BLOCK // 32 and math.min(e.max_grid, ntiles // (BLOCK // 32)) or 1
+  local grid = n // e.tile // (W * UN) -- with several blocks every warp gets UN tiles or more
+  if grid < 1 then grid = 1 elseif grid > e.max_grid then grid = e.max_grid end
   local out = res
   if not out then
     out = outs[dtype]
     if not out then out = cuda.mapped_array(1, dtype); outs[dtype] = out end
   end
-  local partials, counter = out, out
-  if grid > 1 then
-    local s = get_scratch(cuda, stream, grid * dtype.itemsize)
-    partials, counter = s.partials, s.counter
+  if grid == 1 and not stream then
+    e.one(src, n, init, 1, out, out, out)
+  else
+    local partials, counter = out, out
+    if grid > 1 then
+      local s = get_scratch(cuda, stream, grid * dtype.itemsize)
+      partials, counter = s.partials, s.counter
+    end
+    e.k[{ grid, BLOCK, stream }](src, n, init, 1, out, partials, counter)
   end
-  local ok, err = pcall(e.k.launch, e.k, { grid = grid, block = BLOCK, stream = stream },
-                        src, n, init, 1, out, partials, counter)
-  if not ok then error("reduce: " .. tostring(err):gsub("^cudalua: ", ""), 2) end
   if res then return res end
-  if stream then stream:synchronize() else cuda.default_stream():synchronize() end
+  if stream then stream:synchronize()
+  else
+    default_stream = default_stream or cuda.default_stream()
+    default_stream:synchronize()
+  end
   return out[1]
 end
 

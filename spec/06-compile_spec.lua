@@ -1,0 +1,414 @@
+-- Runtime compilation: cuda.compile and its options, modules, cuda.kernel, the shipped headers,
+-- compile errors, and how parameter types are read from the compiler
+-- (cudalua.compile's demangle_params, param_codes, find_kernels). Compiling needs no GPU when
+-- the architecture is given; getting a kernel from a module does.
+local H = require "spec.helper"
+local C = require "spec.check"
+local cuda = H.cuda
+local CC = require "cudalua.compile"
+local gpu = H.gpu(it, pending)
+local nogpu = C.nogpu(it, pending)
+local NO_DRIVER = "cudalua: no CUDA driver found (libcuda.so.1)"
+local ARCH = { arch = "sm_90" }
+
+local function with(t, extra)
+  local r = {}
+  for k, v in pairs(t) do r[k] = v end
+  for k, v in pairs(extra or {}) do r[k] = v end
+  return r
+end
+
+local VECADD = [[
+extern "C" __global__ void vecadd(float *z, const float *x, const float *y, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) z[i] = x[i] + y[i];
+}
+template<typename T> __global__ void scale(T *x, T a, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) x[i] *= a;
+}
+__global__ void cpp_kernel(double *out, long long n) {}
+]]
+
+describe("cuda.compile", function()
+  it("compiles for an explicit arch and finds the kernels in the source", function()
+    local mod = cuda.compile(VECADD, ARCH)
+    assert.same({ "cpp_kernel", "vecadd" }, mod:kernels())
+    assert.equal("cudalua.module<cudalua_kernel.cu>", tostring(mod))
+    assert.equal("\127ELF", mod:image():sub(1, 4))
+    assert.equal("", mod:log())
+  end)
+
+  it("finds kernels after attributes and qualifiers, once each", function()
+    local mod = cuda.compile([[
+      // __global__ void commented_out(int n) {}
+      extern "C" __global__ __launch_bounds__(128, 4) void a(int *x) {}
+      __global__ void b(int n);
+      __global__ void __launch_bounds__(256) b(int n) {}
+      static __global__ void c() {}
+      __device__ int helper(int x) { return x; }
+    ]], ARCH)
+    assert.same({ "a", "b", "c" }, mod:kernels())
+  end)
+
+  it("passes options to NVRTC", function()
+    local src = '__global__ void f() { static_assert(VAL == 7, "VAL is not 7"); }'
+    cuda.compile(src, with(ARCH, { options = { "-DVAL=7", "--use_fast_math", "-lineinfo" } }))
+    C.raises('static assertion failed with "VAL is not 7"', cuda.compile, src, with(ARCH, { options = { "-DVAL=8" } }))
+  end)
+
+  it("accepts the -O3 option the API shows", function()
+    -- BUG: NVRTC has no -O3 ("unrecognized option -O3 found"); API.md's own example passes
+    -- {options = {"-O3"}}: cudalua should accept it (e.g. as -Xptxas -O3) or the API change
+    local mod = cuda.compile("__global__ void f() {}", with(ARCH, { options = { "-O3" } }))
+    assert.same({ "f" }, mod:kernels())
+  end)
+
+  it("name= names the source in messages and in the module", function()
+    local mod = cuda.compile("__global__ void f() {}", with(ARCH, { name = "mine.cu" }))
+    assert.equal("cudalua.module<mine.cu>", tostring(mod))
+    C.raises("mine.cu(2): error", cuda.compile, "__global__ void f() {}\nint x = ;", with(ARCH, { name = "mine.cu" }))
+  end)
+
+  it("headers= makes headers includable by name", function()
+    local mod = cuda.compile([[
+#include "consts.h"
+#include "sub/types.h"
+__global__ void f(VAL *x) { static_assert(SEVEN == 7, "header not read"); }]],
+      with(ARCH, { headers = { ["consts.h"] = "#define SEVEN 7\n", ["sub/types.h"] = "typedef int VAL;\n" } }))
+    assert.same({ "f" }, mod:kernels())
+  end)
+
+  it("arch= chooses the target: sm_XX gives a cubin, compute_XX gives PTX", function()
+    local src = '__global__ void f() {\n#if __CUDA_ARCH__ != 800\n#error wrong arch\n#endif\n}'
+    local a80 = cuda.compile(src, { arch = "sm_80" })
+    assert.equal("\127ELF", a80:image():sub(1, 4))
+    C.raises("cudalua_kernel.cu(3): catastrophic error: #error directive: wrong arch", cuda.compile, src, ARCH)
+    local ptx = cuda.compile("__global__ void f() {}", { arch = "compute_90" }):image()
+    assert.matches(".target sm_90", ptx, 1, true)
+    assert.matches(".entry _Z1fv", ptx, 1, true)
+  end)
+
+  it("name_expressions= instantiates template kernels", function()
+    local mod = cuda.compile(VECADD, with(ARCH, { name_expressions = { "scale<float>", "scale<double>" } }))
+    assert.same({ "cpp_kernel", "scale<double>", "scale<float>", "vecadd" }, mod:kernels())
+    local ns = cuda.compile("namespace ns { __global__ void k(int *x) {} }",
+                            with(ARCH, { name_expressions = { "ns::k" } }))
+    assert.same({ "ns::k" }, ns:kernels())
+  end)
+
+  it("keeps the kernels it can read when another one cannot be read", function()
+    -- BUG: a kernel the probe cannot name (here one in a namespace) makes compile drop every
+    -- kernel found in the source: kernels() is {} and mod.a raises "no kernel 'a'"
+    local mod = cuda.compile('extern "C" __global__ void a(int *x) {}\nnamespace ns { __global__ void k(int *x) {} }', ARCH)
+    assert.same({ "a" }, mod:kernels())
+  end)
+
+  it("keeps the other kernels when one is overloaded", function()
+    -- BUG: same cause: the overloaded o hides p, kernels() is {}
+    local mod = cuda.compile("__global__ void o(int *x) {}\n__global__ void o(float *x) {}\n__global__ void p(int n) {}", ARCH)
+    assert.same({ "p" }, mod:kernels())
+  end)
+
+  it("log gives NVRTC's warnings", function()
+    local mod = cuda.compile("__global__ void w() { int unused = 3; }", ARCH)
+    assert.matches('cudalua_kernel.cu(1): warning #177-D: variable "unused" was declared but never referenced',
+                   mod:log(), 1, true)
+  end)
+
+  it("finds the CUDA headers and cudalua's own without options", function()
+    local mod = cuda.compile([[
+#include <cuda_fp16.h>
+#include <cudalua/grid.cuh>
+__global__ void h(__half *x, long long n) {
+  for (long long i = grid(1); i < n; i += gridsize(1)) x[i] = __float2half(1.0f);
+  auto p = grid(2); (void)p.y;
+}]], ARCH)
+    assert.same({ "h" }, mod:kernels())
+  end)
+
+  it("raises compile errors with NVRTC's log, the file name and the line", function()
+    local e = C.raises("cuda.compile: bad.cu failed to compile (NVRTC_ERROR_COMPILATION):", cuda.compile,
+                       '__global__ void f() {}\n\n__global__ void g() { syntax error }', with(ARCH, { name = "bad.cu" }))
+    assert.matches('bad.cu(3): error: identifier "syntax" is undefined', e, 1, true)
+    assert.matches("2 errors detected in the compilation of \"bad.cu\"", e, 1, true)
+    C.raises('cannot open source file "missing.h"', cuda.compile, '#include "missing.h"\n__global__ void f() {}', ARCH)
+    C.raises("my.h(3): error", cuda.compile, '#include "my.h"\n__global__ void f() {}',
+             with(ARCH, { headers = { ["my.h"] = "\n\nint broken(;" } }))
+    C.raises('identifier "nothere" is undefined', cuda.compile, "__global__ void f() {}",
+             with(ARCH, { name_expressions = { "nothere<int>" } }))
+  end)
+
+  it("rejects options NVRTC does not know", function()
+    C.raises("unrecognized option --bogus-flag found", cuda.compile, "__global__ void f() {}",
+             with(ARCH, { options = { "--bogus-flag" } }))
+    C.raises("NVRTC_ERROR_INVALID_OPTION", cuda.compile, "__global__ void f() {}", { arch = "sm_1" })
+  end)
+
+  it("rejects bad sources and opts", function()
+    local src = "__global__ void f() {}"
+    C.raises("cuda.compile: source must be a string, got number", cuda.compile, 42)
+    C.raises("cuda.compile: source must be a string, got nil", cuda.compile)
+    C.raises("cuda.compile: opts must be a table, got string", cuda.compile, src, "sm_90")
+    C.raises("cuda.compile: unknown option 'bogus'", cuda.compile, src, with(ARCH, { bogus = 1 }))
+    C.raises("cuda.compile: unknown option 'options_'", cuda.compile, src, with(ARCH, { options_ = {} }))
+    C.raises("cuda.compile: opts.arch must be a string, got number", cuda.compile, src, { arch = 90 })
+    C.raises('cuda.compile: arch must look like "sm_90" or "compute_90", got "gfx90a"', cuda.compile, src, { arch = "gfx90a" })
+    C.raises("cuda.compile: opts.options must be a table, got string", cuda.compile, src, with(ARCH, { options = "-G" }))
+    C.raises("cuda.compile: opts.options[2] must be a string", cuda.compile, src, with(ARCH, { options = { "-G", 3 } }))
+    C.raises("cuda.compile: opts.name must be a string, got number", cuda.compile, src, with(ARCH, { name = 1 }))
+    C.raises("cuda.compile: opts.headers must be a table, got string", cuda.compile, src, with(ARCH, { headers = "x.h" }))
+    C.raises("cuda.compile: opts.headers maps header names to their source text (strings)", cuda.compile, src,
+             with(ARCH, { headers = { "int x;" } }))
+    C.raises("cuda.compile: opts.name_expressions must be a table, got string", cuda.compile, src,
+             with(ARCH, { name_expressions = "f" }))
+    C.raises("cuda.compile: opts.name_expressions[1] must be a string", cuda.compile, src,
+             with(ARCH, { name_expressions = { 1 } }))
+    C.raises("cuda.compile: opts.cache must be a boolean, got string", cuda.compile, src, with(ARCH, { cache = "no" }))
+  end)
+
+  nogpu("without arch, asks for one when there is no GPU", function()
+    C.raises(NO_DRIVER .. '; give opts.arch (e.g. "sm_90") to compile without a GPU', cuda.compile, "__global__ void f() {}")
+  end)
+
+  gpu("without arch, compiles for the current device", function()
+    local mod = cuda.compile(VECADD)
+    assert.same({ "cpp_kernel", "vecadd" }, mod:kernels())
+    assert.is_not_nil(mod.vecadd)
+  end)
+end)
+
+describe("modules", function()
+  it("mod.name and mod:get reject unknown kernels, listing the known ones", function()
+    local mod = cuda.compile(VECADD, with(ARCH, { name = "v.cu", name_expressions = { "scale<float>" } }))
+    C.raises("cudalua: no kernel 'nokernel' in module v.cu (kernels: cpp_kernel, scale<float>, vecadd)",
+             function() return mod.nokernel end)
+    C.raises("cudalua: no kernel 'scale<int>' in module v.cu", mod.get, mod, "scale<int>")
+    C.raises("cudalua: no kernel 'scale' in module v.cu", mod.get, mod, "scale")
+    C.raises("module:get: expected a kernel name or name expression", mod.get, mod, 3)
+    local empty = cuda.compile("__device__ int f() { return 1; }", ARCH)
+    assert.same({}, empty:kernels())
+    C.raises("cudalua: no kernel 'f' in module cudalua_kernel.cu (kernels: none found)", function() return empty.f end)
+  end)
+
+  it("are read-only", function()
+    local mod = cuda.compile(VECADD, ARCH)
+    C.raises("cudalua: modules are read-only", function() mod.vecadd = 1 end)
+  end)
+
+  it("refuse kernels whose parameters cannot be passed", function()
+    local mod = cuda.compile("__global__ void r(int &x) {}", ARCH)
+    C.raises("cudalua: kernel 'r': parameter 1 is a reference (int&): kernels take values and pointers",
+             function() return mod.r end)
+  end)
+
+  nogpu("getting a kernel needs the driver", function()
+    local mod = cuda.compile(VECADD, ARCH)
+    C.raises(NO_DRIVER, function() return mod.vecadd end)
+    C.raises(NO_DRIVER, mod.get, mod, "vecadd")
+  end)
+
+  gpu("mod.name and mod:get give kernels that know their parameters", function()
+    local mod = cuda.compile(VECADD, { name_expressions = { "scale<float>", "scale<double>" } })
+    local k = mod.vecadd
+    assert.equal(k, mod.vecadd)
+    assert.equal(k, mod:get("vecadd"))
+    assert.equal("cudalua.kernel<vecadd>", tostring(k))
+    assert.equal("vecadd", k.name)
+    assert.same({ "float*", "const float*", "const float*", "int" }, k:info().types)
+    assert.equal("vecadd", k:info().symbol)
+    local s = mod:get("scale<double>")
+    assert.equal("scale<double>", s.name)
+    assert.same({ "double*", "double", "int" }, s:info().types)
+    assert.same({ "double*", "long long" }, mod.cpp_kernel:info().types)
+  end)
+
+  gpu("a module compiled for another architecture says so when loaded", function()
+    local dev = cuda.devices()[cuda.current_device() + 1].compute_capability
+    local other = dev[1] >= 9 and "sm_80" or "sm_90"
+    local mod = cuda.compile(VECADD, { arch = other })
+    C.raises("cannot load the compiled module on this device", function() return mod.vecadd end)
+  end)
+end)
+
+describe("cuda.kernel", function()
+  gpu("compiles a source and returns one kernel", function()
+    local k = cuda.kernel(VECADD, "vecadd")
+    assert.equal("cudalua.kernel<vecadd>", tostring(k))
+    local k2 = cuda.kernel(VECADD, "scale<float>", { name_expressions = { "scale<float>" } })
+    assert.equal("scale<float>", k2.name)
+  end)
+
+  it("rejects a missing or unknown kernel name", function()
+    C.raises("cuda.kernel: expected the kernel's name as argument 2", cuda.kernel, VECADD, nil, ARCH)
+    C.raises("cuda.kernel: expected the kernel's name as argument 2", cuda.kernel, VECADD, 1, ARCH)
+    C.raises("cudalua: no kernel 'nope' in module cudalua_kernel.cu (kernels: cpp_kernel, vecadd)",
+             cuda.kernel, VECADD, "nope", ARCH)
+    C.raises("cuda.compile: opts must be a table, got string", cuda.kernel, VECADD, "vecadd", "sm_90")
+  end)
+
+  nogpu("needs the driver to load the kernel", function()
+    C.raises(NO_DRIVER, cuda.kernel, VECADD, "vecadd", ARCH)
+  end)
+end)
+
+describe("cudalua/grid.cuh", function()
+  gpu("grid and gridsize index 1-d and 2-d grids as Numba's do", function()
+    local k = cuda.compile([[
+#include <cudalua/grid.cuh>
+extern "C" __global__ void stride(int *x, long long n) {
+  for (long long i = grid(1); i < n; i += gridsize(1)) x[i] = (int)(3 * i + 1);
+}
+extern "C" __global__ void pos2(int *out, int nx, int ny) {
+  auto p = grid(2);
+  if (p.x < nx && p.y < ny) out[p.y * nx + p.x] = (int)(p.x * 1000 + p.y);
+}]])
+    local n = 100003
+    local x = cuda.device_array(n, "int32")
+    k.stride[{ 7, 96 }](x, n) -- far fewer threads than elements: the loop covers the rest
+    local h = x:copy_to_host()
+    for i = 1, n do assert.equal(3 * (i - 1) + 1, h[i]) end
+    local nx, ny = 37, 29
+    local out = cuda.device_array(nx * ny, "int32")
+    k.pos2[{ { (nx + 7) // 8, (ny + 7) // 8 }, { 8, 8 } }](out, nx, ny)
+    local o = out:copy_to_host()
+    for y = 0, ny - 1 do
+      for xx = 0, nx - 1 do assert.equal(xx * 1000 + y, o[y * nx + xx + 1]) end
+    end
+  end)
+end)
+
+describe("demangle_params", function()
+  local function names(params)
+    local r = {}
+    for i, p in ipairs(params) do r[i] = p.name end
+    return r
+  end
+  -- what NVRTC 13 gives for __cudalua_sig<decltype(kernel)>
+  local SIGS = {
+    { "_Z13__cudalua_sigIFvPfPKfS2_iEEvv", { "float*", "const float*", "const float*", "int" }, "pqqi" },
+    { "_Z13__cudalua_sigIFvdycsb6__halfxjaht13__nv_bfloat16EEvv",
+      { "double", "unsigned long long", "char", "short", "bool", "__half", "long long", "unsigned int",
+        "signed char", "unsigned char", "unsigned short", "__nv_bfloat16" }, "dLasbelIaASE" },
+    { "_Z13__cudalua_sigIFv1PN2ns1QENS1_1WIfEEPS0_PKS0_EEvv",
+      { "P", "ns::Q", "ns::W<float>", "P*", "const P*" }, "xxxpq" },
+    { "_Z13__cudalua_sigIFvPfPKdPViiEEvv", { "float*", "const double*", "volatile int*", "int" }, "pqpi" },
+    { "_Z13__cudalua_sigIFvvEEvv", {}, "" },
+    { "_Z13__cudalua_sigIFvlmeEEvv", { "long", "unsigned long", "long double" }, "lLx" },
+    { "_Z13__cudalua_sigIFvPvPKvEEvv", { "void*", "const void*" }, "pq" },
+    { "_Z13__cudalua_sigIFvPffiEEvv", { "float*", "float", "int" }, "pfi" },
+    { "_Z13__cudalua_sigIFvDhEEvv", { "_Float16" }, "e" },
+  }
+
+  it("reads the parameter types of kernels as NVRTC mangles them", function()
+    for _, s in ipairs(SIGS) do
+      local params = CC.demangle_params(s[1])
+      assert.same(s[2], names(params), s[1])
+    end
+  end)
+
+  it("marks pointers, qualifiers and classes", function()
+    local p = CC.demangle_params("_Z13__cudalua_sigIFv1PN2ns1QENS1_1WIfEEPS0_PKS0_EEvv")
+    assert.equal("class", p[1].kind)
+    assert.equal("ptr", p[4].kind)
+    assert.equal("class", p[4].inner.kind)
+    assert.equal("qual", p[5].inner.kind)
+    assert.is_true(p[5].inner.const)
+    local q = CC.demangle_params("_Z13__cudalua_sigIFvRiEEvv")
+    assert.equal("ref", q[1].kind)
+    assert.equal("int&", q[1].name)
+  end)
+
+  it("follows substitutions into pointers to pointers", function()
+    local p = CC.demangle_params("_Z13__cudalua_sigIFvPPfPKPKfPiS6_1PS7_EEvv")
+    assert.equal(6, #p)
+    assert.equal("float**", p[1].name)
+    assert.equal("int*", p[3].name)
+    assert.equal("int*", p[4].name)
+    assert.equal("P", p[5].name)
+    assert.equal("P", p[6].name)
+  end)
+
+  it("spells a const pointer to const as C does", function()
+    -- BUG: "const float* const*" comes out as "const const float**"
+    local p = CC.demangle_params("_Z13__cudalua_sigIFvPPfPKPKfPiS6_1PS7_EEvv")
+    assert.equal("const float* const*", p[2].name)
+  end)
+
+  it("spells integer template arguments as numbers", function()
+    -- BUG: A<3> comes out as "A<i3>" (the literal's type code is kept)
+    local p = CC.demangle_params("_Z13__cudalua_sigIFv1AILi3EEN2ns1WINS2_1QEEEEEvv")
+    assert.same({ "A<3>", "ns::W<ns::Q>" }, names(p))
+  end)
+
+  it("rejects what it cannot read, saying where", function()
+    C.raises("cannot read the type signature abc (not a mangled name at 1)", CC.demangle_params, "abc")
+    C.raises("(not a mangled name at 1)", CC.demangle_params, "")
+    C.raises("(expected template arguments at 7)", CC.demangle_params, "_Z3foo")
+    C.raises("(expected a function type at 21)", CC.demangle_params, "_Z13__cudalua_sigIiEvv")
+    C.raises("(substitution out of range at 29)", CC.demangle_params, "_Z13__cudalua_sigIFvPfPKfS9_iEEvv")
+    C.raises("(unterminated function type at 23)", CC.demangle_params, "_Z13__cudalua_sigIFvPf")
+    C.raises("(unsupported type at 21)", CC.demangle_params, "_Z13__cudalua_sigIFvQEEvv")
+  end)
+end)
+
+describe("param_codes", function()
+  it("gives one code letter per parameter and the C spellings", function()
+    local p = CC.demangle_params("_Z13__cudalua_sigIFvdycsb6__halfxjaht13__nv_bfloat16EEvv")
+    local codes, types = CC.param_codes(p)
+    assert.equal("dLasbelIaASE", codes)
+    assert.same({ "double", "unsigned long long", "char", "short", "bool", "__half", "long long",
+                  "unsigned int", "signed char", "unsigned char", "unsigned short", "__nv_bfloat16" }, types)
+    for _, s in ipairs {
+      { "_Z13__cudalua_sigIFvPfPKfS2_iEEvv", "pqqi" },
+      { "_Z13__cudalua_sigIFv1PN2ns1QENS1_1WIfEEPS0_PKS0_EEvv", "xxxpq" },
+      { "_Z13__cudalua_sigIFvPfPKdPViiEEvv", "pqpi" },
+      { "_Z13__cudalua_sigIFvPPfPKPKfPiS6_1PS7_EEvv", "pqppxx" },
+      { "_Z13__cudalua_sigIFvvEEvv", "" },
+      { "_Z13__cudalua_sigIFvlmeEEvv", "lLx" },
+      { "_Z13__cudalua_sigIFvPvPKvEEvv", "pq" },
+      { "_Z13__cudalua_sigIFvDhEEvv", "e" },
+    } do
+      assert.equal(s[2], (CC.param_codes(CC.demangle_params(s[1]))), s[1])
+    end
+  end)
+
+  it("treats top-level const as passing by value", function()
+    local codes = CC.param_codes { { kind = "qual", const = true, name = "const int", inner = { kind = "builtin", name = "int" } } }
+    assert.equal("i", codes)
+  end)
+
+  it("rejects reference parameters", function()
+    C.raises("parameter 1 is a reference (int&): kernels take values and pointers", CC.param_codes,
+             CC.demangle_params("_Z13__cudalua_sigIFvRiEEvv"))
+  end)
+end)
+
+describe("find_kernels", function()
+  it("names the non-template __global__ functions of a source, once each, in order", function()
+    assert.same({ "a", "b", "after_struct", "withreg", "e" }, CC.find_kernels([[
+// __global__ void commented(int x) {}
+/* __global__ void blockcomment() {} */
+extern "C" __global__ __launch_bounds__(128, 4) void a(float *x) {}
+__global__ void b(int);
+__global__ void __launch_bounds__(256, 2) b(int n) {}
+template<typename T> __global__ void c(T *x) {}
+template<typename T>
+__global__ void c2(T *x) {}
+template<> __global__ void c<int>(int *x) {}
+struct S { int a; };
+__global__ void after_struct(S s) {}
+__global__ void __maxnreg__(32) withreg(int n) {}
+__device__ int helper(int x) { return x; }
+__global__
+void
+e(int n) {}
+]]))
+  end)
+
+  it("finds nothing in sources without kernels", function()
+    assert.same({}, CC.find_kernels(""))
+    assert.same({}, CC.find_kernels("__device__ void f() {}"))
+    assert.same({}, CC.find_kernels("/* __global__ void f() {} */"))
+  end)
+end)
