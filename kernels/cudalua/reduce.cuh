@@ -82,6 +82,8 @@ template <typename T, typename Op, int V, int UN>
 __global__ void __launch_bounds__(REDUCE_BLOCK)
 reduce_kernel(const T *x, long long n, T init, int use_init, T *out, T *partials,
               unsigned int *counter) {
+  // use_init: bit 0 applies init; the bits above, when not 0, are a value a single-block
+  // launch stores in *counter once *out is written, for a host spinning on mapped memory
   Op op;
   constexpr int W = REDUCE_BLOCK / 32;
   constexpr long long TILE = 32LL * V;  // a tile: one 16-byte vector per lane, coalesced
@@ -126,7 +128,13 @@ reduce_kernel(const T *x, long long n, T init, int use_init, T *out, T *partials
   if (lane != 0) has = false;  // lane 0 holds the warp's value
   T v = block_reduce_flagged(acc, has, op);
   if (gridDim.x == 1) {
-    if (threadIdx.x == 0) *out = has ? (use_init ? op(init, v) : v) : init;
+    if (threadIdx.x == 0) {
+      *out = has ? ((use_init & 1) ? op(init, v) : v) : init;
+      if (use_init >> 1) {  // a host waits on this flag (mapped memory) instead of the stream
+        __threadfence_system();
+        *(volatile unsigned int *)counter = (unsigned int)(use_init >> 1);
+      }
+    }
     return;
   }
   __shared__ bool last;
@@ -151,7 +159,7 @@ reduce_kernel(const T *x, long long n, T init, int use_init, T *out, T *partials
   __syncthreads();  // the shared buffers are reused
   v = block_reduce_flagged(s, has, op);
   if (threadIdx.x == 0) {
-    *out = use_init ? op(init, v) : v;
+    *out = (use_init & 1) ? op(init, v) : v;
     *counter = 0;
   }
 }

@@ -6,7 +6,7 @@ local compile = require "cudalua.compile"
 
 local M = {}
 local BLOCK = 256
-local UN = 4 -- tiles a warp loads before reducing them
+local UN = 8 -- tiles a warp loads before reducing them
 local W = BLOCK // 32
 
 local ctypes = { float32 = "float", float64 = "double", int8 = "signed char", int16 = "short",
@@ -80,6 +80,7 @@ local function typed(dtype, v)
 end
 
 local default_stream
+local flag, seq = nil, 0
 
 function Reducer:__call(arr, opts)
   local cuda = self.cuda
@@ -128,8 +129,16 @@ function Reducer:__call(arr, opts)
   if not out then
     out = outs[dtype]
     if not out then out = cuda.mapped_array(1, dtype); outs[dtype] = out end
+    flag = flag or cuda.mapped_array(1, "uint32")
   end
-  if grid == 1 and not stream then
+  if grid == 1 and not stream and not res then
+    -- small input, result to the host: the kernel raises a flag in mapped memory after
+    -- writing the result, and the host spins on it (cheaper than a stream synchronize)
+    seq = seq % 0x3fffffff + 1
+    e.one(src, n, init, 1 | (seq << 1), out, out, flag)
+    core.wait_flag(flag, seq)
+    return out[1]
+  elseif grid == 1 and not stream then
     e.one(src, n, init, 1, out, out, out)
   else
     local partials, counter = out, out
