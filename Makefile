@@ -26,11 +26,14 @@ BUSTED = $(LUA) -e "package.path='./?.lua;'..package.path; package.cpath='./?.so
 .PHONY: all test examples bench install clean
 all: cudalua.so
 
-build/%.o: src/%.c src/cl.h | build
+build/%.o: src/%.c src/cl.h src/cudalua.h | build
 	$(CC) $(ALL_CFLAGS) -c $< -o $@
 
-build/embedded.c: tools/embed.lua $(PARTS) $(HEADERS) | build
+# always regenerated (cheap); embed.lua rewrites it only when its content changes
+build/embedded.c: tools/embed.lua $(PARTS) $(HEADERS) FORCE | build
 	$(LUA) tools/embed.lua $@ $(PARTS) -- $(HEADERS)
+
+FORCE:
 
 build/embedded.o: build/embedded.c
 	$(CC) $(ALL_CFLAGS) -c $< -o $@

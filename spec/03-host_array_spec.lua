@@ -116,6 +116,11 @@ describe("cuda.array(shape, dtype) and cuda.zeros", function()
     C.raises("cudalua: array too large", cuda.zeros, { 1 << 30, 1 << 30, 2 })
     C.raises("cudalua: array too large", cuda.array, math.maxinteger)
   end)
+
+  it("name the non-integer size in the message", function()
+    -- BUG: the message says "shape[2] must be an integer, got number"
+    C.raises("cuda.zeros: shape[2] must be an integer, got 2.5", cuda.zeros, { 2, 2.5 })
+  end)
 end)
 
 describe("indexing", function()

@@ -30,6 +30,10 @@ end
 
 local function blocks(n, b) return (n + b - 1) // b end
 
+it("the kernels of this file compile", function()
+  assert.same({ "affine", "late_fill" }, cuda.compile(SRC, { arch = "sm_90" }):kernels())
+end)
+
 describe("cuda.device_array", function()
   gpu("allocates an array of a length or a shape on the device", function()
     local d = cuda.device_array(N, "float32")

@@ -110,6 +110,16 @@ __global__ void f(VAL *x) { static_assert(SEVEN == 7, "header not read"); }]],
     assert.same({ "p" }, mod:kernels())
   end)
 
+  it("compiles the same source and options once per process", function()
+    local src = "__global__ void once(int *x) {}"
+    local a = cuda.compile(src, ARCH)
+    assert.equal(a, cuda.compile(src, ARCH))
+    assert.are_not.equal(a, cuda.compile(src, { arch = "sm_80" }))
+    assert.are_not.equal(a, cuda.compile(src, with(ARCH, { options = { "-DX=1" } })))
+    assert.are_not.equal(a, cuda.compile(src .. " ", ARCH))
+    assert.are_not.equal(a, cuda.compile(src, with(ARCH, { cache = false })))
+  end)
+
   it("log gives NVRTC's warnings", function()
     local mod = cuda.compile("__global__ void w() { int unused = 3; }", ARCH)
     assert.matches('cudalua_kernel.cu(1): warning #177-D: variable "unused" was declared but never referenced',

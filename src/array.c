@@ -27,7 +27,7 @@ static int is_host(const cl_array *a) { return a->kind != CL_DEVICE && a->kind !
 static void host_access(lua_State *L, cl_array *a) {
   if (a->kind == CL_MANAGED && !cl_concurrent_managed()) {
     cl_ctx(L);
-    cl_check(L, cu.cuCtxSynchronize(), "waiting before host access to managed memory");
+    cl_wait(L, CL_WAIT_CTX, NULL, "waiting before host access to managed memory");
   }
 }
 
@@ -171,6 +171,7 @@ static int new_kind(lua_State *L, int kind, const char *where) {
   int dt = cl_optdtype(L, 2, CL_F64);
   lua_settop(L, 3);
   cl_stream *s = kind == CL_DEVICE ? cl_tostream(L, 3, where) : NULL;
+  if (kind == CL_DEVICE) cl_capture_guard(L, s, 0, where);
   cl_newarray(L, kind, dt, ndim, shape, s, kind != CL_DEVICE);
   return 1;
 }
@@ -213,6 +214,7 @@ static void copy(lua_State *L, cl_array *dst, cl_array *src, cl_stream *s, int s
     return;
   }
   cl_ctx(L);
+  cl_capture_guard(L, s, sync || dst->kind == CL_HOST || src->kind == CL_HOST, where);
   int pageable = 0;
   if (dst->kind == CL_HOST) { cl_pageable_prepare(dst->mem); pageable = 1; }
   if (src->kind == CL_HOST) { cl_pageable_prepare(src->mem); pageable = 1; }
@@ -222,7 +224,7 @@ static void copy(lua_State *L, cl_array *dst, cl_array *src, cl_stream *s, int s
   cl_check(L, cu.cuMemcpyAsync(d, p, n, h), where);
   cl_mem_use(dst->mem, s);
   cl_mem_use(src->mem, s);
-  if (sync || pageable) cl_check(L, cu.cuStreamSynchronize(h), where);
+  if (sync || pageable) cl_wait(L, CL_WAIT_STREAM, h, where);
 }
 
 static cl_array *host_from(lua_State *L, int idx, int dtidx, const char *where) {
@@ -327,6 +329,8 @@ static void get_elem(lua_State *L, cl_array *a, size_t i) {
   } else {   /* one element from the device: slow, synchronous */
     char buf[8];
     cl_ctx(L);
+    cl_capture_guard(L, NULL, 1, "reading a device array element");
+    if (cl_host_armed(L)) cl_wait(L, CL_WAIT_CTX, NULL, "reading a device array element");
     cl_check(L, cu.cuMemcpyDtoH(buf, cl_devptr(a) + i * isz, isz), "reading a device array element");
     cl_pushvalue(L, a->dtype, buf);
   }
@@ -342,6 +346,8 @@ static void set_elem(lua_State *L, cl_array *a, size_t i, int vidx) {
     memcpy((char *)cl_hostptr(a) + i * isz, buf, isz);
   } else {
     cl_ctx(L);
+    cl_capture_guard(L, NULL, 1, "writing a device array element");
+    if (cl_host_armed(L)) cl_wait(L, CL_WAIT_CTX, NULL, "writing a device array element");
     cl_check(L, cu.cuMemcpyHtoD(cl_devptr(a) + i * isz, buf, isz), "writing a device array element");
   }
 }
@@ -447,6 +453,7 @@ static int a_fill(lua_State *L) {
     return 1;
   }
   cl_ctx(L);
+  cl_capture_guard(L, s, !s, "fill");
   CUdeviceptr d = cl_devptr(a);
   CUstream h = s ? s->h : NULL;
   CUresult r;
@@ -460,7 +467,7 @@ static int a_fill(lua_State *L) {
   }
   cl_check(L, r, "fill");
   cl_mem_use(a->mem, s);
-  if (!s) cl_check(L, cu.cuStreamSynchronize(NULL), "fill");
+  if (!s) cl_wait(L, CL_WAIT_STREAM, NULL, "fill");
   return 1;
 }
 

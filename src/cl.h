@@ -29,7 +29,14 @@
   X(cuEventQuery) X(cuEventSynchronize) X(cuEventElapsedTime) \
   X(cuModuleLoadData) X(cuModuleUnload) X(cuModuleGetFunction) X(cuFuncGetAttribute) \
   X(cuFuncGetParamInfo) X(cuLaunchKernel) X(cuOccupancyMaxPotentialBlockSize) \
-  X(cuOccupancyMaxActiveBlocksPerMultiprocessor)
+  X(cuOccupancyMaxActiveBlocksPerMultiprocessor) X(cuLaunchHostFunc) \
+  X(cuGraphCreate) X(cuGraphDestroy) X(cuGraphAddKernelNode) X(cuGraphAddMemcpyNode) \
+  X(cuGraphAddMemsetNode) X(cuGraphAddHostNode) X(cuGraphAddEmptyNode) \
+  X(cuGraphAddChildGraphNode) X(cuGraphAddDependencies) X(cuGraphNodeGetDependentNodes) \
+  X(cuGraphGetNodes) X(cuGraphInstantiate) X(cuGraphExecDestroy) X(cuGraphLaunch) \
+  X(cuGraphUpload) X(cuGraphExecKernelNodeSetParams) X(cuGraphExecMemcpyNodeSetParams) \
+  X(cuGraphExecMemsetNodeSetParams) X(cuGraphExecUpdate) X(cuGraphDebugDotPrint) \
+  X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuStreamIsCapturing)
 
 #define CL_NVRTC_FUNCS(X) \
   X(nvrtcVersion) X(nvrtcGetErrorString) X(nvrtcCreateProgram) X(nvrtcDestroyProgram) \
@@ -84,6 +91,7 @@ uint16_t cl_float_to_half(float f);
 /* ---- stream.c: streams, events ---- */
 typedef struct cl_stream {
   int refs;            /* the Lua object and every memory block that last used it */
+  int capture_ref;     /* while capturing: registry ref of the table keeping captured objects alive */
   CUstream h;          /* NULL: the legacy default stream */
   int owned;           /* destroy the handle with the last reference */
   int blocking;        /* synchronises with the legacy stream */
@@ -140,6 +148,21 @@ void cl_open_launch(lua_State *L);
 void cl_open_random(lua_State *L);
 void cl_open_progress(lua_State *L);
 void cl_open_cache(lua_State *L);
+void cl_open_hostfn(lua_State *L);
+void cl_open_graph(lua_State *L);
+
+/* ---- hostfn.c: Lua host functions, and waits that run them ---- */
+enum { CL_WAIT_STREAM, CL_WAIT_EVENT, CL_WAIT_CTX };
+CUresult cl_wait_raw(lua_State *L, int kind, void *h);
+void cl_wait(lua_State *L, int kind, void *h, const char *what);  /* raises */
+int cl_host_service(lua_State *L);
+int cl_host_armed(lua_State *L);
+void cl_host_arm(lua_State *L, int n);
+void cl_host_raise(lua_State *L);
+void *cl_hostcall_new(lua_State *L, int fidx, int oneshot);
+void cl_hostcall_free(lua_State *L, void *call);
+CUhostFn cl_host_trampoline(void);
+int cl_launch_host_func(lua_State *L, CUstream h);
 
 #define CL_MAXPARAMS 64
 typedef struct cl_kernel {
@@ -158,5 +181,22 @@ typedef struct cl_kernel {
 cl_kernel *cl_checkkernel(lua_State *L, int idx);
 int cl_kernel_launch(lua_State *L, cl_kernel *k, int kidx, int first, unsigned g[3],
                      unsigned b[3], cl_stream *s, unsigned shared);
+/* kernel arguments converted for the driver */
+typedef struct cl_args {
+  uint64_t slots[CL_MAXPARAMS][2];
+  void *params[CL_MAXPARAMS];
+  cl_mem *used[CL_MAXPARAMS];
+  int nused;
+  struct { cl_array *a; CUdeviceptr d; int back; void *slot; } tmp[CL_MAXPARAMS];
+  int ntmp;
+} cl_args;
+/* converts stack values first..first+nargs-1; pageable host arrays are refused unless
+   allow_pageable (then listed in tmp for the caller to copy) */
+void cl_marshal(lua_State *L, cl_kernel *k, int kidx, int first, int nargs, cl_args *a,
+                int allow_pageable);
+/* stream capture: legacy-stream use and waits are refused while a capture runs */
+extern int cl_capturing;
+void cl_capture_guard(lua_State *L, cl_stream *s, int waits, const char *where);
+void cl_mem_flush_deferred(lua_State *L);
 
 #endif

@@ -32,6 +32,8 @@ int luaopen_cudalua(lua_State *L) {
   cl_open_random(L);
   cl_open_progress(L);
   cl_open_cache(L);
+  cl_open_hostfn(L);
+  cl_open_graph(L);
   lua_pushstring(L, CUDALUA_VERSION); lua_setfield(L, core, "version");
   lua_newtable(L);
   for (int i = 0; cl_kernel_headers[i].name; i++) {

@@ -248,7 +248,8 @@ static int l_current_device(lua_State *L) {
 
 static int l_synchronize(lua_State *L) {
   cl_ctx(L);
-  cl_check(L, cu.cuCtxSynchronize(), "synchronize");
+  cl_capture_guard(L, NULL, 1, "synchronize");
+  cl_wait(L, CL_WAIT_CTX, NULL, "synchronize");
   return 0;
 }
 

@@ -34,7 +34,9 @@ static int e_record(lua_State *L) {
 static int e_query(lua_State *L) {
   levent *ev = checkev(L, 1);
   cl_ctx(L);
+  cl_host_service(L);
   CUresult r = cu.cuEventQuery(ev->e);
+  cl_host_raise(L);
   if (r == CUDA_ERROR_NOT_READY) { lua_pushboolean(L, 0); return 1; }
   cl_check(L, r, "event:query");
   lua_pushboolean(L, 1);
@@ -44,7 +46,7 @@ static int e_query(lua_State *L) {
 static int e_synchronize(lua_State *L) {
   levent *ev = checkev(L, 1);
   cl_ctx(L);
-  cl_check(L, cu.cuEventSynchronize(ev->e), "event:synchronize");
+  cl_wait(L, CL_WAIT_EVENT, ev->e, "event:synchronize");
   return 0;
 }
 

@@ -27,35 +27,38 @@ static const char *ptypename(lua_State *L, int kidx, int i) {
 }
 
 static int arg_error(lua_State *L, int kidx, int i, int aidx, const char *msg) {
+  int err = lua_gettop(L);
   const char *name = kname(L, kidx);
   const char *t = ptypename(L, kidx, i);
   const char *got = lua_type(L, aidx) == LUA_TNUMBER ? lua_tostring(L, aidx) : luaL_typename(L, aidx);
   cl_array *a = luaL_testudata(L, aidx, CL_ARRAY);
-  if (a) got = a->mem ? "an array" : "a closed array";
+  if (a) got = a->mem ? (a->kind == CL_HOST ? "a pageable host array" : "an array") : "a closed array";
+  (void)err;
   return luaL_error(L, "cudalua: kernel '%s' argument %d (%s): %s, got %s", name, i + 1, t, msg, got);
 }
 
-typedef struct { cl_array *a; CUdeviceptr d; int back; void *slot; } tmpcopy;
+int cl_capturing;   /* streams capturing now, in this process */
 
-int cl_kernel_launch(lua_State *L, cl_kernel *k, int kidx, int first, unsigned g[3],
-                     unsigned b[3], cl_stream *s, unsigned shared) {
-  int nargs = lua_gettop(L) - first + 1;
+void cl_capture_guard(lua_State *L, cl_stream *s, int waits, const char *where) {
+  if (!cl_capturing) return;
+  if (!s)
+    luaL_error(L, "cudalua: %s: the legacy default stream cannot be used while a stream is "
+               "capturing (pass the capturing stream, or end the capture first)", where);
+  if (waits && s->capture_ref)
+    luaL_error(L, "cudalua: %s: this would wait for a stream that is capturing (pageable host "
+               "memory or no stream given); use pinned or device arrays and the stream", where);
+}
+
+void cl_marshal(lua_State *L, cl_kernel *k, int kidx, int first, int nargs, cl_args *A,
+                int allow_pageable) {
   if (nargs != k->nparams)
-    return luaL_error(L, "cudalua: kernel '%s' expects %d arguments, got %d", kname(L, kidx),
-                      k->nparams, nargs);
-  uint64_t slots[CL_MAXPARAMS][2];
-  void *params[CL_MAXPARAMS];
-  cl_mem *used[CL_MAXPARAMS];
-  tmpcopy tmp[CL_MAXPARAMS];
-  int nused = 0, ntmp = 0;
-  CUstream h = s ? s->h : NULL;
-  CUcontext cur = NULL;
-  cu.cuCtxGetCurrent(&cur);
-  if (cur != k->ctx) cl_check(L, cu.cuCtxSetCurrent(k->ctx), "making the kernel's context current");
+    luaL_error(L, "cudalua: kernel '%s' expects %d arguments, got %d", kname(L, kidx),
+               k->nparams, nargs);
+  A->nused = A->ntmp = 0;
   for (int i = 0; i < k->nparams; i++) {
     int idx = first + i;
-    void *p = slots[i];
-    params[i] = p;
+    void *p = A->slots[i];
+    A->params[i] = p;
     char c = k->ptype[i];
     if (c == 'p' || c == 'q') {
       cl_array *a = NULL;
@@ -68,28 +71,31 @@ int cl_kernel_launch(lua_State *L, cl_kernel *k, int kidx, int first, unsigned g
         if (luaL_getmetafield(L, idx, "__cuda_array_interface") != LUA_TNIL) {
           lua_pop(L, 1);
           if (lua_getfield(L, LUA_REGISTRYINDEX, "cudalua.as_cuda_array") != LUA_TFUNCTION)
-            return arg_error(L, kidx, i, idx, "no CUDA Array Interface support loaded");
+            arg_error(L, kidx, i, idx, "no CUDA Array Interface support loaded");
           lua_pushvalue(L, idx);
           lua_call(L, 1, 1);
           lua_replace(L, idx);
           a = luaL_testudata(L, idx, CL_ARRAY);
         }
-        if (!a) return arg_error(L, kidx, i, idx, "expected an array");
+        if (!a) arg_error(L, kidx, i, idx, "expected an array");
       }
-      if (!a->mem) return arg_error(L, kidx, i, idx, "expected an open array");
+      if (!a->mem) arg_error(L, kidx, i, idx, "expected an open array");
       if (c == 'p' && a->readonly)
-        return arg_error(L, kidx, i, idx, "expected a writable array (the parameter is not const)");
+        arg_error(L, kidx, i, idx, "expected a writable array (the parameter is not const)");
       if (a->kind == CL_HOST) {
+        if (!allow_pageable)
+          arg_error(L, kidx, i, idx, "expected a device, pinned, mapped or managed array (a pageable host array cannot be copied in and out here)");
         /* pageable memory: copied in before and out after the launch, as Numba does; the
            copies are made once every argument has been checked */
-        tmp[ntmp].a = a; tmp[ntmp].back = c == 'p'; tmp[ntmp].d = 0; tmp[ntmp].slot = p;
-        ntmp++;
+        A->tmp[A->ntmp].a = a; A->tmp[A->ntmp].back = c == 'p'; A->tmp[A->ntmp].d = 0;
+        A->tmp[A->ntmp].slot = p;
+        A->ntmp++;
         *(CUdeviceptr *)p = 0;
       } else {
         if (a->mem->ctx != k->ctx && a->kind != CL_FOREIGN)
-          return arg_error(L, kidx, i, idx, "expected an array on the kernel's device");
+          arg_error(L, kidx, i, idx, "expected an array on the kernel's device");
         *(CUdeviceptr *)p = cl_devptr(a);
-        used[nused++] = a->mem;
+        A->used[A->nused++] = a->mem;
       }
       continue;
     }
@@ -97,13 +103,14 @@ int cl_kernel_launch(lua_State *L, cl_kernel *k, int kidx, int first, unsigned g
       size_t n;
       const char *str = lua_tolstring(L, idx, &n);
       if (lua_type(L, idx) != LUA_TSTRING || n != k->psize[i])
-        return arg_error(L, kidx, i, idx,
-                         lua_pushfstring(L, "expected a string of exactly %d bytes", (int)k->psize[i]));
-      params[i] = (void *)str;   /* the string stays on the stack through the launch */
+        arg_error(L, kidx, i, idx,
+                  lua_pushfstring(L, "expected a string of exactly %d bytes", (int)k->psize[i]));
+      if (n <= sizeof A->slots[i]) memcpy(p, str, n);
+      else A->params[i] = (void *)str;   /* the string stays on the stack meanwhile */
       continue;
     }
     if (c == 'b' && lua_type(L, idx) == LUA_TBOOLEAN) { *(uint8_t *)p = (uint8_t)lua_toboolean(L, idx); continue; }
-    if (lua_type(L, idx) != LUA_TNUMBER) return arg_error(L, kidx, i, idx, "expected a number");
+    if (lua_type(L, idx) != LUA_TNUMBER) arg_error(L, kidx, i, idx, "expected a number");
     if (c == 'f') { *(float *)p = (float)lua_tonumber(L, idx); continue; }
     if (c == 'd') { *(double *)p = lua_tonumber(L, idx); continue; }
     if (c == 'e' || c == 'E') {
@@ -115,7 +122,7 @@ int cl_kernel_launch(lua_State *L, cl_kernel *k, int kidx, int first, unsigned g
     }
     int isint;
     lua_Integer v = lua_tointegerx(L, idx, &isint);
-    if (!isint) return arg_error(L, kidx, i, idx, "expected an integer");
+    if (!isint) arg_error(L, kidx, i, idx, "expected an integer");
     int ok = 1;
     switch (c) {
       case 'a': ok = v >= INT8_MIN && v <= INT8_MAX; *(int8_t *)p = (int8_t)v; break;
@@ -129,42 +136,68 @@ int cl_kernel_launch(lua_State *L, cl_kernel *k, int kidx, int first, unsigned g
       case 'b': ok = v == 0 || v == 1; *(uint8_t *)p = (uint8_t)v; break;
       default: ok = 0;
     }
-    if (!ok) return arg_error(L, kidx, i, idx, "value out of range");
+    if (!ok) arg_error(L, kidx, i, idx, "value out of range");
   }
-  for (int i = 0; i < ntmp; i++) {
-    size_t n = cl_nbytes(tmp[i].a);
+}
+
+/* keeps the kernel and its arrays alive as long as the graph a capture makes */
+static void capture_keep(lua_State *L, cl_stream *s, int kidx, int first, int nargs) {
+  lua_rawgeti(L, LUA_REGISTRYINDEX, s->capture_ref);
+  lua_Integer n = (lua_Integer)lua_rawlen(L, -1);
+  lua_pushvalue(L, kidx); lua_rawseti(L, -2, ++n);
+  for (int i = 0; i < nargs; i++)
+    if (lua_type(L, first + i) == LUA_TUSERDATA) { lua_pushvalue(L, first + i); lua_rawseti(L, -2, ++n); }
+  lua_pop(L, 1);
+}
+
+int cl_kernel_launch(lua_State *L, cl_kernel *k, int kidx, int first, unsigned g[3],
+                     unsigned b[3], cl_stream *s, unsigned shared) {
+  cl_args A;
+  int nargs = lua_gettop(L) - first + 1;
+  CUstream h = s ? s->h : NULL;
+  CUcontext cur = NULL;
+  cu.cuCtxGetCurrent(&cur);
+  if (cur != k->ctx) cl_check(L, cu.cuCtxSetCurrent(k->ctx), "making the kernel's context current");
+  cl_marshal(L, k, kidx, first, nargs, &A, 1);
+  if (cl_capturing) {
+    cl_capture_guard(L, s, A.ntmp > 0, "kernel launch");
+    if (s->capture_ref) capture_keep(L, s, kidx, first, nargs);
+  }
+  for (int i = 0; i < A.ntmp; i++) {
+    size_t n = cl_nbytes(A.tmp[i].a);
     if (!n) continue;
-    CUresult r = cu.cuMemAllocAsync(&tmp[i].d, n, h);
+    CUresult r = cu.cuMemAllocAsync(&A.tmp[i].d, n, h);
     if (r == CUDA_SUCCESS) {
-      cl_pageable_prepare(tmp[i].a->mem);
-      r = cu.cuMemcpyHtoDAsync(tmp[i].d, cl_hostptr(tmp[i].a), n, h);
+      cl_pageable_prepare(A.tmp[i].a->mem);
+      r = cu.cuMemcpyHtoDAsync(A.tmp[i].d, cl_hostptr(A.tmp[i].a), n, h);
     }
     if (r != CUDA_SUCCESS) {
-      for (int j = 0; j <= i; j++) if (tmp[j].d) cu.cuMemFreeAsync(tmp[j].d, h);
+      for (int j = 0; j <= i; j++) if (A.tmp[j].d) cu.cuMemFreeAsync(A.tmp[j].d, h);
       cl_check(L, r, "temporary device copy of a host array argument");
     }
-    *(CUdeviceptr *)tmp[i].slot = tmp[i].d;
+    *(CUdeviceptr *)A.tmp[i].slot = A.tmp[i].d;
   }
-  CUresult r = cu.cuLaunchKernel(k->fn, g[0], g[1], g[2], b[0], b[1], b[2], shared, h, params, NULL);
+  CUresult r = cu.cuLaunchKernel(k->fn, g[0], g[1], g[2], b[0], b[1], b[2], shared, h, A.params, NULL);
   if (r != CUDA_SUCCESS) {
-    for (int i = 0; i < ntmp; i++) if (tmp[i].d) cu.cuMemFreeAsync(tmp[i].d, h);
+    for (int i = 0; i < A.ntmp; i++) if (A.tmp[i].d) cu.cuMemFreeAsync(A.tmp[i].d, h);
     const char *es = NULL;
     cu.cuGetErrorString(r, &es);
     return luaL_error(L, "cudalua: kernel '%s' launch with grid {%d, %d, %d}, block {%d, %d, %d}, "
                       "shared %d failed: %s (%s)", kname(L, kidx), g[0], g[1], g[2], b[0], b[1],
                       b[2], shared, cl_errname(r), es ? es : "");
   }
-  for (int i = 0; i < nused; i++) cl_mem_use(used[i], s);
-  if (ntmp) {
-    for (int i = 0; i < ntmp; i++) {
-      if (!tmp[i].d) continue;
-      if (tmp[i].back && r == CUDA_SUCCESS)
-        r = cu.cuMemcpyDtoHAsync(cl_hostptr(tmp[i].a), tmp[i].d, cl_nbytes(tmp[i].a), h);
-      cu.cuMemFreeAsync(tmp[i].d, h);
+  for (int i = 0; i < A.nused; i++) cl_mem_use(A.used[i], s);
+  if (A.ntmp) {
+    for (int i = 0; i < A.ntmp; i++) {
+      if (!A.tmp[i].d) continue;
+      if (A.tmp[i].back && r == CUDA_SUCCESS)
+        r = cu.cuMemcpyDtoHAsync(cl_hostptr(A.tmp[i].a), A.tmp[i].d, cl_nbytes(A.tmp[i].a), h);
+      cu.cuMemFreeAsync(A.tmp[i].d, h);
     }
-    CUresult r2 = cu.cuStreamSynchronize(h);
+    CUresult r2 = cl_wait_raw(L, CL_WAIT_STREAM, h);
     cl_check(L, r, "copying a host array back after the kernel");
     cl_check(L, r2, "waiting for the kernel that used a host array");
+    cl_host_raise(L);
   }
   return 0;
 }

@@ -28,9 +28,10 @@ void cl_mem_use(cl_mem *m, cl_stream *s) {
 }
 
 /* waits until no queued work uses m; returns a CUDA status, never raises */
-static CUresult settle(cl_mem *m) {
+static CUresult settle(lua_State *L, cl_mem *m) {
   if (!m->used) return CUDA_SUCCESS;
-  CUresult r = m->multi ? cu.cuCtxSynchronize() : cu.cuStreamSynchronize(m->stream ? m->stream->h : NULL);
+  CUresult r = m->multi ? cl_wait_raw(L, CL_WAIT_CTX, NULL)
+                        : cl_wait_raw(L, CL_WAIT_STREAM, m->stream ? m->stream->h : NULL);
   if (r == CUDA_SUCCESS) {
     cl_stream_unref(m->stream);
     m->stream = NULL; m->used = 0; m->multi = 0;
@@ -41,7 +42,8 @@ static CUresult settle(cl_mem *m) {
 void cl_mem_settle(lua_State *L, cl_mem *m) {
   if (!m->used) return;
   cl_ctx(L);
-  cl_check(L, settle(m), "waiting for queued work on an array");
+  cl_check(L, settle(L, m), "waiting for queued work on an array");
+  cl_host_raise(L);
 }
 
 int cl_pageable_prepare(cl_mem *m) {
@@ -85,7 +87,7 @@ cl_mem *cl_mem_new(lua_State *L, int kind, size_t bytes, cl_stream *s, int zero)
     r = cu.cuMemAllocManaged(&m->dptr, b, CU_MEM_ATTACH_GLOBAL);
     m->host = (void *)(uintptr_t)m->dptr;
     if (r == CUDA_SUCCESS && zero) {
-      if (!cl_concurrent_managed()) r = cu.cuCtxSynchronize();
+      if (!cl_concurrent_managed()) r = cl_wait_raw(L, CL_WAIT_CTX, NULL);
       if (r == CUDA_SUCCESS) memset(m->host, 0, b);
     }
   } else { /* CL_DEVICE */
@@ -108,12 +110,31 @@ cl_mem *cl_mem_new(lua_State *L, int kind, size_t bytes, cl_stream *s, int zero)
 
 cl_mem *cl_mem_ref(cl_mem *m) { if (m) m->refs++; return m; }
 
+/* device-visible memory dropped while a stream captures: freeing it now would be captured
+   (or refused), so it waits for the end of the capture */
+static cl_mem *deferred;
+
+void cl_mem_flush_deferred(lua_State *L) {
+  while (deferred && !cl_capturing) {
+    cl_mem *m = deferred;
+    deferred = (cl_mem *)m->ud;
+    m->ud = NULL;
+    m->refs = 1;
+    cl_mem_unref(L, m);
+  }
+}
+
 void cl_mem_unref(lua_State *L, cl_mem *m) {
   if (!m || --m->refs > 0) return;
+  if (cl_capturing && (m->kind != CL_HOST || m->registered > 0) && m->kind != CL_FOREIGN) {
+    m->ud = deferred;
+    deferred = m;
+    return;
+  }
   CUresult r = CUDA_SUCCESS;
   if (m->kind == CL_HOST) {
     if (m->registered > 0) {
-      r = settle(m);
+      r = settle(L, m);
       if (r == CUDA_SUCCESS) r = cu.cuMemHostUnregister(m->host);
       if (r != CUDA_SUCCESS) warn(L, "unregistering host memory", r);
     }
@@ -128,7 +149,7 @@ void cl_mem_unref(lua_State *L, cl_mem *m) {
   if (m->kind == CL_DEVICE) {
     if (m->dptr) {
       CUstream h = NULL;
-      if (m->multi == 2) r = cu.cuCtxSynchronize();       /* also waits for non-blocking streams */
+      if (m->multi == 2) r = cl_wait_raw(L, CL_WAIT_CTX, NULL);  /* non-blocking streams too */
       else if (m->multi) h = CU_STREAM_LEGACY;          /* ordered after every blocking stream */
       else if (m->stream) h = m->stream->h;
       if (r == CUDA_SUCCESS) r = cu.cuMemFreeAsync(m->dptr, h);
@@ -136,12 +157,12 @@ void cl_mem_unref(lua_State *L, cl_mem *m) {
     }
   } else if (m->kind == CL_FOREIGN) {
     if (m->release) {
-      r = settle(m);
+      r = settle(L, m);
       if (r != CUDA_SUCCESS) warn(L, "waiting for queued work", r);
       m->release(m->ud, m->dptr);
     }
   } else {
-    r = settle(m);
+    r = settle(L, m);
     if (r == CUDA_SUCCESS)
       r = m->kind == CL_MANAGED ? cu.cuMemFree(m->dptr) : cu.cuMemFreeHost(m->host);
     if (r != CUDA_SUCCESS) warn(L, "freeing host-visible memory", r);

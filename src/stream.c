@@ -56,14 +56,17 @@ static CUstream handle(lua_State *L) { return checkls(L, 1)->s ? checkls(L, 1)->
 static int s_synchronize(lua_State *L) {
   CUstream h = handle(L);
   cl_ctx(L);
-  cl_check(L, cu.cuStreamSynchronize(h), "stream:synchronize");
+  cl_capture_guard(L, checkls(L, 1)->s, 1, "stream:synchronize");
+  cl_wait(L, CL_WAIT_STREAM, h, "stream:synchronize");
   return 0;
 }
 
 static int s_query(lua_State *L) {
   CUstream h = handle(L);
   cl_ctx(L);
+  cl_host_service(L);   /* a Lua host function on this stream may be what it waits for */
   CUresult r = cu.cuStreamQuery(h);
+  cl_host_raise(L);
   if (r == CUDA_ERROR_NOT_READY) { lua_pushboolean(L, 0); return 1; }
   cl_check(L, r, "stream:query");
   lua_pushboolean(L, 1);
@@ -78,6 +81,12 @@ static int s_wait_event(lua_State *L) {
   cl_ctx(L);
   cl_check(L, cu.cuStreamWaitEvent(h, e, 0), "stream:wait_event");
   return 0;
+}
+
+static int s_launch_host_func(lua_State *L) {
+  CUstream h = handle(L);
+  cl_ctx(L);
+  return cl_launch_host_func(L, h);
 }
 
 static int s_close(lua_State *L) {
@@ -125,6 +134,7 @@ static int l_wait_flag(lua_State *L) {
   for (unsigned spins = 1;; spins++) {
     if (*p == want) return 0;
     if ((spins & 1023) == 0) {
+      cl_host_service(L);
       CUresult r = cu.cuStreamQuery(s ? s->h : NULL);
       if (r == CUDA_SUCCESS) {
         if (*p == want) return 0;
@@ -140,7 +150,8 @@ void cl_open_event(lua_State *L);
 void cl_open_stream(lua_State *L) {
   static const luaL_Reg m[] = {
     {"synchronize", s_synchronize}, {"query", s_query}, {"wait_event", s_wait_event},
-    {"close", s_close}, {"handle", s_handle}, {NULL, NULL}};
+    {"close", s_close}, {"handle", s_handle}, {"launch_host_func", s_launch_host_func},
+    {NULL, NULL}};
   luaL_newmetatable(L, STREAM_MT);
   luaL_newlib(L, m);
   lua_setfield(L, -2, "__index");

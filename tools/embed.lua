@@ -25,4 +25,11 @@ local function list(name, files, strip)
 end
 list("cl_lua_parts", lua_files, "^.-lua/cudalua/")
 list("cl_kernel_headers", hdr_files, "^.-kernels/")
-local f = assert(io.open(out, "wb")); f:write(table.concat(parts, "\n"), "\n"); f:close()
+local text = table.concat(parts, "\n") .. "\n"
+local old = io.open(out, "rb")
+if old then
+  local same = old:read("a") == text
+  old:close()
+  if same then return end -- unchanged: keep the timestamp, nothing to recompile
+end
+local f = assert(io.open(out, "wb")); f:write(text); f:close()

@@ -102,7 +102,8 @@ local function decode(hash, data)
     if not types then return nil end
     local t = {}
     if types ~= "" then for s in (types .. "\0"):gmatch("(.-)%z") do t[#t + 1] = s end end
-    e.info[expr] = { symbol = sym, codes = codes ~= "" and codes or nil,
+    -- a kernel without parameters has codes "": only an error entry has no codes
+    e.info[expr] = { symbol = sym, codes = err == "" and codes or nil,
                      error = err ~= "" and err or nil, types = t }
     at = at + 5
   end

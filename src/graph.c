@@ -1,0 +1,698 @@
+/* graph.c: CUDA graphs. Explicit graphs are built node by node (kernel, memcpy, memset, host,
+   empty, child) with dependencies; stream capture turns queued work into a graph. A graph
+   keeps every Lua object its nodes use (arrays, kernels, host functions, child graphs) in its
+   user value, and an executable graph keeps its graph, so nothing a replay touches is freed. */
+#include <stdlib.h>
+#include <string.h>
+#include "cl.h"
+
+#define GRAPH_MT "cudalua.graph"
+#define NODE_MT "cudalua.graph_node"
+#define EXEC_MT "cudalua.graph_exec"
+
+typedef struct lgraph {
+  CUgraph g;
+  int nhost;           /* Lua host nodes, children included: each replay arms them */
+  void **calls;        /* host call records this graph owns */
+  int ncalls, capcalls;
+  int ntouched;        /* nodes added (for messages) */
+} lgraph;
+
+enum { N_KERNEL, N_MEMCPY, N_MEMSET, N_HOST, N_EMPTY, N_CHILD };
+static const char *node_kinds[] = {"kernel", "memcpy", "memset", "host", "empty", "child"};
+
+typedef struct lnode {
+  CUgraphNode n;
+  lgraph *owner;
+  int kind;
+  unsigned g[3], b[3], shared;   /* kernel nodes */
+} lnode;
+
+typedef struct lexec {
+  CUgraphExec e;
+  int nhost;
+  CUcontext ctx;
+} lexec;
+
+static lgraph *checkgraph(lua_State *L, int idx) {
+  lgraph *g = luaL_checkudata(L, idx, GRAPH_MT);
+  if (!g->g) luaL_argerror(L, idx, "closed graph");
+  return g;
+}
+
+static lexec *checkexec(lua_State *L, int idx) {
+  lexec *e = luaL_checkudata(L, idx, EXEC_MT);
+  if (!e->e) luaL_argerror(L, idx, "closed executable graph");
+  return e;
+}
+
+/* a node of graph g (at gidx) that is still alive */
+static lnode *checknode(lua_State *L, int idx, lgraph *g, const char *where) {
+  lnode *n = luaL_testudata(L, idx, NODE_MT);
+  if (!n) luaL_error(L, "cudalua: %s: expected a graph node, got %s", where, luaL_typename(L, idx));
+  lua_getiuservalue(L, idx, 1);
+  lgraph *owner = lua_touserdata(L, -1);
+  lua_pop(L, 1);
+  if (!owner || !owner->g || !n->n) luaL_error(L, "cudalua: %s: the node's graph is closed", where);
+  if (g && owner != g) luaL_error(L, "cudalua: %s: the node belongs to another graph", where);
+  return n;
+}
+
+/* keeps value at idx alive with the graph at gidx */
+static void keep(lua_State *L, int gidx, int idx) {
+  lua_getiuservalue(L, gidx, 1);
+  lua_pushvalue(L, idx);
+  lua_rawseti(L, -2, (lua_Integer)lua_rawlen(L, -2) + 1);
+  lua_pop(L, 1);
+}
+
+/* deps at idx: nil or a list of nodes of g -> CUgraphNode array (in a userdata on the stack) */
+static CUgraphNode *deps_of(lua_State *L, int idx, lgraph *g, size_t *n, const char *where) {
+  *n = 0;
+  if (lua_isnoneornil(L, idx)) { lua_pushnil(L); return NULL; }
+  if (!lua_istable(L, idx)) luaL_error(L, "cudalua: %s: dependencies must be a list of nodes, got %s", where, luaL_typename(L, idx));
+  size_t k = lua_rawlen(L, idx);
+  CUgraphNode *d = lua_newuserdatauv(L, sizeof(CUgraphNode) * (k ? k : 1), 0);
+  for (size_t i = 0; i < k; i++) {
+    lua_rawgeti(L, idx, (lua_Integer)i + 1);
+    d[i] = checknode(L, -1, g, where)->n;
+    lua_pop(L, 1);
+  }
+  *n = k;
+  return d;
+}
+
+static lnode *push_node(lua_State *L, int gidx, int kind) {
+  lnode *n = lua_newuserdatauv(L, sizeof *n, 2);
+  memset(n, 0, sizeof *n);
+  n->kind = kind;
+  n->owner = lua_touserdata(L, gidx);
+  luaL_setmetatable(L, NODE_MT);
+  lua_pushvalue(L, gidx);
+  lua_setiuservalue(L, -2, 1);
+  n->owner->ntouched++;
+  return n;
+}
+
+static void graph_free_calls(lua_State *L, lgraph *g) {
+  for (int i = 0; i < g->ncalls; i++) cl_hostcall_free(L, g->calls[i]);
+  free(g->calls);
+  g->calls = NULL;
+  g->ncalls = g->capcalls = 0;
+}
+
+static int graph_close(lua_State *L) {
+  lgraph *g = luaL_checkudata(L, 1, GRAPH_MT);
+  if (g->g) {
+    cu.cuGraphDestroy(g->g);   /* executable graphs made from it are independent of it */
+    g->g = NULL;
+  }
+  /* the host call records may be used by executable graphs: they hold this object, so a
+     close only frees them when it is the collector calling */
+  return 0;
+}
+
+static int graph_gc(lua_State *L) {
+  lgraph *g = luaL_checkudata(L, 1, GRAPH_MT);
+  graph_close(L);
+  graph_free_calls(L, g);
+  return 0;
+}
+
+static lgraph *push_graph(lua_State *L, CUgraph h) {
+  lgraph *g = lua_newuserdatauv(L, sizeof *g, 1);
+  memset(g, 0, sizeof *g);
+  luaL_setmetatable(L, GRAPH_MT);
+  lua_newtable(L);
+  lua_setiuservalue(L, -2, 1);
+  g->g = h;
+  return g;
+}
+
+/* cuda.graph() */
+static int l_graph(lua_State *L) {
+  cl_ctx(L);
+  CUgraph h;
+  cl_check(L, cu.cuGraphCreate(&h, 0), "cuda.graph");
+  push_graph(L, h);
+  return 1;
+}
+
+static void config(lua_State *L, int idx, lnode *n) {
+  luaL_checktype(L, idx, LUA_TTABLE);
+  lua_getfield(L, idx, "grid");
+  if (lua_isnil(L, -1)) { lua_pop(L, 1); lua_rawgeti(L, idx, 1); }
+  lua_getfield(L, idx, "block");
+  if (lua_isnil(L, -1)) { lua_pop(L, 1); lua_rawgeti(L, idx, 2); }
+  lua_getfield(L, idx, "shared");
+  if (lua_isnil(L, -1)) { lua_pop(L, 1); lua_rawgeti(L, idx, 4); }
+  int top = lua_gettop(L);
+  for (int w = 0; w < 2; w++) {
+    int i = top - 2 + w;
+    unsigned *out = w == 0 ? n->g : n->b;
+    out[0] = out[1] = out[2] = 1;
+    if (lua_isnil(L, i)) luaL_error(L, "cudalua: graph:kernel: configuration needs %s", w ? "block" : "grid");
+    if (lua_istable(L, i)) {
+      int k = (int)lua_rawlen(L, i);
+      if (k < 1 || k > 3) luaL_error(L, "cudalua: graph:kernel: %s needs 1 to 3 dimensions", w ? "block" : "grid");
+      for (int j = 0; j < k; j++) {
+        lua_rawgeti(L, i, j + 1);
+        int isint; lua_Integer v = lua_tointegerx(L, -1, &isint);
+        if (!isint || v < 1 || v > 0x7fffffff) luaL_error(L, "cudalua: graph:kernel: %s[%d] must be an integer >= 1", w ? "block" : "grid", j + 1);
+        out[j] = (unsigned)v;
+        lua_pop(L, 1);
+      }
+    } else {
+      int isint; lua_Integer v = lua_tointegerx(L, i, &isint);
+      if (!isint || v < 1 || v > 0x7fffffff) luaL_error(L, "cudalua: graph:kernel: %s must be an integer >= 1 or a table of them", w ? "block" : "grid");
+      out[0] = (unsigned)v;
+    }
+  }
+  if (!lua_isnil(L, top)) {
+    int isint; lua_Integer v = lua_tointegerx(L, top, &isint);
+    if (!isint || v < 0) luaL_error(L, "cudalua: graph:kernel: shared must be an integer >= 0");
+    n->shared = (unsigned)v;
+  }
+  lua_settop(L, top - 3);
+}
+
+/* pushes the elements of the args table onto the stack; returns their first index and count */
+static int push_args(lua_State *L, int idx, int *n) {
+  if (lua_isnoneornil(L, idx)) { *n = 0; return lua_gettop(L) + 1; }
+  luaL_checktype(L, idx, LUA_TTABLE);
+  *n = (int)lua_rawlen(L, idx);
+  luaL_checkstack(L, *n + 8, "too many kernel arguments");
+  int first = lua_gettop(L) + 1;
+  for (int i = 1; i <= *n; i++) lua_rawgeti(L, idx, i);
+  return first;
+}
+
+static void kernel_params(lnode *n, cl_kernel *k, cl_args *A, CUDA_KERNEL_NODE_PARAMS *p) {
+  memset(p, 0, sizeof *p);
+  p->func = k->fn;
+  p->gridDimX = n->g[0]; p->gridDimY = n->g[1]; p->gridDimZ = n->g[2];
+  p->blockDimX = n->b[0]; p->blockDimY = n->b[1]; p->blockDimZ = n->b[2];
+  p->sharedMemBytes = n->shared;
+  p->kernelParams = A->params;
+}
+
+/* g:kernel(k, config, args, deps) */
+static int g_kernel(lua_State *L) {
+  lgraph *g = checkgraph(L, 1);
+  cl_kernel *k = cl_checkkernel(L, 2);
+  lua_settop(L, 5);
+  size_t nd;
+  CUgraphNode *deps = deps_of(L, 5, g, &nd, "graph:kernel");   /* at 6 */
+  lnode *tmp = lua_newuserdatauv(L, sizeof *tmp, 0);              /* at 7: the configuration */
+  memset(tmp, 0, sizeof *tmp);
+  config(L, 3, tmp);
+  int nargs, first = push_args(L, 4, &nargs);
+  cl_args A;
+  cl_ctx(L);
+  cl_marshal(L, k, 2, first, nargs, &A, 0);
+  CUDA_KERNEL_NODE_PARAMS p;
+  kernel_params(tmp, k, &A, &p);
+  CUgraphNode h;
+  CUresult r = cu.cuGraphAddKernelNode(&h, g->g, deps, nd, &p);
+  if (r != CUDA_SUCCESS) {
+    lua_getiuservalue(L, 2, 2); lua_getfield(L, -1, "name");
+    luaL_error(L, "cudalua: graph:kernel '%s': %s", lua_tostring(L, -1), cl_errname(r));
+  }
+  for (int i = 0; i < nargs; i++) keep(L, 1, first + i);
+  keep(L, 1, 2);
+  lnode *n = push_node(L, 1, N_KERNEL);
+  memcpy(n->g, tmp->g, sizeof n->g); memcpy(n->b, tmp->b, sizeof n->b); n->shared = tmp->shared;
+  n->n = h;
+  lua_pushvalue(L, 2); lua_setiuservalue(L, -2, 2);   /* the kernel, for set_args */
+  return 1;
+}
+
+/* the address an array has for copies in graphs: pageable memory is page-locked first */
+static CUdeviceptr copy_addr(lua_State *L, cl_array *a, int idx, const char *where) {
+  if (a->kind == CL_HOST) {
+    if (cl_nbytes(a) && !a->mem->registered) {
+      CUresult r = cu.cuMemHostRegister(a->mem->host, a->mem->bytes, CU_MEMHOSTREGISTER_PORTABLE);
+      if (r != CUDA_SUCCESS) luaL_error(L, "cudalua: %s: cannot page-lock host array %d (%s): use a pinned array", where, idx, cl_errname(r));
+      a->mem->registered = 1;
+    }
+    return (CUdeviceptr)(uintptr_t)cl_hostptr(a);
+  }
+  return cl_devptr(a);
+}
+
+static void memcpy_params(lua_State *L, int didx, int sidx, CUDA_MEMCPY3D *p, const char *where) {
+  cl_array *d = cl_checkarray(L, didx), *s = cl_checkarray(L, sidx);
+  if (d->dtype != s->dtype)
+    luaL_error(L, "cudalua: %s: dtype mismatch (%s into %s)", where, cl_dtypes[s->dtype].name, cl_dtypes[d->dtype].name);
+  if (d->size != s->size)
+    luaL_error(L, "cudalua: %s: size mismatch (%I elements into %I)", where, (lua_Integer)s->size, (lua_Integer)d->size);
+  if (d->readonly) luaL_error(L, "cudalua: %s: destination is read-only", where);
+  size_t n = cl_nbytes(d);
+  if (n == 0) luaL_error(L, "cudalua: %s: empty arrays", where);
+  memset(p, 0, sizeof *p);
+  p->srcMemoryType = CU_MEMORYTYPE_UNIFIED;
+  p->srcDevice = copy_addr(L, s, 2, where);
+  p->dstMemoryType = CU_MEMORYTYPE_UNIFIED;
+  p->dstDevice = copy_addr(L, d, 1, where);
+  p->WidthInBytes = n;
+  p->Height = 1;
+  p->Depth = 1;
+}
+
+/* g:memcpy(dst, src, deps) */
+static int g_memcpy(lua_State *L) {
+  lgraph *g = checkgraph(L, 1);
+  lua_settop(L, 4);
+  size_t nd;
+  CUDA_MEMCPY3D p;
+  CUcontext ctx = cl_ctx(L);
+  memcpy_params(L, 2, 3, &p, "graph:memcpy");
+  CUgraphNode *deps = deps_of(L, 4, g, &nd, "graph:memcpy");
+  CUgraphNode h;
+  cl_check(L, cu.cuGraphAddMemcpyNode(&h, g->g, deps, nd, &p, ctx), "graph:memcpy");
+  keep(L, 1, 2); keep(L, 1, 3);
+  lnode *n = push_node(L, 1, N_MEMCPY);
+  n->n = h;
+  return 1;
+}
+
+/* memset parameters: 1, 2 and 4-byte elements directly; 8-byte ones as two strided halves */
+static int memset_params(lua_State *L, int didx, int vidx, CUDA_MEMSET_NODE_PARAMS p[2], const char *where) {
+  cl_array *d = cl_checkarray(L, didx);
+  if (d->kind == CL_HOST) luaL_error(L, "cudalua: %s: a pageable host array cannot be set by the GPU; use a pinned or device array", where);
+  if (d->readonly) luaL_error(L, "cudalua: %s: destination is read-only", where);
+  if (d->size == 0) luaL_error(L, "cudalua: %s: empty array", where);
+  char v[8];
+  cl_tovalue(L, vidx, d->dtype, v, where, 0);
+  int isz = cl_dtypes[d->dtype].size;
+  memset(p, 0, 2 * sizeof *p);
+  p[0].dst = cl_devptr(d);
+  p[0].height = 1;
+  p[0].width = d->size;
+  p[0].elementSize = isz;
+  if (isz == 1) p[0].value = *(uint8_t *)v;
+  else if (isz == 2) p[0].value = *(uint16_t *)v;
+  else if (isz == 4) p[0].value = *(uint32_t *)v;
+  else {
+    uint32_t w[2]; memcpy(w, v, 8);
+    p[0].elementSize = 4; p[0].width = 1; p[0].height = d->size; p[0].pitch = 8; p[0].value = w[0];
+    p[1] = p[0];
+    p[1].dst += 4; p[1].value = w[1];
+    return 2;
+  }
+  return 1;
+}
+
+/* g:memset(dst, value, deps) */
+static int g_memset(lua_State *L) {
+  lgraph *g = checkgraph(L, 1);
+  lua_settop(L, 4);
+  CUcontext ctx = cl_ctx(L);
+  CUDA_MEMSET_NODE_PARAMS p[2];
+  int parts = memset_params(L, 2, 3, p, "graph:memset");
+  size_t nd;
+  CUgraphNode *deps = deps_of(L, 4, g, &nd, "graph:memset");
+  CUgraphNode h;
+  cl_check(L, cu.cuGraphAddMemsetNode(&h, g->g, deps, nd, &p[0], ctx), "graph:memset");
+  if (parts == 2) cl_check(L, cu.cuGraphAddMemsetNode(&h, g->g, &h, 1, &p[1], ctx), "graph:memset");
+  keep(L, 1, 2);
+  lnode *n = push_node(L, 1, N_MEMSET);
+  n->n = h;
+  return 1;
+}
+
+/* g:host(fn, deps): fn runs on the Lua thread (see hostfn.c) */
+static int g_host(lua_State *L) {
+  lgraph *g = checkgraph(L, 1);
+  luaL_checktype(L, 2, LUA_TFUNCTION);
+  lua_settop(L, 3);
+  size_t nd;
+  CUgraphNode *deps = deps_of(L, 3, g, &nd, "graph:host");
+  if (g->ncalls == g->capcalls) {
+    int cap = g->capcalls ? 2 * g->capcalls : 4;
+    void **c = realloc(g->calls, sizeof(void *) * cap);
+    if (!c) return luaL_error(L, "cudalua: out of host memory");
+    g->calls = c; g->capcalls = cap;
+  }
+  void *call = cl_hostcall_new(L, 2, 0);
+  g->calls[g->ncalls++] = call;
+  CUDA_HOST_NODE_PARAMS p = {cl_host_trampoline(), call};
+  CUgraphNode h;
+  cl_ctx(L);
+  cl_check(L, cu.cuGraphAddHostNode(&h, g->g, deps, nd, &p), "graph:host");
+  g->nhost++;
+  lnode *n = push_node(L, 1, N_HOST);
+  n->n = h;
+  return 1;
+}
+
+/* g:empty(deps) */
+static int g_empty(lua_State *L) {
+  lgraph *g = checkgraph(L, 1);
+  lua_settop(L, 2);
+  size_t nd;
+  CUgraphNode *deps = deps_of(L, 2, g, &nd, "graph:empty");
+  CUgraphNode h;
+  cl_ctx(L);
+  cl_check(L, cu.cuGraphAddEmptyNode(&h, g->g, deps, nd), "graph:empty");
+  lnode *n = push_node(L, 1, N_EMPTY);
+  n->n = h;
+  return 1;
+}
+
+/* g:child(other, deps): a copy of other's nodes as one node */
+static int g_child(lua_State *L) {
+  lgraph *g = checkgraph(L, 1);
+  lgraph *c = checkgraph(L, 2);
+  if (c == g) return luaL_error(L, "cudalua: graph:child: a graph cannot contain itself");
+  lua_settop(L, 3);
+  size_t nd;
+  CUgraphNode *deps = deps_of(L, 3, g, &nd, "graph:child");
+  CUgraphNode h;
+  cl_ctx(L);
+  cl_check(L, cu.cuGraphAddChildGraphNode(&h, g->g, deps, nd, c->g), "graph:child");
+  g->nhost += c->nhost;
+  keep(L, 1, 2);   /* its objects and host calls */
+  lnode *n = push_node(L, 1, N_CHILD);
+  n->n = h;
+  return 1;
+}
+
+/* is `to` reachable from `from` following dependent edges? */
+static int reaches(lua_State *L, CUgraphNode from, CUgraphNode to, int depth) {
+  if (from == to) return 1;
+  if (depth > 100000) return 1;
+  size_t n = 0;
+  cu.cuGraphNodeGetDependentNodes(from, NULL, NULL, &n);
+  if (!n) return 0;
+  CUgraphNode *out = malloc(sizeof *out * n);
+  if (!out) return 1;
+  cu.cuGraphNodeGetDependentNodes(from, out, NULL, &n);
+  int r = 0;
+  for (size_t i = 0; i < n && !r; i++) r = reaches(L, out[i], to, depth + 1);
+  free(out);
+  return r;
+}
+
+/* g:add_dependency(from, to): to runs after from */
+static int g_add_dependency(lua_State *L) {
+  lgraph *g = checkgraph(L, 1);
+  lnode *a = checknode(L, 2, g, "graph:add_dependency");
+  lnode *b = checknode(L, 3, g, "graph:add_dependency");
+  cl_ctx(L);
+  if (reaches(L, b->n, a->n, 0))
+    return luaL_error(L, "cudalua: graph:add_dependency: this would make a cycle (the %s node already depends on the %s node)",
+                      node_kinds[a->kind], node_kinds[b->kind]);
+  cl_check(L, cu.cuGraphAddDependencies(g->g, &a->n, &b->n, NULL, 1), "graph:add_dependency");
+  return 0;
+}
+
+static int g_instantiate(lua_State *L) {
+  lgraph *g = checkgraph(L, 1);
+  lexec *e = lua_newuserdatauv(L, sizeof *e, 2);
+  memset(e, 0, sizeof *e);
+  luaL_setmetatable(L, EXEC_MT);
+  lua_pushvalue(L, 1); lua_setiuservalue(L, -2, 1);
+  lua_newtable(L); lua_setiuservalue(L, -2, 2);
+  e->ctx = cl_ctx(L);
+  cl_check(L, cu.cuGraphInstantiate(&e->e, g->g, 0), "graph:instantiate");
+  e->nhost = g->nhost;
+  return 1;
+}
+
+static int g_node_count(lua_State *L) {
+  lgraph *g = checkgraph(L, 1);
+  size_t n = 0;
+  cl_ctx(L);
+  cl_check(L, cu.cuGraphGetNodes(g->g, NULL, &n), "graph:node_count");
+  lua_pushinteger(L, (lua_Integer)n);
+  return 1;
+}
+
+/* g:dot(path): Graphviz of the graph */
+static int g_dot(lua_State *L) {
+  lgraph *g = checkgraph(L, 1);
+  const char *path = luaL_checkstring(L, 2);
+  cl_ctx(L);
+  CUresult r = cu.cuGraphDebugDotPrint(g->g, path, CU_GRAPH_DEBUG_DOT_FLAGS_VERBOSE);
+  if (r != CUDA_SUCCESS) return luaL_error(L, "cudalua: graph:dot: cannot write '%s' (%s)", path, cl_errname(r));
+  return 0;
+}
+
+static int g_tostring(lua_State *L) {
+  lgraph *g = luaL_checkudata(L, 1, GRAPH_MT);
+  if (!g->g) lua_pushliteral(L, "cudalua.graph<closed>");
+  else lua_pushfstring(L, "cudalua.graph<%d nodes>", g->ntouched);
+  return 1;
+}
+
+static int n_tostring(lua_State *L) {
+  lnode *n = luaL_checkudata(L, 1, NODE_MT);
+  lua_pushfstring(L, "cudalua.graph_node<%s>", node_kinds[n->kind]);
+  return 1;
+}
+
+static int n_index(lua_State *L) {
+  lnode *n = luaL_checkudata(L, 1, NODE_MT);
+  const char *k = luaL_checkstring(L, 2);
+  if (!strcmp(k, "kind")) { lua_pushstring(L, node_kinds[n->kind]); return 1; }
+  if (!strcmp(k, "graph")) { lua_getiuservalue(L, 1, 1); return 1; }
+  return luaL_error(L, "cudalua: graph nodes have no field '%s'", k);
+}
+
+/* ---- executable graphs ---- */
+
+static int e_launch(lua_State *L) {
+  lexec *e = checkexec(L, 1);
+  cl_stream *s = cl_tostream(L, 2, "graph_exec:launch");
+  cl_ctx(L);
+  cl_capture_guard(L, s, 0, "graph_exec:launch");
+  if (e->nhost) cl_host_arm(L, e->nhost);
+  CUresult r = cu.cuGraphLaunch(e->e, s ? s->h : NULL);
+  if (r != CUDA_SUCCESS) {
+    if (e->nhost) cl_host_arm(L, -e->nhost);
+    cl_check(L, r, "graph_exec:launch");
+  }
+  lua_settop(L, 1);
+  return 1;
+}
+
+static int e_upload(lua_State *L) {
+  lexec *e = checkexec(L, 1);
+  cl_stream *s = cl_tostream(L, 2, "graph_exec:upload");
+  cl_ctx(L);
+  cl_check(L, cu.cuGraphUpload(e->e, s ? s->h : NULL), "graph_exec:upload");
+  lua_settop(L, 1);
+  return 1;
+}
+
+static void exec_keep(lua_State *L, int eidx, int idx) {
+  lua_getiuservalue(L, eidx, 2);
+  lua_pushvalue(L, idx);
+  lua_rawseti(L, -2, (lua_Integer)lua_rawlen(L, -2) + 1);
+  lua_pop(L, 1);
+}
+
+/* the graph an executable graph was made from (or last updated from) */
+static lgraph *exec_graph(lua_State *L, int eidx) {
+  lua_getiuservalue(L, eidx, 1);
+  lgraph *g = lua_touserdata(L, -1);
+  lua_pop(L, 1);
+  return g;
+}
+
+/* exec:set_args(node, ...): new arguments for a kernel node, without instantiating again */
+static int e_set_args(lua_State *L) {
+  lexec *e = checkexec(L, 1);
+  lnode *n = checknode(L, 2, NULL, "graph_exec:set_args");
+  if (n->owner != exec_graph(L, 1)) return luaL_error(L, "cudalua: graph_exec:set_args: the node is not from this executable graph's graph");
+  if (n->kind != N_KERNEL) return luaL_error(L, "cudalua: graph_exec:set_args: a %s node has no arguments", node_kinds[n->kind]);
+  lua_getiuservalue(L, 2, 2);
+  int kidx = lua_gettop(L);
+  cl_kernel *k = cl_checkkernel(L, kidx);
+  int first = 3, nargs = kidx - 3;
+  cl_args A;
+  cl_ctx(L);
+  cl_marshal(L, k, kidx, first, nargs, &A, 0);
+  CUDA_KERNEL_NODE_PARAMS p;
+  kernel_params(n, k, &A, &p);
+  cl_check(L, cu.cuGraphExecKernelNodeSetParams(e->e, n->n, &p), "graph_exec:set_args");
+  for (int i = 0; i < nargs; i++) exec_keep(L, 1, first + i);
+  lua_settop(L, 1);
+  return 1;
+}
+
+/* exec:set_memcpy(node, dst, src) */
+static int e_set_memcpy(lua_State *L) {
+  lexec *e = checkexec(L, 1);
+  lnode *n = checknode(L, 2, NULL, "graph_exec:set_memcpy");
+  if (n->owner != exec_graph(L, 1)) return luaL_error(L, "cudalua: graph_exec:set_memcpy: the node is not from this executable graph's graph");
+  if (n->kind != N_MEMCPY) return luaL_error(L, "cudalua: graph_exec:set_memcpy: expected a memcpy node, got a %s node", node_kinds[n->kind]);
+  CUDA_MEMCPY3D p;
+  CUcontext ctx = cl_ctx(L);
+  memcpy_params(L, 3, 4, &p, "graph_exec:set_memcpy");
+  cl_check(L, cu.cuGraphExecMemcpyNodeSetParams(e->e, n->n, &p, ctx), "graph_exec:set_memcpy");
+  exec_keep(L, 1, 3); exec_keep(L, 1, 4);
+  lua_settop(L, 1);
+  return 1;
+}
+
+/* exec:set_memset(node, dst, value) */
+static int e_set_memset(lua_State *L) {
+  lexec *e = checkexec(L, 1);
+  lnode *n = checknode(L, 2, NULL, "graph_exec:set_memset");
+  if (n->owner != exec_graph(L, 1)) return luaL_error(L, "cudalua: graph_exec:set_memset: the node is not from this executable graph's graph");
+  if (n->kind != N_MEMSET) return luaL_error(L, "cudalua: graph_exec:set_memset: expected a memset node, got a %s node", node_kinds[n->kind]);
+  CUDA_MEMSET_NODE_PARAMS p[2];
+  CUcontext ctx = cl_ctx(L);
+  if (memset_params(L, 3, 4, p, "graph_exec:set_memset") != 1)
+    return luaL_error(L, "cudalua: graph_exec:set_memset: 8-byte elements are two memsets; build the graph again");
+  cl_check(L, cu.cuGraphExecMemsetNodeSetParams(e->e, n->n, &p[0], ctx), "graph_exec:set_memset");
+  exec_keep(L, 1, 3);
+  lua_settop(L, 1);
+  return 1;
+}
+
+/* exec:update(graph): take a modified graph of the same shape, where the driver allows */
+static int e_update(lua_State *L) {
+  lexec *e = checkexec(L, 1);
+  lgraph *g = checkgraph(L, 2);
+  CUgraphExecUpdateResultInfo info;
+  memset(&info, 0, sizeof info);
+  cl_ctx(L);
+  CUresult r = cu.cuGraphExecUpdate(e->e, g->g, &info);
+  if (r == CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE) {
+    static const char *why[] = {"ok", "error", "topology changed", "node type changed",
+      "kernel function changed", "parameters changed unsupportedly", "not supported",
+      "unsupported function change", "attributes changed"};
+    int w = (int)info.result;
+    return luaL_error(L, "cudalua: graph_exec:update: the driver cannot update this executable graph (%s): instantiate the graph again",
+                      w >= 0 && w < (int)(sizeof why / sizeof why[0]) ? why[w] : "unknown reason");
+  }
+  cl_check(L, r, "graph_exec:update");
+  exec_keep(L, 1, 2);
+  e->nhost = g->nhost;
+  lua_settop(L, 1);
+  return 1;
+}
+
+static int e_close(lua_State *L) {
+  lexec *e = luaL_checkudata(L, 1, EXEC_MT);
+  if (e->e) {
+    CUcontext cur = NULL;
+    cu.cuCtxGetCurrent(&cur);
+    if (cur != e->ctx) cu.cuCtxSetCurrent(e->ctx);
+    /* a launch still running keeps its resources until it completes */
+    cu.cuGraphExecDestroy(e->e);
+    if (cur != e->ctx) cu.cuCtxSetCurrent(cur);
+    e->e = NULL;
+  }
+  return 0;
+}
+
+static int e_tostring(lua_State *L) {
+  lexec *e = luaL_checkudata(L, 1, EXEC_MT);
+  lua_pushstring(L, e->e ? "cudalua.graph_exec" : "cudalua.graph_exec<closed>");
+  return 1;
+}
+
+/* ---- stream capture ---- */
+
+typedef struct { cl_stream *s; int is_default; } lstream_view;   /* stream.c's layout */
+
+static cl_stream *capstream(lua_State *L, const char *where) {
+  lstream_view *ls = luaL_checkudata(L, 1, "cudalua.stream");
+  if (ls->is_default) luaL_error(L, "cudalua: %s: the legacy default stream cannot be captured; use cuda.stream()", where);
+  if (!ls->s) luaL_error(L, "cudalua: %s: closed stream", where);
+  return ls->s;
+}
+
+/* s:begin_capture([mode]): mode "global" (default), "thread_local" or "relaxed" */
+static int s_begin_capture(lua_State *L) {
+  cl_stream *s = capstream(L, "stream:begin_capture");
+  static const char *const modes[] = {"global", "thread_local", "relaxed", NULL};
+  static const CUstreamCaptureMode m[] = {CU_STREAM_CAPTURE_MODE_GLOBAL,
+    CU_STREAM_CAPTURE_MODE_THREAD_LOCAL, CU_STREAM_CAPTURE_MODE_RELAXED};
+  int mode = luaL_checkoption(L, 2, "global", modes);
+  if (s->capture_ref) return luaL_error(L, "cudalua: stream:begin_capture: the stream is already capturing");
+  cl_ctx(L);
+  cl_check(L, cu.cuStreamBeginCapture(s->h, m[mode]), "stream:begin_capture");
+  lua_newtable(L);
+  s->capture_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  cl_capturing++;
+  return 0;
+}
+
+static void end_capture_state(lua_State *L, cl_stream *s) {
+  luaL_unref(L, LUA_REGISTRYINDEX, s->capture_ref);
+  s->capture_ref = 0;
+  cl_capturing--;
+  cl_mem_flush_deferred(L);
+}
+
+/* s:end_capture() -> graph */
+static int s_end_capture(lua_State *L) {
+  cl_stream *s = capstream(L, "stream:end_capture");
+  if (!s->capture_ref) return luaL_error(L, "cudalua: stream:end_capture: the stream is not capturing");
+  cl_ctx(L);
+  CUgraph h = NULL;
+  CUresult r = cu.cuStreamEndCapture(s->h, &h);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, s->capture_ref);
+  int refs = lua_gettop(L);
+  end_capture_state(L, s);
+  if (r != CUDA_SUCCESS) {
+    if (h) cu.cuGraphDestroy(h);
+    return luaL_error(L, "cudalua: stream:end_capture: the capture failed (%s); the stream is usable again", cl_errname(r));
+  }
+  lgraph *g = push_graph(L, h);
+  (void)g;
+  lua_pushvalue(L, refs);
+  lua_setiuservalue(L, -2, 1);
+  return 1;
+}
+
+static int s_is_capturing(lua_State *L) {
+  lstream_view *ls = luaL_checkudata(L, 1, "cudalua.stream");
+  if (!ls->s) { lua_pushboolean(L, 0); return 1; }
+  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+  cl_ctx(L);
+  cl_check(L, cu.cuStreamIsCapturing(ls->s->h, &st), "stream:is_capturing");
+  lua_pushboolean(L, st != CU_STREAM_CAPTURE_STATUS_NONE);
+  return 1;
+}
+
+void cl_open_graph(lua_State *L) {
+  static const luaL_Reg gm[] = {
+    {"kernel", g_kernel}, {"memcpy", g_memcpy}, {"memset", g_memset}, {"host", g_host},
+    {"empty", g_empty}, {"child", g_child}, {"add_dependency", g_add_dependency},
+    {"instantiate", g_instantiate}, {"dot", g_dot}, {"node_count", g_node_count},
+    {"close", graph_close}, {NULL, NULL}};
+  static const luaL_Reg em[] = {
+    {"launch", e_launch}, {"upload", e_upload}, {"set_args", e_set_args},
+    {"set_memcpy", e_set_memcpy}, {"set_memset", e_set_memset}, {"update", e_update},
+    {"close", e_close}, {NULL, NULL}};
+  luaL_newmetatable(L, GRAPH_MT);
+  luaL_newlib(L, gm); lua_setfield(L, -2, "__index");
+  lua_pushcfunction(L, graph_gc); lua_setfield(L, -2, "__gc");
+  lua_pushcfunction(L, graph_close); lua_setfield(L, -2, "__close");
+  lua_pushcfunction(L, g_tostring); lua_setfield(L, -2, "__tostring");
+  lua_pop(L, 1);
+  luaL_newmetatable(L, NODE_MT);
+  lua_pushcfunction(L, n_index); lua_setfield(L, -2, "__index");
+  lua_pushcfunction(L, n_tostring); lua_setfield(L, -2, "__tostring");
+  lua_pop(L, 1);
+  luaL_newmetatable(L, EXEC_MT);
+  luaL_newlib(L, em); lua_setfield(L, -2, "__index");
+  lua_pushcfunction(L, e_close); lua_setfield(L, -2, "__gc");
+  lua_pushcfunction(L, e_close); lua_setfield(L, -2, "__close");
+  lua_pushcfunction(L, e_tostring); lua_setfield(L, -2, "__tostring");
+  lua_pop(L, 1);
+  /* capture methods join the stream's method table */
+  luaL_getmetatable(L, "cudalua.stream");
+  lua_getfield(L, -1, "__index");
+  lua_pushcfunction(L, s_begin_capture); lua_setfield(L, -2, "begin_capture");
+  lua_pushcfunction(L, s_end_capture); lua_setfield(L, -2, "end_capture");
+  lua_pushcfunction(L, s_is_capturing); lua_setfield(L, -2, "is_capturing");
+  lua_pop(L, 2);
+  lua_pushcfunction(L, l_graph); lua_setfield(L, -2, "graph");
+}

@@ -1,0 +1,211 @@
+/* hostfn.c: Lua functions called from the stream (graph host nodes, stream:launch_host_func).
+   The driver calls host functions on a thread of its own, but a lua_State belongs to one
+   thread. So the driver's thread only queues the call and waits; the Lua thread runs it when
+   it next waits in cudalua (synchronize, query, copies that finish on return), then lets the
+   driver's thread go on. Stream order holds: work after the host call waits for it.
+   The rule for users: a stream with Lua host functions must be waited on through cudalua. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <time.h>
+#include "cl.h"
+
+typedef struct cl_hostcall {
+  struct cl_hostq *q;
+  int ref;                    /* the Lua function, in the registry */
+  int oneshot;                /* launch_host_func: released after it runs */
+  volatile int done;
+  struct cl_hostcall *next;
+} cl_hostcall;
+
+typedef struct cl_hostq {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  cl_hostcall *head, *tail;   /* calls the driver's threads are waiting on */
+  int armed;                  /* calls queued on streams that have not run yet */
+  int closed;                 /* the lua_State is gone: calls return at once */
+} cl_hostq;
+
+#define HOSTQ "cudalua.hostq"
+
+static cl_hostq *queue_of(lua_State *L) {
+  lua_getfield(L, LUA_REGISTRYINDEX, HOSTQ);
+  cl_hostq **pq = lua_touserdata(L, -1);
+  lua_pop(L, 1);
+  return pq ? *pq : NULL;
+}
+
+static void CUDA_CB trampoline(void *ud) {
+  cl_hostcall *c = ud;
+  cl_hostq *q = c->q;
+  pthread_mutex_lock(&q->mu);
+  if (!q->closed) {
+    c->done = 0;
+    c->next = NULL;
+    if (q->tail) q->tail->next = c; else q->head = c;
+    q->tail = c;
+    pthread_cond_broadcast(&q->cv);
+    while (!c->done && !q->closed) pthread_cond_wait(&q->cv, &q->mu);
+  }
+  q->armed--;
+  int oneshot = c->oneshot;
+  pthread_cond_broadcast(&q->cv);
+  pthread_mutex_unlock(&q->mu);
+  if (oneshot) free(c);
+}
+
+/* runs the queued calls; their errors are kept in the registry list "cudalua.hosterrors" */
+int cl_host_service(lua_State *L) {
+  cl_hostq *q = queue_of(L);
+  if (!q) return 0;
+  pthread_mutex_lock(&q->mu);
+  cl_hostcall *c = q->head;
+  q->head = q->tail = NULL;
+  pthread_mutex_unlock(&q->mu);
+  int ran = 0;
+  while (c) {
+    cl_hostcall *next = c->next;
+    lua_rawgeti(L, LUA_REGISTRYINDEX, c->ref);
+    if (lua_pcall(L, 0, 0, 0) != LUA_OK) {
+      luaL_getsubtable(L, LUA_REGISTRYINDEX, "cudalua.hosterrors");
+      lua_insert(L, -2);
+      lua_rawseti(L, -2, (lua_Integer)lua_rawlen(L, -2) + 1);
+      lua_pop(L, 1);
+    }
+    if (c->oneshot) luaL_unref(L, LUA_REGISTRYINDEX, c->ref);
+    pthread_mutex_lock(&q->mu);
+    c->done = 1;   /* after this the driver's thread may free a one-shot call */
+    pthread_cond_broadcast(&q->cv);
+    pthread_mutex_unlock(&q->mu);
+    ran++;
+    c = next;
+  }
+  return ran;
+}
+
+int cl_host_armed(lua_State *L) {
+  cl_hostq *q = queue_of(L);
+  if (!q) return 0;
+  pthread_mutex_lock(&q->mu);
+  int a = q->armed;
+  pthread_mutex_unlock(&q->mu);
+  return a;
+}
+
+void cl_host_arm(lua_State *L, int n) {
+  cl_hostq *q = queue_of(L);
+  pthread_mutex_lock(&q->mu);
+  q->armed += n;
+  pthread_mutex_unlock(&q->mu);
+}
+
+/* raises the first error a host function raised, if any */
+void cl_host_raise(lua_State *L) {
+  if (lua_getfield(L, LUA_REGISTRYINDEX, "cudalua.hosterrors") != LUA_TTABLE || lua_rawlen(L, -1) == 0) {
+    lua_pop(L, 1);
+    return;
+  }
+  lua_rawgeti(L, -1, 1);
+  lua_Integer n = (lua_Integer)lua_rawlen(L, -2);
+  lua_newtable(L);
+  lua_setfield(L, LUA_REGISTRYINDEX, "cudalua.hosterrors");
+  luaL_error(L, "cudalua: a Lua host function failed%s: %s",
+             n > 1 ? lua_pushfstring(L, " (and %I more)", n - 1) : "", luaL_tolstring(L, -1, NULL));
+}
+
+/* waits up to us microseconds for the driver to queue a call */
+static void nap(cl_hostq *q, long us) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  ts.tv_nsec += us * 1000;
+  if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+  pthread_mutex_lock(&q->mu);
+  if (!q->head) pthread_cond_timedwait(&q->cv, &q->mu, &ts);
+  pthread_mutex_unlock(&q->mu);
+}
+
+/* Every blocking wait of cudalua goes through here: with no host call pending it is the plain
+   driver call; otherwise it runs host calls while it polls. what: for messages. */
+CUresult cl_wait_raw(lua_State *L, int kind, void *h) {
+  cl_hostq *q = queue_of(L);
+  if (!q || cl_host_armed(L) == 0) {
+    if (kind == CL_WAIT_STREAM) return cu.cuStreamSynchronize((CUstream)h);
+    if (kind == CL_WAIT_EVENT) return cu.cuEventSynchronize((CUevent)h);
+    return cu.cuCtxSynchronize();
+  }
+  for (;;) {
+    cl_host_service(L);
+    CUresult r;
+    if (kind == CL_WAIT_STREAM) r = cu.cuStreamQuery((CUstream)h);
+    else if (kind == CL_WAIT_EVENT) r = cu.cuEventQuery((CUevent)h);
+    else r = cl_host_armed(L) ? CUDA_ERROR_NOT_READY : cu.cuCtxSynchronize();
+    if (r != CUDA_ERROR_NOT_READY) return r;
+    nap(q, 200);
+  }
+}
+
+void cl_wait(lua_State *L, int kind, void *h, const char *what) {
+  CUresult r = cl_wait_raw(L, kind, h);
+  cl_check(L, r, what);
+  cl_host_raise(L);
+}
+
+/* a call record for graph host nodes (kept by the graph) or for one launch_host_func */
+void *cl_hostcall_new(lua_State *L, int fidx, int oneshot) {
+  cl_hostcall *c = calloc(1, sizeof *c);
+  if (!c) luaL_error(L, "cudalua: out of host memory");
+  c->q = queue_of(L);
+  lua_pushvalue(L, fidx);
+  c->ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  c->oneshot = oneshot;
+  return c;
+}
+
+void cl_hostcall_free(lua_State *L, void *call) {
+  cl_hostcall *c = call;
+  if (!c) return;
+  luaL_unref(L, LUA_REGISTRYINDEX, c->ref);
+  free(c);
+}
+
+CUhostFn cl_host_trampoline(void) { return trampoline; }
+
+/* stream:launch_host_func(fn) */
+int cl_launch_host_func(lua_State *L, CUstream h) {
+  luaL_checktype(L, 2, LUA_TFUNCTION);
+  cl_hostcall *c = cl_hostcall_new(L, 2, 1);
+  cl_host_arm(L, 1);
+  CUresult r = cu.cuLaunchHostFunc(h, trampoline, c);
+  if (r != CUDA_SUCCESS) {
+    cl_host_arm(L, -1);
+    cl_hostcall_free(L, c);
+    cl_check(L, r, "stream:launch_host_func");
+  }
+  return 0;
+}
+
+static int q_gc(lua_State *L) {
+  cl_hostq **pq = lua_touserdata(L, 1);
+  cl_hostq *q = *pq;
+  /* the state is closing: let waiting driver threads go; the queue itself stays (a driver
+     thread may still touch it), a few bytes per closed state */
+  pthread_mutex_lock(&q->mu);
+  q->closed = 1;
+  pthread_cond_broadcast(&q->cv);
+  pthread_mutex_unlock(&q->mu);
+  return 0;
+}
+
+void cl_open_hostfn(lua_State *L) {
+  cl_hostq *q = calloc(1, sizeof *q);
+  if (!q) luaL_error(L, "cudalua: out of host memory");
+  pthread_mutex_init(&q->mu, NULL);
+  pthread_cond_init(&q->cv, NULL);
+  cl_hostq **pq = lua_newuserdatauv(L, sizeof *pq, 0);
+  *pq = q;
+  lua_newtable(L);
+  lua_pushcfunction(L, q_gc);
+  lua_setfield(L, -2, "__gc");
+  lua_setmetatable(L, -2);
+  lua_setfield(L, LUA_REGISTRYINDEX, HOSTQ);
+}
