@@ -44,8 +44,10 @@ build:
 cudalua.so: $(OBJS)
 	$(CC) $(LIBFLAG) -o $@ $(OBJS) $(LIBS)
 
+# the specs get a compile cache of their own, emptied first
 test: cudalua.so
-	$(BUSTED) -o spec/output.lua spec
+	rm -rf build/test-cache
+	CUDALUA_CACHE_DIR=$(CURDIR)/build/test-cache $(BUSTED) -o spec/output.lua spec
 
 examples: cudalua.so
 	@sh examples/run.sh $(LUA)

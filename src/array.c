@@ -45,7 +45,8 @@ static int parse_shape(lua_State *L, int idx, int64_t *shape, const char *where)
     for (int i = 0; i < ndim; i++) {
       lua_rawgeti(L, idx, i + 1);
       if (!lua_isinteger(L, -1))
-        luaL_error(L, "%s: shape[%d] must be an integer, got %s", where, i + 1, luaL_typename(L, -1));
+        luaL_error(L, "%s: shape[%d] must be an integer, got %s", where, i + 1,
+                   lua_type(L, -1) == LUA_TNUMBER ? lua_tostring(L, -1) : luaL_typename(L, -1));
       shape[i] = lua_tointeger(L, -1);
       lua_pop(L, 1);
     }
@@ -78,6 +79,7 @@ cl_array *cl_newarray(lua_State *L, int kind, int dt, int ndim, const int64_t *s
     n *= (size_t)shape[i];
   }
   if (n > ((size_t)1 << 50) / isz) luaL_error(L, "cudalua: array too large");
+  if (kind == CL_DEVICE) cl_capture_guard(L, s, 0, "allocating a device array");
   /* the userdata exists before the memory, so an error in between leaks nothing */
   cl_array *a = push_array(L, NULL, 0, kind, dt, ndim, shape);
   a->mem = cl_mem_new(L, kind, n * isz, s, zero);
@@ -407,6 +409,7 @@ static int a_newindex(lua_State *L) {
 
 static int a_len(lua_State *L) {
   cl_array *a = luaL_checkudata(L, 1, CL_ARRAY);
+  if (!a->mem) return luaL_error(L, "cudalua: closed array");
   lua_pushinteger(L, (lua_Integer)a->size);
   return 1;
 }
@@ -576,7 +579,8 @@ static int a_tostring(lua_State *L) {
       if (a->size > 10 && i == 5) { luaL_addstring(&b, ", ..."); i = a->size - 5; }
       if (i) luaL_addstring(&b, ", ");
       cl_pushvalue(L, a->dtype, p + i * isz);
-      if (lua_isinteger(L, -1) || lua_isboolean(L, -1)) luaL_addvalue(&b);
+      if (lua_isboolean(L, -1)) { int v = lua_toboolean(L, -1); lua_pop(L, 1); luaL_addstring(&b, v ? "true" : "false"); }
+      else if (lua_isinteger(L, -1)) luaL_addvalue(&b);
       else {   /* "%.14g": 5 rather than 5.0, as the tutorials print arrays */
         char num[40];
         snprintf(num, sizeof num, "%.14g", (double)lua_tonumber(L, -1));

@@ -317,7 +317,7 @@ static int l_time(lua_State *L) {
 /* cuda.sleep(seconds) */
 static int l_sleep(lua_State *L) {
   lua_Number s = luaL_checknumber(L, 1);
-  luaL_argcheck(L, s >= 0 && s < 1e9, 1, "seconds must be >= 0");
+  luaL_argcheck(L, s >= 0 && s < 1e9, 1, "seconds must be >= 0 and < 1e9");
   struct timespec ts = {(time_t)s, (long)((s - (time_t)s) * 1e9)};
   while (nanosleep(&ts, &ts) != 0) {}
   return 0;

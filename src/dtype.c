@@ -77,6 +77,7 @@ static int fit_error(lua_State *L, int idx, int dt, const char *where, lua_Integ
 }
 
 void cl_tovalue(lua_State *L, int idx, int dt, void *p, const char *where, lua_Integer index) {
+  idx = lua_absindex(L, idx);   /* messages push strings */
   int t = lua_type(L, idx);
   if (dt == CL_BOOL && t == LUA_TBOOLEAN) { *(uint8_t *)p = (uint8_t)lua_toboolean(L, idx); return; }
   if (t != LUA_TNUMBER)
@@ -99,6 +100,7 @@ void cl_tovalue(lua_State *L, int idx, int dt, void *p, const char *where, lua_I
     if (dt == CL_U64 && v == floor(v) && v >= 0 && v < 18446744073709551616.0) {
       *(uint64_t *)p = (uint64_t)v; return;
     }
+    if (v == floor(v)) fit_error(L, idx, dt, where, index);   /* integral, but past 64 bits */
     where = at(L, where, index);
     luaL_error(L, "%s: value %s is not an integer (dtype %s)", where,
                luaL_tolstring(L, idx, NULL), cl_dtypes[dt].name);

@@ -1,5 +1,7 @@
 /* launch.c: kernel launches. Arguments are converted by the kernel's own parameter types; this
    is the hot path, so it does no allocation beyond the launcher object of k[{grid, block}]. */
+#include <float.h>
+#include <math.h>
 #include <string.h>
 #include "cl.h"
 
@@ -111,10 +113,18 @@ void cl_marshal(lua_State *L, cl_kernel *k, int kidx, int first, int nargs, cl_a
     }
     if (c == 'b' && lua_type(L, idx) == LUA_TBOOLEAN) { *(uint8_t *)p = (uint8_t)lua_toboolean(L, idx); continue; }
     if (lua_type(L, idx) != LUA_TNUMBER) arg_error(L, kidx, i, idx, "expected a number");
-    if (c == 'f') { *(float *)p = (float)lua_tonumber(L, idx); continue; }
+    if (c == 'f') {
+      lua_Number v = lua_tonumber(L, idx);
+      if (v == v && v - v == 0 && (v > FLT_MAX || v < -FLT_MAX)) arg_error(L, kidx, i, idx, "value out of range");
+      *(float *)p = (float)v;
+      continue;
+    }
     if (c == 'd') { *(double *)p = lua_tonumber(L, idx); continue; }
     if (c == 'e' || c == 'E') {
-      float f = (float)lua_tonumber(L, idx);
+      lua_Number v = lua_tonumber(L, idx);
+      double lim = c == 'e' ? 65504.0 : 3.3895313892515355e38;
+      if (v == v && v - v == 0 && (v > lim || v < -lim)) arg_error(L, kidx, i, idx, "value out of range");
+      float f = (float)v;
       uint32_t u; memcpy(&u, &f, 4);
       /* bfloat16 is the top half of a float, rounded to nearest even */
       *(uint16_t *)p = c == 'e' ? cl_float_to_half(f) : (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
@@ -122,7 +132,12 @@ void cl_marshal(lua_State *L, cl_kernel *k, int kidx, int first, int nargs, cl_a
     }
     int isint;
     lua_Integer v = lua_tointegerx(L, idx, &isint);
-    if (!isint) arg_error(L, kidx, i, idx, "expected an integer");
+    if (!isint) {
+      lua_Number f = lua_tonumber(L, idx);
+      /* uint64 values past 2^63 exist in Lua only as floats */
+      if (c == 'L' && f == floor(f) && f >= 0 && f < 18446744073709551616.0) { *(uint64_t *)p = (uint64_t)f; continue; }
+      arg_error(L, kidx, i, idx, f == floor(f) ? "value out of range" : "expected an integer");
+    }
     int ok = 1;
     switch (c) {
       case 'a': ok = v >= INT8_MIN && v <= INT8_MAX; *(int8_t *)p = (int8_t)v; break;

@@ -33,8 +33,8 @@ end
 local fixed
 local function fixed_part()
   if not fixed then
-    local h = { MAGIC, core.version, core.nvrtc_identity() }
-    for _, hd in ipairs(core.headers) do h[#h + 1] = #hd[1] .. ":" .. hd[1] .. #hd[2] .. ":" .. hd[2] end
+    -- build_id digests cudalua's Lua parts and kernel headers: a new cudalua, new keys
+    local h = { MAGIC, core.build_id, core.nvrtc_identity() }
     fixed = core.hash(table.concat(h, "\0"))
   end
   return fixed

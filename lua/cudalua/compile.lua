@@ -52,7 +52,10 @@ local function demangle_params(s)
       if pos > #s then fail("unterminated template arguments") end
       if peek() == "L" then -- literal: L<type><value>E
         local e = s:find("E", pos, true) or fail("bad literal")
-        args[#args + 1] = { kind = "literal", name = s:sub(pos + 1, e - 1) }
+        local lit = s:sub(pos + 1, e - 1) -- <builtin type letter><value>, n for minus
+        local v = builtin[lit:sub(1, 1)] and lit:sub(2) or lit
+        if lit:sub(1, 1) == "b" then v = v == "1" and "true" or "false" end
+        args[#args + 1] = { kind = "literal", name = (v:gsub("^n", "-")) }
         pos = e + 1
       else
         args[#args + 1] = parse_type()
@@ -79,8 +82,10 @@ local function demangle_params(s)
       local words = {}
       if q:find("K") then words[#words + 1] = "const" end
       if q:find("V") then words[#words + 1] = "volatile" end
-      return add { kind = "qual", const = q:find("K") ~= nil, inner = inner,
-                   name = table.concat(words, " ") .. " " .. inner.name }
+      local w = table.concat(words, " ")
+      -- C spelling: a qualified pointer takes the qualifier after the star
+      local name = inner.kind == "ptr" and (inner.name .. " " .. w) or (w .. " " .. inner.name)
+      return add { kind = "qual", const = q:find("K") ~= nil, inner = inner, name = name }
     end
     if c == "P" or c == "R" or c == "O" then
       pos = pos + 1
@@ -369,7 +374,10 @@ function M.compile(src, opts)
   local options = { "-arch=" .. arch }
   local inc = cuda_include()
   if inc then options[#options + 1] = "-I" .. inc end
-  for _, o in ipairs(opts.options or {}) do options[#options + 1] = o end
+  for _, o in ipairs(opts.options or {}) do
+    -- NVRTC always optimises and knows no -O1..-O3: accepted for nvcc habits, and left out
+    if not o:match("^%-O[123]$") then options[#options + 1] = o end
+  end
   local headers = {}
   for _, h in ipairs(core.headers) do headers[#headers + 1] = h end
   local user_headers = {}
@@ -406,6 +414,22 @@ function M.compile(src, opts)
   local ptx = arch:match("^compute_") ~= nil
   local image, log, lowered = core.nvrtc_compile(src .. PROBE_SRC, name, options, headers,
                                                  exprs_for(wanted), ptx)
+  if not image and #found > 0 and log:find(PROBE, 1, true) then
+    -- leave out the scanned kernels the log names (overloaded, in a namespace, ...)
+    local keep, dropped = {}, false
+    for _, k in ipairs(found) do
+      local pat = "decltype ( " .. k .. " )"
+      if log:find(pat, 1, true) or log:find('was: " ' .. k .. ' "', 1, true) then dropped = true
+      else keep[#keep + 1] = k end
+    end
+    if dropped then
+      local w = {}
+      for _, k in ipairs(keep) do w[#w + 1] = k end
+      for _, e in ipairs(opts.name_expressions or {}) do w[#w + 1] = e end
+      local i2, l2, x2 = core.nvrtc_compile(src .. PROBE_SRC, name, options, headers, exprs_for(w), ptx)
+      if i2 then image, log, lowered, wanted, found = i2, l2, x2, w, keep end
+    end
+  end
   if not image and #found > 0 and log:find(PROBE, 1, true) then
     -- a kernel found by scanning could not be probed (overloaded, in a namespace): compile
     -- again with only the user's name expressions
