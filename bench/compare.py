@@ -113,6 +113,8 @@ def bench_cupy():
 def bench_numba():
     try:
         import numpy as np
+        if not hasattr(np, "row_stack"):  # the numba-cuda there predates numpy 2.5
+            np.row_stack = np.vstack
         from numba import cuda
     except Exception as e:  # noqa: BLE001
         note(f"numba unavailable: {e!r}")
