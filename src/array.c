@@ -220,8 +220,10 @@ static void copy(lua_State *L, cl_array *dst, cl_array *src, cl_stream *s, int s
   int pageable = 0;
   if (dst->kind == CL_HOST) { cl_pageable_prepare(dst->mem); pageable = 1; }
   if (src->kind == CL_HOST) { cl_pageable_prepare(src->mem); pageable = 1; }
-  CUdeviceptr d = dst->kind == CL_HOST ? (CUdeviceptr)(uintptr_t)cl_hostptr(dst) : cl_devptr(dst);
-  CUdeviceptr p = src->kind == CL_HOST ? (CUdeviceptr)(uintptr_t)cl_hostptr(src) : cl_devptr(src);
+  /* host memory by its host address: the driver then copies it by DMA as host memory (a
+     mapped device alias would make the copy engine go through the mapping, much slower) */
+  CUdeviceptr d = is_host(dst) ? (CUdeviceptr)(uintptr_t)cl_hostptr(dst) : cl_devptr(dst);
+  CUdeviceptr p = is_host(src) ? (CUdeviceptr)(uintptr_t)cl_hostptr(src) : cl_devptr(src);
   CUstream h = s ? s->h : NULL;
   cl_check(L, cu.cuMemcpyAsync(d, p, n, h), where);
   cl_mem_use(dst->mem, s);

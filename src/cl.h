@@ -18,7 +18,7 @@
   X(cuDeviceTotalMem) X(cuDevicePrimaryCtxRetain) X(cuCtxSetCurrent) X(cuCtxGetCurrent) \
   X(cuCtxSynchronize) X(cuCtxGetDevice) X(cuMemGetInfo) \
   X(cuMemAlloc) X(cuMemFree) X(cuMemAllocAsync) X(cuMemFreeAsync) \
-  X(cuDeviceGetDefaultMemPool) X(cuMemPoolSetAttribute) \
+  X(cuDeviceGetDefaultMemPool) X(cuMemPoolSetAttribute) X(cuMemPoolTrimTo) \
   X(cuMemHostAlloc) X(cuMemFreeHost) X(cuMemHostGetDevicePointer) X(cuMemAllocManaged) \
   X(cuMemHostRegister) X(cuMemHostUnregister) X(cuMemAdvise) X(cuPointerGetAttribute) \
   X(cuMemcpyAsync) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync) X(cuMemcpyDtoDAsync) \

@@ -143,9 +143,13 @@ static CUcontext primary(lua_State *L, int d) {
       cu.cuCtxGetCurrent(&old);
       cu.cuCtxSetCurrent(c);
       /* keep freed device memory in the pool: allocation in loops stays cheap */
+      /* keep freed device memory in the pool, up to an eighth of the device, so allocation
+         in loops stays cheap without holding memory other processes need */
       CUmemoryPool pool;
+      size_t total = 0;
+      cu.cuDeviceTotalMem(&total, dev);
       if (cu.cuDeviceGetDefaultMemPool(&pool, dev) == CUDA_SUCCESS) {
-        cuuint64_t thr = UINT64_MAX;
+        cuuint64_t thr = total / 8;
         cu.cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &thr);
       }
       cu.cuCtxSetCurrent(old);

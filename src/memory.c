@@ -54,12 +54,59 @@ int cl_pageable_prepare(cl_mem *m) {
   return m->registered > 0;
 }
 
+/* Lua's collector sees only the small userdata of an array, not the memory behind it: after
+   every so many bytes of GPU-visible memory a full collection frees what is unreachable */
+static size_t pressure;
+#define PRESSURE_LIMIT ((size_t)1 << 31)
+
+static void collect(lua_State *L) {
+  pressure = 0;
+  lua_gc(L, LUA_GCCOLLECT);
+}
+
+/* on out-of-memory: collect, let queued frees finish, give the pool's spare memory back */
+static void reclaim(lua_State *L) {
+  collect(L);
+  collect(L);   /* finalizers of the first pass free the memory */
+  if (cl_capturing) return;
+  cl_wait_raw(L, CL_WAIT_CTX, NULL);
+  CUmemoryPool pool;
+  CUdevice dev;
+  if (cu.cuCtxGetDevice(&dev) == CUDA_SUCCESS && cu.cuDeviceGetDefaultMemPool(&pool, dev) == CUDA_SUCCESS)
+    cu.cuMemPoolTrimTo(pool, 0);
+}
+
+static CUresult alloc_gpu(lua_State *L, cl_mem *m, cl_stream *s, int zero) {
+  CUresult r = CUDA_SUCCESS;
+  size_t b = m->bytes ? m->bytes : 1;
+  if (m->kind == CL_PINNED || m->kind == CL_MAPPED) {
+    r = cu.cuMemHostAlloc(&m->host, b, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP);
+    if (r == CUDA_SUCCESS) r = cu.cuMemHostGetDevicePointer(&m->dptr, m->host, 0);
+    if (r == CUDA_SUCCESS && zero) memset(m->host, 0, b);
+  } else if (m->kind == CL_MANAGED) {
+    r = cu.cuMemAllocManaged(&m->dptr, b, CU_MEM_ATTACH_GLOBAL);
+    m->host = (void *)(uintptr_t)m->dptr;
+    if (r == CUDA_SUCCESS && zero) {
+      if (!cl_concurrent_managed()) r = cl_wait_raw(L, CL_WAIT_CTX, NULL);
+      if (r == CUDA_SUCCESS) memset(m->host, 0, b);
+    }
+  } else if (m->bytes) {   /* CL_DEVICE */
+    r = cu.cuMemAllocAsync(&m->dptr, m->bytes, s ? s->h : NULL);
+    if (r == CUDA_SUCCESS) cl_mem_use(m, s);
+  }
+  if (r != CUDA_SUCCESS && m->host && m->kind != CL_MANAGED) cu.cuMemFreeHost(m->host);
+  if (r != CUDA_SUCCESS) { m->host = NULL; m->dptr = 0; }
+  return r;
+}
+
 cl_mem *cl_mem_new(lua_State *L, int kind, size_t bytes, cl_stream *s, int zero) {
+  if (kind != CL_HOST) {
+    pressure += bytes;
+    if (pressure > PRESSURE_LIMIT) collect(L);
+  }
   cl_mem *m = calloc(1, sizeof *m);
   if (!m) { luaL_error(L, "cudalua: out of host memory"); return NULL; }
   m->refs = 1; m->kind = kind; m->bytes = bytes;
-  CUresult r = CUDA_SUCCESS;
-  const char *what = "allocating memory";
   if (kind == CL_HOST) {
     if (bytes >= BIG) {
       void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -76,29 +123,14 @@ cl_mem *cl_mem_new(lua_State *L, int kind, size_t bytes, cl_stream *s, int zero)
     return m;
   }
   m->ctx = cl_ctx(L);
-  size_t b = bytes ? bytes : 1;
-  if (kind == CL_PINNED || kind == CL_MAPPED) {
-    what = kind == CL_PINNED ? "cuda.pinned_array" : "cuda.mapped_array";
-    r = cu.cuMemHostAlloc(&m->host, b, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP);
-    if (r == CUDA_SUCCESS) r = cu.cuMemHostGetDevicePointer(&m->dptr, m->host, 0);
-    if (r == CUDA_SUCCESS && zero) memset(m->host, 0, b);
-  } else if (kind == CL_MANAGED) {
-    what = "cuda.managed_array";
-    r = cu.cuMemAllocManaged(&m->dptr, b, CU_MEM_ATTACH_GLOBAL);
-    m->host = (void *)(uintptr_t)m->dptr;
-    if (r == CUDA_SUCCESS && zero) {
-      if (!cl_concurrent_managed()) r = cl_wait_raw(L, CL_WAIT_CTX, NULL);
-      if (r == CUDA_SUCCESS) memset(m->host, 0, b);
-    }
-  } else { /* CL_DEVICE */
-    what = "cuda.device_array";
-    if (bytes) {
-      r = cu.cuMemAllocAsync(&m->dptr, bytes, s ? s->h : NULL);
-      if (r == CUDA_SUCCESS) cl_mem_use(m, s);
-    }
+  const char *what = kind == CL_PINNED ? "cuda.pinned_array" : kind == CL_MAPPED ? "cuda.mapped_array"
+                   : kind == CL_MANAGED ? "cuda.managed_array" : "cuda.device_array";
+  CUresult r = alloc_gpu(L, m, s, zero);
+  if (r == CUDA_ERROR_OUT_OF_MEMORY) {
+    reclaim(L);
+    r = alloc_gpu(L, m, s, zero);
   }
   if (r != CUDA_SUCCESS) {
-    if (m->host && kind != CL_MANAGED) cu.cuMemFreeHost(m->host);
     cl_stream_unref(m->stream);
     free(m);
     char buf[160];
