@@ -12,6 +12,17 @@ cl_array *cl_toarray(lua_State *L, int idx) { return luaL_testudata(L, idx, CL_A
 
 cl_array *cl_checkarray(lua_State *L, int idx) {
   cl_array *a = luaL_testudata(L, idx, CL_ARRAY);
+  if (!a && luaL_getmetafield(L, idx, "__cuda_array_interface") != LUA_TNIL) {
+    /* a foreign object with the CUDA Array Interface: a view of it replaces it on the stack */
+    lua_pop(L, 1);
+    idx = lua_absindex(L, idx);
+    if (lua_getfield(L, LUA_REGISTRYINDEX, "cudalua.as_cuda_array") == LUA_TFUNCTION) {
+      lua_pushvalue(L, idx);
+      lua_call(L, 1, 1);
+      lua_replace(L, idx);
+      a = luaL_testudata(L, idx, CL_ARRAY);
+    } else lua_pop(L, 1);
+  }
   if (!a) luaL_typeerror(L, idx, "cudalua array");
   if (!a->mem) luaL_argerror(L, idx, "closed array");
   return a;
@@ -250,9 +261,10 @@ static int l_to_device(lua_State *L) {
     { dtidx = 2; sidx = 3; }
   cl_array *src = host_from(L, 1, dtidx, "cuda.to_device");
   if (!src) {
-    src = cl_toarray(L, 1);
-    if (!src) return luaL_typeerror(L, 1, "array or table");
-    if (!src->mem) return luaL_argerror(L, 1, "closed array");
+    if (!cl_toarray(L, 1) && !luaL_getmetafield(L, 1, "__cuda_array_interface"))
+      return luaL_typeerror(L, 1, "array or table");
+    lua_settop(L, 3);
+    src = cl_checkarray(L, 1);
     if (dtidx && cl_checkdtype(L, dtidx) != src->dtype)
       return luaL_argerror(L, dtidx, "dtype differs from the array's (no conversion is done)");
   }
@@ -596,6 +608,82 @@ static int a_tostring(lua_State *L) {
   return 1;
 }
 
+/* foreign_array(ptr, dtype, shape, readonly, owner [, stream handle]) -> an array viewing memory
+   cudalua does not own (CUDA Array Interface, host programs). The driver must know the
+   pointer as device-accessible memory holding the whole array: a bogus integer raises. */
+static int l_foreign_array(lua_State *L) {
+  lua_Integer ptr = luaL_checkinteger(L, 1);
+  int dt = cl_checkdtype(L, 2);
+  int64_t shape[CL_MAXDIM];
+  int ndim = parse_shape(L, 3, shape, "as_cuda_array");
+  int readonly = lua_toboolean(L, 4);
+  size_t n = 1;
+  for (int i = 0; i < ndim; i++) {
+    if (shape[i] && n > ((size_t)1 << 50) / (size_t)shape[i]) return luaL_error(L, "as_cuda_array: shape too large");
+    n *= (size_t)shape[i];
+  }
+  size_t bytes = n * cl_dtypes[dt].size;
+  CUcontext ctx = cl_ctx(L);
+  if (bytes) {
+    if (ptr == 0) return luaL_error(L, "as_cuda_array: null data pointer for %I bytes", (lua_Integer)bytes);
+    CUdeviceptr start = 0;
+    size_t range = 0;
+    unsigned int mtype = 0;
+    CUresult r = cu.cuPointerGetAttribute(&mtype, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)ptr);
+    if (r == CUDA_SUCCESS) r = cu.cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, (CUdeviceptr)ptr);
+    if (r == CUDA_SUCCESS) r = cu.cuPointerGetAttribute(&range, CU_POINTER_ATTRIBUTE_RANGE_SIZE, (CUdeviceptr)ptr);
+    if (r != CUDA_SUCCESS)
+      return luaL_error(L, "as_cuda_array: 0x%p is not memory the CUDA driver knows (%s): a device "
+                        "pointer from cudaMalloc/cuMemAlloc or pinned host memory is needed",
+                        (void *)(uintptr_t)ptr, cl_errname(r));
+    if ((CUdeviceptr)ptr + bytes > start + range)
+      return luaL_error(L, "as_cuda_array: the array needs %I bytes from 0x%p but its allocation "
+                        "ends %I bytes after it", (lua_Integer)bytes, (void *)(uintptr_t)ptr,
+                        (lua_Integer)(start + range - (CUdeviceptr)ptr));
+  }
+  cl_array *a = push_array(L, NULL, 0, CL_FOREIGN, dt, ndim, shape);
+  a->readonly = readonly;
+  lua_pushvalue(L, 5);
+  lua_setiuservalue(L, -2, 1);      /* the owner stays alive with the view */
+  cl_mem *m = calloc(1, sizeof *m);
+  if (!m) return luaL_error(L, "cudalua: out of host memory");
+  m->refs = 1; m->kind = CL_FOREIGN; m->dptr = (CUdeviceptr)ptr; m->bytes = bytes; m->ctx = ctx;
+  a->mem = m;
+  return 1;
+}
+
+/* the CUDA Array Interface (v3) of an array */
+static int a_cai(lua_State *L) {
+  cl_array *a = cl_checkarray(L, 1);
+  if (a->kind == CL_HOST)
+    return luaL_error(L, "__cuda_array_interface: a pageable host array has no device address (use a pinned, mapped, managed or device array)");
+  lua_createtable(L, 0, 6);
+  lua_createtable(L, 2, 0);
+  lua_pushinteger(L, (lua_Integer)cl_devptr(a)); lua_rawseti(L, -2, 1);
+  lua_pushboolean(L, a->readonly); lua_rawseti(L, -2, 2);
+  lua_setfield(L, -2, "data");
+  push_shape(L, a);
+  lua_setfield(L, -2, "shape");
+  lua_pushstring(L, cl_dtypes[a->dtype].typestr);
+  lua_setfield(L, -2, "typestr");
+  lua_createtable(L, a->ndim, 0);   /* C order, in bytes */
+  int64_t st = cl_dtypes[a->dtype].size;
+  for (int i = a->ndim - 1; i >= 0; i--) {
+    lua_pushinteger(L, st); lua_rawseti(L, -2, i + 1);
+    st *= a->shape[i];
+  }
+  lua_setfield(L, -2, "strides");
+  lua_pushinteger(L, 3);
+  lua_setfield(L, -2, "version");
+  /* work still queued on the stream that last used it: consumers wait for that stream */
+  if (a->mem->used) {
+    cl_stream *s = a->mem->multi ? NULL : a->mem->stream;
+    lua_pushinteger(L, s ? (lua_Integer)(uintptr_t)s->h : 1);   /* 1: the legacy stream */
+    lua_setfield(L, -2, "stream");
+  }
+  return 1;
+}
+
 /* array_info(a) -> size, dtype, kind, device address (0 for pageable): one call for Lua glue */
 static int l_array_info(lua_State *L) {
   cl_array *a = cl_toarray(L, 1);
@@ -618,7 +706,8 @@ void cl_open_array(lua_State *L) {
     {"array", l_array}, {"zeros", l_zeros}, {"pinned_array", l_pinned_array},
     {"mapped_array", l_mapped_array}, {"managed_array", l_managed_array},
     {"device_array", l_device_array}, {"device_array_like", l_device_array_like},
-    {"to_device", l_to_device}, {"array_info", l_array_info}, {NULL, NULL}};
+    {"to_device", l_to_device}, {"array_info", l_array_info}, {"foreign_array", l_foreign_array},
+    {NULL, NULL}};
   luaL_newmetatable(L, CL_ARRAY);
   lua_pushcfunction(L, a_index); lua_setfield(L, -2, "__index");
   lua_pushcfunction(L, a_newindex); lua_setfield(L, -2, "__newindex");
@@ -626,8 +715,11 @@ void cl_open_array(lua_State *L) {
   lua_pushcfunction(L, a_close); lua_setfield(L, -2, "__gc");
   lua_pushcfunction(L, a_close); lua_setfield(L, -2, "__close");
   lua_pushcfunction(L, a_tostring); lua_setfield(L, -2, "__tostring");
+  lua_pushcfunction(L, a_cai); lua_setfield(L, -2, "__cuda_array_interface");
   lua_pop(L, 1);
   luaL_newlib(L, m);
   lua_setfield(L, LUA_REGISTRYINDEX, CL_ARRAY ".methods");
+  lua_pushcfunction(L, l_foreign_array);
+  lua_setfield(L, LUA_REGISTRYINDEX, "cudalua.foreign_array");
   luaL_setfuncs(L, f, 0);
 }

@@ -73,5 +73,8 @@ int luaopen_cudalua(lua_State *L) {
   lua_pushvalue(L, core);
   lua_pushcclosure(L, load_part, 2);
   lua_call(L, 0, 1);
+  /* kernel arguments and copies turn CUDA Array Interface objects into views with it */
+  lua_getfield(L, -1, "as_cuda_array");
+  lua_setfield(L, LUA_REGISTRYINDEX, "cudalua.as_cuda_array");
   return 1;
 }

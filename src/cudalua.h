@@ -1,0 +1,59 @@
+/* cudalua.h: embedding cudalua in a C host program (installed with the module).
+ *
+ *   lua_State *L = luaL_newstate();
+ *   luaL_openlibs(L);
+ *   luaL_requiref(L, "cudalua", luaopen_cudalua, 1);   // cudalua is now a global and loaded
+ *   lua_pop(L, 1);
+ *
+ * cudalua works in the device's primary context, the one the CUDA runtime uses, so memory
+ * from cudaMalloc and streams from cudaStreamCreate can be handed to Lua; the host may have
+ * made its context before or after opening cudalua. Each lua_State may be used by one thread
+ * at a time; several states may run in several threads at once. Link with -lcudalua (static
+ * libcudalua.a or shared libcudalua.so) and -ldl -lpthread -lm; no CUDA library is needed. */
+#ifndef CUDALUA_H
+#define CUDALUA_H
+
+#include <stdint.h>
+#include <lua.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* opens the module: pushes its table (for luaL_requiref or package.preload) */
+int luaopen_cudalua(lua_State *L);
+
+/* Pushes a cudalua device array viewing host-owned device memory (ptr: a CUdeviceptr or a
+   cudaMalloc'd pointer) of the given dtype ("float32", "int64", ...) and shape. With release
+   NULL the host keeps ownership and must keep the memory valid while Lua may use the array;
+   otherwise Lua owns it and release(ud, ptr) is called once no array uses it and its queued
+   work is done. Returns 1, or raises a Lua error (bad dtype/shape, pointer unknown to the
+   driver or too small). */
+int cudalua_push_device_array(lua_State *L, uint64_t ptr, const char *dtype, int ndim,
+                              const int64_t *shape, void (*release)(void *ud, uint64_t ptr),
+                              void *ud);
+
+/* What cudalua_to_array reads back from any array (or CUDA Array Interface object). */
+typedef struct cudalua_array_info {
+  uint64_t ptr;            /* device address (0 for pageable host arrays) */
+  void *host;              /* host address for host arrays, else NULL */
+  int ndim;
+  int64_t shape[8];
+  const char *dtype;       /* "float32", ... (static string) */
+  int itemsize;
+  uint64_t nbytes;
+  void *stream;            /* CUstream that last used it (NULL: the legacy default stream) */
+} cudalua_array_info;
+
+/* Fills info from the array at idx; returns 1, or 0 if the value is not an open array. */
+int cudalua_to_array(lua_State *L, int idx, cudalua_array_info *info);
+
+/* Pushes a cudalua stream for a host-made CUstream/cudaStream_t (not destroyed by cudalua).
+   blocking: 1 if it synchronises with the legacy default stream (made without the
+   non-blocking flag), which lets cudalua order frees with it. */
+int cudalua_push_stream(lua_State *L, void *stream, int blocking);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

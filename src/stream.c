@@ -145,6 +145,16 @@ static int l_wait_flag(lua_State *L) {
   }
 }
 
+/* sync_stream_handle(h): waits for a stream known only by its handle (CUDA Array Interface:
+   1 is the legacy stream, 2 the per-thread one) */
+static int l_sync_stream_handle(lua_State *L) {
+  lua_Integer h = luaL_checkinteger(L, 1);
+  cl_ctx(L);
+  CUstream s = h == 1 ? CU_STREAM_LEGACY : h == 2 ? CU_STREAM_PER_THREAD : (CUstream)(uintptr_t)h;
+  cl_wait(L, CL_WAIT_STREAM, s, "waiting for the array's stream");
+  return 0;
+}
+
 void cl_open_event(lua_State *L);
 
 void cl_open_stream(lua_State *L) {
@@ -166,5 +176,6 @@ void cl_open_stream(lua_State *L) {
   lua_pushcfunction(L, l_stream); lua_setfield(L, -2, "stream");
   lua_pushcfunction(L, l_default_stream); lua_setfield(L, -2, "default_stream");
   lua_pushcfunction(L, l_wait_flag); lua_setfield(L, -2, "wait_flag");
+  lua_pushcfunction(L, l_sync_stream_handle); lua_setfield(L, -2, "sync_stream_handle");
   cl_open_event(L);
 }

@@ -92,6 +92,10 @@ function Reducer:__call(arr, opts)
     init, stream, res = opts.init, opts.stream, opts.res
   end
   local n, dtype, kind, ptr = core.array_info(arr)
+  if not n and type(getmetatable(arr)) == "table" and getmetatable(arr).__cuda_array_interface then
+    arr = cuda.as_cuda_array(arr)
+    n, dtype, kind, ptr = core.array_info(arr)
+  end
   if not n then
     if type(arr) == "table" and getmetatable(arr) == nil then
       error("reduce: expected an array, got a table (make one with cuda.array(t, dtype))", 2)
