@@ -20,11 +20,23 @@ PREFIX     ?= /usr/local
 INST_LIBDIR ?= $(PREFIX)/lib/lua/5.4
 INST_INCDIR ?= $(PREFIX)/include
 
+# the Lua library a host program links (the packed Lua of the GPU machine has no -dev symlink)
+LUA_LIB ?= $(firstword $(wildcard $(LUA_INCDIR)/../lib/liblua5.4.so.0) -llua5.4)
+
 # the busted runner under Lua 5.4, whatever `busted` runs by default
 BUSTED = $(LUA) -e "package.path='./?.lua;'..package.path; package.cpath='./?.so;'..package.cpath; require 'busted.runner'({standalone=false})" /dev/null
 
-.PHONY: all test examples bench install clean
-all: cudalua.so
+.PHONY: all test examples bench install clean libs
+all: cudalua.so libs
+
+# the C embedding API (src/cudalua.h) as a static and a shared library
+libs: libcudalua.a libcudalua.so
+
+libcudalua.a: $(OBJS)
+	ar rcs $@ $(OBJS)
+
+libcudalua.so: $(OBJS)
+	$(CC) -shared -Wl,-soname,libcudalua.so -o $@ $(OBJS) $(LIBS)
 
 build/%.o: src/%.c src/cl.h src/cudalua.h | build
 	$(CC) $(ALL_CFLAGS) -c $< -o $@
@@ -49,7 +61,12 @@ test: cudalua.so
 	rm -rf build/test-cache
 	CUDALUA_CACHE_DIR=$(CURDIR)/build/test-cache $(BUSTED) -o spec/output.lua spec
 
-examples: cudalua.so
+# the embedding example links the static library, the Lua library and the CUDA runtime
+build/embed_host: examples/embed/host.c src/cudalua.h libcudalua.a
+	$(CC) $(CFLAGS) -std=gnu11 -Isrc -I$(LUA_INCDIR) -I$(CUDA_DIR)/include -o $@ $< libcudalua.a \
+	  $(LUA_LIB) -L$(CUDA_DIR)/lib64 -lcudart -Wl,-rpath,$(CUDA_DIR)/lib64 $(LIBS)
+
+examples: cudalua.so build/embed_host
 	@sh examples/run.sh $(LUA)
 
 bench: cudalua.so
@@ -58,6 +75,8 @@ bench: cudalua.so
 install: cudalua.so
 	mkdir -p $(INST_LIBDIR) $(INST_INCDIR)
 	cp cudalua.so $(INST_LIBDIR)/
+	cp src/cudalua.h $(INST_INCDIR)/
+	cp libcudalua.a libcudalua.so $(INST_LIBDIR)/
 
 clean:
-	rm -rf build cudalua.so
+	rm -rf build cudalua.so libcudalua.a libcudalua.so

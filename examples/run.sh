@@ -11,5 +11,9 @@ for f in examples/*.lua; do
   echo "== $f"
   if $LUA "$f"; then pass=$((pass + 1)); else fail=$((fail + 1)); failed="$failed $f"; fi
 done
+for mode in single threads; do   # the C host program embedding cudalua (examples/embed)
+  echo "== build/embed_host $mode"
+  if [ -x build/embed_host ] && build/embed_host $mode; then pass=$((pass + 1)); else fail=$((fail + 1)); failed="$failed embed:$mode"; fi
+done
 echo "examples: $pass passed, $fail failed${failed:+ ($failed )}"
 [ "$fail" -eq 0 ]
