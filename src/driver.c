@@ -24,6 +24,7 @@ static int dev_count = -1;
 static __thread int tl_dev;          /* the device this thread selected, like the runtime */
 
 int cl_driver_load(void) {
+  if (__atomic_load_n(&drv_state, __ATOMIC_ACQUIRE) == 1) return 1;   /* the common case, no lock */
   pthread_mutex_lock(&lock);
   if (drv_state == 0) {
     void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
@@ -58,7 +59,7 @@ int cl_driver_load(void) {
         if (dev_count <= 0) {
           snprintf(drv_err, sizeof drv_err, "cudalua: no CUDA device");
           drv_state = -1;
-        } else drv_state = 1;
+        } else __atomic_store_n(&drv_state, 1, __ATOMIC_RELEASE);
       }
     }
   }

@@ -42,6 +42,13 @@ uint16_t cl_float_to_half(float f) {
 
 int cl_checkdtype(lua_State *L, int idx) {
   if (lua_type(L, idx) == LUA_TSTRING) {
+    /* names are looked up in a table: interned strings hash once, no strcmp chain */
+    lua_getfield(L, LUA_REGISTRYINDEX, DTYPE_MT ".names");
+    lua_pushvalue(L, idx);
+    int found = lua_rawget(L, -2) == LUA_TNUMBER;
+    int id = (int)lua_tointeger(L, -1);
+    lua_pop(L, 2);
+    if (found) return id;
     const char *s = lua_tostring(L, idx);
     for (int i = 0; i < CL_NDTYPE; i++)
       if (!strcmp(s, cl_dtypes[i].name) || !strcmp(s, cl_dtypes[i].alias)) return i;
@@ -179,5 +186,14 @@ void cl_open_dtype(lua_State *L) {
     lua_rawseti(L, -2, i + 1);
   }
   lua_setfield(L, LUA_REGISTRYINDEX, DTYPE_MT ".all");
+  lua_createtable(L, 0, 2 * CL_NDTYPE + 3);
+  for (int i = 0; i < CL_NDTYPE; i++) {
+    lua_pushinteger(L, i); lua_setfield(L, -2, cl_dtypes[i].name);
+    lua_pushinteger(L, i); lua_setfield(L, -2, cl_dtypes[i].alias);
+  }
+  lua_pushinteger(L, CL_F32); lua_setfield(L, -2, "float");
+  lua_pushinteger(L, CL_F64); lua_setfield(L, -2, "double");
+  lua_pushinteger(L, CL_I32); lua_setfield(L, -2, "int");
+  lua_setfield(L, LUA_REGISTRYINDEX, DTYPE_MT ".names");
   lua_pushcfunction(L, l_dtype); lua_setfield(L, -2, "dtype");
 }

@@ -99,12 +99,29 @@ static CUresult alloc_gpu(lua_State *L, cl_mem *m, cl_stream *s, int zero) {
   return r;
 }
 
+/* memory block records are reused: arrays are made and dropped in hot loops */
+static __thread cl_mem *spare;
+static __thread int nspare;
+
+static cl_mem *mem_alloc(void) {
+  cl_mem *m = spare;
+  if (m) { spare = (cl_mem *)m->ud; nspare--; memset(m, 0, sizeof *m); return m; }
+  return calloc(1, sizeof *m);
+}
+
+static void mem_free(cl_mem *m) {
+  if (nspare >= 64) { free(m); return; }
+  m->ud = spare;
+  spare = m;
+  nspare++;
+}
+
 cl_mem *cl_mem_new(lua_State *L, int kind, size_t bytes, cl_stream *s, int zero) {
   if (kind != CL_HOST) {
     pressure += bytes;
     if (pressure > PRESSURE_LIMIT) collect(L);
   }
-  cl_mem *m = calloc(1, sizeof *m);
+  cl_mem *m = mem_alloc();
   if (!m) { luaL_error(L, "cudalua: out of host memory"); return NULL; }
   m->refs = 1; m->kind = kind; m->bytes = bytes;
   if (kind == CL_HOST) {
@@ -117,7 +134,7 @@ cl_mem *cl_mem_new(lua_State *L, int kind, size_t bytes, cl_stream *s, int zero)
       m->host = calloc(1, bytes ? bytes : 1);
     }
     if (!m->host) {
-      free(m);
+      mem_free(m);
       luaL_error(L, "cudalua: out of host memory (%I bytes)", (lua_Integer)bytes);
     }
     return m;
@@ -132,7 +149,7 @@ cl_mem *cl_mem_new(lua_State *L, int kind, size_t bytes, cl_stream *s, int zero)
   }
   if (r != CUDA_SUCCESS) {
     cl_stream_unref(m->stream);
-    free(m);
+    mem_free(m);
     char buf[160];
     snprintf(buf, sizeof buf, "%s of %zu bytes", what, bytes);
     cl_check(L, r, buf);
@@ -172,7 +189,7 @@ void cl_mem_unref(lua_State *L, cl_mem *m) {
     }
     if (m->bytes >= BIG) munmap(m->host, m->bytes); else free(m->host);
     cl_stream_unref(m->stream);
-    free(m);
+    mem_free(m);
     return;
   }
   CUcontext cur = NULL;
@@ -201,5 +218,5 @@ void cl_mem_unref(lua_State *L, cl_mem *m) {
   }
   if (cur != m->ctx) cu.cuCtxSetCurrent(cur);
   cl_stream_unref(m->stream);
-  free(m);
+  mem_free(m);
 }
