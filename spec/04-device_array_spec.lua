@@ -362,7 +362,8 @@ describe("fill on device arrays", function()
       local d = cuda.to_device(cuda.zeros(N, c[1]))
       d:slice(11, 20):fill(c[2])
       local h = d:copy_to_host()
-      local zero = c[1] == "bool" and false or 0
+      local zero = 0
+      if c[1] == "bool" then zero = false end
       for i = 1, N do assert.equal((i >= 11 and i <= 20) and c[2] or zero, h[i], c[1] .. " at " .. i) end
     end
   end)

@@ -32,7 +32,9 @@ static int arg_error(lua_State *L, int kidx, int i, int aidx, const char *msg) {
   int err = lua_gettop(L);
   const char *name = kname(L, kidx);
   const char *t = ptypename(L, kidx, i);
-  const char *got = lua_type(L, aidx) == LUA_TNUMBER ? lua_tostring(L, aidx) : luaL_typename(L, aidx);
+  const char *got = luaL_typename(L, aidx);
+  if (lua_type(L, aidx) == LUA_TNUMBER) got = lua_tostring(L, aidx);
+  else if (lua_type(L, aidx) == LUA_TSTRING) got = lua_pushfstring(L, "string (%I bytes)", (lua_Integer)lua_rawlen(L, aidx));
   cl_array *a = luaL_testudata(L, aidx, CL_ARRAY);
   if (a) got = a->mem ? (a->kind == CL_HOST ? "a pageable host array" : "an array") : "a closed array";
   (void)err;

@@ -1,0 +1,317 @@
+/* raw_helpers.c: the raw CUDA C baselines for bench/helpers.lua (cudalua's reduce, forall and
+   graphs), straight on the driver API and NVRTC. Prints one "key value" line per measurement;
+   keys starting with diag_ are pieces timed apart.
+     * reduce of 2^28 float32: a single-pass sum (grid-stride float4 loads, warp shuffles, one
+       atomicAdd per warp) after a 4-byte memset, then a 4-byte copy back to the host;
+     * reduce of 1234 float64: one block, then an 8-byte copy back;
+     * the plain launch of the kernel bench/helpers.lua launches with forall, same grid and block;
+     * a chain of 1000 empty kernels: launched one by one, built as a graph and instantiated
+       (cuGraphAddKernelNode x1000 + cuGraphInstantiate), replayed (cuGraphLaunch).
+   Build: gcc -O2 -I$CUDA_DIR/include raw_helpers.c -L$CUDA_DIR/lib64 -lcuda -lnvrtc -lm
+   Env:   BENCH_LAUNCHES (default 100000), BENCH_REPS (default 5)
+   raw_helpers --compile-only: only compiles the kernels with NVRTC (sm_90), no GPU needed */
+#define _GNU_SOURCE
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <cuda.h>
+#include <nvrtc.h>
+
+/* keep "empty" and "bump" identical to bench/helpers.lua */
+static const char *KSRC =
+  "extern \"C\" __global__ void empty() {}\n"
+  "extern \"C\" __global__ void bump(float *x, int n) {\n"
+  "  int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
+  "  if (i < n) x[i] += 1.0f;\n"
+  "}\n"
+  "extern \"C\" __global__ void sum_f32(const float *x, long long n, float *out) {\n"
+  "  const float4 *x4 = reinterpret_cast<const float4 *>(x);\n"
+  "  long long n4 = n >> 2, stride = (long long)gridDim.x * blockDim.x;\n"
+  "  long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;\n"
+  "  float s = 0.0f;\n"
+  "  for (long long j = i; j < n4; j += stride) { float4 v = x4[j]; s += (v.x + v.y) + (v.z + v.w); }\n"
+  "  for (long long j = (n4 << 2) + i; j < n; j += stride) s += x[j];\n"
+  "  for (int o = 16; o > 0; o >>= 1) s += __shfl_down_sync(0xffffffffu, s, o);\n"
+  "  if ((threadIdx.x & 31) == 0) atomicAdd(out, s);\n"
+  "}\n"
+  "extern \"C\" __global__ void sum_f64_block(const double *x, int n, double *out) {\n"
+  "  __shared__ double w[32];\n"
+  "  double s = 0.0;\n"
+  "  for (int j = threadIdx.x; j < n; j += blockDim.x) s += x[j];\n"
+  "  for (int o = 16; o > 0; o >>= 1) s += __shfl_down_sync(0xffffffffu, s, o);\n"
+  "  if ((threadIdx.x & 31) == 0) w[threadIdx.x >> 5] = s;\n"
+  "  __syncthreads();\n"
+  "  if (threadIdx.x < 32) {\n"
+  "    s = threadIdx.x < (blockDim.x >> 5) ? w[threadIdx.x] : 0.0;\n"
+  "    for (int o = 16; o > 0; o >>= 1) s += __shfl_down_sync(0xffffffffu, s, o);\n"
+  "    if (threadIdx.x == 0) *out = s;\n"
+  "  }\n"
+  "}\n";
+
+#define BIG_N ((long long)1 << 28)   /* float32 elements: 1 GiB */
+#define SMALL_N 1234                 /* float64 elements */
+#define FORALL_N (1 << 16)
+#define CHAIN 1000
+
+#define CK(x) do { CUresult r_ = (x); if (r_ != CUDA_SUCCESS) { const char *n_ = "?"; \
+  cuGetErrorName(r_, &n_); fprintf(stderr, "raw_helpers: %s: %s (line %d)\n", #x, n_, __LINE__); exit(1); } } while (0)
+#define NK(x) do { nvrtcResult r_ = (x); if (r_ != NVRTC_SUCCESS) { \
+  fprintf(stderr, "raw_helpers: %s: %s (line %d)\n", #x, nvrtcGetErrorString(r_), __LINE__); exit(1); } } while (0)
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int cmpd(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+  qsort(v, n, sizeof *v, cmpd);
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+static void out(const char *key, double v) { printf("%s %.4f\n", key, v); fflush(stdout); }
+
+static int envint(const char *name, int def) {
+  const char *s = getenv(name);
+  return s && atoi(s) > 0 ? atoi(s) : def;
+}
+
+static char *compile(const char *src, const char *arch, size_t *size) {
+  nvrtcProgram prog;
+  char opt[32];
+  snprintf(opt, sizeof opt, "-arch=%s", arch);
+  const char *opts[] = {opt};
+  NK(nvrtcCreateProgram(&prog, src, "raw_helpers.cu", 0, NULL, NULL));
+  nvrtcResult r = nvrtcCompileProgram(prog, 1, opts);
+  if (r != NVRTC_SUCCESS) {
+    size_t n = 0;
+    nvrtcGetProgramLogSize(prog, &n);
+    char *log = malloc(n + 1);
+    nvrtcGetProgramLog(prog, log);
+    fprintf(stderr, "raw_helpers: compile failed: %s\n%s\n", nvrtcGetErrorString(r), log);
+    exit(1);
+  }
+  NK(nvrtcGetCUBINSize(prog, size));
+  char *img = malloc(*size);
+  NK(nvrtcGetCUBIN(prog, img));
+  NK(nvrtcDestroyProgram(&prog));
+  return img;
+}
+
+/* fills n float32 (or float64) elements at d with 1 */
+static void fill_ones(CUdeviceptr d, size_t n, int f64) {
+  if (!f64) { float one = 1.0f; uint32_t u; memcpy(&u, &one, 4); CK(cuMemsetD32(d, u, n)); return; }
+  double one = 1.0;
+  uint32_t w[2];
+  memcpy(w, &one, 8);
+  CK(cuMemsetD2D32(d, 8, w[0], 1, n));
+  CK(cuMemsetD2D32(d + 4, 8, w[1], 1, n));
+}
+
+static CUgraph build_chain(CUfunction f) {
+  CUgraph g;
+  CK(cuGraphCreate(&g, 0));
+  CUDA_KERNEL_NODE_PARAMS p;
+  memset(&p, 0, sizeof p);
+  p.func = f;
+  p.gridDimX = p.gridDimY = p.gridDimZ = 1;
+  p.blockDimX = p.blockDimY = p.blockDimZ = 1;
+  CUgraphNode prev = NULL, node;
+  for (int i = 0; i < CHAIN; i++) {
+    CK(cuGraphAddKernelNode(&node, g, prev ? &prev : NULL, prev ? 1 : 0, &p));
+    prev = node;
+  }
+  return g;
+}
+
+int main(int argc, char **argv) {
+  int N = envint("BENCH_LAUNCHES", 100000), REPS = envint("BENCH_REPS", 5);
+  double t[512], e[512];
+  if (REPS > 64) REPS = 64;
+  size_t isz;
+  if (argc > 1 && !strcmp(argv[1], "--compile-only")) {
+    free(compile(KSRC, "sm_90", &isz));
+    printf("compiled %zu bytes\n", isz);
+    return 0;
+  }
+
+  CUdevice dev; CUcontext ctx;
+  CK(cuInit(0));
+  CK(cuDeviceGet(&dev, 0));
+  CK(cuDevicePrimaryCtxRetain(&ctx, dev));
+  CK(cuCtxSetCurrent(ctx));
+  int ma, mi, sms;
+  CK(cuDeviceGetAttribute(&ma, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev));
+  CK(cuDeviceGetAttribute(&mi, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev));
+  CK(cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev));
+  char arch[16];
+  snprintf(arch, sizeof arch, "sm_%d%d", ma, mi);
+  char *img = compile(KSRC, arch, &isz);
+  CUmodule mod;
+  CUfunction fempty, fbump, fsum, fsmall;
+  CK(cuModuleLoadData(&mod, img));
+  CK(cuModuleGetFunction(&fempty, mod, "empty"));
+  CK(cuModuleGetFunction(&fbump, mod, "bump"));
+  CK(cuModuleGetFunction(&fsum, mod, "sum_f32"));
+  CK(cuModuleGetFunction(&fsmall, mod, "sum_f64_block"));
+  CUevent e0, e1;
+  CK(cuEventCreate(&e0, CU_EVENT_DEFAULT));
+  CK(cuEventCreate(&e1, CU_EVENT_DEFAULT));
+
+  /* 1: reduce of 2^28 float32, the result on the host */
+  {
+    CUdeviceptr dx, dout;
+    CK(cuMemAlloc(&dx, BIG_N * sizeof(float)));
+    CK(cuMemAlloc(&dout, sizeof(float)));
+    fill_ones(dx, BIG_N, 0);
+    int per_sm = 0;
+    CK(cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fsum, 256, 0));
+    unsigned grid = (unsigned)(sms * (per_sm > 0 ? per_sm : 1));
+    long long n = BIG_N;
+    void *args[] = {&dx, &n, &dout};
+    float h = 0;
+    for (int r = -2; r < REPS; r++) {   /* r < 0: warm-up */
+      double t0 = now();
+      CK(cuMemsetD32Async(dout, 0, 1, NULL));
+      CK(cuLaunchKernel(fsum, grid, 1, 1, 256, 1, 1, 0, NULL, args, NULL));
+      CK(cuMemcpyDtoH(&h, dout, sizeof h));
+      if (r >= 0) t[r] = (now() - t0) * 1e6;
+    }
+    double us = median(t, REPS);
+    if (h < 0.99 * BIG_N || h > 1.01 * BIG_N)
+      printf("# raw_helpers: sum of 2^28 ones gave %.1f\n", h);
+    out("reduce_f32_call_us", us);
+    out("reduce_f32_gbs", BIG_N * 4.0 / (us * 1e-6) / 1e9);
+    /* kernel only: K back-to-back (memset + kernel) between two events */
+    const int K = 20;
+    for (int r = 0; r < REPS; r++) {
+      CK(cuEventRecord(e0, NULL));
+      for (int k = 0; k < K; k++) {
+        CK(cuMemsetD32Async(dout, 0, 1, NULL));
+        CK(cuLaunchKernel(fsum, grid, 1, 1, 256, 1, 1, 0, NULL, args, NULL));
+      }
+      CK(cuEventRecord(e1, NULL));
+      CK(cuEventSynchronize(e1));
+      float ms;
+      CK(cuEventElapsedTime(&ms, e0, e1));
+      t[r] = ms * 1e3 / K;
+    }
+    us = median(t, REPS);
+    out("reduce_f32_kernel_us", us);
+    out("reduce_f32_kernel_gbs", BIG_N * 4.0 / (us * 1e-6) / 1e9);
+    out("diag_reduce_f32_grid_blocks", grid);
+    CK(cuMemFree(dx));
+    CK(cuMemFree(dout));
+  }
+
+  /* 2: reduce of 1234 float64 returned to the host, per call, median of many */
+  {
+    CUdeviceptr dx, dout;
+    CK(cuMemAlloc(&dx, SMALL_N * sizeof(double)));
+    CK(cuMemAlloc(&dout, sizeof(double)));
+    fill_ones(dx, SMALL_N, 1);
+    int n = SMALL_N;
+    void *args[] = {&dx, &n, &dout};
+    double h = 0;
+    static double tt[5000];
+    const int M = 5000;
+    for (int i = -500; i < M; i++) {
+      double t0 = now();
+      CK(cuLaunchKernel(fsmall, 1, 1, 1, 256, 1, 1, 0, NULL, args, NULL));
+      CK(cuMemcpyDtoH(&h, dout, sizeof h));
+      if (i >= 0) tt[i] = (now() - t0) * 1e6;
+    }
+    if (h != SMALL_N) printf("# raw_helpers: sum of 1234 ones gave %g\n", h);
+    out("reduce_small_us", median(tt, M));
+    CK(cuMemFree(dx));
+    CK(cuMemFree(dout));
+  }
+
+  /* 3: the plain launch of bump with the block size the occupancy calculator picks (forall's) */
+  {
+    CUdeviceptr dx;
+    CK(cuMemAlloc(&dx, FORALL_N * sizeof(float)));
+    CK(cuMemsetD32(dx, 0, FORALL_N));
+    int mg = 0, b = 0, n = FORALL_N;
+    CK(cuOccupancyMaxPotentialBlockSize(&mg, &b, fbump, NULL, 0, 0));
+    unsigned grid = (unsigned)((FORALL_N + b - 1) / b);
+    void *args[] = {&dx, &n};
+    for (int i = 0; i < 1000; i++) CK(cuLaunchKernel(fbump, grid, 1, 1, b, 1, 1, 0, NULL, args, NULL));
+    CK(cuCtxSynchronize());
+    for (int r = 0; r < REPS; r++) {
+      double t0 = now();
+      for (int i = 0; i < N; i++) CK(cuLaunchKernel(fbump, grid, 1, 1, b, 1, 1, 0, NULL, args, NULL));
+      double t1 = now();
+      CK(cuCtxSynchronize());
+      t[r] = (now() - t0) / N * 1e6;
+      e[r] = (t1 - t0) / N * 1e6;
+    }
+    out("forall_plain_us", median(t, REPS));
+    out("diag_forall_plain_enqueue_us", median(e, REPS));
+    out("diag_forall_block", b);
+    CK(cuMemFree(dx));
+  }
+
+  /* 8: a chain of 1000 empty kernels */
+  {
+    int R = REPS * 4;
+    for (int r = -1; r < R; r++) {
+      double t0 = now();
+      for (int i = 0; i < CHAIN; i++) CK(cuLaunchKernel(fempty, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL));
+      CK(cuCtxSynchronize());
+      if (r >= 0) t[r] = (now() - t0) / CHAIN * 1e6;
+    }
+    out("graph_chain_stream_us", median(t, R));
+    double tb[64], ti[64];
+    for (int r = -1; r < REPS; r++) {
+      double t0 = now();
+      CUgraph g = build_chain(fempty);
+      double t1 = now();
+      CUgraphExec x;
+      CK(cuGraphInstantiate(&x, g, 0));
+      double t2 = now();
+      if (r >= 0) { t[r] = (t2 - t0) * 1e3; tb[r] = (t1 - t0) * 1e3; ti[r] = (t2 - t1) * 1e3; }
+      CK(cuGraphExecDestroy(x));
+      CK(cuGraphDestroy(g));
+    }
+    out("graph_build_ms", median(t, REPS));
+    out("diag_graph_build_nodes_ms", median(tb, REPS));
+    out("diag_graph_instantiate_ms", median(ti, REPS));
+    CUgraph g = build_chain(fempty);
+    CUgraphExec x;
+    CK(cuGraphInstantiate(&x, g, 0));
+    for (int r = -2; r < R; r++) {
+      double t0 = now();
+      CK(cuGraphLaunch(x, NULL));
+      CK(cuCtxSynchronize());
+      if (r >= 0) t[r] = (now() - t0) / CHAIN * 1e6;
+    }
+    out("graph_replay_us", median(t, R));
+    /* the GPU's time for one replay, between events */
+    for (int r = 0; r < REPS; r++) {
+      CK(cuEventRecord(e0, NULL));
+      CK(cuGraphLaunch(x, NULL));
+      CK(cuEventRecord(e1, NULL));
+      CK(cuEventSynchronize(e1));
+      float ms;
+      CK(cuEventElapsedTime(&ms, e0, e1));
+      t[r] = ms * 1e3 / CHAIN;
+    }
+    out("diag_graph_replay_events_us", median(t, REPS));
+    CK(cuGraphExecDestroy(x));
+    CK(cuGraphDestroy(g));
+  }
+
+  CK(cuEventDestroy(e0));
+  CK(cuEventDestroy(e1));
+  CK(cuModuleUnload(mod));
+  free(img);
+  return 0;
+}
