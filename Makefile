@@ -56,10 +56,17 @@ build:
 cudalua.so: $(OBJS)
 	$(CC) $(LIBFLAG) -o $@ $(OBJS) $(LIBS)
 
-# the specs get a compile cache of their own, emptied first
+# the specs get a compile cache of their own, emptied first. With a GPU, the specs of the
+# driver-less behaviour (#nogpu) run in a second pass with the driver hidden.
+HAS_GPU = $(LUA) -e "package.cpath='./?.so;'..package.cpath; os.exit(require('cudalua').is_available() and 0 or 1)"
+TEST_ENV = CUDALUA_CACHE_DIR=$(CURDIR)/build/test-cache
 test: cudalua.so
-	rm -rf build/test-cache
-	CUDALUA_CACHE_DIR=$(CURDIR)/build/test-cache $(BUSTED) -o spec/output.lua spec
+	@rm -rf build/test-cache
+	@if $(HAS_GPU) 2>/dev/null; then \
+	  $(TEST_ENV) $(BUSTED) -o spec/output.lua --exclude-tags=nogpu spec && \
+	  echo "== the driver-less specs, with the driver hidden (CUDALUA_LIBCUDA=/nonexistent)" && \
+	  $(TEST_ENV) CUDALUA_LIBCUDA=/nonexistent/libcuda.so.1 $(BUSTED) -o spec/output.lua --tags=nogpu spec; \
+	else $(TEST_ENV) $(BUSTED) -o spec/output.lua spec; fi
 
 # the embedding example links the static library, the Lua library and the CUDA runtime
 build/embed_host: examples/embed/host.c src/cudalua.h libcudalua.a

@@ -8,7 +8,7 @@ local cuda = H.cuda
 local CC = require "cudalua.compile"
 local gpu = H.gpu(it, pending)
 local nogpu = C.nogpu(it, pending)
-local NO_DRIVER = "cudalua: no CUDA driver found (libcuda.so.1)"
+local NO_DRIVER = "cudalua: no CUDA driver found ("
 local ARCH = { arch = "sm_90" }
 
 local function with(t, extra)

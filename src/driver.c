@@ -27,9 +27,12 @@ int cl_driver_load(void) {
   if (__atomic_load_n(&drv_state, __ATOMIC_ACQUIRE) == 1) return 1;   /* the common case, no lock */
   pthread_mutex_lock(&lock);
   if (drv_state == 0) {
-    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    /* CUDALUA_LIBCUDA names another driver library (the specs hide the driver with it) */
+    const char *lib = getenv("CUDALUA_LIBCUDA");
+    if (!lib || !*lib) lib = "libcuda.so.1";
+    void *h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
     if (!h) {
-      snprintf(drv_err, sizeof drv_err, "cudalua: no CUDA driver found (libcuda.so.1)");
+      snprintf(drv_err, sizeof drv_err, "cudalua: no CUDA driver found (%s)", lib);
       drv_state = -1;
     } else {
       const char *missing = NULL;

@@ -1,0 +1,539 @@
+-- helpers.lua: cudalua's helpers measured (reduce, forall, random, progress, compile cache,
+-- graphs, the CUDA Array Interface), with the same kernels, sizes and method as
+-- bench/raw_helpers.c and compare.py's helper part. Prints one "key value" line per
+-- measurement; keys starting with diag_ are pieces timed apart to show where the time goes. A
+-- section that fails prints a "# ..." line and the others still run.
+-- Env: BENCH_LAUNCHES (default 100000), BENCH_REPS (default 5), CUDALUA_CACHE_DIR
+-- Modes: --compile-only (compiles the kernels for sm_90, no GPU needed), --compile-child NONCE
+--        and --compile-pieces NONCE (the fresh processes of the disk cache measurement)
+package.cpath = "./?.so;" .. package.cpath
+local cuda = require "cudalua"
+local cache = require "cudalua.cache"
+
+local N = tonumber(os.getenv("BENCH_LAUNCHES")) or 100000
+local REPS = tonumber(os.getenv("BENCH_REPS")) or 5
+local now = cuda.time -- monotonic wall clock (os.clock is CPU time)
+
+-- keep "empty" and "bump" identical to bench/raw_helpers.c and compare.py
+local KSRC = [[
+extern "C" __global__ void empty() {}
+extern "C" __global__ void bump(float *x, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) x[i] += 1.0f;
+}
+extern "C" __global__ void touch(float *m, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) m[i] = 1.0f;
+}
+]]
+-- examples/pi.lua's kernel
+local PI_SRC = [[
+#include <cudalua/grid.cuh>
+#include <cudalua/random.cuh>
+extern "C" __global__ void compute_pi(xoroshiro128p_state *states, float *out, int iterations, int n) {
+  int i = grid(1);
+  if (i >= n) return;
+  int inside = 0;
+  for (int j = 0; j < iterations; j++) {
+    float x = xoroshiro128p_uniform_float32(states, i);
+    float y = xoroshiro128p_uniform_float32(states, i);
+    if (x * x + y * y <= 1.0f) inside++;
+  }
+  out[i] = 4.0f * inside / iterations;
+}]]
+-- a long kernel that reports progress: per step some arithmetic, then each warp adds its 32
+-- threads' step to the counter with one atomic
+local SPIN_SRC = [[
+extern "C" __global__ void spin(unsigned long long *progress, long long steps, int work, float *sink) {
+  float x = (float)threadIdx.x;
+  for (long long s = 0; s < steps; s++) {
+    for (int j = 0; j < work; j++) x = x * 0.9999999f + 0.5f;
+    if ((threadIdx.x & 31) == 0) atomicAdd(progress, 32ULL);
+  }
+  if (x == -1.0f) *sink = x;
+}]]
+-- the same source as bench/core.lua and bench/raw.c
+local VECADD = [[
+extern "C" __global__ void vecadd(float *z, const float *x, const float *y, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) z[i] = x[i] + y[i];
+}
+]]
+local function vecadd_src(nonce) return VECADD .. ("\n// helpers %s\n"):format(nonce) end
+
+local function out(k, v) io.write(("%s %.4f\n"):format(k, v)); io.flush() end
+local function note(s) io.write("# " .. s .. "\n"); io.flush() end
+
+local function median(t)
+  local s = {}
+  for i, v in ipairs(t) do s[i] = v end
+  table.sort(s)
+  local n = #s
+  return n % 2 == 1 and s[(n + 1) // 2] or (s[n // 2] + s[n // 2 + 1]) / 2
+end
+
+local function section(name, f)
+  local ok, err = pcall(f)
+  if not ok then
+    note(("helpers.lua: %s failed: %s"):format(name, (tostring(err):gsub("\n", " | "))))
+  end
+end
+
+-- the C core that cuda.compile drives (the loader's second upvalue), for the compile pieces
+local core = select(3, pcall(debug.getupvalue, package.preload["cudalua.compile"], 2))
+if type(core) ~= "table" then core = nil end
+
+---------------------------------------------------------------------------------------------
+if arg[1] == "--compile-only" then
+  for _, src in ipairs { KSRC, PI_SRC, SPIN_SRC, vecadd_src("x") } do
+    local mod = cuda.compile(src, { arch = "sm_90", cache = false })
+    print(table.concat(mod:kernels(), ", "))
+  end
+  os.exit(0)
+end
+
+-- a fresh process: the context first, then time cuda.kernel on a source compiled before
+if arg[1] == "--compile-child" then
+  cuda.synchronize()
+  local t0 = now()
+  local k = cuda.kernel(vecadd_src(arg[2]), "vecadd")
+  local ms = (now() - t0) * 1e3
+  assert(k)
+  print(("%.4f %d %d"):format(ms, cache.stats.disk_hits, cache.stats.misses))
+  os.exit(0)
+end
+
+-- the same in pieces: loading NVRTC (cuda.compile asks it for its architectures), the compile
+-- call (key, disk read, decode), then the kernel (loading the module on the device)
+if arg[1] == "--compile-pieces" then
+  cuda.synchronize()
+  local t0 = now()
+  if core then core.nvrtc_archs() end
+  local t1 = now()
+  local mod = cuda.compile(vecadd_src(arg[2]))
+  local t2 = now()
+  local k = mod.vecadd
+  local t3 = now()
+  assert(k)
+  print(("diag_compile_disk_child_nvrtc_load_ms %.4f"):format((t1 - t0) * 1e3))
+  print(("diag_compile_disk_child_lookup_ms %.4f"):format((t2 - t1) * 1e3))
+  print(("diag_compile_disk_child_module_load_ms %.4f"):format((t3 - t2) * 1e3))
+  print(("diag_compile_disk_child_hits %d"):format(cache.stats.disk_hits))
+  os.exit(0)
+end
+
+---------------------------------------------------------------------------------------------
+cuda.synchronize() -- the context, before anything is timed
+local dev = cuda.devices()[cuda.current_device() + 1]
+local SMS = dev.multiprocessors
+
+-- runs body(count) REPS times after a warm-up, each followed by a synchronize; returns the
+-- median µs per item, and the median µs per item before the synchronize (enqueue time)
+local function per_item(body, count)
+  count = count or N
+  body(math.min(1000, count))
+  cuda.synchronize()
+  local tot, enq = {}, {}
+  for r = 1, REPS do
+    collectgarbage()
+    cuda.synchronize()
+    local t0 = now()
+    body(count)
+    local t1 = now()
+    cuda.synchronize()
+    local t2 = now()
+    tot[r], enq[r] = (t2 - t0) / count * 1e6, (t1 - t0) / count * 1e6
+  end
+  return median(tot), median(enq)
+end
+
+---------------------------------------------------------------------------------------------
+-- 4: RNG states for 2^20 threads. First: the first call of the process (compiles the init
+-- kernel: the disk cache is empty, and makes the jump matrices); then after a warm-up.
+section("random", function()
+  local NS = 1 << 20
+  local t0 = now()
+  local st = cuda.random.create_xoroshiro128p_states(NS, { seed = 1 })
+  cuda.synchronize()
+  out("rng_init_first_ms", (now() - t0) * 1e3)
+  st:close()
+  local t, gpu, alloc = {}, {}, {}
+  local e0, e1 = cuda.event(), cuda.event()
+  for r = 0, REPS do
+    t0 = now()
+    st = cuda.random.create_xoroshiro128p_states(NS, { seed = r + 2 })
+    cuda.synchronize()
+    if r > 0 then t[r] = (now() - t0) * 1e3 end
+    st:close()
+    -- the pieces: the allocation alone, and the GPU's time of the whole call
+    t0 = now()
+    local a = cuda.device_array({ NS, 2 }, "uint64")
+    cuda.synchronize()
+    if r > 0 then alloc[r] = (now() - t0) * 1e3 end
+    a:close()
+    e0:record()
+    st = cuda.random.create_xoroshiro128p_states(NS, { seed = r + 2 })
+    e1:record()
+    e1:synchronize()
+    if r > 0 then gpu[r] = e0:elapsed_time(e1) end
+    st:close()
+  end
+  out("rng_init_ms", median(t))
+  out("diag_rng_init_alloc_16MiB_ms", median(alloc))
+  out("diag_rng_init_events_ms", median(gpu))
+end)
+collectgarbage()
+
+---------------------------------------------------------------------------------------------
+-- 5: pi, examples/pi.lua's kernel on a grid that fills the GPU; the kernel timed with events
+section("pi", function()
+  local compute_pi = cuda.kernel(PI_SRC, "compute_pi")
+  local blocks, threads, iters = SMS * 16, 128, 4000
+  local n = blocks * threads
+  local states = cuda.random.create_xoroshiro128p_states(n, { seed = 3 })
+  local res = cuda.device_array(n, cuda.float32)
+  local l = compute_pi[{ blocks, threads }]
+  l(states, res, 10, n) -- warm-up
+  cuda.synchronize()
+  local e0, e1 = cuda.event(), cuda.event()
+  local t = {}
+  for r = 1, REPS do
+    e0:record()
+    l(states, res, iters, n)
+    e1:record()
+    e1:synchronize()
+    t[r] = n * iters / (e0:elapsed_time(e1) * 1e-3) / 1e9
+  end
+  out("pi_gsamples_s", median(t))
+  local pi = cuda.reduce("a + b")(res) / n
+  if math.abs(pi - math.pi) > 0.01 then note(("helpers.lua: pi came out as %.6f"):format(pi)) end
+  states:close(); res:close()
+end)
+collectgarbage()
+
+---------------------------------------------------------------------------------------------
+-- 1, 2: reductions to the host
+section("reduce", function()
+  local sum = cuda.reduce("a + b")
+  local BIG = 1 << 28
+  local x = cuda.device_array(BIG, cuda.float32)
+  x:fill(1)
+  local v
+  for _ = 1, 2 do v = sum(x) end -- warm-up (compiles)
+  local t = {}
+  for r = 1, REPS do
+    local t0 = now()
+    v = sum(x)
+    t[r] = (now() - t0) * 1e6
+  end
+  if math.abs(v - BIG) > 0.01 * BIG then note(("helpers.lua: sum of 2^28 ones gave %s"):format(v)) end
+  local us = median(t)
+  out("reduce_f32_call_us", us)
+  out("reduce_f32_gbs", BIG * 4 / (us * 1e-6) / 1e9)
+  -- kernel only: K back-to-back reductions left on the device, between two events
+  local K = 20
+  local res = cuda.device_array(1, cuda.float32)
+  local opts = { res = res }
+  local e0, e1 = cuda.event(), cuda.event()
+  local enq, single = {}, {}
+  for r = 1, REPS do
+    e0:record()
+    local t0 = now()
+    for _ = 1, K do sum(x, opts) end
+    local t1 = now()
+    e1:record()
+    e1:synchronize()
+    t[r] = e0:elapsed_time(e1) * 1e3 / K
+    enq[r] = (t1 - t0) * 1e6 / K
+    -- one reduction between two events, the host's time to enqueue it included
+    e0:record()
+    sum(x, opts)
+    e1:record()
+    e1:synchronize()
+    single[r] = e0:elapsed_time(e1) * 1e3
+  end
+  us = median(t)
+  out("reduce_f32_kernel_us", us)
+  out("reduce_f32_kernel_gbs", BIG * 4 / (us * 1e-6) / 1e9)
+  out("diag_reduce_f32_enqueue_us", median(enq))
+  out("diag_reduce_f32_single_events_us", median(single))
+  -- what a stream synchronize costs with nothing queued, and a mapped read
+  local ds = cuda.default_stream()
+  local m = cuda.mapped_array(1, cuda.float32)
+  local ts, tm = {}, {}
+  for r = 1, REPS do
+    local t0 = now()
+    for _ = 1, 1000 do ds:synchronize() end
+    ts[r] = (now() - t0) * 1e3
+    t0 = now()
+    for _ = 1, 1000 do local _ = m[1] end
+    tm[r] = (now() - t0) * 1e3
+  end
+  out("diag_idle_stream_sync_us", median(ts))
+  out("diag_mapped_read_us", median(tm))
+  x:close()
+  collectgarbage()
+
+  local SMALL = 1234
+  local xs = cuda.device_array(SMALL, cuda.float64)
+  xs:fill(1)
+  for _ = 1, 500 do v = sum(xs) end
+  local M = 5000
+  local ts2 = {}
+  for i = 1, M do
+    local t0 = now()
+    v = sum(xs)
+    ts2[i] = (now() - t0) * 1e6
+  end
+  if v ~= SMALL then note(("helpers.lua: sum of 1234 ones gave %s"):format(v)) end
+  out("reduce_small_us", median(ts2))
+end)
+collectgarbage()
+
+---------------------------------------------------------------------------------------------
+local mod = cuda.compile(KSRC)
+
+-- 3: forall vs the plain launch of the same kernel with the same grid and block
+section("forall", function()
+  local bump = mod.bump
+  local n = 1 << 16
+  local x = cuda.device_array(n, cuda.float32)
+  x:fill(0)
+  local fl = bump:forall(n)
+  local grid = tonumber(tostring(fl):match("grid {(%d+)"))
+  local block = tonumber(tostring(fl):match("block {(%d+)"))
+  local function launches(key, body)
+    local tot, enq = per_item(body)
+    out(key, tot)
+    out("diag_" .. key:gsub("_us$", "_enqueue_us"), enq)
+  end
+  launches("forall_plain_us", function(m)
+    for _ = 1, m do bump[{ grid, block }](x, n) end
+  end)
+  launches("forall_us", function(m)
+    for _ = 1, m do bump:forall(n)(x, n) end
+  end)
+  launches("forall_launcher_us", function(m)
+    local l = bump:forall(n)
+    for _ = 1, m do l(x, n) end
+  end)
+  out("diag_forall_make_launcher_us", (per_item(function(m)
+    for _ = 1, m do local l = bump:forall(n) end
+  end)))
+  out("diag_plain_make_launcher_us", (per_item(function(m)
+    for _ = 1, m do local l = bump[{ grid, block }] end
+  end)))
+  out("diag_forall_block", block)
+end)
+collectgarbage()
+
+---------------------------------------------------------------------------------------------
+-- 9: a foreign object with __cuda_array_interface (examples/array_interface.lua's Tensor) vs a
+-- cudalua device array, through a launcher made once
+section("array interface", function()
+  local Tensor = {}
+  Tensor.__index = Tensor
+  Tensor.__cuda_array_interface = function(t)
+    return { data = { t.ptr, false }, shape = { t.rows, t.cols }, typestr = "<f4",
+             strides = { t.cols * 4, 4 }, version = 3 }
+  end
+  local rows, cols = 32, 32
+  local n = rows * cols
+  local storage = cuda.device_array(n, cuda.float32)
+  local t = setmetatable({ storage = storage, ptr = storage:ptr(), rows = rows, cols = cols }, Tensor)
+  local l = mod.touch[{ 1, 32 }]
+  local M = N // 2
+  out("cai_native_us", (per_item(function(m)
+    for _ = 1, m do l(storage, n) end
+  end, M)))
+  out("cai_foreign_us", (per_item(function(m)
+    for _ = 1, m do l(t, n) end
+  end, M)))
+  -- the pieces: the view made once and passed; making the view; the object's own function
+  local view = cuda.as_cuda_array(t)
+  out("diag_cai_view_launch_us", (per_item(function(m)
+    for _ = 1, m do l(view, n) end
+  end, M)))
+  local as = cuda.as_cuda_array
+  out("diag_cai_as_cuda_array_us", (per_item(function(m)
+    for _ = 1, m do as(t) end
+  end, M)))
+  local f = Tensor.__cuda_array_interface
+  out("diag_cai_interface_fn_us", (per_item(function(m)
+    for _ = 1, m do f(t) end
+  end, M)))
+  if core then out("diag_cai_array_info_us", (per_item(function(m)
+    local info = core.array_info
+    for _ = 1, m do info(t) end
+  end, M))) end
+end)
+collectgarbage()
+
+---------------------------------------------------------------------------------------------
+-- 8: a chain of 1000 empty kernels: one by one from Lua, and as a graph
+section("graphs", function()
+  local CHAIN = 1000
+  local empty = mod.empty
+  local R = REPS * 4
+  local l = empty[{ 1, 1 }]
+  local t = {}
+  for r = 0, R do
+    local t0 = now()
+    for _ = 1, CHAIN do l() end
+    cuda.synchronize()
+    if r > 0 then t[r] = (now() - t0) / CHAIN * 1e6 end
+  end
+  out("graph_chain_stream_us", median(t))
+  local cfg = { 1, 1 }
+  local function build()
+    local g = cuda.graph()
+    local prev
+    for _ = 1, CHAIN do prev = g:kernel(empty, cfg, nil, prev and { prev } or nil) end
+    return g
+  end
+  local tb, ti = {}, {}
+  t = {}
+  for r = 0, REPS do
+    collectgarbage()
+    local t0 = now()
+    local g = build()
+    local t1 = now()
+    local x = g:instantiate()
+    local t2 = now()
+    if r > 0 then t[r], tb[r], ti[r] = (t2 - t0) * 1e3, (t1 - t0) * 1e3, (t2 - t1) * 1e3 end
+    x:close(); g:close()
+  end
+  out("graph_build_ms", median(t))
+  out("diag_graph_build_nodes_ms", median(tb))
+  out("diag_graph_instantiate_ms", median(ti))
+  local g = build()
+  local x = g:instantiate()
+  t = {}
+  for r = -1, R do
+    local t0 = now()
+    x:launch()
+    cuda.synchronize()
+    if r > 0 then t[r] = (now() - t0) / CHAIN * 1e6 end
+  end
+  out("graph_replay_us", median(t))
+  local e0, e1 = cuda.event(), cuda.event()
+  t = {}
+  for r = 1, REPS do
+    e0:record()
+    x:launch()
+    e1:record()
+    e1:synchronize()
+    t[r] = e0:elapsed_time(e1) * 1e3 / CHAIN
+  end
+  out("diag_graph_replay_events_us", median(t))
+  x:close(); g:close()
+end)
+collectgarbage()
+
+---------------------------------------------------------------------------------------------
+-- 6: a ~0.5 s kernel that bumps a managed counter, unpolled (a stream synchronize) vs polled
+-- by cuda.progress.watch (interval 1 ms, lines into a file); runs interleaved, medians
+section("progress", function()
+  local spin = cuda.kernel(SPIN_SRC, "spin")
+  local blocks, threads, work = SMS * 4, 256, 4096
+  local counter = cuda.managed_array(1, cuda.uint64)
+  local sink = cuda.device_array(1, cuda.float32)
+  local s = cuda.stream()
+  local e0, e1 = cuda.event(), cuda.event()
+  local logname = os.tmpname()
+  local log = assert(io.open(logname, "w"))
+  local function run(steps, polled)
+    counter[1] = 0
+    local total = blocks * threads * steps
+    local t0 = now()
+    e0:record(s)
+    spin[{ blocks, threads, s }](counter, steps, work, sink)
+    e1:record(s)
+    local seen
+    if polled then
+      seen = cuda.progress.watch(counter, total, { stream = s, interval = 0.001, out = log, label = "spin" })
+    end
+    s:synchronize()
+    local wall = (now() - t0) * 1e3
+    if counter[1] ~= total or (polled and seen ~= total) then
+      note(("helpers.lua: progress counter %s, seen %s, expected %d"):format(counter[1], seen, total))
+    end
+    return wall, e0:elapsed_time(e1)
+  end
+  local _, ms = run(200, false)
+  local steps = math.max(200, math.floor(200 * 500 / ms))
+  run(steps, true) -- warm-up, and the counter's advice
+  local wu, wp, ku, kp = {}, {}, {}, {}
+  for r = 1, 3 do
+    wu[r], ku[r] = run(steps, false)
+    wp[r], kp[r] = run(steps, true)
+  end
+  log:close()
+  local lines = 0
+  for _ in io.lines(logname) do lines = lines + 1 end
+  os.remove(logname)
+  local u, p = median(wu), median(wp)
+  out("progress_unpolled_ms", u)
+  out("progress_polled_ms", p)
+  out("diag_progress_slowdown_pct", (p / u - 1) * 100)
+  out("diag_progress_kernel_unpolled_ms", median(ku))
+  out("diag_progress_kernel_polled_ms", median(kp))
+  out("diag_progress_kernel_slowdown_pct", (median(kp) / median(ku) - 1) * 100)
+  out("diag_progress_log_lines", lines)
+end)
+collectgarbage()
+
+---------------------------------------------------------------------------------------------
+-- 7: compiles of the vecadd module: cold (a source no cache has seen), a hit in the process,
+-- and a hit on disk in a new process (lua5.4 children with a cache directory of their own)
+section("compile", function()
+  local stamp = ("%d-%d"):format(os.time(), math.random(1 << 30))
+  local count = 0
+  local function unique() count = count + 1; return ("%s-%d"):format(stamp, count) end
+  cuda.kernel(vecadd_src(unique()), "vecadd") -- warm-up
+  local cold, mem = {}, {}
+  local last
+  for r = 1, REPS do
+    last = unique()
+    local src = vecadd_src(last)
+    local t0 = now()
+    cuda.kernel(src, "vecadd")
+    cold[r] = (now() - t0) * 1e3
+  end
+  out("compile_cold_ms", median(cold))
+  local src = vecadd_src(last)
+  for r = 1, REPS do
+    local t0 = now()
+    cuda.kernel(src, "vecadd")
+    mem[r] = (now() - t0) * 1e3
+  end
+  out("compile_memory_ms", median(mem))
+
+  local dir = os.tmpname()
+  os.remove(dir)
+  assert(os.execute(("mkdir -p '%s'"):format(dir)), "cannot make " .. dir)
+  local lua = arg[-1] or "lua5.4"
+  local script = arg[0] or "bench/helpers.lua"
+  local nonce = unique()
+  local function child(mode)
+    local p = assert(io.popen(("CUDALUA_CACHE_DIR='%s' %s %s %s %s"):format(dir, lua, script, mode, nonce)))
+    local text = p:read("a")
+    p:close()
+    return text
+  end
+  -- the first child compiles (a miss in a fresh process) and fills the directory
+  local ms, hits, misses = child("--compile-child"):match("^(%S+) (%d+) (%d+)")
+  out("diag_compile_cold_child_ms", tonumber(ms) or -1)
+  local t = {}
+  for r = 1, REPS do
+    ms, hits, misses = child("--compile-child"):match("^(%S+) (%d+) (%d+)")
+    if hits ~= "1" or misses ~= "0" then
+      note(("helpers.lua: a disk cache child had %s hits, %s misses"):format(hits, misses))
+    end
+    t[r] = tonumber(ms) or -1
+  end
+  out("compile_disk_child_ms", median(t))
+  io.write(child("--compile-pieces"))
+  io.flush()
+  os.execute(("rm -rf '%s'"):format(dir))
+end)
