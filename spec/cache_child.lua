@@ -23,9 +23,11 @@ for i = 2, #arg do
     tostring(mod == again)))
   for _, name in ipairs(names) do
     local ok, err = pcall(mod.get, mod, name)
-    -- without a GPU every kernel stops at the driver; only other refusals are reported
-    if not ok and not tostring(err):find("no CUDA", 1, true) then
-      print(("refuse %d %s: %s"):format(i - 1, name, tostring(err)))
+    -- without a GPU every kernel stops at the driver (and a GPU of another architecture
+    -- cannot load it): only the other refusals are reported
+    local e = tostring(err)
+    if not ok and not e:find("no CUDA", 1, true) and not e:find("cannot load", 1, true) then
+      print(("refuse %d %s: %s"):format(i - 1, name, e))
     end
   end
 end
