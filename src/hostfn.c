@@ -24,6 +24,7 @@ typedef struct cl_hostq {
   cl_hostcall *head, *tail;   /* calls the driver's threads are waiting on */
   int armed;                  /* calls queued on streams that have not run yet */
   int closed;                 /* the lua_State is gone: calls return at once */
+  int running;                /* a host function is running on the Lua thread now */
 } cl_hostq;
 
 #define HOSTQ "cudalua.hostq"
@@ -66,7 +67,10 @@ int cl_host_service(lua_State *L) {
   while (c) {
     cl_hostcall *next = c->next;
     lua_rawgeti(L, LUA_REGISTRYINDEX, c->ref);
-    if (lua_pcall(L, 0, 0, 0) != LUA_OK) {
+    q->running++;
+    int st = lua_pcall(L, 0, 0, 0);
+    q->running--;
+    if (st != LUA_OK) {
       luaL_getsubtable(L, LUA_REGISTRYINDEX, "cudalua.hosterrors");
       lua_insert(L, -2);
       lua_rawseti(L, -2, (lua_Integer)lua_rawlen(L, -2) + 1);
@@ -128,6 +132,9 @@ static void nap(cl_hostq *q, long us) {
    driver call; otherwise it runs host calls while it polls. what: for messages. */
 CUresult cl_wait_raw(lua_State *L, int kind, void *h) {
   cl_hostq *q = queue_of(L);
+  /* the stream is stopped at the host function itself: waiting for it here would never end */
+  if (q && q->running)
+    luaL_error(L, "cudalua: a Lua host function cannot wait for the GPU (synchronize, blocking copies)");
   if (!q || cl_host_armed(L) == 0) {
     if (kind == CL_WAIT_STREAM) return cu.cuStreamSynchronize((CUstream)h);
     if (kind == CL_WAIT_EVENT) return cu.cuEventSynchronize((CUevent)h);
