@@ -3,6 +3,11 @@
 back-to-back launches on one stream then a synchronize, median of REPS repetitions. Prints one
 "key value" line per measurement; a library that is missing or fails is reported and skipped.
 
+With the arguments cupy_helpers and numba_helpers it measures the helpers of bench/helpers.lua
+instead: reductions (CuPy x.sum(), Numba @cuda.reduce), Numba's forall, its xoroshiro128p RNG
+states and the pi kernel written with them, CuPy's captured graph of 1000 empty kernels, and a
+launch with a foreign __cuda_array_interface object in Numba.
+
 Env: BENCH_LAUNCHES (default 100000), BENCH_REPS (default 5), BENCH_NUMBA_LAUNCHES (default
 10000, with 3 repetitions: Numba's launches are slow enough that N of them, REPS times, would
 take most of the time budget).
@@ -110,12 +115,17 @@ def bench_cupy():
         note("cupy failed: " + traceback.format_exc().replace("\n", " | "))
 
 
+def import_numba_cuda():
+    import numpy as np
+    if not hasattr(np, "row_stack"):  # the numba-cuda there predates numpy 2.5
+        np.row_stack = np.vstack
+    from numba import cuda
+    return np, cuda
+
+
 def bench_numba():
     try:
-        import numpy as np
-        if not hasattr(np, "row_stack"):  # the numba-cuda there predates numpy 2.5
-            np.row_stack = np.vstack
-        from numba import cuda
+        np, cuda = import_numba_cuda()
     except Exception as e:  # noqa: BLE001
         note(f"numba unavailable: {e!r}")
         return
@@ -170,9 +180,352 @@ def bench_numba():
         note("numba failed: " + traceback.format_exc().replace("\n", " | "))
 
 
+# ---- the helpers of bench/helpers.lua ----------------------------------------------------------
+
+# "empty" and "bump" as in bench/helpers.lua and bench/raw_helpers.c
+HSRC = ('extern "C" __global__ void empty() {}\n'
+        'extern "C" __global__ void bump(float *x, int n) {\n'
+        '  int i = blockIdx.x * blockDim.x + threadIdx.x;\n'
+        '  if (i < n) x[i] += 1.0f;\n'
+        '}\n')
+BIG = 1 << 28      # float32 elements reduced (1 GiB)
+SMALL = 1234       # float64 elements reduced to the host
+FORALL_N = 1 << 16
+CHAIN = 1000
+
+
+def forall_block():
+    """the block size the occupancy calculator gave bench/raw_helpers.c for bump (else 1024)"""
+    try:
+        with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "out", "raw_helpers.txt")) as f:
+            for line in f:
+                k, _, v = line.partition(" ")
+                if k == "diag_forall_block":
+                    return int(float(v))
+    except OSError:
+        pass
+    return 1024
+
+
+def timed_calls(call, m, warm):
+    """median µs of m calls of call(), each timed alone, after warm calls"""
+    for _ in range(warm):
+        call()
+    t = []
+    for _ in range(m):
+        t0 = time.perf_counter()
+        call()
+        t.append((time.perf_counter() - t0) * 1e6)
+    return statistics.median(t)
+
+
+def section(name, f):
+    try:
+        f()
+    except Exception:  # noqa: BLE001
+        note(f"{name} failed: " + traceback.format_exc().replace("\n", " | "))
+
+
+def bench_cupy_helpers():
+    try:
+        import numpy as np
+        import cupy as cp
+    except Exception as e:  # noqa: BLE001
+        note(f"cupy unavailable: {e!r}")
+        return
+    note(f"cupy {cp.__version__}")
+    sync = cp.cuda.Device().synchronize
+    pool = cp.get_default_memory_pool()
+
+    def reduce_big():
+        x = cp.ones(BIG, dtype=cp.float32)
+        for _ in range(2):
+            v = float(x.sum())
+        times = []
+        for _ in range(REPS):
+            t0 = time.perf_counter()
+            v = float(x.sum())
+            times.append((time.perf_counter() - t0) * 1e6)
+        if abs(v - BIG) > 0.01 * BIG:
+            note(f"cupy: sum of 2^28 ones gave {v}")
+        us = statistics.median(times)
+        out("cupy_reduce_f32_call_us", us)
+        out("cupy_reduce_f32_gbs", BIG * 4 / (us * 1e-6) / 1e9)
+        e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+        K = 20
+        times = []
+        for _ in range(REPS):
+            e0.record()
+            for _ in range(K):
+                x.sum()
+            e1.record()
+            e1.synchronize()
+            times.append(cp.cuda.get_elapsed_time(e0, e1) * 1e3 / K)
+        us = statistics.median(times)
+        out("cupy_reduce_f32_kernel_us", us)
+        out("cupy_reduce_f32_kernel_gbs", BIG * 4 / (us * 1e-6) / 1e9)
+        del x
+        sync()
+        pool.free_all_blocks()
+
+    def reduce_small():
+        xs = cp.ones(SMALL, dtype=cp.float64)
+        res = []
+        us = timed_calls(lambda: res.append(float(xs.sum())), 5000, 500)
+        if res[-1] != SMALL:
+            note(f"cupy: sum of 1234 ones gave {res[-1]}")
+        out("cupy_reduce_small_us", us)
+
+    mod = cp.RawModule(code=HSRC)
+
+    def plain_launch():
+        bump = mod.get_function("bump")
+        x = cp.zeros(FORALL_N, dtype=cp.float32)
+        block = forall_block()
+        grid = ((FORALL_N + block - 1) // block,)
+        args = (x, np.int32(FORALL_N))
+
+        def body(m):
+            for _ in range(m):
+                bump(grid, (block,), args)
+
+        out("cupy_forall_plain_us", per_launch(body, sync, N))
+
+    def graphs():
+        empty = mod.get_function("empty")
+        g1, b1 = (1,), (1,)
+
+        def chain(m):
+            for _ in range(m):
+                for _ in range(CHAIN):
+                    empty(g1, b1, ())
+
+        out("cupy_graph_chain_stream_us", per_launch(chain, sync, 1, REPS * 4) / CHAIN)
+        s = cp.cuda.Stream(non_blocking=True)
+
+        def capture():
+            with s:
+                s.begin_capture()
+                for _ in range(CHAIN):
+                    empty(g1, b1, ())
+                return s.end_capture()   # CuPy instantiates the graph here
+
+        capture()
+        times = []
+        for _ in range(REPS):
+            t0 = time.perf_counter()
+            g = capture()
+            times.append((time.perf_counter() - t0) * 1e3)
+            del g
+        out("cupy_graph_build_ms", statistics.median(times))
+        g = capture()
+        null = cp.cuda.Stream.null
+        for _ in range(2):
+            g.launch(null)
+            sync()
+        times = []
+        for _ in range(REPS * 4):
+            t0 = time.perf_counter()
+            g.launch(null)
+            sync()
+            times.append((time.perf_counter() - t0) / CHAIN * 1e6)
+        out("cupy_graph_replay_us", statistics.median(times))
+
+    section("cupy reduce 2^28", reduce_big)
+    section("cupy reduce 1234", reduce_small)
+    section("cupy plain launch", plain_launch)
+    section("cupy graphs", graphs)
+
+
+def bench_numba_helpers():
+    try:
+        np, cuda = import_numba_cuda()
+        from numba.cuda.random import create_xoroshiro128p_states, xoroshiro128p_uniform_float32
+    except Exception as e:  # noqa: BLE001
+        note(f"numba unavailable: {e!r}")
+        return
+    import numba
+    note(f"numba {numba.__version__}")
+    sync = cuda.synchronize
+    sms = cuda.get_current_device().MULTIPROCESSOR_COUNT
+
+    def rng():
+        ns = 1 << 20
+        t0 = time.perf_counter()
+        st = create_xoroshiro128p_states(ns, seed=1)
+        sync()
+        out("numba_rng_init_first_ms", (time.perf_counter() - t0) * 1e3)
+        del st
+        times = []
+        for r in range(3):
+            t0 = time.perf_counter()
+            st = create_xoroshiro128p_states(ns, seed=r + 2)
+            sync()
+            times.append((time.perf_counter() - t0) * 1e3)
+            del st
+        out("numba_rng_init_ms", statistics.median(times))
+
+    one = np.float32(1.0)
+
+    @cuda.jit
+    def compute_pi(rng_states, out_, iterations, n):
+        i = cuda.grid(1)
+        if i >= n:
+            return
+        inside = 0
+        for _ in range(iterations):
+            x = xoroshiro128p_uniform_float32(rng_states, i)
+            y = xoroshiro128p_uniform_float32(rng_states, i)
+            if x * x + y * y <= one:
+                inside += 1
+        out_[i] = 4.0 * inside / iterations
+
+    def pi():
+        blocks, threads, iters = sms * 16, 128, 4000
+        n = blocks * threads
+        states = create_xoroshiro128p_states(n, seed=3)
+        res = cuda.device_array(n, dtype=np.float32)
+        k = compute_pi[blocks, threads]
+        k(states, res, np.int32(10), np.int32(n))
+        sync()
+        e0, e1 = cuda.event(), cuda.event()
+        times = []
+        for _ in range(REPS):
+            e0.record()
+            k(states, res, np.int32(iters), np.int32(n))
+            e1.record()
+            e1.synchronize()
+            times.append(n * iters / (cuda.event_elapsed_time(e0, e1) * 1e-3) / 1e9)
+        out("numba_pi_gsamples_s", statistics.median(times))
+        p = float(res.copy_to_host().astype(np.float64).mean())
+        if abs(p - np.pi) > 0.01:
+            note(f"numba: pi came out as {p}")
+
+    @cuda.reduce
+    def sum_reduce(a, b):
+        return a + b
+
+    @cuda.jit
+    def fill(a, v):
+        i = cuda.grid(1)
+        if i < a.size:
+            a[i] = v
+
+    def reduce_big():
+        x = cuda.device_array(BIG, dtype=np.float32)
+        fill[(BIG + 255) // 256, 256](x, np.float32(1))
+        for _ in range(2):
+            v = float(sum_reduce(x))
+        times = []
+        for _ in range(REPS):
+            t0 = time.perf_counter()
+            v = float(sum_reduce(x))
+            times.append((time.perf_counter() - t0) * 1e6)
+        if abs(v - BIG) > 0.01 * BIG:
+            note(f"numba: sum of 2^28 ones gave {v}")
+        us = statistics.median(times)
+        out("numba_reduce_f32_call_us", us)
+        out("numba_reduce_f32_gbs", BIG * 4 / (us * 1e-6) / 1e9)
+        res = cuda.device_array(1, dtype=np.float32)
+        e0, e1 = cuda.event(), cuda.event()
+        K = 5
+        times = []
+        for _ in range(3):
+            e0.record()
+            for _ in range(K):
+                sum_reduce(x, res=res)
+            e1.record()
+            e1.synchronize()
+            times.append(cuda.event_elapsed_time(e0, e1) * 1e3 / K)
+        us = statistics.median(times)
+        out("numba_reduce_f32_kernel_us", us)
+        out("numba_reduce_f32_kernel_gbs", BIG * 4 / (us * 1e-6) / 1e9)
+        del x
+        sync()
+
+    def reduce_small():
+        xs = cuda.to_device(np.ones(SMALL, dtype=np.float64))
+        res = []
+        us = timed_calls(lambda: res.append(float(sum_reduce(xs))), 1000, 100)
+        if res[-1] != SMALL:
+            note(f"numba: sum of 1234 ones gave {res[-1]}")
+        out("numba_reduce_small_us", us)
+
+    @cuda.jit("void(float32[:], int32)")
+    def bump(x, n):
+        i = cuda.grid(1)
+        if i < n:
+            x[i] += np.float32(1.0)
+
+    def forall():
+        x = cuda.device_array(FORALL_N, dtype=np.float32)
+        n = np.int32(FORALL_N)
+        block = forall_block()
+        grid = (FORALL_N + block - 1) // block
+
+        def each(m):
+            for _ in range(m):
+                bump.forall(FORALL_N)(x, n)
+
+        def plain(m):
+            for _ in range(m):
+                bump[grid, block](x, n)
+
+        out("numba_forall_us", per_launch(each, sync, N_NUMBA, 3))
+        out("numba_forall_plain_us", per_launch(plain, sync, N_NUMBA, 3))
+
+    @cuda.jit("void(float32[:], int32)")
+    def touch(m, n):
+        i = cuda.grid(1)
+        if i < n:
+            m[i] = np.float32(1.0)
+
+    class Foreign:
+        """a foreign library's array: device memory described with the interface (1-D here)"""
+
+        def __init__(self, d):
+            self.d = d
+            self.ptr = d.__cuda_array_interface__["data"][0]
+            self.n = d.shape[0]
+
+        @property
+        def __cuda_array_interface__(self):
+            return {"data": (self.ptr, False), "shape": (self.n,), "typestr": "<f4",
+                    "strides": None, "version": 3}
+
+    def cai():
+        nel = 32 * 32
+        d = cuda.device_array(nel, dtype=np.float32)
+        f = Foreign(d)
+        n = np.int32(nel)
+        k = touch[1, 32]
+
+        def native(m):
+            for _ in range(m):
+                k(d, n)
+
+        def foreign(m):
+            for _ in range(m):
+                k(f, n)
+
+        out("numba_cai_native_us", per_launch(native, sync, N_NUMBA, 3))
+        out("numba_cai_foreign_us", per_launch(foreign, sync, N_NUMBA, 3))
+
+    section("numba random", rng)
+    section("numba pi", pi)
+    section("numba reduce 2^28", reduce_big)
+    section("numba reduce 1234", reduce_small)
+    section("numba forall", forall)
+    section("numba array interface", cai)
+
+
 if __name__ == "__main__":
     which = sys.argv[1:] or ["cupy", "numba"]
     if "cupy" in which:
         bench_cupy()
     if "numba" in which:
         bench_numba()
+    if "cupy_helpers" in which:
+        bench_cupy_helpers()
+    if "numba_helpers" in which:
+        bench_numba_helpers()

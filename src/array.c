@@ -5,7 +5,7 @@
 #include <string.h>
 #include "cl.h"
 
-static const char *kind_names[] = {"array", "pinned_array", "mapped_array", "managed_array",
+const char *const cl_kind_names[] = {"array", "pinned_array", "mapped_array", "managed_array",
                                    "device_array", "foreign_array"};
 
 cl_array *cl_toarray(lua_State *L, int idx) { return luaL_testudata(L, idx, CL_ARRAY); }
@@ -32,10 +32,10 @@ size_t cl_nbytes(const cl_array *a) { return a->size * cl_dtypes[a->dtype].size;
 CUdeviceptr cl_devptr(const cl_array *a) { return a->mem->dptr ? a->mem->dptr + a->offset : 0; }
 void *cl_hostptr(const cl_array *a) { return a->mem->host ? (char *)a->mem->host + a->offset : NULL; }
 
-static int is_host(const cl_array *a) { return a->kind != CL_DEVICE && a->kind != CL_FOREIGN; }
+int cl_is_host(const cl_array *a) { return a->kind != CL_DEVICE && a->kind != CL_FOREIGN; }
 
 /* the host may touch managed memory only when no kernel runs, unless the device allows it */
-static void host_access(lua_State *L, cl_array *a) {
+void cl_host_access(lua_State *L, cl_array *a) {
   if (a->kind == CL_MANAGED && !cl_concurrent_managed()) {
     cl_ctx(L);
     cl_wait(L, CL_WAIT_CTX, NULL, "waiting before host access to managed memory");
@@ -160,7 +160,7 @@ static char *fill_from(lua_State *L, int idx, int dt, int d, int ndim, const int
   return p;
 }
 
-static int l_array(lua_State *L) {
+int cl_l_array(lua_State *L) {
   int64_t shape[CL_MAXDIM];
   if (lua_type(L, 1) == LUA_TTABLE) {
     int ndim = table_shape(L, 1, shape);
@@ -203,116 +203,6 @@ static int l_device_array_like(lua_State *L) {
   return 1;
 }
 
-/* ---- copies ---- */
-
-/* copies src into dst (same dtype and size). With no stream the copy is finished on return;
-   with a stream it is queued, except that pageable memory is always done on return, as the
-   driver does for pageable copies. */
-static void copy(lua_State *L, cl_array *dst, cl_array *src, cl_stream *s, int sync,
-                 const char *where) {
-  if (dst->dtype != src->dtype)
-    luaL_error(L, "%s: dtype mismatch (%s into %s)", where, cl_dtypes[src->dtype].name,
-               cl_dtypes[dst->dtype].name);
-  if (dst->size != src->size)
-    luaL_error(L, "%s: size mismatch (%I elements into %I)", where, (lua_Integer)src->size,
-               (lua_Integer)dst->size);
-  if (dst->readonly) luaL_error(L, "%s: destination is read-only", where);
-  size_t n = cl_nbytes(src);
-  if (n == 0) return;
-  if (is_host(dst) && is_host(src)) {   /* host to host: no driver needed */
-    host_access(L, dst); host_access(L, src);
-    if (dst->mem->used) cl_mem_settle(L, dst->mem);
-    if (src->mem->used) cl_mem_settle(L, src->mem);
-    memmove(cl_hostptr(dst), cl_hostptr(src), n);
-    return;
-  }
-  cl_ctx(L);
-  cl_capture_guard(L, s, sync || dst->kind == CL_HOST || src->kind == CL_HOST, where);
-  int pageable = 0;
-  if (dst->kind == CL_HOST) { cl_pageable_prepare(dst->mem); pageable = 1; }
-  if (src->kind == CL_HOST) { cl_pageable_prepare(src->mem); pageable = 1; }
-  /* host memory by its host address: the driver then copies it by DMA as host memory (a
-     mapped device alias would make the copy engine go through the mapping, much slower) */
-  CUdeviceptr d = is_host(dst) ? (CUdeviceptr)(uintptr_t)cl_hostptr(dst) : cl_devptr(dst);
-  CUdeviceptr p = is_host(src) ? (CUdeviceptr)(uintptr_t)cl_hostptr(src) : cl_devptr(src);
-  CUstream h = s ? s->h : NULL;
-  cl_check(L, cu.cuMemcpyAsync(d, p, n, h), where);
-  cl_mem_use(dst->mem, s);
-  cl_mem_use(src->mem, s);
-  if (sync || pageable) cl_wait(L, CL_WAIT_STREAM, h, where);
-}
-
-static cl_array *host_from(lua_State *L, int idx, int dtidx, const char *where) {
-  /* a table (with a dtype) becomes a new pageable array on the stack */
-  if (!lua_istable(L, idx)) return NULL;
-  lua_pushcfunction(L, l_array);
-  lua_pushvalue(L, idx);
-  if (dtidx) lua_pushvalue(L, dtidx); else lua_pushnil(L);
-  lua_call(L, 2, 1);
-  (void)where;
-  return lua_touserdata(L, -1);
-}
-
-/* cuda.to_device(host_array | table [, dtype] [, stream]) */
-static int l_to_device(lua_State *L) {
-  int sidx = 2, dtidx = 0;
-  lua_settop(L, 3);
-  if (lua_type(L, 2) == LUA_TSTRING || (lua_type(L, 2) == LUA_TUSERDATA && !luaL_testudata(L, 2, "cudalua.stream")))
-    { dtidx = 2; sidx = 3; }
-  cl_array *src = host_from(L, 1, dtidx, "cuda.to_device");
-  if (!src) {
-    if (!cl_toarray(L, 1) && !luaL_getmetafield(L, 1, "__cuda_array_interface"))
-      return luaL_typeerror(L, 1, "array or table");
-    lua_settop(L, 3);
-    src = cl_checkarray(L, 1);
-    if (dtidx && cl_checkdtype(L, dtidx) != src->dtype)
-      return luaL_argerror(L, dtidx, "dtype differs from the array's (no conversion is done)");
-  }
-  cl_stream *s = cl_tostream(L, sidx, "cuda.to_device");
-  cl_array *d = cl_newarray(L, CL_DEVICE, src->dtype, src->ndim, src->shape, s, 0);
-  copy(L, d, src, s, lua_isnoneornil(L, sidx), "cuda.to_device");
-  return 1;
-}
-
-/* a:copy_to_host([into] [, stream]) */
-static int a_copy_to_host(lua_State *L) {
-  cl_array *a = cl_checkarray(L, 1);
-  int into = 0, sidx = 2;
-  lua_settop(L, 3);
-  if (cl_toarray(L, 2)) { into = 2; sidx = 3; }
-  else if (lua_isnil(L, 2) && !lua_isnone(L, 3)) sidx = 3;
-  cl_stream *s = cl_tostream(L, sidx, "copy_to_host");
-  cl_array *dst;
-  if (into) {
-    dst = cl_checkarray(L, 2);
-    if (!is_host(dst)) return luaL_argerror(L, 2, "destination must be a host array");
-    lua_pushvalue(L, 2);
-  } else {
-    dst = cl_newarray(L, CL_HOST, a->dtype, a->ndim, a->shape, NULL, 0);
-  }
-  copy(L, dst, a, s, lua_isnoneornil(L, sidx), "copy_to_host");
-  return 1;
-}
-
-/* d:copy_to_device(src [, stream]): src is an array or a table */
-static int a_copy_to_device(lua_State *L) {
-  cl_array *d = cl_checkarray(L, 1);
-  lua_settop(L, 3);
-  if (is_host(d)) return luaL_error(L, "copy_to_device: the array is a host array (%s)", kind_names[d->kind]);
-  cl_array *src = host_from(L, 2, 0, "copy_to_device");
-  if (src) {   /* a table takes the array's dtype */
-    lua_pop(L, 1);
-    lua_pushcfunction(L, l_array); lua_pushvalue(L, 2); cl_pushdtype(L, d->dtype);
-    lua_call(L, 2, 1);
-    src = lua_touserdata(L, -1);
-    lua_replace(L, 2);
-  } else src = cl_checkarray(L, 2);
-  cl_stream *s = cl_tostream(L, 3, "copy_to_device");
-  copy(L, d, src, s, lua_isnoneornil(L, 3), "copy_to_device");
-  lua_settop(L, 1);
-  return 1;
-}
-
 /* ---- element access ---- */
 
 static size_t flat_index(lua_State *L, cl_array *a, int first, int n) {
@@ -339,8 +229,8 @@ static size_t flat_index(lua_State *L, cl_array *a, int first, int n) {
 
 static void get_elem(lua_State *L, cl_array *a, size_t i) {
   int isz = cl_dtypes[a->dtype].size;
-  if (is_host(a)) {
-    host_access(L, a);
+  if (cl_is_host(a)) {
+    cl_host_access(L, a);
     cl_pushvalue(L, a->dtype, (char *)cl_hostptr(a) + i * isz);
   } else {   /* one element from the device: slow, synchronous */
     char buf[8];
@@ -357,8 +247,8 @@ static void set_elem(lua_State *L, cl_array *a, size_t i, int vidx) {
   char buf[8];
   if (a->readonly) luaL_error(L, "cudalua: array is read-only");
   cl_tovalue(L, vidx, a->dtype, buf, "cudalua: array", (lua_Integer)i + 1);
-  if (is_host(a)) {
-    host_access(L, a);
+  if (cl_is_host(a)) {
+    cl_host_access(L, a);
     memcpy((char *)cl_hostptr(a) + i * isz, buf, isz);
   } else {
     cl_ctx(L);
@@ -401,7 +291,7 @@ static int a_index(lua_State *L) {
     if (lua_getfield(L, -1, k) != LUA_TNIL) return 1;
     lua_pop(L, 2);
     if (!strcmp(k, "closed")) { lua_pushboolean(L, a->mem == NULL); return 1; }
-    if (!strcmp(k, "kind")) { lua_pushstring(L, kind_names[a->kind]); return 1; }
+    if (!strcmp(k, "kind")) { lua_pushstring(L, cl_kind_names[a->kind]); return 1; }
     if (!strcmp(k, "dtype")) { cl_pushdtype(L, a->dtype); return 1; }
     if (!strcmp(k, "shape")) { push_shape(L, a); return 1; }
     if (!strcmp(k, "ndim")) { lua_pushinteger(L, a->ndim); return 1; }
@@ -442,49 +332,14 @@ static void push_table(lua_State *L, cl_array *a, const char *base, int d, size_
 
 static int a_totable(lua_State *L) {
   cl_array *a = cl_checkarray(L, 1);
-  if (!is_host(a)) {   /* through a host copy */
-    lua_pushcfunction(L, a_copy_to_host); lua_pushvalue(L, 1);
+  if (!cl_is_host(a)) {   /* through a host copy */
+    lua_pushcfunction(L, cl_a_copy_to_host); lua_pushvalue(L, 1);
     lua_call(L, 1, 1);
     a = lua_touserdata(L, -1);
   }
-  host_access(L, a);
+  cl_host_access(L, a);
   size_t off = 0;
   push_table(L, a, cl_hostptr(a), 0, &off);
-  return 1;
-}
-
-static int a_fill(lua_State *L) {
-  cl_array *a = cl_checkarray(L, 1);
-  char v[8];
-  int isz = cl_dtypes[a->dtype].size;
-  cl_tovalue(L, 2, a->dtype, v, "fill", 0);
-  cl_stream *s = cl_tostream(L, 3, "fill");
-  if (a->readonly) return luaL_error(L, "fill: array is read-only");
-  lua_settop(L, 1);
-  if (a->size == 0) return 1;
-  if (is_host(a)) {
-    host_access(L, a);
-    if (a->mem->used) cl_mem_settle(L, a->mem);
-    char *p = cl_hostptr(a);
-    for (size_t i = 0; i < a->size; i++) memcpy(p + i * isz, v, isz);
-    return 1;
-  }
-  cl_ctx(L);
-  cl_capture_guard(L, s, !s, "fill");
-  CUdeviceptr d = cl_devptr(a);
-  CUstream h = s ? s->h : NULL;
-  CUresult r;
-  if (isz == 1) r = cu.cuMemsetD8Async(d, *(uint8_t *)v, a->size, h);
-  else if (isz == 2) r = cu.cuMemsetD16Async(d, *(uint16_t *)v, a->size, h);
-  else if (isz == 4) r = cu.cuMemsetD32Async(d, *(uint32_t *)v, a->size, h);
-  else {   /* 8-byte elements: the low and the high words as two strided 2-D memsets */
-    uint32_t w[2]; memcpy(w, v, 8);
-    r = cu.cuMemsetD2D32Async(d, 8, w[0], 1, a->size, h);
-    if (r == CUDA_SUCCESS) r = cu.cuMemsetD2D32Async(d + 4, 8, w[1], 1, a->size, h);
-  }
-  cl_check(L, r, "fill");
-  cl_mem_use(a->mem, s);
-  if (!s) cl_wait(L, CL_WAIT_STREAM, NULL, "fill");
   return 1;
 }
 
@@ -546,7 +401,7 @@ static int a_advise(lua_State *L) {
   static const char *const names[] = {"preferred_device", "preferred_host", "accessed_by_host",
                                       "accessed_by_device", "read_mostly", NULL};
   int w = luaL_checkoption(L, 2, NULL, names);
-  if (a->kind != CL_MANAGED) return luaL_error(L, "advise: only managed arrays take advice (this is a %s)", kind_names[a->kind]);
+  if (a->kind != CL_MANAGED) return luaL_error(L, "advise: only managed arrays take advice (this is a %s)", cl_kind_names[a->kind]);
   CUcontext ctx = cl_ctx(L);
   (void)ctx;
   CUmemLocation dev = {CU_MEM_LOCATION_TYPE_DEVICE, cl_current_device()};
@@ -578,14 +433,14 @@ static int a_tostring(lua_State *L) {
   cl_array *a = luaL_checkudata(L, 1, CL_ARRAY);
   luaL_Buffer b;
   luaL_buffinit(L, &b);
-  lua_pushfstring(L, "cudalua.%s<%s>", kind_names[a->kind], cl_dtypes[a->dtype].name);
+  lua_pushfstring(L, "cudalua.%s<%s>", cl_kind_names[a->kind], cl_dtypes[a->dtype].name);
   luaL_addvalue(&b);
   for (int i = 0; i < a->ndim; i++) {
     lua_pushfstring(L, "[%I]", (lua_Integer)a->shape[i]);
     luaL_addvalue(&b);
   }
   if (!a->mem) luaL_addstring(&b, " (closed)");
-  else if (is_host(a) && (a->kind != CL_MANAGED || cl_concurrent_managed())) {
+  else if (cl_is_host(a) && (a->kind != CL_MANAGED || cl_concurrent_managed())) {
     const char *p = cl_hostptr(a);
     int isz = cl_dtypes[a->dtype].size;
     luaL_addstring(&b, " {");
@@ -691,22 +546,22 @@ static int l_array_info(lua_State *L) {
   if (!a->mem) return luaL_argerror(L, 1, "closed array");
   lua_pushinteger(L, (lua_Integer)a->size);
   cl_pushdtype(L, a->dtype);
-  lua_pushstring(L, kind_names[a->kind]);
+  lua_pushstring(L, cl_kind_names[a->kind]);
   lua_pushinteger(L, a->kind == CL_HOST ? 0 : (lua_Integer)cl_devptr(a));
   return 4;
 }
 
 void cl_open_array(lua_State *L) {
   static const luaL_Reg m[] = {
-    {"copy_to_host", a_copy_to_host}, {"copy_to_device", a_copy_to_device},
-    {"get", a_get}, {"set", a_set}, {"totable", a_totable}, {"fill", a_fill},
+    {"copy_to_host", cl_a_copy_to_host}, {"copy_to_device", cl_a_copy_to_device},
+    {"get", a_get}, {"set", a_set}, {"totable", a_totable}, {"fill", cl_a_fill},
     {"slice", a_slice}, {"reshape", a_reshape}, {"view", a_view}, {"advise", a_advise}, {"ptr", a_ptr}, {"close", a_close},
     {NULL, NULL}};
   static const luaL_Reg f[] = {
-    {"array", l_array}, {"zeros", l_zeros}, {"pinned_array", l_pinned_array},
+    {"array", cl_l_array}, {"zeros", l_zeros}, {"pinned_array", l_pinned_array},
     {"mapped_array", l_mapped_array}, {"managed_array", l_managed_array},
     {"device_array", l_device_array}, {"device_array_like", l_device_array_like},
-    {"to_device", l_to_device}, {"array_info", l_array_info}, {"foreign_array", l_foreign_array},
+    {"to_device", cl_l_to_device}, {"array_info", l_array_info}, {"foreign_array", l_foreign_array},
     {NULL, NULL}};
   luaL_newmetatable(L, CL_ARRAY);
   lua_pushcfunction(L, a_index); lua_setfield(L, -2, "__index");

@@ -140,6 +140,16 @@ int cl_pageable_prepare(cl_mem *m);               /* page-locks pageable memory 
 cl_array *cl_newarray(lua_State *L, int kind, int dt, int ndim, const int64_t *shape,
                       cl_stream *s, int zero);
 void cl_open_array(lua_State *L);
+extern const char *const cl_kind_names[];     /* "array", "pinned_array", ... */
+int cl_is_host(const cl_array *a);                /* memory the CPU can read */
+void cl_host_access(lua_State *L, cl_array *a);   /* waits if managed memory needs it */
+int cl_l_array(lua_State *L);                     /* cuda.array */
+/* copy.c */
+void cl_copy(lua_State *L, cl_array *dst, cl_array *src, cl_stream *s, int sync, const char *where);
+int cl_l_to_device(lua_State *L);
+int cl_a_copy_to_host(lua_State *L);
+int cl_a_copy_to_device(lua_State *L);
+int cl_a_fill(lua_State *L);
 
 /* ---- compile.c, module.c, launch.c ---- */
 void cl_open_compile(lua_State *L);

@@ -1,0 +1,149 @@
+/* copy.c: copies between host and device arrays, and fill. With no stream a copy is finished
+   on return; with a stream it is queued, except that pageable memory is always done on return,
+   as the driver does for pageable copies. */
+#include <string.h>
+#include "cl.h"
+
+/* copies src into dst (same dtype and size). With no stream the copy is finished on return;
+   with a stream it is queued, except that pageable memory is always done on return, as the
+   driver does for pageable copies. */
+void cl_copy(lua_State *L, cl_array *dst, cl_array *src, cl_stream *s, int sync,
+                 const char *where) {
+  if (dst->dtype != src->dtype)
+    luaL_error(L, "%s: dtype mismatch (%s into %s)", where, cl_dtypes[src->dtype].name,
+               cl_dtypes[dst->dtype].name);
+  if (dst->size != src->size)
+    luaL_error(L, "%s: size mismatch (%I elements into %I)", where, (lua_Integer)src->size,
+               (lua_Integer)dst->size);
+  if (dst->readonly) luaL_error(L, "%s: destination is read-only", where);
+  size_t n = cl_nbytes(src);
+  if (n == 0) return;
+  if (cl_is_host(dst) && cl_is_host(src)) {   /* host to host: no driver needed */
+    cl_host_access(L, dst); cl_host_access(L, src);
+    if (dst->mem->used) cl_mem_settle(L, dst->mem);
+    if (src->mem->used) cl_mem_settle(L, src->mem);
+    memmove(cl_hostptr(dst), cl_hostptr(src), n);
+    return;
+  }
+  cl_ctx(L);
+  cl_capture_guard(L, s, sync || dst->kind == CL_HOST || src->kind == CL_HOST, where);
+  int pageable = 0;
+  if (dst->kind == CL_HOST) { cl_pageable_prepare(dst->mem); pageable = 1; }
+  if (src->kind == CL_HOST) { cl_pageable_prepare(src->mem); pageable = 1; }
+  /* host memory by its host address: the driver then copies it by DMA as host memory (a
+     mapped device alias would make the copy engine go through the mapping, much slower) */
+  CUdeviceptr d = cl_is_host(dst) ? (CUdeviceptr)(uintptr_t)cl_hostptr(dst) : cl_devptr(dst);
+  CUdeviceptr p = cl_is_host(src) ? (CUdeviceptr)(uintptr_t)cl_hostptr(src) : cl_devptr(src);
+  CUstream h = s ? s->h : NULL;
+  cl_check(L, cu.cuMemcpyAsync(d, p, n, h), where);
+  cl_mem_use(dst->mem, s);
+  cl_mem_use(src->mem, s);
+  if (sync || pageable) cl_wait(L, CL_WAIT_STREAM, h, where);
+}
+
+static cl_array *host_from(lua_State *L, int idx, int dtidx, const char *where) {
+  /* a table (with a dtype) becomes a new pageable array on the stack */
+  if (!lua_istable(L, idx)) return NULL;
+  lua_pushcfunction(L, cl_l_array);
+  lua_pushvalue(L, idx);
+  if (dtidx) lua_pushvalue(L, dtidx); else lua_pushnil(L);
+  lua_call(L, 2, 1);
+  (void)where;
+  return lua_touserdata(L, -1);
+}
+
+/* cuda.to_device(host_array | table [, dtype] [, stream]) */
+int cl_l_to_device(lua_State *L) {
+  int sidx = 2, dtidx = 0;
+  lua_settop(L, 3);
+  if (lua_type(L, 2) == LUA_TSTRING || (lua_type(L, 2) == LUA_TUSERDATA && !luaL_testudata(L, 2, "cudalua.stream")))
+    { dtidx = 2; sidx = 3; }
+  cl_array *src = host_from(L, 1, dtidx, "cuda.to_device");
+  if (!src) {
+    if (!cl_toarray(L, 1) && !luaL_getmetafield(L, 1, "__cuda_array_interface"))
+      return luaL_typeerror(L, 1, "array or table");
+    lua_settop(L, 3);
+    src = cl_checkarray(L, 1);
+    if (dtidx && cl_checkdtype(L, dtidx) != src->dtype)
+      return luaL_argerror(L, dtidx, "dtype differs from the array's (no conversion is done)");
+  }
+  cl_stream *s = cl_tostream(L, sidx, "cuda.to_device");
+  cl_array *d = cl_newarray(L, CL_DEVICE, src->dtype, src->ndim, src->shape, s, 0);
+  cl_copy(L, d, src, s, lua_isnoneornil(L, sidx), "cuda.to_device");
+  return 1;
+}
+
+/* a:copy_to_host([into] [, stream]) */
+int cl_a_copy_to_host(lua_State *L) {
+  cl_array *a = cl_checkarray(L, 1);
+  int into = 0, sidx = 2;
+  lua_settop(L, 3);
+  if (cl_toarray(L, 2)) { into = 2; sidx = 3; }
+  else if (lua_isnil(L, 2) && !lua_isnone(L, 3)) sidx = 3;
+  cl_stream *s = cl_tostream(L, sidx, "copy_to_host");
+  cl_array *dst;
+  if (into) {
+    dst = cl_checkarray(L, 2);
+    if (!cl_is_host(dst)) return luaL_argerror(L, 2, "destination must be a host array");
+    lua_pushvalue(L, 2);
+  } else {
+    dst = cl_newarray(L, CL_HOST, a->dtype, a->ndim, a->shape, NULL, 0);
+  }
+  cl_copy(L, dst, a, s, lua_isnoneornil(L, sidx), "copy_to_host");
+  return 1;
+}
+
+/* d:copy_to_device(src [, stream]): src is an array or a table */
+int cl_a_copy_to_device(lua_State *L) {
+  cl_array *d = cl_checkarray(L, 1);
+  lua_settop(L, 3);
+  if (cl_is_host(d)) return luaL_error(L, "copy_to_device: the array is a host array (%s)", cl_kind_names[d->kind]);
+  cl_array *src = host_from(L, 2, 0, "copy_to_device");
+  if (src) {   /* a table takes the array's dtype */
+    lua_pop(L, 1);
+    lua_pushcfunction(L, cl_l_array); lua_pushvalue(L, 2); cl_pushdtype(L, d->dtype);
+    lua_call(L, 2, 1);
+    src = lua_touserdata(L, -1);
+    lua_replace(L, 2);
+  } else src = cl_checkarray(L, 2);
+  cl_stream *s = cl_tostream(L, 3, "copy_to_device");
+  cl_copy(L, d, src, s, lua_isnoneornil(L, 3), "copy_to_device");
+  lua_settop(L, 1);
+  return 1;
+}
+
+int cl_a_fill(lua_State *L) {
+  cl_array *a = cl_checkarray(L, 1);
+  char v[8];
+  int isz = cl_dtypes[a->dtype].size;
+  cl_tovalue(L, 2, a->dtype, v, "fill", 0);
+  cl_stream *s = cl_tostream(L, 3, "fill");
+  if (a->readonly) return luaL_error(L, "fill: array is read-only");
+  lua_settop(L, 1);
+  if (a->size == 0) return 1;
+  if (cl_is_host(a)) {
+    cl_host_access(L, a);
+    if (a->mem->used) cl_mem_settle(L, a->mem);
+    char *p = cl_hostptr(a);
+    for (size_t i = 0; i < a->size; i++) memcpy(p + i * isz, v, isz);
+    return 1;
+  }
+  cl_ctx(L);
+  cl_capture_guard(L, s, !s, "fill");
+  CUdeviceptr d = cl_devptr(a);
+  CUstream h = s ? s->h : NULL;
+  CUresult r;
+  if (isz == 1) r = cu.cuMemsetD8Async(d, *(uint8_t *)v, a->size, h);
+  else if (isz == 2) r = cu.cuMemsetD16Async(d, *(uint16_t *)v, a->size, h);
+  else if (isz == 4) r = cu.cuMemsetD32Async(d, *(uint32_t *)v, a->size, h);
+  else {   /* 8-byte elements: the low and the high words as two strided 2-D memsets */
+    uint32_t w[2]; memcpy(w, v, 8);
+    r = cu.cuMemsetD2D32Async(d, 8, w[0], 1, a->size, h);
+    if (r == CUDA_SUCCESS) r = cu.cuMemsetD2D32Async(d + 4, 8, w[1], 1, a->size, h);
+  }
+  cl_check(L, r, "fill");
+  cl_mem_use(a->mem, s);
+  if (!s) cl_wait(L, CL_WAIT_STREAM, NULL, "fill");
+  return 1;
+}
+
