@@ -4,8 +4,10 @@
 -- measurement; keys starting with diag_ are pieces timed apart to show where the time goes. A
 -- section that fails prints a "# ..." line and the others still run.
 -- Env: BENCH_LAUNCHES (default 100000), BENCH_REPS (default 5), CUDALUA_CACHE_DIR
--- Modes: --compile-only (compiles the kernels for sm_90, no GPU needed), --compile-child NONCE
---        and --compile-pieces NONCE (the fresh processes of the disk cache measurement)
+-- Modes: --compile-only (compiles the kernels for sm_90, no GPU needed); the fresh processes the
+--        main run starts: --compile-child NONCE, --compile-child-arch NONCE ARCH and
+--        --compile-pieces NONCE (disk cache hits), --rng-first and --rng-first-whole (the first
+--        RNG call of a process)
 package.cpath = "./?.so;" .. package.cpath
 local cuda = require "cudalua"
 local cache = require "cudalua.cache"
@@ -103,26 +105,95 @@ if arg[1] == "--compile-child" then
   os.exit(0)
 end
 
--- the same in pieces: loading NVRTC (cuda.compile asks it for its architectures), the compile
--- call (key, disk read, decode), then the kernel (loading the module on the device)
+-- the same with the architecture given (cuda.compile then does not ask NVRTC for the ones it
+-- supports, and the key is the same)
+if arg[1] == "--compile-child-arch" then
+  cuda.synchronize()
+  local t0 = now()
+  local k = cuda.kernel(vecadd_src(arg[2]), "vecadd", { arch = arg[3] })
+  local ms = (now() - t0) * 1e3
+  assert(k)
+  print(("%.4f %d %d"):format(ms, cache.stats.disk_hits, cache.stats.misses))
+  os.exit(0)
+end
+
+-- the same in pieces: loading NVRTC (dlopen), asking it for its architectures (cuda.compile
+-- does, to pick -arch for the device), the compile call (key, disk read, decode), then the
+-- kernel (loading the module on the device)
 if arg[1] == "--compile-pieces" then
   cuda.synchronize()
   local t0 = now()
-  if core then core.nvrtc_archs() end
+  if core then core.nvrtc_version() end
   local t1 = now()
-  local mod = cuda.compile(vecadd_src(arg[2]))
+  if core then core.nvrtc_archs() end
   local t2 = now()
-  local k = mod.vecadd
+  local mod = cuda.compile(vecadd_src(arg[2]))
   local t3 = now()
+  local k = mod.vecadd
+  local t4 = now()
   assert(k)
-  print(("diag_compile_disk_child_nvrtc_load_ms %.4f"):format((t1 - t0) * 1e3))
-  print(("diag_compile_disk_child_lookup_ms %.4f"):format((t2 - t1) * 1e3))
-  print(("diag_compile_disk_child_module_load_ms %.4f"):format((t3 - t2) * 1e3))
+  print(("diag_compile_disk_child_nvrtc_dlopen_ms %.4f"):format((t1 - t0) * 1e3))
+  print(("diag_compile_disk_child_nvrtc_archs_ms %.4f"):format((t2 - t1) * 1e3))
+  print(("diag_compile_disk_child_lookup_ms %.4f"):format((t3 - t2) * 1e3))
+  print(("diag_compile_disk_child_module_load_ms %.4f"):format((t4 - t3) * 1e3))
+  print(("diag_compile_disk_child_pieces_total_ms %.4f"):format((t4 - t0) * 1e3))
   print(("diag_compile_disk_child_hits %d"):format(cache.stats.disk_hits))
   os.exit(0)
 end
 
+-- the first RNG call of a process as the main run times it, in a fresh process
+if arg[1] == "--rng-first-whole" then
+  cuda.synchronize()
+  local t0 = now()
+  local st = cuda.random.create_xoroshiro128p_states(1 << 20, { seed = 1 })
+  cuda.synchronize()
+  assert(st)
+  print(("diag_rng_first_whole_child_ms %.4f"):format((now() - t0) * 1e3))
+  os.exit(0)
+end
+
+-- the first RNG call of a process in pieces (a fresh cache directory): loading NVRTC, compiling
+-- the init kernel, the jump matrices on the host, then the call with the kernel compiled
+if arg[1] == "--rng-first" then
+  cuda.synchronize()
+  local t0 = now()
+  if core then core.nvrtc_version() end
+  local t1 = now()
+  cuda.compile("#include <cudalua/random.cuh>\n", {
+    name = "cudalua_random.cu", name_expressions = { "cudalua_xoroshiro128p_init" } })
+  local t2 = now()
+  if core then core.xoroshiro_jump_matrices(64) end
+  local t3 = now()
+  local st = cuda.random.create_xoroshiro128p_states(1 << 20, { seed = 1 })
+  cuda.synchronize()
+  local t4 = now()
+  assert(st)
+  print(("diag_rng_first_nvrtc_dlopen_ms %.4f"):format((t1 - t0) * 1e3))
+  print(("diag_rng_first_compile_ms %.4f"):format((t2 - t1) * 1e3))
+  print(("diag_rng_first_jump_matrices_ms %.4f"):format((t3 - t2) * 1e3))
+  print(("diag_rng_first_call_after_compile_ms %.4f"):format((t4 - t3) * 1e3))
+  os.exit(0)
+end
+
 ---------------------------------------------------------------------------------------------
+-- child processes: lua5.4 running this file with a cache directory of their own
+local function tempdir()
+  local dir = os.tmpname()
+  os.remove(dir)
+  assert(os.execute(("mkdir -p '%s'"):format(dir)), "cannot make " .. dir)
+  return dir
+end
+
+local function child(dir, ...)
+  local lua = arg[-1] or "lua5.4"
+  local script = arg[0] or "bench/helpers.lua"
+  local p = assert(io.popen(("CUDALUA_CACHE_DIR='%s' %s %s %s"):format(dir, lua, script,
+    table.concat({ ... }, " "))))
+  local text = p:read("a")
+  p:close()
+  return text
+end
+
 cuda.synchronize() -- the context, before anything is timed
 local dev = cuda.devices()[cuda.current_device() + 1]
 local SMS = dev.multiprocessors
@@ -149,10 +220,18 @@ end
 
 ---------------------------------------------------------------------------------------------
 -- 4: RNG states for 2^20 threads. First: the first call of the process (compiles the init
--- kernel: the disk cache is empty, and makes the jump matrices); then after a warm-up.
+-- kernel: the disk cache is empty, and makes the jump matrices; the process's first allocation
+-- is timed apart before it); then after a warm-up. Then the first call in fresh processes.
 section("random", function()
   local NS = 1 << 20
+  -- the process's first device allocation, apart (the step before may have just freed its
+  -- memory pool)
   local t0 = now()
+  local first = cuda.device_array(16, "uint8")
+  cuda.synchronize()
+  out("diag_first_alloc_of_process_ms", (now() - t0) * 1e3)
+  first:close()
+  t0 = now()
   local st = cuda.random.create_xoroshiro128p_states(NS, { seed = 1 })
   cuda.synchronize()
   out("rng_init_first_ms", (now() - t0) * 1e3)
@@ -181,6 +260,13 @@ section("random", function()
   out("rng_init_ms", median(t))
   out("diag_rng_init_alloc_16MiB_ms", median(alloc))
   out("diag_rng_init_events_ms", median(gpu))
+  local dir = tempdir()
+  io.write(child(dir, "--rng-first"))
+  os.execute(("rm -rf '%s'"):format(dir))
+  dir = tempdir()
+  io.write(child(dir, "--rng-first-whole"))
+  io.flush()
+  os.execute(("rm -rf '%s'"):format(dir))
 end)
 collectgarbage()
 
@@ -293,7 +379,32 @@ collectgarbage()
 ---------------------------------------------------------------------------------------------
 local mod = cuda.compile(KSRC)
 
--- 3: forall vs the plain launch of the same kernel with the same grid and block
+-- runs each body(count) in turn, REPS * 2 rounds in a different order each, every run followed
+-- by a synchronize; returns the median µs per item of each. The kinds of launch take turns:
+-- a launch on the benchmark machine drifts by tenths of a µs from one minute to the next.
+local function interleaved(bodies, count)
+  local names, res = {}, {}
+  for name in pairs(bodies) do names[#names + 1] = name; res[name] = {} end
+  table.sort(names)
+  for _, name in ipairs(names) do bodies[name](math.min(1000, count)) end
+  cuda.synchronize()
+  for r = 1, REPS * 2 do
+    for i = 0, #names - 1 do
+      local name = names[(i + r - 1) % #names + 1]
+      collectgarbage()
+      cuda.synchronize()
+      local t0 = now()
+      bodies[name](count)
+      cuda.synchronize()
+      res[name][r] = (now() - t0) / count * 1e6
+    end
+  end
+  for _, name in ipairs(names) do res[name] = median(res[name]) end
+  return res
+end
+
+-- 3: forall vs the plain launch of the same kernel with the same grid and block, taking turns;
+-- the launcher a launch makes, timed alone
 section("forall", function()
   local bump = mod.bump
   local n = 1 << 16
@@ -302,21 +413,17 @@ section("forall", function()
   local fl = bump:forall(n)
   local grid = tonumber(tostring(fl):match("grid {(%d+)"))
   local block = tonumber(tostring(fl):match("block {(%d+)"))
-  local function launches(key, body)
-    local tot, enq = per_item(body)
-    out(key, tot)
-    out("diag_" .. key:gsub("_us$", "_enqueue_us"), enq)
-  end
-  launches("forall_plain_us", function(m)
-    for _ = 1, m do bump[{ grid, block }](x, n) end
-  end)
-  launches("forall_us", function(m)
-    for _ = 1, m do bump:forall(n)(x, n) end
-  end)
-  launches("forall_launcher_us", function(m)
-    local l = bump:forall(n)
-    for _ = 1, m do l(x, n) end
-  end)
+  local r = interleaved({
+    plain = function(m) for _ = 1, m do bump[{ grid, block }](x, n) end end,
+    forall = function(m) for _ = 1, m do bump:forall(n)(x, n) end end,
+    launcher = function(m)
+      local l = bump:forall(n)
+      for _ = 1, m do l(x, n) end
+    end,
+  }, N // 2)
+  out("forall_plain_us", r.plain)
+  out("forall_us", r.forall)
+  out("forall_launcher_us", r.launcher)
   out("diag_forall_make_launcher_us", (per_item(function(m)
     for _ = 1, m do local l = bump:forall(n) end
   end)))
@@ -329,7 +436,73 @@ collectgarbage()
 
 ---------------------------------------------------------------------------------------------
 -- 9: a foreign object with __cuda_array_interface (examples/array_interface.lua's Tensor) vs a
--- cudalua device array, through a launcher made once
+-- cudalua device array, through a launcher made once, taking turns
+-- a copy of lua/cudalua/interop.lua's as_cuda_array (error messages left out), cut after each
+-- stage, to time the stages: 1 the interface table (the object's function) and the data field,
+-- 2 the typestr and shape, 3 the strides, 4 the whole (stream, view key, view cache lookup)
+local dtype_of = { ["<f4"] = "float32" }
+local function staged_as_cuda_array(stage)
+  local views = setmetatable({}, { __mode = "k" })
+  return function(obj)
+    if core.array_info(obj) then return obj end
+    local mt = getmetatable(obj)
+    local cai = type(mt) == "table" and mt.__cuda_array_interface or nil
+    if cai == nil then error("no interface") end
+    if type(cai) == "function" then cai = cai(obj) end
+    if type(cai) ~= "table" then error("not a table") end
+    local version = cai.version
+    if math.type(version) ~= "integer" or version < 1 or version > 3 then error("version") end
+    local data = cai.data
+    if type(data) ~= "table" then error("data") end
+    local ptr, readonly = data[1], data[2]
+    if math.type(ptr) ~= "integer" then error("ptr") end
+    if readonly ~= nil and type(readonly) ~= "boolean" then error("readonly") end
+    if stage == 1 then return end
+    local typestr = cai.typestr
+    local dt = dtype_of[typestr]
+    if not dt then error("typestr") end
+    local shape = cai.shape
+    if type(shape) ~= "table" then error("shape") end
+    if #shape > 8 then error("dims") end
+    local n, dims = 1, {}
+    for i = 1, #shape do
+      local sz = shape[i]
+      if math.type(sz) ~= "integer" then error("shape[i]") end
+      if sz < 0 then error("negative") end
+      dims[i] = sz
+      n = n * sz
+    end
+    if #dims == 0 then dims[1] = 1 end
+    if cai.mask ~= nil then error("mask") end
+    if stage == 2 then return end
+    local strides = cai.strides
+    if strides ~= nil then
+      if type(strides) ~= "table" or #strides ~= #shape then error("strides") end
+      local itemsize = core.dtype(dt).itemsize
+      local c, f = itemsize, itemsize
+      local is_c, is_f = true, true
+      for i = #shape, 1, -1 do
+        if shape[i] > 1 and strides[i] ~= c then is_c = false end
+        c = c * shape[i]
+      end
+      for i = 1, #shape do
+        if shape[i] > 1 and strides[i] ~= f then is_f = false end
+        f = f * shape[i]
+      end
+      if not is_c then error("not C order") end
+    end
+    if stage == 3 then return end
+    local stream = cai.stream
+    if stream ~= nil then core.sync_stream_handle(stream) end
+    local key = ("%d|%s|%s|%s"):format(ptr, typestr, table.concat(dims, ","), tostring(readonly))
+    local hit = views[obj]
+    if hit and hit.key == key then return hit.view end
+    local view = core.foreign_array(ptr, dt, dims, readonly, obj)
+    views[obj] = { key = key, view = view }
+    return view
+  end
+end
+
 section("array interface", function()
   local Tensor = {}
   Tensor.__index = Tensor
@@ -342,30 +515,40 @@ section("array interface", function()
   local storage = cuda.device_array(n, cuda.float32)
   local t = setmetatable({ storage = storage, ptr = storage:ptr(), rows = rows, cols = cols }, Tensor)
   local l = mod.touch[{ 1, 32 }]
-  local M = N // 2
-  out("cai_native_us", (per_item(function(m)
-    for _ = 1, m do l(storage, n) end
-  end, M)))
-  out("cai_foreign_us", (per_item(function(m)
-    for _ = 1, m do l(t, n) end
-  end, M)))
-  -- the pieces: the view made once and passed; making the view; the object's own function
   local view = cuda.as_cuda_array(t)
-  out("diag_cai_view_launch_us", (per_item(function(m)
-    for _ = 1, m do l(view, n) end
-  end, M)))
+  -- the interface as a table in the metatable (no function to call)
+  local ts = setmetatable({}, { __cuda_array_interface = Tensor.__cuda_array_interface(t) })
+  local M = N // 4
+  local r = interleaved({
+    native = function(m) for _ = 1, m do l(storage, n) end end,
+    foreign = function(m) for _ = 1, m do l(t, n) end end,
+    view = function(m) for _ = 1, m do l(view, n) end end,
+    foreign_table = function(m) for _ = 1, m do l(ts, n) end end,
+  }, M)
+  out("cai_native_us", r.native)
+  out("cai_foreign_us", r.foreign)
+  out("diag_cai_view_launch_us", r.view)
+  out("diag_cai_foreign_static_table_launch_us", r.foreign_table)
+  -- the pieces without launching: the library's as_cuda_array; its copy cut after each stage;
+  -- the object's own function; a format like the view key's
   local as = cuda.as_cuda_array
-  out("diag_cai_as_cuda_array_us", (per_item(function(m)
-    for _ = 1, m do as(t) end
-  end, M)))
   local f = Tensor.__cuda_array_interface
-  out("diag_cai_interface_fn_us", (per_item(function(m)
-    for _ = 1, m do f(t) end
-  end, M)))
-  if core then out("diag_cai_array_info_us", (per_item(function(m)
-    local info = core.array_info
-    for _ = 1, m do info(t) end
-  end, M))) end
+  local bodies = {
+    as_cuda_array = function(m) for _ = 1, m do as(t) end end,
+    interface_fn = function(m) for _ = 1, m do f(t) end end,
+  }
+  if core then
+    for stage = 1, 4 do
+      local g = staged_as_cuda_array(stage)
+      bodies["copy_stage" .. stage] = function(m) for _ = 1, m do g(t) end end
+    end
+    local p = t.ptr
+    bodies.key_format = function(m)
+      for _ = 1, m do local k = ("%d|%s|%s|%s"):format(p, "<f4", table.concat({ rows, cols }, ","), tostring(false)) end
+    end
+  end
+  r = interleaved(bodies, M)
+  for name, us in pairs(r) do out("diag_cai_" .. name .. "_us", us) end
 end)
 collectgarbage()
 
@@ -431,59 +614,6 @@ end)
 collectgarbage()
 
 ---------------------------------------------------------------------------------------------
--- 6: a ~0.5 s kernel that bumps a managed counter, unpolled (a stream synchronize) vs polled
--- by cuda.progress.watch (interval 1 ms, lines into a file); runs interleaved, medians
-section("progress", function()
-  local spin = cuda.kernel(SPIN_SRC, "spin")
-  local blocks, threads, work = SMS * 4, 256, 4096
-  local counter = cuda.managed_array(1, cuda.uint64)
-  local sink = cuda.device_array(1, cuda.float32)
-  local s = cuda.stream()
-  local e0, e1 = cuda.event(), cuda.event()
-  local logname = os.tmpname()
-  local log = assert(io.open(logname, "w"))
-  local function run(steps, polled)
-    counter[1] = 0
-    local total = blocks * threads * steps
-    local t0 = now()
-    e0:record(s)
-    spin[{ blocks, threads, s }](counter, steps, work, sink)
-    e1:record(s)
-    local seen
-    if polled then
-      seen = cuda.progress.watch(counter, total, { stream = s, interval = 0.001, out = log, label = "spin" })
-    end
-    s:synchronize()
-    local wall = (now() - t0) * 1e3
-    if counter[1] ~= total or (polled and seen ~= total) then
-      note(("helpers.lua: progress counter %s, seen %s, expected %d"):format(counter[1], seen, total))
-    end
-    return wall, e0:elapsed_time(e1)
-  end
-  local _, ms = run(200, false)
-  local steps = math.max(200, math.floor(200 * 500 / ms))
-  run(steps, true) -- warm-up, and the counter's advice
-  local wu, wp, ku, kp = {}, {}, {}, {}
-  for r = 1, 3 do
-    wu[r], ku[r] = run(steps, false)
-    wp[r], kp[r] = run(steps, true)
-  end
-  log:close()
-  local lines = 0
-  for _ in io.lines(logname) do lines = lines + 1 end
-  os.remove(logname)
-  local u, p = median(wu), median(wp)
-  out("progress_unpolled_ms", u)
-  out("progress_polled_ms", p)
-  out("diag_progress_slowdown_pct", (p / u - 1) * 100)
-  out("diag_progress_kernel_unpolled_ms", median(ku))
-  out("diag_progress_kernel_polled_ms", median(kp))
-  out("diag_progress_kernel_slowdown_pct", (median(kp) / median(ku) - 1) * 100)
-  out("diag_progress_log_lines", lines)
-end)
-collectgarbage()
-
----------------------------------------------------------------------------------------------
 -- 7: compiles of the vecadd module: cold (a source no cache has seen), a hit in the process,
 -- and a hit on disk in a new process (lua5.4 children with a cache directory of their own)
 section("compile", function()
@@ -509,31 +639,136 @@ section("compile", function()
   end
   out("compile_memory_ms", median(mem))
 
-  local dir = os.tmpname()
-  os.remove(dir)
-  assert(os.execute(("mkdir -p '%s'"):format(dir)), "cannot make " .. dir)
-  local lua = arg[-1] or "lua5.4"
-  local script = arg[0] or "bench/helpers.lua"
+  local dir = tempdir()
   local nonce = unique()
-  local function child(mode)
-    local p = assert(io.popen(("CUDALUA_CACHE_DIR='%s' %s %s %s %s"):format(dir, lua, script, mode, nonce)))
-    local text = p:read("a")
-    p:close()
-    return text
-  end
   -- the first child compiles (a miss in a fresh process) and fills the directory
-  local ms, hits, misses = child("--compile-child"):match("^(%S+) (%d+) (%d+)")
+  local ms, hits, misses = child(dir, "--compile-child", nonce):match("^(%S+) (%d+) (%d+)")
   out("diag_compile_cold_child_ms", tonumber(ms) or -1)
-  local t = {}
+  local cc = dev.compute_capability
+  local arch = ("sm_%d%d"):format(cc[1], cc[2])
+  local t, ta = {}, {}
   for r = 1, REPS do
-    ms, hits, misses = child("--compile-child"):match("^(%S+) (%d+) (%d+)")
+    ms, hits, misses = child(dir, "--compile-child", nonce):match("^(%S+) (%d+) (%d+)")
     if hits ~= "1" or misses ~= "0" then
       note(("helpers.lua: a disk cache child had %s hits, %s misses"):format(hits, misses))
     end
     t[r] = tonumber(ms) or -1
+    ms, hits, misses = child(dir, "--compile-child-arch", nonce, arch):match("^(%S+) (%d+) (%d+)")
+    if hits ~= "1" or misses ~= "0" then
+      note(("helpers.lua: a disk cache child with arch %s had %s hits, %s misses"):format(arch, hits, misses))
+    end
+    ta[r] = tonumber(ms) or -1
   end
   out("compile_disk_child_ms", median(t))
-  io.write(child("--compile-pieces"))
+  out("diag_compile_disk_child_given_arch_ms", median(ta))
+  io.write(child(dir, "--compile-pieces", nonce))
   io.flush()
   os.execute(("rm -rf '%s'"):format(dir))
+end)
+collectgarbage()
+
+---------------------------------------------------------------------------------------------
+-- 6: a ~0.5 s kernel that bumps a managed counter, unpolled (a stream synchronize) vs polled
+-- by cuda.progress.watch (interval 1 ms, lines into a file); runs interleaved, medians. The
+-- pieces of watch's loop apart, each polling every 1 ms until the kernel is done: only
+-- stream:query(), only reading the counter, only waking up (sleeping 1 ms at a time).
+section("progress", function()
+  local spin = cuda.kernel(SPIN_SRC, "spin")
+  local blocks, threads, work = SMS * 4, 256, 4096
+  local counter = cuda.managed_array(1, cuda.uint64)
+  local sink = cuda.device_array(1, cuda.float32)
+  local s = cuda.stream()
+  local e0, e1 = cuda.event(), cuda.event()
+  local logname = os.tmpname()
+  local log = assert(io.open(logname, "w"))
+  local sleep = cuda.sleep
+  local expect_ms = 500
+  local reads = {} -- mode -> µs of each host read of the counter while the kernel runs
+  local function run(steps, mode, ctr)
+    local counter = ctr or counter
+    counter[1] = 0
+    local total = blocks * threads * steps
+    local t0 = now()
+    e0:record(s)
+    spin[{ blocks, threads, s }](counter, steps, work, sink)
+    e1:record(s)
+    local seen
+    if mode == "watch" then
+      seen = cuda.progress.watch(counter, total, { stream = s, interval = 0.001, out = log, label = "spin" })
+    elseif mode == "query" then
+      while not s:query() do sleep(0.001) end
+    elseif mode == "read" or mode == "read10" then
+      local iv, rt = mode == "read10" and 0.01 or 0.001, reads[mode] or {}
+      reads[mode] = rt
+      while true do
+        local t1 = now()
+        local v = counter[1]
+        rt[#rt + 1] = (now() - t1) * 1e6
+        if v >= total then break end
+        sleep(iv)
+      end
+    elseif mode == "sleep" then
+      local stop = t0 + expect_ms * 0.95e-3
+      while now() < stop do sleep(0.001) end
+    end
+    s:synchronize()
+    local wall = (now() - t0) * 1e3
+    if counter[1] ~= total or (mode == "watch" and seen ~= total) then
+      note(("helpers.lua: progress counter %s, seen %s, expected %d"):format(counter[1], seen, total))
+    end
+    return wall, e0:elapsed_time(e1)
+  end
+  local _, ms = run(200, "none")
+  local steps = math.max(200, math.floor(200 * 500 / ms))
+  _, expect_ms = run(steps, "watch") -- warm-up, and the counter's advice
+  local modes = { "none", "watch", "query", "read", "read10", "sleep" }
+  local wall, kern = {}, {}
+  for _, m in ipairs(modes) do wall[m], kern[m] = {}, {} end
+  reads = {}
+  for r = 1, 4 do
+    for i = 0, #modes - 1 do
+      local m = modes[(i + r - 1) % #modes + 1] -- a different order each round
+      wall[m][r], kern[m][r] = run(steps, m)
+    end
+  end
+  log:close()
+  local lines = 0
+  for _ in io.lines(logname) do lines = lines + 1 end
+  os.remove(logname)
+  local u, p = median(wall.none), median(wall.watch)
+  out("progress_unpolled_ms", u)
+  out("progress_polled_ms", p)
+  out("diag_progress_slowdown_pct", (p / u - 1) * 100)
+  local ku = median(kern.none)
+  out("diag_progress_kernel_unpolled_ms", ku)
+  for _, m in ipairs(modes) do
+    local k = kern[m]
+    local lo, hi = math.min(table.unpack(k)), math.max(table.unpack(k))
+    if m ~= "none" then
+      out(("diag_progress_kernel_%s_slowdown_pct"):format(m), (median(k) / ku - 1) * 100)
+    end
+    out(("diag_progress_kernel_%s_spread_pct"):format(m), (hi - lo) / median(k) * 100)
+  end
+  out("diag_progress_log_lines", lines)
+  for m, rt in pairs(reads) do
+    out(("diag_progress_%s_host_read_us"):format(m), median(rt))
+    out(("diag_progress_%s_reads_per_run"):format(m), #rt / 4)
+  end
+  -- the counter in mapped (pinned host) memory instead: the host reads it without moving a
+  -- page, the kernel's atomics cross the bus; its own length (~0.25 s), 2 rounds
+  local mapped = cuda.mapped_array(1, cuda.uint64)
+  _, ms = run(20, "none", mapped)
+  local msteps = math.max(20, math.min(steps, math.floor(20 * 250 / ms)))
+  log = assert(io.open(logname, "w"))
+  local mu, mp = {}, {}
+  for r = 1, 2 do
+    _, mu[r] = run(msteps, "none", mapped)
+    _, mp[r] = run(msteps, "watch", mapped)
+  end
+  log:close()
+  os.remove(logname)
+  out("diag_progress_mapped_kernel_unpolled_ms", median(mu))
+  out("diag_progress_mapped_kernel_polled_ms", median(mp))
+  out("diag_progress_mapped_steps_per_ms", msteps / median(mu))
+  out("diag_progress_managed_steps_per_ms", steps / ku)
 end)

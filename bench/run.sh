@@ -1,6 +1,7 @@
 #!/bin/sh
-# bench/run.sh LUA: builds bench/raw.c, runs the raw CUDA baseline, bench/core.lua (cudalua) and
-# bench/compare.py (CuPy, Numba), then prints one table and checks cudalua's targets.
+# bench/run.sh LUA: builds bench/raw.c and bench/raw_helpers.c, runs the raw CUDA baselines,
+# bench/core.lua and bench/helpers.lua (cudalua) and bench/compare.py (CuPy, Numba; its helper
+# part as a second run), then prints one table and checks cudalua's targets.
 # Run from the repository root (make bench). Needs a GPU. Outputs go to bench/out/.
 # Env: CUDA_DIR (/usr/local/cuda), PYTHON (python3), BENCH_LAUNCHES, BENCH_REPS,
 #      BENCH_REPORT_ONLY=1 (only print the table from the files already in bench/out/).
@@ -29,27 +30,38 @@ if [ -z "$BENCH_REPORT_ONLY" ]; then
     echo "no GPU on this machine ($why): the benchmark needs one"
     exit 2
   fi
-  rm -f "$OUT/raw.txt" "$OUT/core.txt" "$OUT/compare.txt"
-  if gcc -O2 -std=gnu11 -Wall -I"$CUDA_DIR/include" bench/raw.c -o "$OUT/raw" \
-       -L"$CUDA_DIR/lib64" -L"$CUDA_DIR/lib64/stubs" -Wl,-rpath,"$CUDA_DIR/lib64" -lcuda -lnvrtc -lm ||
-     nvcc -O2 bench/raw.c -o "$OUT/raw" -lcuda -lnvrtc; then
-    step raw 60 "$OUT/raw"
-  else
-    echo "bench: cannot build bench/raw.c" >&2
-    broken="$broken raw"
-  fi
+  rm -f "$OUT/raw.txt" "$OUT/core.txt" "$OUT/compare.txt" "$OUT/raw_helpers.txt" \
+        "$OUT/helpers.txt" "$OUT/compare_helpers.txt"
+  for prog in raw raw_helpers; do
+    if gcc -O2 -std=gnu11 -Wall -I"$CUDA_DIR/include" bench/$prog.c -o "$OUT/$prog" \
+         -L"$CUDA_DIR/lib64" -L"$CUDA_DIR/lib64/stubs" -Wl,-rpath,"$CUDA_DIR/lib64" -lcuda -lnvrtc -lm ||
+       nvcc -O2 -x c bench/$prog.c -o "$OUT/$prog" -lcuda -lnvrtc; then
+      step $prog 60 "$OUT/$prog"
+    else
+      echo "bench: cannot build bench/$prog.c" >&2
+      broken="$broken $prog"
+    fi
+  done
   # a cache directory of its own, so that no earlier run serves a compile
   rm -rf "$OUT/cache"
   CUDALUA_CACHE_DIR=$PWD/$OUT/cache step core 90 "$LUA" bench/core.lua
   rm -rf "$OUT/cache"
+  CUDALUA_CACHE_DIR=$PWD/$OUT/cache step helpers 120 "$LUA" bench/helpers.lua
+  rm -rf "$OUT/cache"
   PYTHONUNBUFFERED=1 step compare 60 "$PY" bench/compare.py
+  PYTHONUNBUFFERED=1 step compare_helpers 120 "$PY" bench/compare.py cupy_helpers numba_helpers
   echo "== all parts ran in $(( $(date +%s) - start )) s" >&2
 fi
 
-for f in raw core compare; do touch "$OUT/$f.txt"; done
-grep -h '^info_\|^#' "$OUT/raw.txt" "$OUT/core.txt" "$OUT/compare.txt"
+for f in raw core compare raw_helpers helpers compare_helpers; do touch "$OUT/$f.txt"; done
+grep -h '^info_\|^#' "$OUT/raw.txt" "$OUT/core.txt" "$OUT/compare.txt" "$OUT/raw_helpers.txt" \
+  "$OUT/helpers.txt" "$OUT/compare_helpers.txt"
 
-# label | raw C key | cudalua key | CuPy key | Numba key | target on cudalua/raw ("le 1.15")
+# label | raw C key | cudalua key | CuPy key | Numba key | targets
+# A key "l:name" (or "r:", "p:") takes the number from that side: the base column of a helper row
+# may be a cudalua number (the plain launch forall is held to, say). Targets, ";"-separated:
+# "le 1.15" (cudalua / base), "cupy lt 1", "numba ge 1" (cudalua / that column), "abs le 10"
+# (cudalua's number itself); ops le, lt, ge, gt.
 awk -F'|' -v out="$OUT" -v broken="$broken" '
 function load(file, pre,   line, f) {
   while ((getline line < file) > 0) {
@@ -64,38 +76,57 @@ function num(x) {
   if (x < 100) return sprintf("%.2f", x)
   return sprintf("%.1f", x)
 }
-function get(pre, k) { return (k != "-" && (pre k) in v) ? v[pre k] : "" }
+function get(pre, k) {
+  if (k ~ /^[rlp]:/) return (k in v) ? v[k] : ""
+  return (k != "-" && (pre k) in v) ? v[pre k] : ""
+}
+function cmp(x, op, y) {
+  return (op == "le" && x <= y) || (op == "lt" && x < y) || (op == "ge" && x >= y) || (op == "gt" && x > y)
+}
+function opname(op) { return op == "le" ? "<=" : op == "lt" ? "<" : op == "ge" ? ">=" : ">" }
 BEGIN {
   load(out "/raw.txt", "r:"); load(out "/core.txt", "l:"); load(out "/compare.txt", "p:")
-  printf "\n| %-50s | %9s | %9s | %8s | %9s | %9s |\n", "measurement", "raw C", "cudalua", "ratio", "CuPy", "Numba"
-  printf "|%s|%s|%s|%s|%s|%s|\n", "----------------------------------------------------", "-----------", "-----------", "----------", "-----------", "-----------"
+  load(out "/raw_helpers.txt", "r:"); load(out "/helpers.txt", "l:"); load(out "/compare_helpers.txt", "p:")
+  printf "\n| %-54s | %10s | %9s | %8s | %9s | %9s |\n", "measurement", "raw C/base", "cudalua", "ratio", "CuPy", "Numba"
+  printf "|%s|%s|%s|%s|%s|%s|\n", "--------------------------------------------------------", "------------", "-----------", "----------", "-----------", "-----------"
 }
 /^#/ || NF < 6 { next }
 {
   r = get("r:", $2); l = get("l:", $3); c = get("p:", $4); nb = get("p:", $5)
   ratio = (r != "" && l != "" && r > 0) ? l / r : ""
-  printf "| %-50s | %9s | %9s | %8s | %9s | %9s |\n", $1, num(r), num(l),
+  printf "| %-54s | %10s | %9s | %8s | %9s | %9s |\n", $1, num(r) ($2 ~ /^l:/ && r != "" ? "*" : ""), num(l),
          ratio == "" ? "-" : sprintf("%.2fx", ratio), num(c), num(nb)
-  if ($6 != "") {
-    split($6, t, " ")
+  nc = split($6, clauses, ";")
+  for (ci = 1; ci <= nc; ci++) {
+    n = split(clauses[ci], t, " ")
+    if (n == 0) continue
+    ref = "raw"
+    if (t[1] == "cupy" || t[1] == "numba" || t[1] == "abs" || t[1] == "raw") { ref = t[1]; op = t[2]; lim = t[3] }
+    else { op = t[1]; lim = t[2] }
     nt++
-    if (ratio == "") { res[nt] = "FAIL"; why[nt] = "no number" }
-    else {
-      ok = (t[1] == "le" && ratio <= t[2]) || (t[1] == "ge" && ratio >= t[2]) || (t[1] == "gt" && ratio > t[2])
-      res[nt] = ok ? "PASS" : "FAIL"
-      why[nt] = sprintf("%.2fx raw (target %s %sx)", ratio, t[1] == "le" ? "<=" : t[1] == "ge" ? ">=" : ">", t[2])
-    }
     lab[nt] = $1
-    if (!ok || ratio == "") fails++
+    base = ref == "raw" ? r : ref == "cupy" ? c : ref == "numba" ? nb : 1
+    refname = ref == "raw" ? ($2 ~ /^[lp]:/ ? "base" : "raw") : ref == "cupy" ? "CuPy" : ref == "numba" ? "Numba" : ""
+    if (l == "" || base == "" || base <= 0) {
+      res[nt] = "FAIL"; why[nt] = sprintf("no number (target %s)", clauses[ci]); fails++
+      continue
+    }
+    x = ref == "abs" ? l : l / base
+    ok = cmp(x, op, lim + 0)
+    res[nt] = ok ? "PASS" : "FAIL"
+    if (ref == "abs") why[nt] = sprintf("%s (target %s %s)", num(x), opname(op), lim)
+    else why[nt] = sprintf("%.3fx %s (target %s %sx)", x, refname, opname(op), lim)
+    if (!ok) fails++
   }
 }
 END {
-  printf "\ntargets (cudalua / raw C):\n"
-  for (i = 1; i <= nt; i++) printf "%s  %-50s %s\n", res[i], lab[i], why[i]
+  printf "\n* base: a cudalua number (see the measurement)\n"
+  printf "\ntargets (cudalua / raw C or base, unless named):\n"
+  for (i = 1; i <= nt; i++) printf "%s  %-54s %s\n", res[i], lab[i], why[i]
   printf "\ndiagnostics (pieces timed apart):\n"
-  for (k in v) if (k ~ /^[rl]:diag_/) d[++nd] = k
+  for (k in v) if (k ~ /^[rlp]:diag_/) d[++nd] = k
   for (i = 1; i <= nd; i++) for (j = i + 1; j <= nd; j++) if (d[j] < d[i]) { x = d[i]; d[i] = d[j]; d[j] = x }
-  for (i = 1; i <= nd; i++) printf "  %-8s %-40s %s\n", substr(d[i], 1, 1) == "r" ? "raw C" : "cudalua", substr(d[i], 8), num(v[d[i]])
+  for (i = 1; i <= nd; i++) printf "  %-8s %-44s %s\n", substr(d[i], 1, 1) == "r" ? "raw C" : substr(d[i], 1, 1) == "l" ? "cudalua" : "py", substr(d[i], 8), num(v[d[i]])
   if (broken != "") printf "\nparts that failed:%s\n", broken
   printf "\ntargets: %d passed, %d failed\n", nt - fails, fails
   exit broken != "" ? 2 : fails ? 1 : 0
@@ -113,4 +144,24 @@ D2H 256 MiB pageable; cuda.array 1st copy (GB/s)|d2h_pageable_gbs|d2h_default_fi
 alloc+free 1 MiB async; <close> (us)|alloc_free_us|alloc_free_close_us|cupy_alloc_free_us|numba_alloc_free_us|le 1.5
 alloc+free 1 MiB async; garbage collected (us)|alloc_free_us|alloc_free_gc_us|cupy_alloc_free_us|numba_alloc_free_us|le 1.5
 cold NVRTC compile, vecadd sm_90 (ms)|compile_ms|compile_ms|-|-|le 1.1
+reduce 2^28 f32 to host, end to end (GB/s)|reduce_f32_gbs|reduce_f32_gbs|cupy_reduce_f32_gbs|numba_reduce_f32_gbs|ge 0.97; cupy ge 1
+reduce 2^28 f32 to host, end to end (us per call)|reduce_f32_call_us|reduce_f32_call_us|cupy_reduce_f32_call_us|numba_reduce_f32_call_us|
+reduce 2^28 f32, kernel only, events (us)|reduce_f32_kernel_us|reduce_f32_kernel_us|cupy_reduce_f32_kernel_us|numba_reduce_f32_kernel_us|
+reduce 2^28 f32, kernel only (GB/s)|reduce_f32_kernel_gbs|reduce_f32_kernel_gbs|cupy_reduce_f32_kernel_gbs|numba_reduce_f32_kernel_gbs|
+reduce 1234 f64 to host (us per call, median)|reduce_small_us|reduce_small_us|cupy_reduce_small_us|numba_reduce_small_us|cupy lt 1
+plain k[{grid, block}](x, n) each time (us)|forall_plain_us|forall_plain_us|cupy_forall_plain_us|numba_forall_plain_us|
+k:forall(n)(x, n) each time; base: plain (us)|l:forall_plain_us|forall_us|-|numba_forall_us|le 1.1
+k:forall(n) launcher made once; base: plain (us)|l:forall_plain_us|forall_launcher_us|-|-|
+RNG states 2^20, after a warm-up (ms)|-|rng_init_ms|-|numba_rng_init_ms|abs le 10
+RNG states 2^20, first call with setup (ms)|-|rng_init_first_ms|-|numba_rng_init_first_ms|
+pi Monte-Carlo, GPU-filling grid (G samples/s)|-|pi_gsamples_s|-|numba_pi_gsamples_s|numba ge 1
+progress.watch on a 0.5 s kernel; base: unpolled (ms)|l:progress_unpolled_ms|progress_polled_ms|-|-|le 1.02
+compile vecadd, cold, cuda.kernel (ms)|compile_ms|compile_cold_ms|-|-|
+compile vecadd, process cache hit (ms)|-|compile_memory_ms|-|-|
+compile vecadd, disk cache hit in a new process (ms)|-|compile_disk_child_ms|-|-|abs le 5
+1000 empty kernels one by one, launcher once (us each)|graph_chain_stream_us|graph_chain_stream_us|cupy_graph_chain_stream_us|-|
+1000-node graph replay (us per node)|graph_replay_us|graph_replay_us|cupy_graph_replay_us|-|le 1.05
+1000-node graph build + instantiate (ms)|graph_build_ms|graph_build_ms|cupy_graph_build_ms|-|le 2
+launch with a cudalua device array, launcher once (us)|-|cai_native_us|-|numba_cai_native_us|
+launch, foreign CAI object; base: device array (us)|l:cai_native_us|cai_foreign_us|-|numba_cai_foreign_us|le 1.2
 EOF

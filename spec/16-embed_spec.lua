@@ -1,0 +1,246 @@
+-- The C embedding API (src/cudalua.h): a C host program (spec/support/embed_harness.c, built
+-- here against libcudalua.a) opens cudalua in lua_States of its own with luaL_requiref and runs
+-- scripts that reach cudalua_to_array, cudalua_push_device_array and cudalua_push_stream
+-- through it; what cudalua_to_array reads (dtype, shape, the host memory) is read in C.
+-- With a GPU, the embedding example (examples/embed, build/embed_host) runs too.
+local H = require "spec.helper"
+local C = require "spec.check"
+local cuda = H.cuda
+local gpu = H.gpu(it, pending)
+local nogpu = C.nogpu(it, pending)
+
+local function q(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+
+local function run(cmd)
+  local p = assert(io.popen(cmd .. " 2>&1"))
+  local out = p:read("a")
+  local ok = p:close()
+  return ok, out
+end
+
+local function exists(path)
+  local f = io.open(path)
+  if f then f:close() end
+  return f ~= nil
+end
+
+-- builds the harness once: libcudalua.a first (make libs), then cc
+local harness, workdir
+local function build()
+  if harness then return harness end
+  local ok, out = run("make -s libs")
+  assert(ok, "make libs failed:\n" .. out)
+  local _, d = run("mktemp -d")
+  workdir = d:gsub("%s+$", "")
+  local inc = os.getenv("LUA_INCDIR")
+  if not inc or inc == "" then inc = "/usr/include/lua5.4" end
+  -- as the Makefile does: the packed Lua of a GPU machine has only liblua5.4.so.0
+  local lib = inc .. "/../lib/liblua5.4.so.0"
+  local lualib = exists(lib) and (q(lib) .. " -Wl,-rpath," .. q(inc .. "/../lib")) or "-llua5.4"
+  harness = workdir .. "/embed_harness"
+  ok, out = run(("cc -std=gnu11 -Wall -I src -I %s -o %s spec/support/embed_harness.c libcudalua.a %s -ldl -lpthread -lm")
+    :format(q(inc), q(harness), lualib))
+  assert(ok, "building the harness failed:\n" .. out)
+  return harness
+end
+
+-- runs script (Lua source) in the harness; returns ok, output
+local function script(src)
+  local exe = build()
+  local path = workdir .. "/script.lua"
+  local f = assert(io.open(path, "w"))
+  f:write(src)
+  f:close()
+  return run(q(exe) .. " " .. q(path))
+end
+
+-- the helpers every script starts with
+local PRELUDE = [[
+local cuda = require "cudalua"
+local function check(cond, ...) if not cond then error(table.concat({ ... }, " "), 2) end end
+local function same(a, b, what)
+  check(#a == #b, what, "lengths", #a, #b)
+  for i = 1, #a do check(a[i] == b[i], what, "element", i, tostring(a[i]), tostring(b[i])) end
+end
+local function raises(text, fn, ...)
+  local ok, e = pcall(fn, ...)
+  check(not ok, "expected an error containing", text)
+  check(tostring(e):find(text, 1, true), "expected", text, "got", tostring(e))
+end
+]]
+
+local function lua_list(t)
+  local parts = {}
+  for i, v in ipairs(t) do parts[i] = math.type(v) == "integer" and ("%d"):format(v) or ("%.17g"):format(v) end
+  return "{" .. table.concat(parts, ", ") .. "}"
+end
+
+local function expect_ok(ok, out)
+  assert(ok, "the host program failed:\n" .. out)
+  assert.matches("released %d+\n$", out)
+end
+
+describe("a C host program", function()
+  it("opens cudalua with luaL_requiref: a global, in package.loaded, usable", function()
+    expect_ok(script(PRELUDE .. [[
+check(cuda == cudalua, "luaL_requiref made no global")
+check(package.loaded.cudalua == cuda, "not in package.loaded")
+check(cuda.versions().cudalua == cuda.__version)
+check(require("cudalua.cache").stats ~= nil)
+local a = cuda.array({ 3, 1, 2 }, "int32")
+check(tostring(a) == "cudalua.array<int32>[3] {3, 1, 2}", tostring(a))
+local m = cuda.compile('#include <cudalua/grid.cuh>\nextern "C" __global__ void k(int *x) { x[grid(1)] = 1; }', { arch = "sm_90" })
+check(m:kernels()[1] == "k")
+]]))
+  end)
+
+  it("reads any host array back through cudalua_to_array: dtype, shape, sizes, contents", function()
+    local f32 = {}
+    for i, v in ipairs(H.rand_table(6, -1000, 1000, true)) do f32[i] = v / 8 end
+    local f64, i32 = H.rand_table(7), H.rand_table(5, -2 ^ 31, 2 ^ 31 - 1, true)
+    local i64, u8 = H.rand_table(4, math.mininteger, math.maxinteger, true), H.rand_table(9, 1, 255, true)
+    local i16 = H.rand_table(3, -32768, 32767, true)
+    expect_ok(script(PRELUDE .. ([[
+local f32, f64, i32, i64, u8, i16 = %s, %s, %s, %s, %s, %s
+local m = cuda.array({ { f32[1], f32[2], f32[3] }, { f32[4], f32[5], f32[6] } }, "float32")
+local i = c_info(m)
+check(i.dtype == "float32" and i.itemsize == 4 and i.nbytes == 24 and i.ndim == 2, i.dtype, i.nbytes)
+same({ 2, 3 }, i.shape, "shape")
+check(i.ptr == 0 and i.has_host and i.stream == 0, "a pageable array has a host pointer only")
+same(f32, i.values, "float32 contents")
+for _, c in ipairs { { f64, "float64", 8 }, { i32, "int32", 4 }, { i64, "int64", 8 }, { u8, "uint8", 1 }, { i16, "int16", 2 } } do
+  local a = cuda.array(c[1], c[2])
+  local x = c_info(a)
+  check(x.dtype == c[2] and x.itemsize == c[3] and x.nbytes == c[3] * #c[1] and x.ndim == 1, c[2])
+  same({ #c[1] }, x.shape, c[2] .. " shape")
+  same(c[1], x.values, c[2] .. " contents")
+  -- a view: the host pointer moves with it
+  local v = c_info(a:slice(2))
+  same({ table.unpack(c[1], 2) }, v.values, c[2] .. " view contents")
+  -- writes from Lua are seen by C
+  a[1] = c[1][2]
+  check(c_info(a).values[1] == c[1][2], c[2] .. " after a write")
+end
+-- N-d zeros and reshaped views
+local z = c_info(cuda.zeros({ 2, 2, 3 }, "uint16"))
+same({ 2, 2, 3 }, z.shape, "zeros shape")
+check(z.nbytes == 24 and z.values[12] == 0)
+same({ 3, 2 }, c_info(m:reshape(3, 2)).shape, "reshaped")
+]]):format(lua_list(f32), lua_list(f64), lua_list(i32), lua_list(i64), lua_list(u8), lua_list(i16))))
+  end)
+
+  it("cudalua_to_array answers 0 for what is not an open array, without raising", function()
+    expect_ok(script(PRELUDE .. [[
+for _, v in ipairs { 42, "array", {}, { 1, 2, 3 }, true, print } do
+  check(c_info(v) == false, type(v))
+end
+check(c_info() == false)
+local a = cuda.array({ 1, 2 }, "float32")
+a:close()
+check(c_info(a) == false, "a closed array")
+-- an object whose __cuda_array_interface is broken: 0, not an error
+local bad = setmetatable({}, { __cuda_array_interface = { version = 99 } })
+check(c_info(bad) == false, "a broken interface")
+local worse = setmetatable({}, { __cuda_array_interface = function() error("boom") end })
+check(c_info(worse) == false, "an interface that raises")
+]]))
+  end)
+
+  it("pushes a host-made stream that cudalua uses and does not destroy", function()
+    expect_ok(script(PRELUDE .. [[
+local s = c_push_stream(0x1234, 1)
+check(tostring(s) == "cudalua.stream<0x1234>", tostring(s))
+check(s:handle() == 0x1234)
+s:close()
+check(tostring(s) == "cudalua.stream<closed>")
+]]))
+  end)
+
+  it("runs several states, each with its own cudalua", function()
+    expect_ok(script(PRELUDE .. [[
+local r = c_other_state("local c = require 'cudalua'; return tostring(c.array({ 7, 8 }, 'int16')) .. ' ' .. tostring(cudalua == c)")
+check(r == "cudalua.array<int16>[2] {7, 8} true", r)
+check(c_other_state("return tostring(c_info)") == "nil", "the second state sees the first one's globals")
+raises("boom", c_other_state, "error('boom')")
+local a = cuda.array({ 1.5 }, "float64")
+check(c_info(a).values[1] == 1.5)
+]]))
+  end)
+
+  it("cudalua_push_device_array rejects bad dtypes and shapes", function()
+    expect_ok(script(PRELUDE .. [[
+raises("cudalua_push_device_array: ndim must be 1..8", c_push_device_array, 4096, "float32", 0)
+raises("cudalua_push_device_array: ndim must be 1..8", c_push_device_array, 4096, "float32", 9)
+raises("unknown dtype 'float33'", c_push_device_array, 4096, "float33", 1, 4)
+raises("is negative", c_push_device_array, 4096, "float32", 2, 3, -1)
+check(c_info(cuda.array({ 1 }, "int8")).values[1] == 1, "still works")
+]]))
+  end)
+
+  nogpu("cudalua_push_device_array raises the no-driver error, which the host catches", function()
+    local ok, out = script(PRELUDE .. [[
+raises("cudalua: no CUDA driver found", c_push_device_array, 4096, "float32", 1, 16)
+raises("cudalua: no CUDA driver found", c_push_owned, 4096, "float32", 16)
+check(c_info(cuda.array({ 2 }, "int8")).values[1] == 2, "still works")
+]])
+    expect_ok(ok, out)
+    assert.matches("released 0\n", out, 1, true)
+  end)
+
+  gpu("views device memory through cudalua_push_device_array and reads it back", function()
+    local t = {}
+    for i, v in ipairs(H.rand_table(1000, -4000, 4000, true)) do t[i] = v / 4 end
+    local ok, out = script(PRELUDE .. ([[
+local t = %s
+local d = cuda.to_device(t, "float32")
+local i = c_info(d)
+check(i.ptr == d:ptr() and not i.has_host and i.values == nil, "a device array: no host pointer")
+check(i.dtype == "float32" and i.nbytes == 4 * #t and i.ndim == 1)
+local v = c_push_device_array(d:ptr(), "float32", 1, #t)
+check(v.kind == "foreign_array" and v:ptr() == d:ptr(), tostring(v))
+same(t, v:copy_to_host():totable(), "contents through the view")
+local m = c_push_device_array(d:ptr(), "float32", 2, 10, #t // 10)
+same({ 10, #t // 10 }, m.shape, "2-d view")
+check(m:get(2, 1) == t[#t // 10 + 1])
+v:fill(2.5) -- writes through the view are the array's
+check(d[1] == 2.5 and d[#t] == 2.5)
+local view = c_info(v)
+check(view.ptr == d:ptr() and view.dtype == "float32")
+raises("allocation ends", c_push_device_array, d:ptr(), "float32", 1, #t + (1 << 24))
+raises("is not memory the CUDA driver knows", c_push_device_array, 12345, "float32", 1, 4)
+-- an array used on a stream reports that stream
+local s = cuda.stream()
+local on_s = cuda.device_array(16, "float32", s)
+on_s:fill(1, s)
+check(c_info(on_s).stream == s:handle(), "stream")
+s:synchronize()
+-- a host stream handle works for cudalua's work
+local hs = c_push_stream(s:handle(), 1)
+local x = cuda.device_array(8, "int32", hs)
+x:fill(7, hs)
+hs:synchronize()
+check(x[8] == 7)
+-- Lua owns this one: the release callback runs once it is collected
+do local owned = c_push_owned(d:ptr(), "float32", #t); owned:fill(1.5) end
+collectgarbage(); collectgarbage()
+cuda.synchronize()
+check(d[#t] == 1.5)
+]]):format(lua_list(t)))
+    expect_ok(ok, out)
+    assert.matches("released 1\n", out, 1, true) -- once, by the end of the state at the latest
+  end)
+
+  gpu("the embedding example runs in one state and in two states on two threads", function()
+    local ok, out = run("make -s build/embed_host")
+    assert(ok, "building build/embed_host failed:\n" .. out)
+    for _, mode in ipairs { "single", "threads" } do
+      ok, out = run("build/embed_host " .. mode)
+      assert(ok, "build/embed_host " .. mode .. " failed:\n" .. out)
+      assert.matches("embed " .. mode .. ": ok", out, 1, true)
+    end
+  end)
+end)
+
+teardown(function()
+  if workdir then os.execute("rm -rf " .. q(workdir)) end
+end)

@@ -1,0 +1,129 @@
+/* spec/support/embed_harness.c: a C host program built by spec/16-embed_spec.lua against
+ * src/cudalua.h and libcudalua.a. It opens cudalua in lua_States of its own with luaL_requiref,
+ * gives the script it runs the C API as Lua functions, and reads arrays back through
+ * cudalua_to_array (their contents through the host pointer, in C):
+ *   embed_harness SCRIPT      runs SCRIPT in a fresh state; exit 0 when it ran without error
+ * Functions the script sees:
+ *   c_info(v)                          -> table from cudalua_to_array (values read in C), or false
+ *   c_push_device_array(ptr, dtype, ndim, d1, d2, ...)   cudalua_push_device_array, host-owned
+ *   c_push_owned(ptr, dtype, n)        the same with a release callback (Lua owns it)
+ *   c_released()                       -> how many times the release callback ran
+ *   c_push_stream(handle, blocking)    cudalua_push_stream
+ *   c_other_state(code)                -> runs code in a second state of its own, returns its
+ *                                         result as a string (or raises its error)
+ * After the script, the state is closed and "released N" is printed. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <lua.h>
+#include <lauxlib.h>
+#include <lualib.h>
+#include "cudalua.h"
+
+static int released;
+
+static void release(void *ud, uint64_t ptr) {
+  (void)ptr;
+  if (ud == (void *)&released) released++;
+}
+
+static lua_State *new_state(void) {
+  lua_State *L = luaL_newstate();
+  luaL_openlibs(L);
+  luaL_requiref(L, "cudalua", luaopen_cudalua, 1);   /* a global, and in package.loaded */
+  lua_pop(L, 1);
+  return L;
+}
+
+static void push_value(lua_State *L, const char *dt, const char *p) {
+  if (!strcmp(dt, "float32")) { float v; memcpy(&v, p, 4); lua_pushnumber(L, v); }
+  else if (!strcmp(dt, "float64")) { double v; memcpy(&v, p, 8); lua_pushnumber(L, v); }
+  else if (!strcmp(dt, "int8")) { int8_t v; memcpy(&v, p, 1); lua_pushinteger(L, v); }
+  else if (!strcmp(dt, "int16")) { int16_t v; memcpy(&v, p, 2); lua_pushinteger(L, v); }
+  else if (!strcmp(dt, "int32")) { int32_t v; memcpy(&v, p, 4); lua_pushinteger(L, v); }
+  else if (!strcmp(dt, "int64")) { int64_t v; memcpy(&v, p, 8); lua_pushinteger(L, v); }
+  else if (!strcmp(dt, "uint8")) { uint8_t v; memcpy(&v, p, 1); lua_pushinteger(L, v); }
+  else if (!strcmp(dt, "uint16")) { uint16_t v; memcpy(&v, p, 2); lua_pushinteger(L, v); }
+  else if (!strcmp(dt, "uint32")) { uint32_t v; memcpy(&v, p, 4); lua_pushinteger(L, v); }
+  else lua_pushnil(L);
+}
+
+static int c_info(lua_State *L) {
+  cudalua_array_info in;
+  memset(&in, 0x5a, sizeof in);
+  lua_settop(L, 1);
+  if (!cudalua_to_array(L, 1, &in)) { lua_pushboolean(L, 0); return 1; }
+  lua_newtable(L);
+  lua_pushinteger(L, (lua_Integer)in.ptr); lua_setfield(L, -2, "ptr");
+  lua_pushboolean(L, in.host != NULL); lua_setfield(L, -2, "has_host");
+  lua_pushinteger(L, in.ndim); lua_setfield(L, -2, "ndim");
+  lua_createtable(L, in.ndim, 0);
+  int64_t count = 1;
+  for (int i = 0; i < in.ndim; i++) { lua_pushinteger(L, in.shape[i]); lua_rawseti(L, -2, i + 1); count *= in.shape[i]; }
+  lua_setfield(L, -2, "shape");
+  lua_pushstring(L, in.dtype); lua_setfield(L, -2, "dtype");
+  lua_pushinteger(L, in.itemsize); lua_setfield(L, -2, "itemsize");
+  lua_pushinteger(L, (lua_Integer)in.nbytes); lua_setfield(L, -2, "nbytes");
+  lua_pushinteger(L, (lua_Integer)(uintptr_t)in.stream); lua_setfield(L, -2, "stream");
+  if (in.host) {
+    lua_createtable(L, (int)count, 0);
+    for (int64_t i = 0; i < count; i++) {
+      push_value(L, in.dtype, (const char *)in.host + i * in.itemsize);
+      lua_rawseti(L, -2, i + 1);
+    }
+    lua_setfield(L, -2, "values");
+  }
+  return 1;
+}
+
+static int c_push_device_array(lua_State *L) {
+  uint64_t ptr = (uint64_t)luaL_checkinteger(L, 1);
+  const char *dt = luaL_checkstring(L, 2);
+  int ndim = (int)luaL_checkinteger(L, 3);
+  int64_t shape[16] = {0};
+  for (int i = 0; i < 16; i++) shape[i] = luaL_optinteger(L, 4 + i, 1);
+  return cudalua_push_device_array(L, ptr, dt, ndim, shape, NULL, NULL);
+}
+
+static int c_push_owned(lua_State *L) {
+  uint64_t ptr = (uint64_t)luaL_checkinteger(L, 1);
+  const char *dt = luaL_checkstring(L, 2);
+  int64_t shape[1] = {luaL_checkinteger(L, 3)};
+  return cudalua_push_device_array(L, ptr, dt, 1, shape, release, &released);
+}
+
+static int c_released(lua_State *L) {
+  lua_pushinteger(L, released);
+  return 1;
+}
+
+static int c_push_stream(lua_State *L) {
+  void *h = (void *)(uintptr_t)luaL_checkinteger(L, 1);
+  return cudalua_push_stream(L, h, lua_toboolean(L, 2));
+}
+
+static int c_other_state(lua_State *L) {
+  const char *code = luaL_checkstring(L, 1);
+  lua_State *L2 = new_state();
+  int ok = luaL_dostring(L2, code) == LUA_OK;
+  lua_pushstring(L, luaL_tolstring(L2, -1, NULL));
+  lua_close(L2);
+  if (!ok) return lua_error(L);
+  return 1;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) { fprintf(stderr, "usage: %s SCRIPT\n", argv[0]); return 2; }
+  lua_State *L = new_state();
+  lua_register(L, "c_info", c_info);
+  lua_register(L, "c_push_device_array", c_push_device_array);
+  lua_register(L, "c_push_owned", c_push_owned);
+  lua_register(L, "c_released", c_released);
+  lua_register(L, "c_push_stream", c_push_stream);
+  lua_register(L, "c_other_state", c_other_state);
+  int status = luaL_dofile(L, argv[1]);
+  if (status != LUA_OK) fprintf(stderr, "script error: %s\n", lua_tostring(L, -1));
+  lua_close(L);
+  printf("released %d\n", released);
+  return status == LUA_OK ? 0 : 1;
+}
