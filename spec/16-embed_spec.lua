@@ -206,7 +206,8 @@ v:fill(2.5) -- writes through the view are the array's
 check(d[1] == 2.5 and d[#t] == 2.5)
 local view = c_info(v)
 check(view.ptr == d:ptr() and view.dtype == "float32")
-raises("allocation ends", c_push_device_array, d:ptr(), "float32", 1, #t + (1 << 24))
+local pinned = cuda.pinned_array(1 << 18, "float32") -- 1 MiB
+raises("allocation ends", c_push_device_array, pinned:ptr(), "float32", 1, 1 << 20)
 raises("is not memory the CUDA driver knows", c_push_device_array, 12345, "float32", 1, 4)
 -- an array used on a stream reports that stream
 local s = cuda.stream()

@@ -246,6 +246,20 @@ local function cuda_include()
   return include_dir
 end
 
+-- "cc90": the current device's compute capability, for cache keys (needs no NVRTC)
+local cc_of = {}
+local function device_cc()
+  if not core.is_available() then
+    error("cuda.compile: " .. core.driver_error() .. "; give opts.arch (e.g. \"sm_90\") to compile without a GPU", 3)
+  end
+  local dev = core.current_device()
+  if not cc_of[dev] then
+    local cc = core.devices()[dev + 1].compute_capability
+    cc_of[dev] = ("cc%d%d"):format(cc[1], cc[2])
+  end
+  return cc_of[dev]
+end
+
 local arch_of = {}
 local function device_arch()
   local dev = core.is_available() and core.current_device()
@@ -369,9 +383,12 @@ end
 function M.compile(src, opts)
   if type(src) ~= "string" then error("cuda.compile: source must be a string, got " .. type(src), 2) end
   opts = check_opts(opts)
-  local arch = opts.arch or device_arch()
+  -- the cache is consulted before anything loads NVRTC (~5 ms): without an explicit arch the
+  -- key holds the device's compute capability, and the arch NVRTC gets is chosen on a miss
+  local arch = opts.arch
+  local arch_key = arch or device_cc()
   local name = opts.name or "cudalua_kernel.cu"
-  local options = { "-arch=" .. arch }
+  local options = {}
   local inc = cuda_include()
   if inc then options[#options + 1] = "-I" .. inc end
   for _, o in ipairs(opts.options or {}) do
@@ -389,18 +406,20 @@ function M.compile(src, opts)
   if opts.cache ~= false then
     local hparts = {}
     for _, k in ipairs(user_headers) do hparts[#hparts + 1] = #k .. ":" .. k .. #opts.headers[k] .. ":" .. opts.headers[k] end
-    key = cache.key { arch, name, table.concat(options, "\0"), table.concat(hparts),
+    key = cache.key { arch_key, name, table.concat(options, "\0"), table.concat(hparts),
                       table.concat(opts.name_expressions or {}, "\0"), src }
     local mod = cache.get_memory(key)
     if mod then return mod end
     local e = cache.get_disk(key)
     if e then
-      mod = new_module(e, name, arch)
+      mod = new_module(e, name, arch_key)
       cache.put_memory(key, mod)
       return mod
     end
     cache.stats.misses = cache.stats.misses + 1
   end
+  arch = arch or device_arch()
+  table.insert(options, 1, "-arch=" .. arch)
 
   local found = find_kernels(src)
   local wanted = {}

@@ -90,6 +90,19 @@ function Reducer:__call(arr, opts)
       error("reduce: options must be a table {init=, res=, stream=}, got " .. type(opts), 2)
     end
     init, stream, res = opts.init, opts.stream, opts.res
+    for k in pairs(opts) do
+      if k ~= "init" and k ~= "stream" and k ~= "res" then
+        error(("reduce: unknown option '%s' (init, res, stream)"):format(tostring(k)), 2)
+      end
+    end
+    if stream ~= nil and stream ~= 0 then
+      local mt = getmetatable(stream)
+      if type(mt) ~= "table" or mt.__name ~= "cudalua.stream" then
+        error("reduce: expected a stream, got " .. type(stream), 2)
+      end
+    elseif stream == 0 then
+      stream = nil
+    end
   end
   local n, dtype, kind, ptr = core.array_info(arr)
   if not n and type(getmetatable(arr)) == "table" and getmetatable(arr).__cuda_array_interface then
@@ -186,6 +199,9 @@ function M.reduce(cuda, expr, opts)
   end
   if opts ~= nil then
     if type(opts) ~= "table" then error("cuda.reduce: options must be a table, got " .. type(opts), 3) end
+    for k in pairs(opts) do
+      if k ~= "init" then error(("cuda.reduce: unknown option '%s' (init)"):format(tostring(k)), 3) end
+    end
     if opts.init ~= nil and type(opts.init) ~= "number" and type(opts.init) ~= "boolean" then
       error("cuda.reduce: init must be a number", 3)
     end
