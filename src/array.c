@@ -43,7 +43,7 @@ void cl_host_access(lua_State *L, cl_array *a) {
 }
 
 /* shape: an integer or a table of 1..8 integers >= 0 */
-static int parse_shape(lua_State *L, int idx, int64_t *shape, const char *where) {
+int cl_parse_shape(lua_State *L, int idx, int64_t *shape, const char *where) {
   int ndim = 0;
   if (lua_type(L, idx) == LUA_TNUMBER) {
     if (!lua_isinteger(L, idx)) luaL_error(L, "%s: shape must be an integer, got %s", where, lua_tostring(L, idx));
@@ -70,7 +70,7 @@ static int parse_shape(lua_State *L, int idx, int64_t *shape, const char *where)
   return ndim;
 }
 
-static cl_array *push_array(lua_State *L, cl_mem *m, size_t offset, int kind, int dt, int ndim,
+cl_array *cl_push_array(lua_State *L, cl_mem *m, size_t offset, int kind, int dt, int ndim,
                             const int64_t *shape) {
   cl_array *a = lua_newuserdatauv(L, sizeof *a, 1);
   memset(a, 0, sizeof *a);
@@ -92,7 +92,7 @@ cl_array *cl_newarray(lua_State *L, int kind, int dt, int ndim, const int64_t *s
   if (n > ((size_t)1 << 50) / isz) luaL_error(L, "cudalua: array too large");
   if (kind == CL_DEVICE) cl_capture_guard(L, s, 0, "allocating a device array");
   /* the userdata exists before the memory, so an error in between leaks nothing */
-  cl_array *a = push_array(L, NULL, 0, kind, dt, ndim, shape);
+  cl_array *a = cl_push_array(L, NULL, 0, kind, dt, ndim, shape);
   a->mem = cl_mem_new(L, kind, n * isz, s, zero);
   return a;
 }
@@ -162,6 +162,8 @@ static char *fill_from(lua_State *L, int idx, int dt, int d, int ndim, const int
 
 int cl_l_array(lua_State *L) {
   int64_t shape[CL_MAXDIM];
+  if (lua_type(L, 1) == LUA_TTABLE && luaL_getmetafield(L, 1, "__cuda_array_interface") != LUA_TNIL)
+    return luaL_error(L, "cuda.array: the table is a foreign array (__cuda_array_interface): use cuda.as_cuda_array(t):copy_to_host()");
   if (lua_type(L, 1) == LUA_TTABLE) {
     int ndim = table_shape(L, 1, shape);
     if (ndim == 0) { ndim = 1; shape[0] = 0; }
@@ -173,14 +175,14 @@ int cl_l_array(lua_State *L) {
   }
   if (lua_type(L, 1) != LUA_TNUMBER)
     return luaL_typeerror(L, 1, "table of values or integer length");
-  int ndim = parse_shape(L, 1, shape, "cuda.array");
+  int ndim = cl_parse_shape(L, 1, shape, "cuda.array");
   cl_newarray(L, CL_HOST, cl_optdtype(L, 2, CL_F64), ndim, shape, NULL, 1);
   return 1;
 }
 
 static int new_kind(lua_State *L, int kind, const char *where) {
   int64_t shape[CL_MAXDIM];
-  int ndim = parse_shape(L, 1, shape, where);
+  int ndim = cl_parse_shape(L, 1, shape, where);
   int dt = cl_optdtype(L, 2, CL_F64);
   lua_settop(L, 3);
   cl_stream *s = kind == CL_DEVICE ? cl_tostream(L, 3, where) : NULL;
@@ -272,7 +274,7 @@ static int a_set(lua_State *L) {
   return 0;
 }
 
-static void push_shape(lua_State *L, cl_array *a) {
+void cl_push_shape(lua_State *L, cl_array *a) {
   lua_createtable(L, a->ndim, 0);
   for (int i = 0; i < a->ndim; i++) { lua_pushinteger(L, a->shape[i]); lua_rawseti(L, -2, i + 1); }
 }
@@ -293,7 +295,7 @@ static int a_index(lua_State *L) {
     if (!strcmp(k, "closed")) { lua_pushboolean(L, a->mem == NULL); return 1; }
     if (!strcmp(k, "kind")) { lua_pushstring(L, cl_kind_names[a->kind]); return 1; }
     if (!strcmp(k, "dtype")) { cl_pushdtype(L, a->dtype); return 1; }
-    if (!strcmp(k, "shape")) { push_shape(L, a); return 1; }
+    if (!strcmp(k, "shape")) { cl_push_shape(L, a); return 1; }
     if (!strcmp(k, "ndim")) { lua_pushinteger(L, a->ndim); return 1; }
     if (!strcmp(k, "size")) { lua_pushinteger(L, (lua_Integer)a->size); return 1; }
     if (!strcmp(k, "nbytes")) { lua_pushinteger(L, (lua_Integer)cl_nbytes(a)); return 1; }
@@ -353,7 +355,7 @@ static int a_slice(lua_State *L) {
   int64_t shape[CL_MAXDIM];
   memcpy(shape, a->shape, sizeof shape);
   shape[0] = j - i + 1;
-  cl_array *v = push_array(L, cl_mem_ref(a->mem), a->offset + (size_t)(i - 1) * row, a->kind,
+  cl_array *v = cl_push_array(L, cl_mem_ref(a->mem), a->offset + (size_t)(i - 1) * row, a->kind,
                            a->dtype, a->ndim, shape);
   v->readonly = a->readonly;
   lua_getiuservalue(L, 1, 1);   /* a foreign owner stays alive with the view */
@@ -368,13 +370,13 @@ static int a_reshape(lua_State *L) {
   if (lua_gettop(L) > 2) {
     lua_createtable(L, lua_gettop(L) - 1, 0);
     for (int i = 2; i < lua_gettop(L); i++) { lua_pushvalue(L, i); lua_rawseti(L, -2, i - 1); }
-    ndim = parse_shape(L, -1, shape, "reshape");
-  } else ndim = parse_shape(L, 2, shape, "reshape");
+    ndim = cl_parse_shape(L, -1, shape, "reshape");
+  } else ndim = cl_parse_shape(L, 2, shape, "reshape");
   size_t n = 1;
   for (int i = 0; i < ndim; i++) n *= (size_t)shape[i];
   if (n != a->size)
     return luaL_error(L, "reshape: %I elements cannot take a shape of %I", (lua_Integer)a->size, (lua_Integer)n);
-  cl_array *v = push_array(L, cl_mem_ref(a->mem), a->offset, a->kind, a->dtype, ndim, shape);
+  cl_array *v = cl_push_array(L, cl_mem_ref(a->mem), a->offset, a->kind, a->dtype, ndim, shape);
   v->readonly = a->readonly;
   lua_getiuservalue(L, 1, 1);
   lua_setiuservalue(L, -2, 1);
@@ -387,7 +389,7 @@ static int a_view(lua_State *L) {
   int dt = cl_checkdtype(L, 2);
   if (cl_dtypes[dt].size != cl_dtypes[a->dtype].size)
     return luaL_error(L, "view: %s and %s differ in size", cl_dtypes[a->dtype].name, cl_dtypes[dt].name);
-  cl_array *v = push_array(L, cl_mem_ref(a->mem), a->offset, a->kind, dt, a->ndim, a->shape);
+  cl_array *v = cl_push_array(L, cl_mem_ref(a->mem), a->offset, a->kind, dt, a->ndim, a->shape);
   v->readonly = a->readonly;
   lua_getiuservalue(L, 1, 1);
   lua_setiuservalue(L, -2, 1);
@@ -463,82 +465,6 @@ static int a_tostring(lua_State *L) {
   return 1;
 }
 
-/* foreign_array(ptr, dtype, shape, readonly, owner [, stream handle]) -> an array viewing memory
-   cudalua does not own (CUDA Array Interface, host programs). The driver must know the
-   pointer as device-accessible memory holding the whole array: a bogus integer raises. */
-static int l_foreign_array(lua_State *L) {
-  lua_Integer ptr = luaL_checkinteger(L, 1);
-  int dt = cl_checkdtype(L, 2);
-  int64_t shape[CL_MAXDIM];
-  int ndim = parse_shape(L, 3, shape, "as_cuda_array");
-  int readonly = lua_toboolean(L, 4);
-  size_t n = 1;
-  for (int i = 0; i < ndim; i++) {
-    if (shape[i] && n > ((size_t)1 << 50) / (size_t)shape[i]) return luaL_error(L, "as_cuda_array: shape too large");
-    n *= (size_t)shape[i];
-  }
-  size_t bytes = n * cl_dtypes[dt].size;
-  CUcontext ctx = cl_ctx(L);
-  if (bytes) {
-    if (ptr == 0) return luaL_error(L, "as_cuda_array: null data pointer for %I bytes", (lua_Integer)bytes);
-    CUdeviceptr start = 0;
-    size_t range = 0;
-    unsigned int mtype = 0;
-    CUresult r = cu.cuPointerGetAttribute(&mtype, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)ptr);
-    if (r == CUDA_SUCCESS) r = cu.cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, (CUdeviceptr)ptr);
-    if (r == CUDA_SUCCESS) r = cu.cuPointerGetAttribute(&range, CU_POINTER_ATTRIBUTE_RANGE_SIZE, (CUdeviceptr)ptr);
-    if (r != CUDA_SUCCESS)
-      return luaL_error(L, "as_cuda_array: 0x%p is not memory the CUDA driver knows (%s): a device "
-                        "pointer from cudaMalloc/cuMemAlloc or pinned host memory is needed",
-                        (void *)(uintptr_t)ptr, cl_errname(r));
-    if ((CUdeviceptr)ptr + bytes > start + range)
-      return luaL_error(L, "as_cuda_array: the array needs %I bytes from 0x%p but its allocation "
-                        "ends %I bytes after it", (lua_Integer)bytes, (void *)(uintptr_t)ptr,
-                        (lua_Integer)(start + range - (CUdeviceptr)ptr));
-  }
-  cl_array *a = push_array(L, NULL, 0, CL_FOREIGN, dt, ndim, shape);
-  a->readonly = readonly;
-  lua_pushvalue(L, 5);
-  lua_setiuservalue(L, -2, 1);      /* the owner stays alive with the view */
-  cl_mem *m = calloc(1, sizeof *m);
-  if (!m) return luaL_error(L, "cudalua: out of host memory");
-  m->refs = 1; m->kind = CL_FOREIGN; m->dptr = (CUdeviceptr)ptr; m->bytes = bytes; m->ctx = ctx;
-  a->mem = m;
-  return 1;
-}
-
-/* the CUDA Array Interface (v3) of an array */
-static int a_cai(lua_State *L) {
-  cl_array *a = cl_checkarray(L, 1);
-  if (a->kind == CL_HOST)
-    return luaL_error(L, "__cuda_array_interface: a pageable host array has no device address (use a pinned, mapped, managed or device array)");
-  lua_createtable(L, 0, 6);
-  lua_createtable(L, 2, 0);
-  lua_pushinteger(L, (lua_Integer)cl_devptr(a)); lua_rawseti(L, -2, 1);
-  lua_pushboolean(L, a->readonly); lua_rawseti(L, -2, 2);
-  lua_setfield(L, -2, "data");
-  push_shape(L, a);
-  lua_setfield(L, -2, "shape");
-  lua_pushstring(L, cl_dtypes[a->dtype].typestr);
-  lua_setfield(L, -2, "typestr");
-  lua_createtable(L, a->ndim, 0);   /* C order, in bytes */
-  int64_t st = cl_dtypes[a->dtype].size;
-  for (int i = a->ndim - 1; i >= 0; i--) {
-    lua_pushinteger(L, st); lua_rawseti(L, -2, i + 1);
-    st *= a->shape[i];
-  }
-  lua_setfield(L, -2, "strides");
-  lua_pushinteger(L, 3);
-  lua_setfield(L, -2, "version");
-  /* work still queued on the stream that last used it: consumers wait for that stream */
-  if (a->mem->used) {
-    cl_stream *s = a->mem->multi ? NULL : a->mem->stream;
-    lua_pushinteger(L, s ? (lua_Integer)(uintptr_t)s->h : 1);   /* 1: the legacy stream */
-    lua_setfield(L, -2, "stream");
-  }
-  return 1;
-}
-
 /* array_info(a) -> size, dtype, kind, device address (0 for pageable): one call for Lua glue */
 static int l_array_info(lua_State *L) {
   cl_array *a = cl_toarray(L, 1);
@@ -561,8 +487,7 @@ void cl_open_array(lua_State *L) {
     {"array", cl_l_array}, {"zeros", l_zeros}, {"pinned_array", l_pinned_array},
     {"mapped_array", l_mapped_array}, {"managed_array", l_managed_array},
     {"device_array", l_device_array}, {"device_array_like", l_device_array_like},
-    {"to_device", cl_l_to_device}, {"array_info", l_array_info}, {"foreign_array", l_foreign_array},
-    {NULL, NULL}};
+    {"to_device", cl_l_to_device}, {"array_info", l_array_info}, {NULL, NULL}};
   luaL_newmetatable(L, CL_ARRAY);
   lua_pushcfunction(L, a_index); lua_setfield(L, -2, "__index");
   lua_pushcfunction(L, a_newindex); lua_setfield(L, -2, "__newindex");
@@ -570,11 +495,9 @@ void cl_open_array(lua_State *L) {
   lua_pushcfunction(L, a_close); lua_setfield(L, -2, "__gc");
   lua_pushcfunction(L, a_close); lua_setfield(L, -2, "__close");
   lua_pushcfunction(L, a_tostring); lua_setfield(L, -2, "__tostring");
-  lua_pushcfunction(L, a_cai); lua_setfield(L, -2, "__cuda_array_interface");
   lua_pop(L, 1);
   luaL_newlib(L, m);
   lua_setfield(L, LUA_REGISTRYINDEX, CL_ARRAY ".methods");
-  lua_pushcfunction(L, l_foreign_array);
-  lua_setfield(L, LUA_REGISTRYINDEX, "cudalua.foreign_array");
+
   luaL_setfuncs(L, f, 0);
 }

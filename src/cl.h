@@ -144,6 +144,11 @@ extern const char *const cl_kind_names[];     /* "array", "pinned_array", ... */
 int cl_is_host(const cl_array *a);                /* memory the CPU can read */
 void cl_host_access(lua_State *L, cl_array *a);   /* waits if managed memory needs it */
 int cl_l_array(lua_State *L);                     /* cuda.array */
+int cl_parse_shape(lua_State *L, int idx, int64_t *shape, const char *where);
+cl_array *cl_push_array(lua_State *L, cl_mem *m, size_t offset, int kind, int dt, int ndim,
+                        const int64_t *shape);      /* a new array object on m (not referenced) */
+void cl_push_shape(lua_State *L, cl_array *a);
+void cl_open_interop(lua_State *L);
 /* copy.c */
 void cl_copy(lua_State *L, cl_array *dst, cl_array *src, cl_stream *s, int sync, const char *where);
 int cl_l_to_device(lua_State *L);

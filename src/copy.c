@@ -42,8 +42,10 @@ void cl_copy(lua_State *L, cl_array *dst, cl_array *src, cl_stream *s, int sync,
 }
 
 static cl_array *host_from(lua_State *L, int idx, int dtidx, const char *where) {
-  /* a table (with a dtype) becomes a new pageable array on the stack */
+  /* a table (with a dtype) becomes a new pageable array on the stack; a table with the CUDA
+     Array Interface is not data but a foreign array */
   if (!lua_istable(L, idx)) return NULL;
+  if (luaL_getmetafield(L, idx, "__cuda_array_interface") != LUA_TNIL) { lua_pop(L, 1); return NULL; }
   lua_pushcfunction(L, cl_l_array);
   lua_pushvalue(L, idx);
   if (dtidx) lua_pushvalue(L, dtidx); else lua_pushnil(L);

@@ -34,6 +34,7 @@ int luaopen_cudalua(lua_State *L) {
   cl_open_cache(L);
   cl_open_hostfn(L);
   cl_open_graph(L);
+  cl_open_interop(L);
   lua_pushstring(L, CUDALUA_VERSION); lua_setfield(L, core, "version");
   /* identifies this build's Lua parts and headers: the compile cache key holds it */
   uint64_t h = 0xcbf29ce484222325ULL;
@@ -73,8 +74,5 @@ int luaopen_cudalua(lua_State *L) {
   lua_pushvalue(L, core);
   lua_pushcclosure(L, load_part, 2);
   lua_call(L, 0, 1);
-  /* kernel arguments and copies turn CUDA Array Interface objects into views with it */
-  lua_getfield(L, -1, "as_cuda_array");
-  lua_setfield(L, LUA_REGISTRYINDEX, "cudalua.as_cuda_array");
   return 1;
 }

@@ -27,6 +27,7 @@ static int e_record(lua_State *L) {
   levent *ev = checkev(L, 1);
   cl_stream *s = cl_tostream(L, 2, "event:record");
   cl_ctx(L);
+  cl_capture_guard(L, s, 0, "event:record");
   cl_check(L, cu.cuEventRecord(ev->e, s ? s->h : NULL), "event:record");
   return 0;
 }

@@ -232,7 +232,8 @@ static CUdeviceptr copy_addr(lua_State *L, cl_array *a, int idx, const char *whe
   if (a->kind == CL_HOST) {
     if (cl_nbytes(a) && !a->mem->registered) {
       CUresult r = cu.cuMemHostRegister(a->mem->host, a->mem->bytes, CU_MEMHOSTREGISTER_PORTABLE);
-      if (r != CUDA_SUCCESS) luaL_error(L, "cudalua: %s: cannot page-lock host array %d (%s): use a pinned array", where, idx, cl_errname(r));
+      /* small arrays can share a page with another that is already locked */
+      if (r != CUDA_SUCCESS) luaL_error(L, "cudalua: %s: cannot page-lock host array %d (%s): use a pinned array for graph copies", where, idx, cl_errname(r));
       a->mem->registered = 1;
     }
     return (CUdeviceptr)(uintptr_t)cl_hostptr(a);
@@ -441,8 +442,10 @@ static int g_dot(lua_State *L) {
 
 static int g_tostring(lua_State *L) {
   lgraph *g = luaL_checkudata(L, 1, GRAPH_MT);
+  size_t n = 0;
   if (!g->g) lua_pushliteral(L, "cudalua.graph<closed>");
-  else lua_pushfstring(L, "cudalua.graph<%d nodes>", g->ntouched);
+  else if (cu.cuGraphGetNodes(g->g, NULL, &n) == CUDA_SUCCESS) lua_pushfstring(L, "cudalua.graph<%d nodes>", (int)n);
+  else lua_pushliteral(L, "cudalua.graph");
   return 1;
 }
 

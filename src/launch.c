@@ -271,18 +271,27 @@ static int launcher_gc(lua_State *L) {
 int cl_kernel_index(lua_State *L) {
   cl_kernel *k = lua_touserdata(L, 1);
   if (lua_type(L, 2) == LUA_TTABLE) {
-    launcher *l = lua_newuserdatauv(L, sizeof *l, 1);
-    l->k = k; l->s = NULL;
-    luaL_setmetatable(L, LAUNCHER_MT);
-    lua_pushvalue(L, 1); lua_setiuservalue(L, -2, 1);
+    launcher c = {k, {1, 1, 1}, {1, 1, 1}, 0, NULL};
     int cfg = 2, n = (int)lua_rawlen(L, cfg);
     if (n < 2 || n > 4)
       return luaL_error(L, "cudalua: launch configuration is {grid, block [, stream [, shared]]}, got %d entries", n);
-    lua_rawgeti(L, cfg, 1); dims(L, -1, l->g, "grid"); lua_pop(L, 1);
-    lua_rawgeti(L, cfg, 2); dims(L, -1, l->b, "block"); lua_pop(L, 1);
-    if (n >= 3) { lua_rawgeti(L, cfg, 3); l->s = cl_stream_ref(cl_tostream(L, -1, "launch configuration")); lua_pop(L, 1); }
-    if (n >= 4) { lua_rawgeti(L, cfg, 4); l->shared = shared_bytes(L, -1); lua_pop(L, 1); }
-    else l->shared = 0;
+    lua_rawgeti(L, cfg, 1); dims(L, -1, c.g, "grid"); lua_pop(L, 1);
+    lua_rawgeti(L, cfg, 2); dims(L, -1, c.b, "block"); lua_pop(L, 1);
+    if (n >= 3) { lua_rawgeti(L, cfg, 3); c.s = cl_tostream(L, -1, "launch configuration"); lua_pop(L, 1); }
+    if (n >= 4) { lua_rawgeti(L, cfg, 4); c.shared = shared_bytes(L, -1); lua_pop(L, 1); }
+    /* launchers are immutable: k[{grid, block}](...) in a loop reuses the last one made */
+    if (lua_getiuservalue(L, 1, 3) == LUA_TUSERDATA) {
+      launcher *last = lua_touserdata(L, -1);
+      if (!memcmp(last->g, c.g, sizeof c.g) && !memcmp(last->b, c.b, sizeof c.b) &&
+          last->shared == c.shared && last->s == c.s)
+        return 1;
+    }
+    launcher *l = lua_newuserdatauv(L, sizeof *l, 1);
+    *l = c;
+    cl_stream_ref(l->s);
+    luaL_setmetatable(L, LAUNCHER_MT);
+    lua_pushvalue(L, 1); lua_setiuservalue(L, -2, 1);
+    lua_pushvalue(L, -1); lua_setiuservalue(L, 1, 3);
     return 1;
   }
   lua_getfield(L, LUA_REGISTRYINDEX, CL_KERNEL ".methods");
@@ -327,6 +336,13 @@ static int k_forall(lua_State *L) {
   unsigned shared = 0;
   if (!lua_isnoneornil(L, 3)) {
     luaL_checktype(L, 3, LUA_TTABLE);
+    lua_pushnil(L);
+    while (lua_next(L, 3)) {
+      lua_pop(L, 1);
+      const char *key = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "?";
+      if (strcmp(key, "stream") && strcmp(key, "shared"))
+        return luaL_error(L, "cudalua: forall: unknown option '%s' (stream, shared)", luaL_tolstring(L, -1, NULL));
+    }
     lua_getfield(L, 3, "stream"); s = cl_tostream(L, -1, "forall");
     lua_getfield(L, 3, "shared"); shared = shared_bytes(L, -1);
     lua_pop(L, 2);

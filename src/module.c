@@ -61,7 +61,7 @@ static int l_module_kernel(lua_State *L) {
   if (!m->m) return luaL_error(L, "cudalua: module is closed");
   if (nc > CL_MAXPARAMS) return luaL_error(L, "cudalua: kernel '%s' has more than %d parameters", sym, CL_MAXPARAMS);
   cl_ctx(L);
-  cl_kernel *k = lua_newuserdatauv(L, sizeof *k, 2);
+  cl_kernel *k = lua_newuserdatauv(L, sizeof *k, 3);   /* module, info, last launcher */
   memset(k, 0, sizeof *k);
   luaL_setmetatable(L, CL_KERNEL);
   lua_pushvalue(L, 1); lua_setiuservalue(L, -2, 1);

@@ -52,8 +52,7 @@ cuda.kernel = compile.kernel
 local reduce = require "cudalua.reduce"
 function cuda.reduce(expr, opts) return reduce.reduce(cuda, expr, opts) end
 
-local interop = require "cudalua.interop"
-cuda.as_cuda_array = interop.as_cuda_array -- src/core.c also hands it to the C core
+cuda.as_cuda_array = core.as_cuda_array -- src/interop.c
 
 cuda.random = require "cudalua.random"
 cuda.progress = require "cudalua.progress"

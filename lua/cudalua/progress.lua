@@ -40,6 +40,20 @@ function M.watch(counter, total, opts)
   end
   if opts ~= nil and type(opts) ~= "table" then error("progress.watch: options must be a table", 2) end
   opts = opts or {}
+  for k in pairs(opts) do
+    if k ~= "stream" and k ~= "label" and k ~= "interval" and k ~= "out" and k ~= "line_interval" then
+      error(("progress.watch: unknown option '%s' (stream, label, interval, out, line_interval)"):format(tostring(k)), 2)
+    end
+  end
+  if opts.stream ~= nil and (type(getmetatable(opts.stream)) ~= "table" or getmetatable(opts.stream).__name ~= "cudalua.stream") then
+    error("progress.watch: expected a stream, got " .. type(opts.stream), 2)
+  end
+  if opts.out ~= nil and io.type(opts.out) ~= "file" then
+    error("progress.watch: out must be an open file (io.stderr, io.open(...)), got " .. type(opts.out), 2)
+  end
+  if opts.line_interval ~= nil and (type(opts.line_interval) ~= "number" or opts.line_interval < 0) then
+    error("progress.watch: line_interval must be seconds >= 0", 2)
+  end
   local interval = opts.interval or 0.001
   if type(interval) ~= "number" or interval < 0 then error("progress.watch: interval must be seconds >= 0", 2) end
   local out = opts.out or io.stderr
@@ -51,9 +65,23 @@ function M.watch(counter, total, opts)
       error("progress.watch: this device cannot share managed memory with the host while a kernel runs; use cuda.mapped_array for the counter", 2)
     end
     if not advised[counter] then
-      counter:advise("preferred_device"):advise("accessed_by_host")
-      advised[counter] = true
+      -- the counter's page stays on the device; the host reads it with the copy engine on a
+      -- stream of its own, so no page fault stalls the kernel's atomics (reading it through
+      -- the CPU mapping costs the kernel several percent)
+      counter:advise("preferred_device")
+      advised[counter] = {
+        stream = cuda.stream(true),
+        buf = cuda.pinned_array(1, dtype),
+        src = counter:reshape(n):slice(1, 1),
+      }
     end
+  end
+  local poll = advised[counter]
+  local function read()
+    if not poll then return counter[1] end
+    poll.src:copy_to_host(poll.buf, poll.stream)
+    poll.stream:synchronize()
+    return poll.buf[1]
   end
   local tty, cols = core.isatty(out)
   local redraw = tty and 0.05 or (opts.line_interval or 1.0) -- seconds between draws
@@ -81,7 +109,7 @@ function M.watch(counter, total, opts)
   local v = 0
   while true do
     local done = stream:query()
-    v = counter[1]
+    v = read()
     if done then break end
     draw(v, false)
     if interval > 0 then core.sleep(interval) end

@@ -46,7 +46,7 @@ local function kernels(self, dtype)
       self.expr or self.body, name, tostring(mod)), 3)
   end
   local sms = core.devices()[core.current_device() + 1].multiprocessors
-  ks = { mod = mod, { k = mod:get(aligned), tile = 32 * v }, { k = mod:get(unaligned), tile = 32 } }
+  local ks = { mod = mod, { k = mod:get(aligned), tile = 32 * v }, { k = mod:get(unaligned), tile = 32 } }
   for _, e in ipairs(ks) do
     e.max_grid = sms * math.max(1, e.k:max_blocks_per_sm(BLOCK))
     e.one = e.k[{ 1, BLOCK }] -- the launcher for small inputs on the default stream

@@ -1,0 +1,225 @@
+/* interop.c: the CUDA Array Interface (v3). cudalua arrays answer the metafield
+   __cuda_array_interface; any value whose metatable has it (a table, or a function returning
+   one) becomes a view without a copy, checked with the driver. In C, because kernel launches
+   convert such objects every time they are passed. */
+#include <string.h>
+#include "cl.h"
+
+static const struct { const char *ts; int dt; } typestrs[] = {
+  {"<f4", CL_F32}, {"<f8", CL_F64}, {"<f2", CL_F16}, {"|i1", CL_I8}, {"<i2", CL_I16},
+  {"<i4", CL_I32}, {"<i8", CL_I64}, {"|u1", CL_U8}, {"<u2", CL_U16}, {"<u4", CL_U32},
+  {"<u8", CL_U64}, {"|b1", CL_BOOL}};
+
+/* "<f4", "=f4" (native order, little-endian here) and "<i1" for "|i1" all name one dtype */
+static int dtype_of(const char *ts) {
+  if (!ts || strlen(ts) != 3) return -1;
+  for (size_t i = 0; i < sizeof typestrs / sizeof typestrs[0]; i++) {
+    const char *t = typestrs[i].ts;
+    if (ts[1] == t[1] && ts[2] == t[2] && (ts[0] == t[0] || ts[0] == '=' || (t[0] == '|' && ts[0] == '<')))
+      return typestrs[i].dt;
+  }
+  return -1;
+}
+
+#define CAI_CACHE "cudalua.cai_cache"
+
+/* a new array viewing [ptr, ptr + size) after the driver confirmed it, owner kept alive */
+static cl_array *foreign_view(lua_State *L, lua_Integer ptr, int dt, int ndim,
+                              const int64_t *shape, int readonly, int owner) {
+  size_t n = 1;
+  for (int i = 0; i < ndim; i++) {
+    if (shape[i] && n > ((size_t)1 << 50) / (size_t)shape[i]) luaL_error(L, "as_cuda_array: shape too large");
+    n *= (size_t)shape[i];
+  }
+  size_t bytes = n * cl_dtypes[dt].size;
+  CUcontext ctx = cl_ctx(L);
+  if (bytes) {
+    if (ptr == 0) luaL_error(L, "as_cuda_array: null data pointer for %I bytes", (lua_Integer)bytes);
+    CUdeviceptr start = 0;
+    size_t range = 0;
+    unsigned int mtype = 0;
+    CUresult r = cu.cuPointerGetAttribute(&mtype, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)ptr);
+    if (r == CUDA_SUCCESS) r = cu.cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, (CUdeviceptr)ptr);
+    if (r == CUDA_SUCCESS) r = cu.cuPointerGetAttribute(&range, CU_POINTER_ATTRIBUTE_RANGE_SIZE, (CUdeviceptr)ptr);
+    if (r != CUDA_SUCCESS)
+      luaL_error(L, "as_cuda_array: 0x%p is not memory the CUDA driver knows (%s): a device "
+                 "pointer from cudaMalloc/cuMemAlloc or pinned host memory is needed",
+                 (void *)(uintptr_t)ptr, cl_errname(r));
+    if ((CUdeviceptr)ptr + bytes > start + range)
+      luaL_error(L, "as_cuda_array: the array needs %I bytes from 0x%p but its allocation ends "
+                 "%I bytes after it", (lua_Integer)bytes, (void *)(uintptr_t)ptr,
+                 (lua_Integer)(start + range - (CUdeviceptr)ptr));
+  }
+  cl_array *a = cl_push_array(L, NULL, 0, CL_FOREIGN, dt, ndim, shape);
+  a->readonly = readonly;
+  if (owner) { lua_pushvalue(L, owner); lua_setiuservalue(L, -2, 1); }
+  cl_mem *m = calloc(1, sizeof *m);
+  if (!m) luaL_error(L, "cudalua: out of host memory");
+  m->refs = 1; m->kind = CL_FOREIGN; m->dptr = (CUdeviceptr)ptr; m->bytes = bytes; m->ctx = ctx;
+  a->mem = m;
+  return a;
+}
+
+/* foreign_array(ptr, dtype, shape, readonly, owner): for the C embedding API */
+static int l_foreign_array(lua_State *L) {
+  lua_Integer ptr = luaL_checkinteger(L, 1);
+  int dt = cl_checkdtype(L, 2);
+  int64_t shape[CL_MAXDIM];
+  int ndim = cl_parse_shape(L, 3, shape, "as_cuda_array");
+  foreign_view(L, ptr, dt, ndim, shape, lua_toboolean(L, 4), lua_isnoneornil(L, 5) ? 0 : 5);
+  return 1;
+}
+
+static int fail(lua_State *L, const char *fmt, const char *arg) {
+  return luaL_error(L, "as_cuda_array: %s%s", lua_pushfstring(L, fmt, arg), "");
+}
+
+static lua_Integer int_field(lua_State *L, int t, const char *k, int *ok) {
+  lua_getfield(L, t, k);
+  lua_Integer v = lua_tointegerx(L, -1, ok);
+  lua_pop(L, 1);
+  return v;
+}
+
+/* as_cuda_array(obj) -> a cudalua array viewing obj's memory */
+static int l_as_cuda_array(lua_State *L) {
+  lua_settop(L, 1);
+  if (luaL_testudata(L, 1, CL_ARRAY)) return 1;
+  if (luaL_getmetafield(L, 1, "__cuda_array_interface") == LUA_TNIL)
+    return fail(L, "the object has no __cuda_array_interface (got %s)", luaL_typename(L, 1));
+  if (lua_type(L, 2) == LUA_TFUNCTION) { lua_pushvalue(L, 1); lua_call(L, 1, 1); }
+  if (lua_type(L, 2) != LUA_TTABLE)
+    return fail(L, "__cuda_array_interface must be a table or give one, got %s", luaL_typename(L, 2));
+  int ok;
+  lua_Integer version = int_field(L, 2, "version", &ok);
+  if (!ok || version < 1 || version > 3) {
+    lua_getfield(L, 2, "version");
+    return fail(L, "unsupported version %s (1 to 3)", luaL_tolstring(L, -1, NULL));
+  }
+  if (lua_getfield(L, 2, "data") != LUA_TTABLE) return fail(L, "data must be {ptr, readonly}, got %s", luaL_typename(L, -1));
+  lua_rawgeti(L, -1, 1);
+  lua_Integer ptr = lua_tointegerx(L, -1, &ok);
+  if (!ok) return fail(L, "data[1] (the pointer) must be an integer, got %s", luaL_tolstring(L, -1, NULL));
+  int rt = lua_rawgeti(L, -2, 2);
+  if (rt != LUA_TNIL && rt != LUA_TBOOLEAN) return fail(L, "data[2] (read-only) must be a boolean%s", "");
+  int readonly = lua_toboolean(L, -1);
+  lua_pop(L, 3);
+  lua_getfield(L, 2, "typestr");
+  const char *ts = lua_tostring(L, -1);
+  int dt = lua_type(L, -1) == LUA_TSTRING ? dtype_of(ts) : -1;
+  if (dt < 0)
+    return fail(L, "unsupported typestr %s (supported: <f2 <f4 <f8 |i1 <i2 <i4 <i8 |u1 <u2 <u4 <u8 |b1)",
+                lua_type(L, -1) == LUA_TSTRING ? lua_pushfstring(L, "'%s'", ts) : luaL_tolstring(L, -1, NULL));
+  lua_pop(L, 1);
+  if (lua_getfield(L, 2, "shape") != LUA_TTABLE) return fail(L, "shape must be a table of integers, got %s", luaL_typename(L, -1));
+  int ndim = (int)lua_rawlen(L, -1);
+  if (ndim > CL_MAXDIM) return fail(L, "more than 8 dimensions%s", "");
+  int64_t shape[CL_MAXDIM];
+  for (int i = 0; i < ndim; i++) {
+    lua_rawgeti(L, -1, i + 1);
+    shape[i] = lua_tointegerx(L, -1, &ok);
+    if (!ok) return luaL_error(L, "as_cuda_array: shape[%d] must be an integer, got %s", i + 1, luaL_tolstring(L, -1, NULL));
+    if (shape[i] < 0) return luaL_error(L, "as_cuda_array: shape[%d] is negative (%I)", i + 1, (lua_Integer)shape[i]);
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
+  int sdim = ndim;
+  if (ndim == 0) { ndim = 1; shape[0] = 1; }   /* a 0-d array holds one element */
+  if (lua_getfield(L, 2, "mask") != LUA_TNIL) return fail(L, "masked arrays are not supported%s", "");
+  lua_pop(L, 1);
+  if (lua_getfield(L, 2, "strides") != LUA_TNIL) {
+    if (lua_type(L, -1) != LUA_TTABLE || (int)lua_rawlen(L, -1) != sdim)
+      return fail(L, "strides must be nil or one integer per dimension%s", "");
+    int64_t st[CL_MAXDIM], c = cl_dtypes[dt].size, f = c;
+    int is_c = 1, is_f = 1;
+    for (int i = 0; i < sdim; i++) { lua_rawgeti(L, -1, i + 1); st[i] = lua_tointeger(L, -1); lua_pop(L, 1); }
+    for (int i = sdim - 1; i >= 0; i--) { if (shape[i] > 1 && st[i] != c) is_c = 0; c *= shape[i]; }
+    for (int i = 0; i < sdim; i++) { if (shape[i] > 1 && st[i] != f) is_f = 0; f *= shape[i]; }
+    if (!is_c) {
+      if (is_f) return fail(L, "Fortran-order (column-major) arrays are not supported: pass a C-order copy%s", "");
+      luaL_Buffer b;
+      luaL_buffinit(L, &b);
+      for (int i = 0; i < sdim; i++) { lua_pushfstring(L, i ? ", %I" : "%I", (lua_Integer)st[i]); luaL_addvalue(&b); }
+      luaL_pushresult(&b);
+      return fail(L, "non-contiguous strides {%s} are not supported", lua_tostring(L, -1));
+    }
+  }
+  lua_pop(L, 1);
+  if (lua_getfield(L, 2, "stream") != LUA_TNIL) {
+    lua_Integer h = lua_tointegerx(L, -1, &ok);
+    if (!ok) return fail(L, "stream must be an integer handle, got %s", luaL_tolstring(L, -1, NULL));
+    if (h == 0) return fail(L, "stream 0 is not allowed by the interface (use 1 for the legacy stream)%s", "");
+    /* the producer's work may still be queued there: wait for it before the data is used */
+    cl_ctx(L);
+    CUstream s = h == 1 ? CU_STREAM_LEGACY : h == 2 ? CU_STREAM_PER_THREAD : (CUstream)(uintptr_t)h;
+    cl_wait(L, CL_WAIT_STREAM, s, "waiting for the array's stream");
+  }
+  lua_pop(L, 1);
+  /* the view made last time for this object, if it still describes the same memory */
+  lua_getfield(L, LUA_REGISTRYINDEX, CAI_CACHE);
+  int cache = lua_gettop(L);
+  lua_pushvalue(L, 1);
+  if (lua_rawget(L, cache) == LUA_TUSERDATA) {
+    cl_array *v = lua_touserdata(L, -1);
+    if (v->mem && v->mem->dptr == (CUdeviceptr)ptr && v->dtype == dt && v->ndim == ndim &&
+        v->readonly == readonly && !memcmp(v->shape, shape, sizeof(int64_t) * ndim))
+      return 1;
+  }
+  lua_pop(L, 1);
+  foreign_view(L, ptr, dt, ndim, shape, readonly, 1);
+  lua_pushvalue(L, 1);
+  lua_pushvalue(L, -2);
+  lua_rawset(L, cache);
+  return 1;
+}
+
+/* the interface of a cudalua array */
+static int a_cai(lua_State *L) {
+  cl_array *a = cl_checkarray(L, 1);
+  if (a->kind == CL_HOST)
+    return luaL_error(L, "__cuda_array_interface: a pageable host array has no device address (use a pinned, mapped, managed or device array)");
+  lua_createtable(L, 0, 6);
+  lua_createtable(L, 2, 0);
+  lua_pushinteger(L, (lua_Integer)cl_devptr(a)); lua_rawseti(L, -2, 1);
+  lua_pushboolean(L, a->readonly); lua_rawseti(L, -2, 2);
+  lua_setfield(L, -2, "data");
+  cl_push_shape(L, a);
+  lua_setfield(L, -2, "shape");
+  lua_pushstring(L, cl_dtypes[a->dtype].typestr);
+  lua_setfield(L, -2, "typestr");
+  lua_createtable(L, a->ndim, 0);   /* C order, in bytes */
+  int64_t st = cl_dtypes[a->dtype].size;
+  for (int i = a->ndim - 1; i >= 0; i--) {
+    lua_pushinteger(L, st); lua_rawseti(L, -2, i + 1);
+    st *= a->shape[i];
+  }
+  lua_setfield(L, -2, "strides");
+  lua_pushinteger(L, 3);
+  lua_setfield(L, -2, "version");
+  /* work still queued on the stream that last used it: consumers wait for that stream */
+  if (a->mem->used) {
+    cl_stream *s = a->mem->multi ? NULL : a->mem->stream;
+    lua_pushinteger(L, s ? (lua_Integer)(uintptr_t)s->h : 1);   /* 1: the legacy stream */
+    lua_setfield(L, -2, "stream");
+  }
+  return 1;
+}
+
+void cl_open_interop(lua_State *L) {
+  luaL_getmetatable(L, CL_ARRAY);
+  lua_pushcfunction(L, a_cai);
+  lua_setfield(L, -2, "__cuda_array_interface");
+  lua_pop(L, 1);
+  lua_newtable(L);   /* object -> its last view; weak keys: the view dies with the object */
+  lua_createtable(L, 0, 1);
+  lua_pushliteral(L, "k");
+  lua_setfield(L, -2, "__mode");
+  lua_setmetatable(L, -2);
+  lua_setfield(L, LUA_REGISTRYINDEX, CAI_CACHE);
+  lua_pushcfunction(L, l_foreign_array);
+  lua_setfield(L, LUA_REGISTRYINDEX, "cudalua.foreign_array");
+  lua_pushcfunction(L, l_as_cuda_array);
+  lua_pushvalue(L, -1);
+  lua_setfield(L, LUA_REGISTRYINDEX, "cudalua.as_cuda_array");
+  lua_setfield(L, -2, "as_cuda_array");
+}
