@@ -48,6 +48,7 @@ local function watched(counter, s, opts)
   local out = assert(io.open(path, "w"))
   opts = opts or {}
   opts.out, opts.stream = out, s
+  opts.line_interval = opts.line_interval or 0.02   -- several lines for a kernel of ~0.3 s
   bump()[{ BLOCKS, THREADS, s }](counter, STEPS, STEP_NS)
   local seen = cuda.progress.watch(counter, TOTAL, opts)
   out:close()

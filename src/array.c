@@ -8,10 +8,21 @@
 const char *const cl_kind_names[] = {"array", "pinned_array", "mapped_array", "managed_array",
                                    "device_array", "foreign_array"};
 
-cl_array *cl_toarray(lua_State *L, int idx) { return luaL_testudata(L, idx, CL_ARRAY); }
+/* the array metatable is also kept under this address: a pointer key is the cheapest lookup,
+   and arrays are made and checked in hot loops */
+static const char array_key = 0;
+
+cl_array *cl_toarray(lua_State *L, int idx) {
+  void *p = lua_touserdata(L, idx);
+  if (!p || !lua_getmetatable(L, idx)) return NULL;
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &array_key);
+  int same = lua_rawequal(L, -1, -2);
+  lua_pop(L, 2);
+  return same ? p : NULL;
+}
 
 cl_array *cl_checkarray(lua_State *L, int idx) {
-  cl_array *a = luaL_testudata(L, idx, CL_ARRAY);
+  cl_array *a = cl_toarray(L, idx);
   if (!a && luaL_getmetafield(L, idx, "__cuda_array_interface") != LUA_TNIL) {
     /* a foreign object with the CUDA Array Interface: a view of it replaces it on the stack */
     lua_pop(L, 1);
@@ -77,7 +88,8 @@ cl_array *cl_push_array(lua_State *L, cl_mem *m, size_t offset, int kind, int dt
   a->mem = m; a->offset = offset; a->kind = kind; a->dtype = dt; a->ndim = ndim;
   a->size = 1;
   for (int i = 0; i < ndim; i++) { a->shape[i] = shape[i]; a->size *= (size_t)shape[i]; }
-  luaL_setmetatable(L, CL_ARRAY);
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &array_key);
+  lua_setmetatable(L, -2);
   return a;
 }
 
@@ -426,7 +438,8 @@ static int a_ptr(lua_State *L) {
 }
 
 static int a_close(lua_State *L) {
-  cl_array *a = luaL_checkudata(L, 1, CL_ARRAY);
+  cl_array *a = cl_toarray(L, 1);
+  if (!a) return luaL_typeerror(L, 1, "cudalua array");
   if (a->mem) { cl_mem *m = a->mem; a->mem = NULL; cl_mem_unref(L, m); }
   return 0;
 }
@@ -489,6 +502,8 @@ void cl_open_array(lua_State *L) {
     {"device_array", l_device_array}, {"device_array_like", l_device_array_like},
     {"to_device", cl_l_to_device}, {"array_info", l_array_info}, {NULL, NULL}};
   luaL_newmetatable(L, CL_ARRAY);
+  lua_pushvalue(L, -1);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &array_key);
   lua_pushcfunction(L, a_index); lua_setfield(L, -2, "__index");
   lua_pushcfunction(L, a_newindex); lua_setfield(L, -2, "__newindex");
   lua_pushcfunction(L, a_len); lua_setfield(L, -2, "__len");

@@ -14,6 +14,7 @@ const cl_dtype_info cl_dtypes[CL_NDTYPE] = {
 };
 
 #define DTYPE_MT "cudalua.dtype"
+static const char names_key = 0;   /* registry: dtype name -> id */
 
 /* IEEE half <-> float, round to nearest even */
 float cl_half_to_float(uint16_t h) {
@@ -43,7 +44,7 @@ uint16_t cl_float_to_half(float f) {
 int cl_checkdtype(lua_State *L, int idx) {
   if (lua_type(L, idx) == LUA_TSTRING) {
     /* names are looked up in a table: interned strings hash once, no strcmp chain */
-    lua_getfield(L, LUA_REGISTRYINDEX, DTYPE_MT ".names");
+    lua_rawgetp(L, LUA_REGISTRYINDEX, &names_key);
     lua_pushvalue(L, idx);
     int found = lua_rawget(L, -2) == LUA_TNUMBER;
     int id = (int)lua_tointeger(L, -1);
@@ -194,6 +195,6 @@ void cl_open_dtype(lua_State *L) {
   lua_pushinteger(L, CL_F32); lua_setfield(L, -2, "float");
   lua_pushinteger(L, CL_F64); lua_setfield(L, -2, "double");
   lua_pushinteger(L, CL_I32); lua_setfield(L, -2, "int");
-  lua_setfield(L, LUA_REGISTRYINDEX, DTYPE_MT ".names");
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &names_key);
   lua_pushcfunction(L, l_dtype); lua_setfield(L, -2, "dtype");
 }

@@ -42,11 +42,11 @@ static cl_array *foreign_view(lua_State *L, lua_Integer ptr, int dt, int ndim,
     if (r == CUDA_SUCCESS) r = cu.cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, (CUdeviceptr)ptr);
     if (r == CUDA_SUCCESS) r = cu.cuPointerGetAttribute(&range, CU_POINTER_ATTRIBUTE_RANGE_SIZE, (CUdeviceptr)ptr);
     if (r != CUDA_SUCCESS)
-      luaL_error(L, "as_cuda_array: 0x%p is not memory the CUDA driver knows (%s): a device "
+      luaL_error(L, "as_cuda_array: %p is not memory the CUDA driver knows (%s): a device "
                  "pointer from cudaMalloc/cuMemAlloc or pinned host memory is needed",
                  (void *)(uintptr_t)ptr, cl_errname(r));
     if ((CUdeviceptr)ptr + bytes > start + range)
-      luaL_error(L, "as_cuda_array: the array needs %I bytes from 0x%p but its allocation ends "
+      luaL_error(L, "as_cuda_array: the array needs %I bytes from %p but its allocation ends "
                  "%I bytes after it", (lua_Integer)bytes, (void *)(uintptr_t)ptr,
                  (lua_Integer)(start + range - (CUdeviceptr)ptr));
   }

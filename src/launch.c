@@ -104,9 +104,10 @@ void cl_marshal(lua_State *L, cl_kernel *k, int kidx, int first, int nargs, cl_a
       continue;
     }
     if (c == 'x') {
-      size_t n;
-      const char *str = lua_tolstring(L, idx, &n);
-      if (lua_type(L, idx) != LUA_TSTRING || n != k->psize[i])
+      size_t n = 0;
+      /* the type first: lua_tolstring would turn a number on the stack into a string */
+      const char *str = lua_type(L, idx) == LUA_TSTRING ? lua_tolstring(L, idx, &n) : NULL;
+      if (!str || n != k->psize[i])
         arg_error(L, kidx, i, idx,
                   lua_pushfstring(L, "expected a string of exactly %d bytes", (int)k->psize[i]));
       if (n <= sizeof A->slots[i]) memcpy(p, str, n);

@@ -46,10 +46,10 @@ function M.watch(counter, total, opts)
     end
   end
   if opts.stream ~= nil and (type(getmetatable(opts.stream)) ~= "table" or getmetatable(opts.stream).__name ~= "cudalua.stream") then
-    error("progress.watch: expected a stream, got " .. type(opts.stream), 2)
+    error("progress.watch: stream must be a stream (cuda.stream()), got " .. type(opts.stream), 2)
   end
   if opts.out ~= nil and io.type(opts.out) ~= "file" then
-    error("progress.watch: out must be an open file (io.stderr, io.open(...)), got " .. type(opts.out), 2)
+    error("progress.watch: out must be a file open for writing (io.stderr, io.open(...)), got " .. type(opts.out), 2)
   end
   if opts.line_interval ~= nil and (type(opts.line_interval) ~= "number" or opts.line_interval < 0) then
     error("progress.watch: line_interval must be seconds >= 0", 2)
