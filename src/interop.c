@@ -21,7 +21,7 @@ static int dtype_of(const char *ts) {
   return -1;
 }
 
-#define CAI_CACHE "cudalua.cai_cache"
+static const char cache_key = 0;   /* registry: object -> its last view (weak keys) */
 
 /* a new array viewing [ptr, ptr + size) after the driver confirmed it, owner kept alive */
 static cl_array *foreign_view(lua_State *L, lua_Integer ptr, int dt, int ndim,
@@ -156,7 +156,7 @@ static int l_as_cuda_array(lua_State *L) {
   }
   lua_pop(L, 1);
   /* the view made last time for this object, if it still describes the same memory */
-  lua_getfield(L, LUA_REGISTRYINDEX, CAI_CACHE);
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &cache_key);
   int cache = lua_gettop(L);
   lua_pushvalue(L, 1);
   if (lua_rawget(L, cache) == LUA_TUSERDATA) {
@@ -215,7 +215,7 @@ void cl_open_interop(lua_State *L) {
   lua_pushliteral(L, "k");
   lua_setfield(L, -2, "__mode");
   lua_setmetatable(L, -2);
-  lua_setfield(L, LUA_REGISTRYINDEX, CAI_CACHE);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &cache_key);
   lua_pushcfunction(L, l_foreign_array);
   lua_setfield(L, LUA_REGISTRYINDEX, "cudalua.foreign_array");
   lua_pushcfunction(L, l_as_cuda_array);

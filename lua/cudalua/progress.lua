@@ -65,23 +65,9 @@ function M.watch(counter, total, opts)
       error("progress.watch: this device cannot share managed memory with the host while a kernel runs; use cuda.mapped_array for the counter", 2)
     end
     if not advised[counter] then
-      -- the counter's page stays on the device; the host reads it with the copy engine on a
-      -- stream of its own, so no page fault stalls the kernel's atomics (reading it through
-      -- the CPU mapping costs the kernel several percent)
-      counter:advise("preferred_device")
-      advised[counter] = {
-        stream = cuda.stream(true),
-        buf = cuda.pinned_array(1, dtype),
-        src = counter:reshape(n):slice(1, 1),
-      }
+      counter:advise("preferred_device"):advise("accessed_by_host")
+      advised[counter] = true
     end
-  end
-  local poll = advised[counter]
-  local function read()
-    if not poll then return counter[1] end
-    poll.src:copy_to_host(poll.buf, poll.stream)
-    poll.stream:synchronize()
-    return poll.buf[1]
   end
   local tty, cols = core.isatty(out)
   local redraw = tty and 0.05 or (opts.line_interval or 1.0) -- seconds between draws
@@ -106,14 +92,17 @@ function M.watch(counter, total, opts)
     end
     out:flush()
   end
+  -- the stream is queried every interval (cheap); the counter is read only when a draw is
+  -- due: each host read of managed memory a kernel is updating stalls its atomics a little
   local v = 0
-  while true do
-    local done = stream:query()
-    v = read()
-    if done then break end
-    draw(v, false)
+  while not stream:query() do
+    if core.time() - last_draw >= redraw then
+      v = counter[1]
+      draw(v, false)
+    end
     if interval > 0 then core.sleep(interval) end
   end
+  v = counter[1]
   draw(v, true)
   if tty then out:write("\n"); out:flush() end
   return v
