@@ -207,6 +207,18 @@ section("alloc", function()
     for _ = 1, m do local a = cuda.device_array(0, "uint8") end
     collectgarbage()
   end)))
+  -- the same loops under Lua's generational collector (a program's own choice: cudalua
+  -- leaves the collector's mode alone), where short-lived objects cost less to finalize
+  collectgarbage("generational")
+  out("diag_alloc_free_close_generational_us", (per_item(function(m)
+    for _ = 1, m do local a <close> = cuda.device_array(MIB, "uint8") end
+    collectgarbage()
+  end)))
+  out("diag_alloc_free_gc_generational_us", (per_item(function(m)
+    for _ = 1, m do local a = cuda.device_array(MIB, "uint8") end
+    collectgarbage()
+  end)))
+  collectgarbage("incremental")
 end)
 collectgarbage()
 
