@@ -6,13 +6,12 @@
 void *cl_push_graph(lua_State *L, CUgraph h);   /* graph.c */
 
 
-typedef struct { cl_stream *s; int is_default; } lstream_view;   /* stream.c's layout */
-
 static cl_stream *capstream(lua_State *L, const char *where) {
-  lstream_view *ls = luaL_checkudata(L, 1, "cudalua.stream");
-  if (ls->is_default) luaL_error(L, "cudalua: %s: the legacy default stream cannot be captured; use cuda.stream()", where);
-  if (!ls->s) luaL_error(L, "cudalua: %s: closed stream", where);
-  return ls->s;
+  int is_default;
+  cl_stream *s = cl_stream_of(L, 1, &is_default);
+  if (is_default) luaL_error(L, "cudalua: %s: the legacy default stream cannot be captured; use cuda.stream()", where);
+  if (!s) luaL_error(L, "cudalua: %s: closed stream", where);
+  return s;
 }
 
 /* s:begin_capture([mode]): mode "global" (default), "thread_local" or "relaxed" */
@@ -59,11 +58,11 @@ static int s_end_capture(lua_State *L) {
 }
 
 static int s_is_capturing(lua_State *L) {
-  lstream_view *ls = luaL_checkudata(L, 1, "cudalua.stream");
-  if (!ls->s) { lua_pushboolean(L, 0); return 1; }
+  cl_stream *s = cl_stream_of(L, 1, NULL);
+  if (!s) { lua_pushboolean(L, 0); return 1; }
   CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
   cl_ctx(L);
-  cl_check(L, cu.cuStreamIsCapturing(ls->s->h, &st), "stream:is_capturing");
+  cl_check(L, cu.cuStreamIsCapturing(s->h, &st), "stream:is_capturing");
   lua_pushboolean(L, st != CU_STREAM_CAPTURE_STATUS_NONE);
   return 1;
 }

@@ -100,6 +100,7 @@ cl_stream *cl_stream_ref(cl_stream *s);
 void cl_stream_unref(cl_stream *s);
 /* the stream at idx: nil/0/default stream -> NULL (legacy); raises for other values */
 cl_stream *cl_tostream(lua_State *L, int idx, const char *where);
+cl_stream *cl_stream_of(lua_State *L, int idx, int *is_default);
 void cl_open_stream(lua_State *L);
 
 /* ---- array.c: host and device arrays ---- */

@@ -41,7 +41,7 @@ void cl_copy(lua_State *L, cl_array *dst, cl_array *src, cl_stream *s, int sync,
   if (sync || pageable) cl_wait(L, CL_WAIT_STREAM, h, where);
 }
 
-static cl_array *host_from(lua_State *L, int idx, int dtidx, const char *where) {
+static cl_array *host_from(lua_State *L, int idx, int dtidx) {
   /* a table (with a dtype) becomes a new pageable array on the stack; a table with the CUDA
      Array Interface is not data but a foreign array */
   if (!lua_istable(L, idx)) return NULL;
@@ -50,7 +50,6 @@ static cl_array *host_from(lua_State *L, int idx, int dtidx, const char *where) 
   lua_pushvalue(L, idx);
   if (dtidx) lua_pushvalue(L, dtidx); else lua_pushnil(L);
   lua_call(L, 2, 1);
-  (void)where;
   return lua_touserdata(L, -1);
 }
 
@@ -60,7 +59,7 @@ int cl_l_to_device(lua_State *L) {
   lua_settop(L, 3);
   if (lua_type(L, 2) == LUA_TSTRING || (lua_type(L, 2) == LUA_TUSERDATA && !luaL_testudata(L, 2, "cudalua.stream")))
     { dtidx = 2; sidx = 3; }
-  cl_array *src = host_from(L, 1, dtidx, "cuda.to_device");
+  cl_array *src = host_from(L, 1, dtidx);
   if (!src) {
     if (!cl_toarray(L, 1) && !luaL_getmetafield(L, 1, "__cuda_array_interface"))
       return luaL_typeerror(L, 1, "array or table");
@@ -100,14 +99,10 @@ int cl_a_copy_to_device(lua_State *L) {
   cl_array *d = cl_checkarray(L, 1);
   lua_settop(L, 3);
   if (cl_is_host(d)) return luaL_error(L, "copy_to_device: the array is a host array (%s)", cl_kind_names[d->kind]);
-  cl_array *src = host_from(L, 2, 0, "copy_to_device");
-  if (src) {   /* a table takes the array's dtype */
-    lua_pop(L, 1);
-    lua_pushcfunction(L, cl_l_array); lua_pushvalue(L, 2); cl_pushdtype(L, d->dtype);
-    lua_call(L, 2, 1);
-    src = lua_touserdata(L, -1);
-    lua_replace(L, 2);
-  } else src = cl_checkarray(L, 2);
+  cl_pushdtype(L, d->dtype);                 /* at 4: a table takes the array's dtype */
+  cl_array *src = host_from(L, 2, 4);
+  if (src) lua_replace(L, 2);
+  else src = cl_checkarray(L, 2);
   cl_stream *s = cl_tostream(L, 3, "copy_to_device");
   cl_copy(L, d, src, s, lua_isnoneornil(L, 3), "copy_to_device");
   lua_settop(L, 1);

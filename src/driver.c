@@ -75,6 +75,9 @@ const char *cl_driver_error(void) { return drv_err; }
 const char *cl_nvrtc_error(void) { return nv_err; }
 const char *cl_nvrtc_path(void) { return nv_path; }
 
+/* the NVRTC libraries looked for, newest first (loading and the cache identity use the same) */
+static const char *nvrtc_names[] = {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so", NULL};
+
 static void *try_nvrtc(const char *path) {
   void *h = dlopen(path, RTLD_LAZY | RTLD_LOCAL);
   if (h) snprintf(nv_path, sizeof nv_path, "%s", path);
@@ -84,7 +87,7 @@ static void *try_nvrtc(const char *path) {
 int cl_nvrtc_load(void) {
   pthread_mutex_lock(&lock);
   if (nv_state == 0) {
-    static const char *names[] = {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so", NULL};
+    const char **names = nvrtc_names;
     void *h = NULL;
     char buf[600];
     const char *homes[] = {getenv("CUDA_HOME"), getenv("CUDA_PATH"), "/usr/local/cuda", NULL};
@@ -291,8 +294,8 @@ static int l_nvrtc_identity(lua_State *L) {
   if ((e = getenv("CUDA_PATH")) && *e) { snprintf(h2, sizeof h2, "%s/lib64", e); dirs[nd++] = h2; }
   dirs[nd++] = "/usr/local/cuda/lib64";
   dirs[nd++] = "/usr/lib/x86_64-linux-gnu";
-  static const char *names[] = {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"};
-  for (int n = 0; n < 3; n++)
+  const char **names = nvrtc_names;
+  for (int n = 0; names[n]; n++)
     for (int d = 0; d < nd; d++) {
       char p[1200], rp[PATH_MAX];
       struct stat st;

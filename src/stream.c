@@ -21,6 +21,14 @@ static lstream *checkls(lua_State *L, int idx) {
   return ls;
 }
 
+/* the stream object at idx, without raising when it is closed: NULL for the default stream
+   (*is_default set) or a closed one */
+cl_stream *cl_stream_of(lua_State *L, int idx, int *is_default) {
+  lstream *ls = luaL_checkudata(L, idx, STREAM_MT);
+  if (is_default) *is_default = ls->is_default;
+  return ls->s;
+}
+
 cl_stream *cl_tostream(lua_State *L, int idx, const char *where) {
   int t = lua_type(L, idx);
   if (t == LUA_TNONE || t == LUA_TNIL) return NULL;

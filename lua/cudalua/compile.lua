@@ -315,13 +315,7 @@ local state = setmetatable({}, { __mode = "k" }) -- module -> private fields
 
 local function load(mod)
   local st = state[mod]
-  if not st.handle then
-    if st.ptx then -- a PTX image loads on any newer device
-      st.handle = core.module_load(st.image)
-    else
-      st.handle = core.module_load(st.image)
-    end
-  end
+  if not st.handle then st.handle = core.module_load(st.image) end -- a cubin, or PTX the driver compiles
   return st.handle
 end
 
