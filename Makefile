@@ -77,7 +77,7 @@ examples: cudalua.so build/embed_host
 	@sh examples/run.sh $(LUA)
 
 bench: cudalua.so
-	@sh bench/run.sh $(LUA)
+	@LUA_INCDIR=$(LUA_INCDIR) CUDA_DIR=$(CUDA_DIR) sh bench/run.sh $(LUA)
 
 install: cudalua.so
 	mkdir -p $(INST_LIBDIR) $(INST_INCDIR)

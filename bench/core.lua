@@ -6,9 +6,11 @@
 package.cpath = "./?.so;" .. package.cpath
 local cuda = require "cudalua"
 
-local N = tonumber(os.getenv("BENCH_LAUNCHES")) or 100000
-local REPS = tonumber(os.getenv("BENCH_REPS")) or 5
-local now = cuda.time   -- monotonic wall clock (os.clock is CPU time)
+package.path = "bench/?.lua;" .. package.path
+local B = require "common"
+local N, REPS, now, out, median, per_item = B.N, B.REPS, B.now, B.out, B.median, B.per_item
+local function section(name, f) B.section("core.lua", name, f) end
+package.cpath = "bench/out/?.so;" .. package.cpath   -- bench/rawloop.c, built by bench/run.sh
 
 -- keep these two sources identical to the ones in bench/raw.c
 local KSRC = 'extern "C" __global__ void empty() {}\n' ..
@@ -19,24 +21,6 @@ extern "C" __global__ void vecadd(float *z, const float *x, const float *y, int 
   if (i < n) z[i] = x[i] + y[i];
 }
 ]]
-
-local function out(k, v) io.write(("%s %.4f\n"):format(k, v)); io.flush() end
-
-local function median(t)
-  local s = {}
-  for i, v in ipairs(t) do s[i] = v end
-  table.sort(s)
-  local n = #s
-  return n % 2 == 1 and s[(n + 1) // 2] or (s[n // 2] + s[n // 2 + 1]) / 2
-end
-
-local function section(name, f)
-  local ok, err = pcall(f)
-  if not ok then
-    io.write(("# core.lua: %s failed: %s\n"):format(name, (tostring(err):gsub("\n", " | "))))
-    io.flush()
-  end
-end
 
 -- the C core that cuda.compile drives (the loader's second upvalue), for the compile pieces
 local core = select(3, pcall(debug.getupvalue, package.preload["cudalua.compile"], 2))
@@ -51,26 +35,6 @@ section("info", function()
     v.nvrtc and table.concat(v.nvrtc, ".") or "?", v.cudalua, nvpath or "?"))
 end)
 
--- runs body(count) REPS times after a warm-up, each followed by a synchronize; returns the
--- median µs per item, and the median µs per item before the synchronize (enqueue time)
-local function per_item(body, count)
-  count = count or N
-  body(math.min(1000, count))
-  cuda.synchronize()
-  local tot, enq = {}, {}
-  for r = 1, REPS do
-    collectgarbage()
-    cuda.synchronize()
-    local t0 = now()
-    body(count)
-    local t1 = now()
-    cuda.synchronize()
-    local t2 = now()
-    tot[r], enq[r] = (t2 - t0) / count * 1e6, (t1 - t0) / count * 1e6
-  end
-  return median(tot), median(enq)
-end
-
 ---------------------------------------------------------------------------------------------
 -- 1, 2: N back-to-back launches on one stream (the legacy stream), then a synchronize
 section("launches", function()
@@ -78,25 +42,38 @@ section("launches", function()
   local empty, four = mod.empty, mod.four
   local n, s = 1024, 2.5
   local d_a, d_b = cuda.device_array(n, "float32"), cuda.device_array(n, "float32")
-  local function launches(key, body)
-    local tot, enq = per_item(body)
-    out(key, tot)
-    out("diag_" .. key:gsub("_us$", "_enqueue_us"), enq)
+  -- the four forms and the raw loop on the same kernels take turns (medians of 2 * REPS rounds)
+  local bodies = {
+    empty = function(m) for _ = 1, m do empty[{1, 1}]() end end,
+    empty_launcher = function(m)
+      local l = empty[{1, 1}]
+      for _ = 1, m do l() end
+    end,
+    four = function(m) for _ = 1, m do four[{1, 1}](d_a, d_b, n, s) end end,
+    four_launcher = function(m)
+      local l = four[{1, 1}]
+      for _ = 1, m do l(d_a, d_b, n, s) end
+    end,
+  }
+  -- raw cuLaunchKernel loops in this process (required after the compile: it links libcuda)
+  local rawok, rawloop = pcall(require, "rawloop")
+  if rawok then
+    local he, hf, pa, pb = empty:handle(), four:handle(), d_a:ptr(), d_b:ptr()
+    bodies.raw_empty = function(m) rawloop.launch(he, m) end
+    bodies.raw_four = function(m) rawloop.launch(hf, m, pa, pb, n, s) end
+  else
+    io.write(("# core.lua: no in-process raw loop (%s)\n"):format(tostring(rawloop):match("[^\n]*")))
   end
-  launches("launch_empty_us", function(m)
-    for _ = 1, m do empty[{1, 1}]() end
-  end)
-  launches("launch_empty_launcher_us", function(m)
-    local l = empty[{1, 1}]
-    for _ = 1, m do l() end
-  end)
-  launches("launch_four_us", function(m)
-    for _ = 1, m do four[{1, 1}](d_a, d_b, n, s) end
-  end)
-  launches("launch_four_launcher_us", function(m)
-    local l = four[{1, 1}]
-    for _ = 1, m do l(d_a, d_b, n, s) end
-  end)
+  -- many short rounds: launch cost drifts within seconds on the GPU machine
+  local r = B.interleaved(bodies, math.max(1, N // 10), REPS * 8)
+  for name, us in pairs(r) do
+    local raw = name:match("^raw_(.*)")
+    out(raw and "inproc_launch_" .. raw .. "_us" or "launch_" .. name .. "_us", us)
+  end
+  -- enqueue time alone (before the synchronize), one form after the other
+  for _, name in ipairs { "empty", "four" } do
+    out("diag_launch_" .. name .. "_enqueue_us", select(2, per_item(bodies[name])))
+  end
   -- the pieces of the tutorial form, without launching: the {1, 1} table, then the launcher
   -- object k[{1, 1}] makes from it; and a Lua-to-C call that does nothing, for scale
   out("diag_config_table_us", (per_item(function(m)
@@ -180,14 +157,23 @@ collectgarbage()
 -- (the collections that run the finalizers are inside the clock)
 section("alloc", function()
   local MIB = 1 << 20
-  out("alloc_free_close_us", (per_item(function(m)
-    for _ = 1, m do local a <close> = cuda.device_array(MIB, "uint8") end
-    collectgarbage()
-  end)))
-  out("alloc_free_gc_us", (per_item(function(m)
-    for _ = 1, m do local a = cuda.device_array(MIB, "uint8") end
-    collectgarbage()
-  end)))
+  -- the two forms and the raw pair in C (bench/rawloop.c) take turns
+  local bodies = {
+    close = function(m)
+      for _ = 1, m do local a <close> = cuda.device_array(MIB, "uint8") end
+      collectgarbage()
+    end,
+    gc = function(m)
+      for _ = 1, m do local a = cuda.device_array(MIB, "uint8") end
+      collectgarbage()
+    end,
+  }
+  local rawok, rawloop = pcall(require, "rawloop")
+  if rawok then bodies.raw = function(m) rawloop.alloc_free(m, MIB) end end
+  local r = B.interleaved(bodies, math.max(1, N // 10), REPS * 8)
+  out("alloc_free_close_us", r.close)
+  out("alloc_free_gc_us", r.gc)
+  if r.raw then out("inproc_alloc_free_us", r.raw) end
   -- the wrapper alone: a 0-byte device array allocates and frees no device memory
   out("diag_alloc_free_0bytes_close_us", (per_item(function(m)
     for _ = 1, m do local a <close> = cuda.device_array(0, "uint8") end

@@ -12,9 +12,11 @@ package.cpath = "./?.so;" .. package.cpath
 local cuda = require "cudalua"
 local cache = require "cudalua.cache"
 
-local N = tonumber(os.getenv("BENCH_LAUNCHES")) or 100000
-local REPS = tonumber(os.getenv("BENCH_REPS")) or 5
-local now = cuda.time -- monotonic wall clock (os.clock is CPU time)
+package.path = "bench/?.lua;" .. package.path
+local B = require "common"
+local N, REPS, now, out, note, median = B.N, B.REPS, B.now, B.out, B.note, B.median
+local per_item, interleaved = B.per_item, B.interleaved
+local function section(name, f) B.section("helpers.lua", name, f) end
 
 -- keep "empty" and "bump" identical to bench/raw_helpers.c and compare.py
 local KSRC = [[
@@ -62,24 +64,6 @@ extern "C" __global__ void vecadd(float *z, const float *x, const float *y, int 
 }
 ]]
 local function vecadd_src(nonce) return VECADD .. ("\n// helpers %s\n"):format(nonce) end
-
-local function out(k, v) io.write(("%s %.4f\n"):format(k, v)); io.flush() end
-local function note(s) io.write("# " .. s .. "\n"); io.flush() end
-
-local function median(t)
-  local s = {}
-  for i, v in ipairs(t) do s[i] = v end
-  table.sort(s)
-  local n = #s
-  return n % 2 == 1 and s[(n + 1) // 2] or (s[n // 2] + s[n // 2 + 1]) / 2
-end
-
-local function section(name, f)
-  local ok, err = pcall(f)
-  if not ok then
-    note(("helpers.lua: %s failed: %s"):format(name, (tostring(err):gsub("\n", " | "))))
-  end
-end
 
 -- the C core that cuda.compile drives (the loader's second upvalue), for the compile pieces
 local core = select(3, pcall(debug.getupvalue, package.preload["cudalua.compile"], 2))
@@ -197,26 +181,6 @@ end
 cuda.synchronize() -- the context, before anything is timed
 local dev = cuda.devices()[cuda.current_device() + 1]
 local SMS = dev.multiprocessors
-
--- runs body(count) REPS times after a warm-up, each followed by a synchronize; returns the
--- median µs per item, and the median µs per item before the synchronize (enqueue time)
-local function per_item(body, count)
-  count = count or N
-  body(math.min(1000, count))
-  cuda.synchronize()
-  local tot, enq = {}, {}
-  for r = 1, REPS do
-    collectgarbage()
-    cuda.synchronize()
-    local t0 = now()
-    body(count)
-    local t1 = now()
-    cuda.synchronize()
-    local t2 = now()
-    tot[r], enq[r] = (t2 - t0) / count * 1e6, (t1 - t0) / count * 1e6
-  end
-  return median(tot), median(enq)
-end
 
 ---------------------------------------------------------------------------------------------
 -- 4: RNG states for 2^20 threads. First: the first call of the process (compiles the init
@@ -379,30 +343,6 @@ collectgarbage()
 ---------------------------------------------------------------------------------------------
 local mod = cuda.compile(KSRC)
 
--- runs each body(count) in turn, REPS * 2 rounds in a different order each, every run followed
--- by a synchronize; returns the median µs per item of each. The kinds of launch take turns:
--- a launch on the benchmark machine drifts by tenths of a µs from one minute to the next.
-local function interleaved(bodies, count)
-  local names, res = {}, {}
-  for name in pairs(bodies) do names[#names + 1] = name; res[name] = {} end
-  table.sort(names)
-  for _, name in ipairs(names) do bodies[name](math.min(1000, count)) end
-  cuda.synchronize()
-  for r = 1, REPS * 2 do
-    for i = 0, #names - 1 do
-      local name = names[(i + r - 1) % #names + 1]
-      collectgarbage()
-      cuda.synchronize()
-      local t0 = now()
-      bodies[name](count)
-      cuda.synchronize()
-      res[name][r] = (now() - t0) / count * 1e6
-    end
-  end
-  for _, name in ipairs(names) do res[name] = median(res[name]) end
-  return res
-end
-
 -- 3: forall vs the plain launch of the same kernel with the same grid and block, taking turns;
 -- the launcher a launch makes, timed alone
 section("forall", function()
@@ -435,43 +375,49 @@ end)
 collectgarbage()
 
 ---------------------------------------------------------------------------------------------
--- 9: a foreign object with __cuda_array_interface (examples/array_interface.lua's Tensor) vs a
--- cudalua device array, through a launcher made once, taking turns
+-- 9: foreign objects with __cuda_array_interface vs a cudalua device array, through a launcher
+-- made once, taking turns. The target's object is examples/array_interface.lua's Tensor: its
+-- interface function returns a table the tensor built once. Beside it: a function that builds
+-- four new tables on every call (the object's own cost: interface_fn_fresh), and the interface
+-- as a table in the metatable.
 section("array interface", function()
   local Tensor = {}
   Tensor.__index = Tensor
-  Tensor.__cuda_array_interface = function(t)
+  Tensor.__cuda_array_interface = function(t) return t.cai end
+  local Fresh = {}
+  Fresh.__cuda_array_interface = function(t)
     return { data = { t.ptr, false }, shape = { t.rows, t.cols }, typestr = "<f4",
              strides = { t.cols * 4, 4 }, version = 3 }
   end
   local rows, cols = 32, 32
   local n = rows * cols
   local storage = cuda.device_array(n, cuda.float32)
-  local t = setmetatable({ storage = storage, ptr = storage:ptr(), rows = rows, cols = cols }, Tensor)
+  local fields = { storage = storage, ptr = storage:ptr(), rows = rows, cols = cols }
+  local fresh = setmetatable(fields, Fresh)
+  local t = setmetatable({ storage = storage, cai = Fresh.__cuda_array_interface(fields) }, Tensor)
+  local ts = setmetatable({}, { __cuda_array_interface = Fresh.__cuda_array_interface(fields) })
   local l = mod.touch[{ 1, 32 }]
   local view = cuda.as_cuda_array(t)
-  -- the interface as a table in the metatable (no function to call)
-  local ts = setmetatable({}, { __cuda_array_interface = Tensor.__cuda_array_interface(t) })
-  local M = N // 4
   local r = interleaved({
     native = function(m) for _ = 1, m do l(storage, n) end end,
     foreign = function(m) for _ = 1, m do l(t, n) end end,
+    fresh = function(m) for _ = 1, m do l(fresh, n) end end,
     view = function(m) for _ = 1, m do l(view, n) end end,
     foreign_table = function(m) for _ = 1, m do l(ts, n) end end,
-  }, M)
+  }, N // 10, REPS * 8)
   out("cai_native_us", r.native)
   out("cai_foreign_us", r.foreign)
+  out("cai_foreign_fresh_us", r.fresh)
   out("diag_cai_view_launch_us", r.view)
   out("diag_cai_foreign_static_table_launch_us", r.foreign_table)
-  -- the pieces without launching: the library's as_cuda_array; its copy cut after each stage;
-  -- the object's own function; a format like the view key's
-  local as = cuda.as_cuda_array
-  local f = Tensor.__cuda_array_interface
-  local bodies = {
+  -- the pieces without launching: cudalua's as_cuda_array on each object, and the fresh
+  -- object's own function
+  local as, f = cuda.as_cuda_array, Fresh.__cuda_array_interface
+  r = interleaved({
     as_cuda_array = function(m) for _ = 1, m do as(t) end end,
-    interface_fn = function(m) for _ = 1, m do f(t) end end,
-  }
-  r = interleaved(bodies, M)
+    as_cuda_array_fresh = function(m) for _ = 1, m do as(fresh) end end,
+    interface_fn_fresh = function(m) for _ = 1, m do f(fresh) end end,
+  }, N // 4)
   for name, us in pairs(r) do out("diag_cai_" .. name .. "_us", us) end
 end)
 collectgarbage()

@@ -18,6 +18,8 @@
 #include <time.h>
 #include <cuda.h>
 #include <nvrtc.h>
+#define PROG "raw_helpers"
+#include "raw_common.h"
 
 /* keep "empty" and "bump" identical to bench/helpers.lua */
 static const char *KSRC =
@@ -55,55 +57,6 @@ static const char *KSRC =
 #define FORALL_N (1 << 16)
 #define CHAIN 1000
 
-#define CK(x) do { CUresult r_ = (x); if (r_ != CUDA_SUCCESS) { const char *n_ = "?"; \
-  cuGetErrorName(r_, &n_); fprintf(stderr, "raw_helpers: %s: %s (line %d)\n", #x, n_, __LINE__); exit(1); } } while (0)
-#define NK(x) do { nvrtcResult r_ = (x); if (r_ != NVRTC_SUCCESS) { \
-  fprintf(stderr, "raw_helpers: %s: %s (line %d)\n", #x, nvrtcGetErrorString(r_), __LINE__); exit(1); } } while (0)
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int cmpd(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-  qsort(v, n, sizeof *v, cmpd);
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
-static void out(const char *key, double v) { printf("%s %.4f\n", key, v); fflush(stdout); }
-
-static int envint(const char *name, int def) {
-  const char *s = getenv(name);
-  return s && atoi(s) > 0 ? atoi(s) : def;
-}
-
-static char *compile(const char *src, const char *arch, size_t *size) {
-  nvrtcProgram prog;
-  char opt[32];
-  snprintf(opt, sizeof opt, "-arch=%s", arch);
-  const char *opts[] = {opt};
-  NK(nvrtcCreateProgram(&prog, src, "raw_helpers.cu", 0, NULL, NULL));
-  nvrtcResult r = nvrtcCompileProgram(prog, 1, opts);
-  if (r != NVRTC_SUCCESS) {
-    size_t n = 0;
-    nvrtcGetProgramLogSize(prog, &n);
-    char *log = malloc(n + 1);
-    nvrtcGetProgramLog(prog, log);
-    fprintf(stderr, "raw_helpers: compile failed: %s\n%s\n", nvrtcGetErrorString(r), log);
-    exit(1);
-  }
-  NK(nvrtcGetCUBINSize(prog, size));
-  char *img = malloc(*size);
-  NK(nvrtcGetCUBIN(prog, img));
-  NK(nvrtcDestroyProgram(&prog));
-  return img;
-}
 
 /* fills n float32 (or float64) elements at d with 1 */
 static void fill_ones(CUdeviceptr d, size_t n, int f64) {

@@ -4,16 +4,18 @@
 package.cpath = "./?.so;" .. package.cpath
 local cuda = require "cudalua"
 
--- a foreign library's type: it owns device memory and describes it with the interface
+-- a foreign library's type: it owns device memory and describes it with the interface. The
+-- description is built once, with the tensor: cudalua reads it on every launch, and a function
+-- that made four new tables each time would cost more than reading them.
 local Tensor = {}
 Tensor.__index = Tensor
-Tensor.__cuda_array_interface = function(t)
-  return { data = { t.ptr, false }, shape = { t.rows, t.cols }, typestr = "<f4",
-           strides = { t.cols * 4, 4 }, version = 3 }
-end
+Tensor.__cuda_array_interface = function(t) return t.cai end
 local function tensor(rows, cols)
   local storage = cuda.device_array(rows * cols, cuda.float32)  -- any device allocation
-  return setmetatable({ storage = storage, ptr = storage:ptr(), rows = rows, cols = cols }, Tensor)
+  local ptr = storage:ptr()
+  return setmetatable({ storage = storage, ptr = ptr, rows = rows, cols = cols,
+    cai = { data = { ptr, false }, shape = { rows, cols }, typestr = "<f4",
+            strides = { cols * 4, 4 }, version = 3 } }, Tensor)
 end
 
 local k = cuda.kernel([[

@@ -23,17 +23,8 @@ cl_array *cl_toarray(lua_State *L, int idx) {
 
 cl_array *cl_checkarray(lua_State *L, int idx) {
   cl_array *a = cl_toarray(L, idx);
-  if (!a && luaL_getmetafield(L, idx, "__cuda_array_interface") != LUA_TNIL) {
-    /* a foreign object with the CUDA Array Interface: a view of it replaces it on the stack */
-    lua_pop(L, 1);
-    idx = lua_absindex(L, idx);
-    if (lua_getfield(L, LUA_REGISTRYINDEX, "cudalua.as_cuda_array") == LUA_TFUNCTION) {
-      lua_pushvalue(L, idx);
-      lua_call(L, 1, 1);
-      lua_replace(L, idx);
-      a = luaL_testudata(L, idx, CL_ARRAY);
-    } else lua_pop(L, 1);
-  }
+  /* a foreign object with the CUDA Array Interface: a view of it replaces it on the stack */
+  if (!a) a = cl_cai_view(L, idx);
   if (!a) luaL_typeerror(L, idx, "cudalua array");
   if (!a->mem) luaL_argerror(L, idx, "closed array");
   return a;

@@ -150,6 +150,9 @@ cl_array *cl_push_array(lua_State *L, cl_mem *m, size_t offset, int kind, int dt
                         const int64_t *shape);      /* a new array object on m (not referenced) */
 void cl_push_shape(lua_State *L, cl_array *a);
 void cl_open_interop(lua_State *L);
+/* interop.c: a value with __cuda_array_interface at idx is replaced by a view of its memory;
+   NULL (stack unchanged) for a value without one; raises for a bad interface */
+cl_array *cl_cai_view(lua_State *L, int idx);
 /* copy.c */
 void cl_copy(lua_State *L, cl_array *dst, cl_array *src, cl_stream *s, int sync, const char *where);
 int cl_l_to_device(lua_State *L);

@@ -74,102 +74,127 @@ static int fail(lua_State *L, const char *fmt, const char *arg) {
   return luaL_error(L, "as_cuda_array: %s%s", lua_pushfstring(L, fmt, arg), "");
 }
 
-static lua_Integer int_field(lua_State *L, int t, const char *k, int *ok) {
-  lua_getfield(L, t, k);
-  lua_Integer v = lua_tointegerx(L, -1, ok);
-  lua_pop(L, 1);
+/* the metafield's name as a Lua string made once: the lookup of a long C string compares it whole */
+static const char cai_key = 0;
+
+/* n integers from the table at t into out; 0 if one is not an integer */
+static int ints(lua_State *L, int t, int n, int64_t *out) {
+  int ok = 1, isint;
+  t = lua_absindex(L, t);
+  for (int i = 0; i < n; i++) lua_rawgeti(L, t, i + 1);
+  for (int i = 0; i < n; i++) {
+    out[i] = lua_tointegerx(L, i - n, &isint);
+    ok &= isint;
+  }
+  lua_settop(L, -n - 1);
+  return ok;
+}
+
+/* the value at idx, if its metatable has __cuda_array_interface, is replaced by a view of the
+   memory it describes (the one made last time when that still fits); NULL, and the stack as it
+   was, when it has none. Raises for a malformed interface or memory the driver does not know. */
+cl_array *cl_cai_view(lua_State *L, int idx) {
+  idx = lua_absindex(L, idx);
+  int top = lua_gettop(L), ok;
+  luaL_checkstack(L, 2 * CL_MAXDIM + 16, "as_cuda_array");
+  if (!lua_getmetatable(L, idx)) return NULL;
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &cai_key);
+  int t = lua_rawget(L, top + 1);
+  if (t == LUA_TNIL) { lua_settop(L, top); return NULL; }
+  if (t == LUA_TFUNCTION) { lua_pushvalue(L, idx); lua_call(L, 1, 1); t = lua_type(L, -1); }
+  int cai = top + 2;
+  if (t != LUA_TTABLE)
+    fail(L, "__cuda_array_interface must be a table or give one, got %s", luaL_typename(L, -1));
+  lua_settop(L, cai);
+  lua_getfield(L, cai, "version");
+  lua_Integer version = lua_tointegerx(L, -1, &ok);
+  if (!ok || version < 1 || version > 3)
+    fail(L, "unsupported version %s (1 to 3)", luaL_tolstring(L, -1, NULL));
+  if (lua_getfield(L, cai, "data") != LUA_TTABLE)
+    fail(L, "data must be {ptr, readonly}, got %s", luaL_typename(L, -1));
+  lua_rawgeti(L, -1, 1);
+  lua_Integer ptr = lua_tointegerx(L, -1, &ok);
+  if (!ok) fail(L, "data[1] (the pointer) must be an integer, got %s", luaL_tolstring(L, -1, NULL));
+  int rt = lua_rawgeti(L, -2, 2);
+  if (rt != LUA_TNIL && rt != LUA_TBOOLEAN) fail(L, "data[2] (read-only) must be a boolean%s", "");
+  int readonly = lua_toboolean(L, -1);
+  size_t tslen = 0;
+  const char *ts = lua_getfield(L, cai, "typestr") == LUA_TSTRING ? lua_tolstring(L, -1, &tslen) : NULL;
+  int dt = ts && tslen == 3 ? dtype_of(ts) : -1;
+  if (dt < 0)
+    fail(L, "unsupported typestr %s (supported: <f2 <f4 <f8 |i1 <i2 <i4 <i8 |u1 <u2 <u4 <u8 |b1)",
+         ts ? lua_pushfstring(L, "'%s'", ts) : luaL_tolstring(L, -1, NULL));
+  if (lua_getfield(L, cai, "shape") != LUA_TTABLE)
+    fail(L, "shape must be a table of integers, got %s", luaL_typename(L, -1));
+  int ndim = (int)lua_rawlen(L, -1);
+  if (ndim > CL_MAXDIM) fail(L, "more than 8 dimensions%s", "");
+  int64_t shape[CL_MAXDIM];
+  if (!ints(L, -1, ndim, shape))
+    for (int i = 0; i < ndim; i++) {   /* the slow way, for the message */
+      lua_rawgeti(L, -1, i + 1);
+      if (!lua_isinteger(L, -1))
+        luaL_error(L, "as_cuda_array: shape[%d] must be an integer, got %s", i + 1, luaL_tolstring(L, -1, NULL));
+      lua_pop(L, 1);
+    }
+  for (int i = 0; i < ndim; i++)
+    if (shape[i] < 0) luaL_error(L, "as_cuda_array: shape[%d] is negative (%I)", i + 1, (lua_Integer)shape[i]);
+  int sdim = ndim;
+  if (ndim == 0) { ndim = 1; shape[0] = 1; }   /* a 0-d array holds one element */
+  if (lua_getfield(L, cai, "mask") != LUA_TNIL) fail(L, "masked arrays are not supported%s", "");
+  if (lua_getfield(L, cai, "strides") != LUA_TNIL) {
+    int64_t st[CL_MAXDIM], c = cl_dtypes[dt].size, f = c;
+    if (lua_type(L, -1) != LUA_TTABLE || (int)lua_rawlen(L, -1) != sdim || !ints(L, -1, sdim, st))
+      fail(L, "strides must be nil or one integer per dimension%s", "");
+    int is_c = 1, is_f = 1;
+    for (int i = sdim - 1; i >= 0; i--) { if (shape[i] > 1 && st[i] != c) is_c = 0; c *= shape[i]; }
+    for (int i = 0; i < sdim; i++) { if (shape[i] > 1 && st[i] != f) is_f = 0; f *= shape[i]; }
+    if (!is_c) {
+      if (is_f) fail(L, "Fortran-order (column-major) arrays are not supported: pass a C-order copy%s", "");
+      luaL_Buffer b;
+      luaL_buffinit(L, &b);
+      for (int i = 0; i < sdim; i++) { lua_pushfstring(L, i ? ", %I" : "%I", (lua_Integer)st[i]); luaL_addvalue(&b); }
+      luaL_pushresult(&b);
+      fail(L, "non-contiguous strides {%s} are not supported", lua_tostring(L, -1));
+    }
+  }
+  if (lua_getfield(L, cai, "stream") != LUA_TNIL) {
+    lua_Integer h = lua_tointegerx(L, -1, &ok);
+    if (!ok) fail(L, "stream must be an integer handle, got %s", luaL_tolstring(L, -1, NULL));
+    if (h == 0) fail(L, "stream 0 is not allowed by the interface (use 1 for the legacy stream)%s", "");
+    /* the producer's work may still be queued there: wait for it before the data is used */
+    cl_ctx(L);
+    CUstream s = h == 1 ? CU_STREAM_LEGACY : h == 2 ? CU_STREAM_PER_THREAD : (CUstream)(uintptr_t)h;
+    cl_wait(L, CL_WAIT_STREAM, s, "waiting for the array's stream");
+  }
+  /* the view made last time for this object, if it still describes the same memory */
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &cache_key);
+  int cache = lua_gettop(L);
+  lua_pushvalue(L, idx);
+  cl_array *v = NULL;
+  if (lua_rawget(L, cache) == LUA_TUSERDATA) {
+    v = lua_touserdata(L, -1);
+    if (!(v->mem && v->mem->dptr == (CUdeviceptr)ptr && v->dtype == dt && v->ndim == ndim &&
+          v->readonly == readonly && !memcmp(v->shape, shape, sizeof(int64_t) * ndim)))
+      v = NULL;
+  }
+  if (!v) {
+    lua_pop(L, 1);
+    v = foreign_view(L, ptr, dt, ndim, shape, readonly, idx);
+    lua_pushvalue(L, idx);
+    lua_pushvalue(L, -2);
+    lua_rawset(L, cache);
+  }
+  lua_replace(L, idx);
+  lua_settop(L, top);
   return v;
 }
 
 /* as_cuda_array(obj) -> a cudalua array viewing obj's memory */
 static int l_as_cuda_array(lua_State *L) {
   lua_settop(L, 1);
-  if (luaL_testudata(L, 1, CL_ARRAY)) return 1;
-  if (luaL_getmetafield(L, 1, "__cuda_array_interface") == LUA_TNIL)
+  if (cl_toarray(L, 1)) return 1;
+  if (!cl_cai_view(L, 1))
     return fail(L, "the object has no __cuda_array_interface (got %s)", luaL_typename(L, 1));
-  if (lua_type(L, 2) == LUA_TFUNCTION) { lua_pushvalue(L, 1); lua_call(L, 1, 1); }
-  if (lua_type(L, 2) != LUA_TTABLE)
-    return fail(L, "__cuda_array_interface must be a table or give one, got %s", luaL_typename(L, 2));
-  int ok;
-  lua_Integer version = int_field(L, 2, "version", &ok);
-  if (!ok || version < 1 || version > 3) {
-    lua_getfield(L, 2, "version");
-    return fail(L, "unsupported version %s (1 to 3)", luaL_tolstring(L, -1, NULL));
-  }
-  if (lua_getfield(L, 2, "data") != LUA_TTABLE) return fail(L, "data must be {ptr, readonly}, got %s", luaL_typename(L, -1));
-  lua_rawgeti(L, -1, 1);
-  lua_Integer ptr = lua_tointegerx(L, -1, &ok);
-  if (!ok) return fail(L, "data[1] (the pointer) must be an integer, got %s", luaL_tolstring(L, -1, NULL));
-  int rt = lua_rawgeti(L, -2, 2);
-  if (rt != LUA_TNIL && rt != LUA_TBOOLEAN) return fail(L, "data[2] (read-only) must be a boolean%s", "");
-  int readonly = lua_toboolean(L, -1);
-  lua_pop(L, 3);
-  lua_getfield(L, 2, "typestr");
-  const char *ts = lua_tostring(L, -1);
-  int dt = lua_type(L, -1) == LUA_TSTRING ? dtype_of(ts) : -1;
-  if (dt < 0)
-    return fail(L, "unsupported typestr %s (supported: <f2 <f4 <f8 |i1 <i2 <i4 <i8 |u1 <u2 <u4 <u8 |b1)",
-                lua_type(L, -1) == LUA_TSTRING ? lua_pushfstring(L, "'%s'", ts) : luaL_tolstring(L, -1, NULL));
-  lua_pop(L, 1);
-  if (lua_getfield(L, 2, "shape") != LUA_TTABLE) return fail(L, "shape must be a table of integers, got %s", luaL_typename(L, -1));
-  int ndim = (int)lua_rawlen(L, -1);
-  if (ndim > CL_MAXDIM) return fail(L, "more than 8 dimensions%s", "");
-  int64_t shape[CL_MAXDIM];
-  for (int i = 0; i < ndim; i++) {
-    lua_rawgeti(L, -1, i + 1);
-    shape[i] = lua_tointegerx(L, -1, &ok);
-    if (!ok) return luaL_error(L, "as_cuda_array: shape[%d] must be an integer, got %s", i + 1, luaL_tolstring(L, -1, NULL));
-    if (shape[i] < 0) return luaL_error(L, "as_cuda_array: shape[%d] is negative (%I)", i + 1, (lua_Integer)shape[i]);
-    lua_pop(L, 1);
-  }
-  lua_pop(L, 1);
-  int sdim = ndim;
-  if (ndim == 0) { ndim = 1; shape[0] = 1; }   /* a 0-d array holds one element */
-  if (lua_getfield(L, 2, "mask") != LUA_TNIL) return fail(L, "masked arrays are not supported%s", "");
-  lua_pop(L, 1);
-  if (lua_getfield(L, 2, "strides") != LUA_TNIL) {
-    if (lua_type(L, -1) != LUA_TTABLE || (int)lua_rawlen(L, -1) != sdim)
-      return fail(L, "strides must be nil or one integer per dimension%s", "");
-    int64_t st[CL_MAXDIM], c = cl_dtypes[dt].size, f = c;
-    int is_c = 1, is_f = 1;
-    for (int i = 0; i < sdim; i++) { lua_rawgeti(L, -1, i + 1); st[i] = lua_tointeger(L, -1); lua_pop(L, 1); }
-    for (int i = sdim - 1; i >= 0; i--) { if (shape[i] > 1 && st[i] != c) is_c = 0; c *= shape[i]; }
-    for (int i = 0; i < sdim; i++) { if (shape[i] > 1 && st[i] != f) is_f = 0; f *= shape[i]; }
-    if (!is_c) {
-      if (is_f) return fail(L, "Fortran-order (column-major) arrays are not supported: pass a C-order copy%s", "");
-      luaL_Buffer b;
-      luaL_buffinit(L, &b);
-      for (int i = 0; i < sdim; i++) { lua_pushfstring(L, i ? ", %I" : "%I", (lua_Integer)st[i]); luaL_addvalue(&b); }
-      luaL_pushresult(&b);
-      return fail(L, "non-contiguous strides {%s} are not supported", lua_tostring(L, -1));
-    }
-  }
-  lua_pop(L, 1);
-  if (lua_getfield(L, 2, "stream") != LUA_TNIL) {
-    lua_Integer h = lua_tointegerx(L, -1, &ok);
-    if (!ok) return fail(L, "stream must be an integer handle, got %s", luaL_tolstring(L, -1, NULL));
-    if (h == 0) return fail(L, "stream 0 is not allowed by the interface (use 1 for the legacy stream)%s", "");
-    /* the producer's work may still be queued there: wait for it before the data is used */
-    cl_ctx(L);
-    CUstream s = h == 1 ? CU_STREAM_LEGACY : h == 2 ? CU_STREAM_PER_THREAD : (CUstream)(uintptr_t)h;
-    cl_wait(L, CL_WAIT_STREAM, s, "waiting for the array's stream");
-  }
-  lua_pop(L, 1);
-  /* the view made last time for this object, if it still describes the same memory */
-  lua_rawgetp(L, LUA_REGISTRYINDEX, &cache_key);
-  int cache = lua_gettop(L);
-  lua_pushvalue(L, 1);
-  if (lua_rawget(L, cache) == LUA_TUSERDATA) {
-    cl_array *v = lua_touserdata(L, -1);
-    if (v->mem && v->mem->dptr == (CUdeviceptr)ptr && v->dtype == dt && v->ndim == ndim &&
-        v->readonly == readonly && !memcmp(v->shape, shape, sizeof(int64_t) * ndim))
-      return 1;
-  }
-  lua_pop(L, 1);
-  foreign_view(L, ptr, dt, ndim, shape, readonly, 1);
-  lua_pushvalue(L, 1);
-  lua_pushvalue(L, -2);
-  lua_rawset(L, cache);
   return 1;
 }
 
@@ -216,6 +241,8 @@ void cl_open_interop(lua_State *L) {
   lua_setfield(L, -2, "__mode");
   lua_setmetatable(L, -2);
   lua_rawsetp(L, LUA_REGISTRYINDEX, &cache_key);
+  lua_pushliteral(L, "__cuda_array_interface");
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &cai_key);
   lua_pushcfunction(L, l_foreign_array);
   lua_setfield(L, LUA_REGISTRYINDEX, "cudalua.foreign_array");
   lua_pushcfunction(L, l_as_cuda_array);

@@ -65,22 +65,14 @@ void cl_marshal(lua_State *L, cl_kernel *k, int kidx, int first, int nargs, cl_a
     A->params[i] = p;
     char c = k->ptype[i];
     if (c == 'p' || c == 'q') {
-      cl_array *a = NULL;
-      if (lua_type(L, idx) == LUA_TUSERDATA && lua_getmetatable(L, idx)) {
-        if (lua_topointer(L, -1) == k->array_mt) a = lua_touserdata(L, idx);
+      cl_array *a = lua_touserdata(L, idx);
+      if (a && lua_getmetatable(L, idx)) {
+        if (lua_topointer(L, -1) != k->array_mt) a = NULL;
         lua_pop(L, 1);
-      }
+      } else a = NULL;
       if (!a) {
-        /* anything with __cuda_array_interface becomes an array view (lua/cudalua/interop.lua) */
-        if (luaL_getmetafield(L, idx, "__cuda_array_interface") != LUA_TNIL) {
-          lua_pop(L, 1);
-          if (lua_getfield(L, LUA_REGISTRYINDEX, "cudalua.as_cuda_array") != LUA_TFUNCTION)
-            arg_error(L, kidx, i, idx, "no CUDA Array Interface support loaded");
-          lua_pushvalue(L, idx);
-          lua_call(L, 1, 1);
-          lua_replace(L, idx);
-          a = luaL_testudata(L, idx, CL_ARRAY);
-        }
+        /* anything with __cuda_array_interface becomes an array view (src/interop.c) */
+        a = cl_cai_view(L, idx);
         if (!a) arg_error(L, kidx, i, idx, "expected an array");
       }
       if (!a->mem) arg_error(L, kidx, i, idx, "expected an open array");
@@ -276,8 +268,17 @@ int cl_kernel_index(lua_State *L) {
     int cfg = 2, n = (int)lua_rawlen(L, cfg);
     if (n < 2 || n > 4)
       return luaL_error(L, "cudalua: launch configuration is {grid, block [, stream [, shared]]}, got %d entries", n);
-    lua_rawgeti(L, cfg, 1); dims(L, -1, c.g, "grid"); lua_pop(L, 1);
-    lua_rawgeti(L, cfg, 2); dims(L, -1, c.b, "block"); lua_pop(L, 1);
+    int gi, bi;
+    lua_rawgeti(L, cfg, 1);
+    lua_rawgeti(L, cfg, 2);
+    lua_Integer g = lua_tointegerx(L, 3, &gi), b = lua_tointegerx(L, 4, &bi);
+    if (gi && bi && g >= 1 && b >= 1 && g <= 0x7fffffff && b <= 0x7fffffff) {
+      c.g[0] = (unsigned)g; c.b[0] = (unsigned)b;   /* {n, n}: the tutorials' form, in a loop */
+    } else {
+      dims(L, 3, c.g, "grid");
+      dims(L, 4, c.b, "block");
+    }
+    lua_settop(L, 2);
     if (n >= 3) { lua_rawgeti(L, cfg, 3); c.s = cl_tostream(L, -1, "launch configuration"); lua_pop(L, 1); }
     if (n >= 4) { lua_rawgeti(L, cfg, 4); c.shared = shared_bytes(L, -1); lua_pop(L, 1); }
     /* launchers are immutable: k[{grid, block}](...) in a loop reuses the last one made */

@@ -156,6 +156,13 @@ static int k_info(lua_State *L) {
   return 1;
 }
 
+/* the CUfunction, as an integer, for C code that launches the kernel itself */
+static int k_handle(lua_State *L) {
+  cl_kernel *k = cl_checkkernel(L, 1);
+  lua_pushinteger(L, (lua_Integer)(uintptr_t)k->fn);
+  return 1;
+}
+
 static int k_tostring(lua_State *L) {
   luaL_checkudata(L, 1, CL_KERNEL);
   lua_getiuservalue(L, 1, 2);
@@ -175,7 +182,8 @@ void cl_open_module(lua_State *L) {
   lua_pushcfunction(L, k_tostring); lua_setfield(L, -2, "__tostring");
   lua_pop(L, 1);
   static const luaL_Reg methods[] = {
-    {"attributes", k_attributes}, {"occupancy", k_occupancy}, {"info", k_info}, {NULL, NULL}};
+    {"attributes", k_attributes}, {"occupancy", k_occupancy}, {"info", k_info},
+    {"handle", k_handle}, {NULL, NULL}};
   /* kernel methods live in a table Lua can extend (forall is written in Lua) */
   luaL_newlib(L, methods);
   lua_pushvalue(L, -1);

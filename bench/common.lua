@@ -1,0 +1,77 @@
+-- common.lua: what bench/core.lua and bench/helpers.lua share: output lines, medians, sections
+-- that fail alone, and the two timing loops.
+-- Env: BENCH_LAUNCHES (default 100000), BENCH_REPS (default 5), BENCH_SECTIONS (a Lua pattern:
+-- only the sections whose names match run)
+local cuda = require "cudalua"
+
+local B = {}
+B.N = tonumber(os.getenv("BENCH_LAUNCHES")) or 100000
+B.REPS = tonumber(os.getenv("BENCH_REPS")) or 5
+B.now = cuda.time   -- monotonic wall clock (os.clock is CPU time)
+local now = B.now
+
+function B.out(k, v) io.write(("%s %.4f\n"):format(k, v)); io.flush() end
+function B.note(s) io.write("# " .. s .. "\n"); io.flush() end
+
+function B.median(t)
+  local s = {}
+  for i, v in ipairs(t) do s[i] = v end
+  table.sort(s)
+  local n = #s
+  return n % 2 == 1 and s[(n + 1) // 2] or (s[n // 2] + s[n // 2 + 1]) / 2
+end
+
+-- runs f; a failure prints a "# ..." line and the caller goes on
+local only = os.getenv("BENCH_SECTIONS")
+function B.section(script, name, f)
+  if only and not name:match(only) then return end
+  local ok, err = pcall(f)
+  if not ok then B.note(("%s: %s failed: %s"):format(script, name, (tostring(err):gsub("\n", " | ")))) end
+end
+
+-- runs body(count) REPS times after a warm-up, each followed by a synchronize; returns the
+-- median µs per item, and the median µs per item before the synchronize (enqueue time)
+function B.per_item(body, count)
+  count = count or B.N
+  body(math.min(1000, count))
+  cuda.synchronize()
+  local tot, enq = {}, {}
+  for r = 1, B.REPS do
+    collectgarbage()
+    cuda.synchronize()
+    local t0 = now()
+    body(count)
+    local t1 = now()
+    cuda.synchronize()
+    local t2 = now()
+    tot[r], enq[r] = (t2 - t0) / count * 1e6, (t1 - t0) / count * 1e6
+  end
+  return B.median(tot), B.median(enq)
+end
+
+-- bodies: name -> function(count) doing count items. Each runs `rounds` times (default
+-- 2 * REPS), each time followed by a synchronize; returns name -> the median µs per item. The
+-- bodies take turns, in an order that rotates every round, so that a drift of the machine's
+-- speed hits them all alike.
+function B.interleaved(bodies, count, rounds)
+  local names, res = {}, {}
+  for name in pairs(bodies) do names[#names + 1] = name; res[name] = {} end
+  table.sort(names)
+  for _, name in ipairs(names) do bodies[name](math.min(1000, count)) end
+  cuda.synchronize()
+  for r = 1, rounds or B.REPS * 2 do
+    for i = 0, #names - 1 do
+      local name = names[(i + r - 1) % #names + 1]
+      collectgarbage()
+      cuda.synchronize()
+      local t0 = now()
+      bodies[name](count)
+      cuda.synchronize()
+      res[name][r] = (now() - t0) / count * 1e6
+    end
+  end
+  for _, name in ipairs(names) do res[name] = B.median(res[name]) end
+  return res
+end
+
+return B
