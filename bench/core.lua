@@ -226,7 +226,24 @@ local function compile_ms(f)
 end
 
 section("compile", function()
-  out("compile_ms", compile_ms(function(src) cuda.compile(src, {arch = "sm_90"}) end))
+  local rawok, rawloop = pcall(require, "rawloop")
+  if not rawok then
+    out("compile_ms", compile_ms(function(src) cuda.compile(src, {arch = "sm_90"}) end))
+    return
+  end
+  -- cuda.compile and the raw NVRTC calls (bench/rawloop.c) take turns, each on a new source
+  local t, traw = {}, {}
+  for r = 0, REPS * 2 do
+    for turn = 1, 2 do
+      local src, raw = unique(), (turn + r) % 2 == 0
+      local t0 = now()
+      if raw then rawloop.compile(src, "sm_90") else cuda.compile(src, {arch = "sm_90"}) end
+      local ms = (now() - t0) * 1e3
+      if r > 0 then table.insert(raw and traw or t, ms) end   -- round 0: warm-up
+    end
+  end
+  out("compile_ms", median(t))
+  out("inproc_compile_ms", median(traw))
 end)
 
 -- the same NVRTC work in pieces, through the C core: only -arch (as raw.c), then what

@@ -1,9 +1,11 @@
 /* rawloop.c: the raw side of the in-process comparisons (bench/core.lua): cuLaunchKernel and
-   cuMemAllocAsync/cuMemFreeAsync in C loops, in the same process, context and stream as the
+   cuMemAllocAsync/cuMemFreeAsync in C loops and NVRTC compiles, in the same process, context and stream as the
    cudalua side, so that the two take turns within a second: these costs drift by ~15% on the
-   GPU machine between runs minutes apart. Bench only; links libcuda. */
+   GPU machine between runs minutes apart. Bench only; links libcuda and NVRTC. */
 #include <stdint.h>
+#include <stdlib.h>
 #include <cuda.h>
+#include <nvrtc.h>
 #include <lua.h>
 #include <lauxlib.h>
 
@@ -43,6 +45,26 @@ static int alloc_free(lua_State *L) {
   return 0;
 }
 
+/* compile(src, arch): what bench/raw.c's compile does: one NVRTC program with -arch only,
+   created, compiled, its CUBIN read, destroyed */
+static int compile(lua_State *L) {
+  const char *src = luaL_checkstring(L, 1);
+  const char *opt = lua_pushfstring(L, "-arch=%s", luaL_checkstring(L, 2));
+  nvrtcProgram prog;
+  size_t size = 0;
+  nvrtcResult r = nvrtcCreateProgram(&prog, src, "bench.cu", 0, NULL, NULL);
+  if (r != NVRTC_SUCCESS) return luaL_error(L, "rawloop: %s", nvrtcGetErrorString(r));
+  r = nvrtcCompileProgram(prog, 1, &opt);
+  if (r == NVRTC_SUCCESS) r = nvrtcGetCUBINSize(prog, &size);
+  char *img = r == NVRTC_SUCCESS ? malloc(size) : NULL;
+  if (img) r = nvrtcGetCUBIN(prog, img);
+  free(img);
+  nvrtcDestroyProgram(&prog);
+  if (r != NVRTC_SUCCESS) return luaL_error(L, "rawloop: compile failed: %s", nvrtcGetErrorString(r));
+  lua_pushinteger(L, (lua_Integer)size);
+  return 1;
+}
+
 /* ctx_current(n): n calls of cuCtxGetCurrent, the query cudalua makes before a launch */
 static int ctx_current(lua_State *L) {
   lua_Integer n = luaL_checkinteger(L, 1);
@@ -58,6 +80,8 @@ int luaopen_rawloop(lua_State *L) {
   lua_setfield(L, -2, "launch");
   lua_pushcfunction(L, alloc_free);
   lua_setfield(L, -2, "alloc_free");
+  lua_pushcfunction(L, compile);
+  lua_setfield(L, -2, "compile");
   lua_pushcfunction(L, ctx_current);
   lua_setfield(L, -2, "ctx_current");
   return 1;

@@ -46,7 +46,8 @@ if [ -z "$BENCH_REPORT_ONLY" ]; then
   # a cache directory of its own, so that no earlier run serves a compile
   # the raw launch loop that runs inside the cudalua process (bench/core.lua takes turns with it)
   gcc -O2 -shared -fPIC -I"$LUA_INCDIR" -I"$CUDA_DIR/include" bench/rawloop.c -o "$OUT/rawloop.so" \
-      -L"$CUDA_DIR/lib64/stubs" -lcuda || echo "bench: cannot build bench/rawloop.c" >&2
+      -L"$CUDA_DIR/lib64/stubs" -L"$CUDA_DIR/lib64" -Wl,-rpath,"$CUDA_DIR/lib64" -lcuda -lnvrtc ||
+    echo "bench: cannot build bench/rawloop.c" >&2
   rm -rf "$OUT/cache"
   CUDALUA_CACHE_DIR=$PWD/$OUT/cache step core 120 "$LUA" bench/core.lua
   rm -rf "$OUT/cache"
@@ -163,7 +164,8 @@ D2H 256 MiB pageable; cuda.array 1st copy (GB/s)|d2h_pageable_gbs|d2h_default_fi
 alloc+free 1 MiB async; <close> (us)|inproc_alloc_free_us|alloc_free_close_us|cupy_alloc_free_us|numba_alloc_free_us|le 1.5
 alloc+free 1 MiB async; garbage collected (us)|inproc_alloc_free_us|alloc_free_gc_us|cupy_alloc_free_us|numba_alloc_free_us|
 alloc+free <close>; raw: bench/raw.c, own process (us)|alloc_free_us|alloc_free_close_us|-|-|
-cold NVRTC compile, vecadd sm_90 (ms)|compile_ms|compile_ms|-|-|le 1.1
+cold NVRTC compile, vecadd sm_90 (ms)|inproc_compile_ms|compile_ms|-|-|le 1.1
+cold compile; raw: bench/raw.c, own process (ms)|compile_ms|compile_ms|-|-|
 reduce 2^28 f32 to host, end to end (GB/s)|reduce_f32_gbs|reduce_f32_gbs|cupy_reduce_f32_gbs|numba_reduce_f32_gbs|ge 0.97; cupy ge 1
 reduce 2^28 f32 to host, end to end (us per call)|reduce_f32_call_us|reduce_f32_call_us|cupy_reduce_f32_call_us|numba_reduce_f32_call_us|
 reduce 2^28 f32, kernel only, events (us)|reduce_f32_kernel_us|reduce_f32_kernel_us|cupy_reduce_f32_kernel_us|numba_reduce_f32_kernel_us|
