@@ -79,7 +79,7 @@ examples: cudalua.so build/embed_host
 bench: cudalua.so
 	@LUA_INCDIR=$(LUA_INCDIR) CUDA_DIR=$(CUDA_DIR) sh bench/run.sh $(LUA)
 
-install: cudalua.so
+install: cudalua.so libs
 	mkdir -p $(INST_LIBDIR) $(INST_INCDIR)
 	cp cudalua.so $(INST_LIBDIR)/
 	cp src/cudalua.h $(INST_INCDIR)/

@@ -21,12 +21,39 @@ function B.median(t)
   return n % 2 == 1 and s[(n + 1) // 2] or (s[n // 2] + s[n // 2 + 1]) / 2
 end
 
--- runs f; a failure prints a "# ..." line and the caller goes on
-local only = os.getenv("BENCH_SECTIONS")
+-- runs f; a failure prints a "# ..." line and the caller goes on. BENCH_SECTIONS picks among
+-- the outermost sections (a section inside a chosen one always runs)
+local only, depth = os.getenv("BENCH_SECTIONS"), 0
 function B.section(script, name, f)
-  if only and not name:match(only) then return end
+  if only and depth == 0 and not name:match(only) then return end
+  depth = depth + 1
   local ok, err = pcall(f)
+  depth = depth - 1
   if not ok then B.note(("%s: %s failed: %s"):format(script, name, (tostring(err):gsub("\n", " | ")))) end
+end
+
+-- the kernel bench/raw.c, bench/core.lua and bench/helpers.lua compile (keep them identical)
+B.VECADD = [[
+extern "C" __global__ void vecadd(float *z, const float *x, const float *y, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) z[i] = x[i] + y[i];
+}
+]]
+
+-- the C core that cuda.compile drives (the loader's second upvalue), for the compile pieces
+B.core = select(3, pcall(debug.getupvalue, package.preload["cudalua.compile"], 2))
+if type(B.core) ~= "table" then B.core = nil end
+
+-- bench/rawloop.c (built by bench/run.sh into bench/out/): raw C loops in this process, or nil
+-- and why not. Loaded on first use, after a compile: it links libcuda and NVRTC.
+local rawloop, rawerr
+function B.rawloop()
+  if rawloop == nil and rawerr == nil then
+    package.cpath = "bench/out/?.so;" .. package.cpath
+    local ok, m = pcall(require, "rawloop")
+    if ok then rawloop = m else rawerr = tostring(m):match("[^\n]*") end
+  end
+  return rawloop, rawerr
 end
 
 -- runs body(count) REPS times after a warm-up, each followed by a synchronize; returns the

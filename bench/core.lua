@@ -10,21 +10,11 @@ package.path = "bench/?.lua;" .. package.path
 local B = require "common"
 local N, REPS, now, out, median, per_item = B.N, B.REPS, B.now, B.out, B.median, B.per_item
 local function section(name, f) B.section("core.lua", name, f) end
-package.cpath = "bench/out/?.so;" .. package.cpath   -- bench/rawloop.c, built by bench/run.sh
+local VECADD, core = B.VECADD, B.core
 
--- keep these two sources identical to the ones in bench/raw.c
+-- keep this source identical to the one in bench/raw.c
 local KSRC = 'extern "C" __global__ void empty() {}\n' ..
              'extern "C" __global__ void four(float *a, const float *b, int n, double s) {}\n'
-local VECADD = [[
-extern "C" __global__ void vecadd(float *z, const float *x, const float *y, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) z[i] = x[i] + y[i];
-}
-]]
-
--- the C core that cuda.compile drives (the loader's second upvalue), for the compile pieces
-local core = select(3, pcall(debug.getupvalue, package.preload["cudalua.compile"], 2))
-if type(core) ~= "table" then core = nil end
 
 section("info", function()
   local v = cuda.versions()
@@ -55,14 +45,14 @@ section("launches", function()
       for _ = 1, m do l(d_a, d_b, n, s) end
     end,
   }
-  -- raw cuLaunchKernel loops in this process (required after the compile: it links libcuda)
-  local rawok, rawloop = pcall(require, "rawloop")
-  if rawok then
+  -- raw cuLaunchKernel loops in this process
+  local rawloop, why = B.rawloop()
+  if rawloop then
     local he, hf, pa, pb = empty:handle(), four:handle(), d_a:ptr(), d_b:ptr()
     bodies.raw_empty = function(m) rawloop.launch(he, m) end
     bodies.raw_four = function(m) rawloop.launch(hf, m, pa, pb, n, s) end
   else
-    io.write(("# core.lua: no in-process raw loop (%s)\n"):format(tostring(rawloop):match("[^\n]*")))
+    B.note(("core.lua: no in-process raw loop (%s)"):format(why))
   end
   -- many short rounds: launch cost drifts within seconds on the GPU machine
   local r = B.interleaved(bodies, math.max(1, N // 10), REPS * 8)
@@ -168,8 +158,8 @@ section("alloc", function()
       collectgarbage()
     end,
   }
-  local rawok, rawloop = pcall(require, "rawloop")
-  if rawok then bodies.raw = function(m) rawloop.alloc_free(m, MIB) end end
+  local rawloop = B.rawloop()
+  if rawloop then bodies.raw = function(m) rawloop.alloc_free(m, MIB) end end
   local r = B.interleaved(bodies, math.max(1, N // 10), REPS * 8)
   out("alloc_free_close_us", r.close)
   out("alloc_free_gc_us", r.gc)
@@ -226,8 +216,8 @@ local function compile_ms(f)
 end
 
 section("compile", function()
-  local rawok, rawloop = pcall(require, "rawloop")
-  if not rawok then
+  local rawloop = B.rawloop()
+  if not rawloop then
     out("compile_ms", compile_ms(function(src) cuda.compile(src, {arch = "sm_90"}) end))
     return
   end

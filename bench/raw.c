@@ -36,28 +36,21 @@ int main(void) {
   if (REPS > 64) REPS = 64;
 
   /* the device's primary context and its default pool, kept as cudalua keeps them */
-  CUdevice dev; CUcontext ctx;
-  CK(cuInit(0));
-  CK(cuDeviceGet(&dev, 0));
-  CK(cuDevicePrimaryCtxRetain(&ctx, dev));
-  CK(cuCtxSetCurrent(ctx));
+  char arch[16];
+  CUdevice dev = init_device(arch);
   CUmemoryPool pool;
   CK(cuDeviceGetDefaultMemPool(&pool, dev));
   cuuint64_t thr = UINT64_MAX;
   CK(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &thr));
-  int ma, mi, drv;
-  CK(cuDeviceGetAttribute(&ma, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev));
-  CK(cuDeviceGetAttribute(&mi, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev));
+  int drv;
   CK(cuDriverGetVersion(&drv));
   int nvma, nvmi;
   NK(nvrtcVersion(&nvma, &nvmi));
   char name[256];
   CK(cuDeviceGetName(name, sizeof name, dev));
-  printf("info_device %s (sm_%d%d), driver %d, NVRTC %d.%d\n", name, ma, mi, drv, nvma, nvmi);
+  printf("info_device %s (%s), driver %d, NVRTC %d.%d\n", name, arch, drv, nvma, nvmi);
 
   /* 1, 2: back-to-back launches on one stream (the legacy stream, as cudalua's k[{1, 1}]) */
-  char arch[16];
-  snprintf(arch, sizeof arch, "sm_%d%d", ma, mi);
   size_t isz;
   char *img = compile(KSRC, arch, &isz);
   CUmodule mod;

@@ -35,6 +35,21 @@ static int envint(const char *name, int def) {
   return s && atoi(s) > 0 ? atoi(s) : def;
 }
 
+/* device 0's primary context made current (as cudalua uses it); its "sm_XY" into arch */
+static CUdevice init_device(char arch[16]) {
+  CUdevice dev;
+  CUcontext ctx;
+  int ma, mi;
+  CK(cuInit(0));
+  CK(cuDeviceGet(&dev, 0));
+  CK(cuDevicePrimaryCtxRetain(&ctx, dev));
+  CK(cuCtxSetCurrent(ctx));
+  CK(cuDeviceGetAttribute(&ma, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev));
+  CK(cuDeviceGetAttribute(&mi, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev));
+  snprintf(arch, 16, "sm_%d%d", ma, mi);
+  return dev;
+}
+
 /* a fresh NVRTC program each call: create, compile, read the CUBIN, destroy */
 static char *compile(const char *src, const char *arch, size_t *size) {
   nvrtcProgram prog;

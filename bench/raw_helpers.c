@@ -95,17 +95,10 @@ int main(int argc, char **argv) {
     return 0;
   }
 
-  CUdevice dev; CUcontext ctx;
-  CK(cuInit(0));
-  CK(cuDeviceGet(&dev, 0));
-  CK(cuDevicePrimaryCtxRetain(&ctx, dev));
-  CK(cuCtxSetCurrent(ctx));
-  int ma, mi, sms;
-  CK(cuDeviceGetAttribute(&ma, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev));
-  CK(cuDeviceGetAttribute(&mi, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev));
-  CK(cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev));
   char arch[16];
-  snprintf(arch, sizeof arch, "sm_%d%d", ma, mi);
+  CUdevice dev = init_device(arch);
+  int sms;
+  CK(cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev));
   char *img = compile(KSRC, arch, &isz);
   CUmodule mod;
   CUfunction fempty, fbump, fsum, fsmall;

@@ -65,15 +65,6 @@ static int compile(lua_State *L) {
   return 1;
 }
 
-/* ctx_current(n): n calls of cuCtxGetCurrent, the query cudalua makes before a launch */
-static int ctx_current(lua_State *L) {
-  lua_Integer n = luaL_checkinteger(L, 1);
-  CUcontext c = NULL;
-  for (lua_Integer i = 0; i < n; i++) cuCtxGetCurrent(&c);
-  lua_pushboolean(L, c != NULL);
-  return 1;
-}
-
 int luaopen_rawloop(lua_State *L) {
   lua_newtable(L);
   lua_pushcfunction(L, launch);
@@ -82,7 +73,5 @@ int luaopen_rawloop(lua_State *L) {
   lua_setfield(L, -2, "alloc_free");
   lua_pushcfunction(L, compile);
   lua_setfield(L, -2, "compile");
-  lua_pushcfunction(L, ctx_current);
-  lua_setfield(L, -2, "ctx_current");
   return 1;
 }

@@ -43,11 +43,11 @@ if [ -z "$BENCH_REPORT_ONLY" ]; then
       broken="$broken $prog"
     fi
   done
-  # a cache directory of its own, so that no earlier run serves a compile
-  # the raw launch loop that runs inside the cudalua process (bench/core.lua takes turns with it)
+  # the raw loops that run inside the cudalua process (bench/core.lua takes turns with them)
   gcc -O2 -shared -fPIC -I"$LUA_INCDIR" -I"$CUDA_DIR/include" bench/rawloop.c -o "$OUT/rawloop.so" \
       -L"$CUDA_DIR/lib64/stubs" -L"$CUDA_DIR/lib64" -Wl,-rpath,"$CUDA_DIR/lib64" -lcuda -lnvrtc ||
     echo "bench: cannot build bench/rawloop.c" >&2
+  # a cache directory of its own, so that no earlier run serves a compile
   rm -rf "$OUT/cache"
   CUDALUA_CACHE_DIR=$PWD/$OUT/cache step core 120 "$LUA" bench/core.lua
   rm -rf "$OUT/cache"
@@ -82,7 +82,7 @@ function load(file, pre,   line, f, k, x) {
       # raw C measured inside the cudalua process (bench/rawloop.c) counts as raw C
       if (f[1] ~ /^inproc_/) k = "r:" f[1]
       # a second round keeps the better number: higher for rates, lower for times
-      if (!(k in v) || (f[1] ~ /gbs|gsps|per_s|samples/ ? x > v[k] : x < v[k])) v[k] = x
+      if (!(k in v) || (f[1] ~ /gbs|samples/ ? x > v[k] : x < v[k])) v[k] = x
     }
   }
   close(file)

@@ -80,6 +80,7 @@ describe("cuda.reduce", function()
     C.raises("cuda.reduce: options must be a table, got string", cuda.reduce, "a + b", "init=0")
     C.raises("cuda.reduce: init must be a number", cuda.reduce, "a + b", { init = "0" })
     C.raises("cuda.reduce: init must be a number", cuda.reduce, "a + b", { init = {} })
+    C.raises("cuda.reduce: init must be a number, got boolean", cuda.reduce, "a + b", { init = true })
   end)
 
   it("rejects unknown options", function()

@@ -153,6 +153,7 @@ void cl_open_interop(lua_State *L);
 /* interop.c: a value with __cuda_array_interface at idx is replaced by a view of its memory;
    NULL (stack unchanged) for a value without one; raises for a bad interface */
 cl_array *cl_cai_view(lua_State *L, int idx);
+void cl_wait_cai_stream(lua_State *L, lua_Integer h);   /* an interface's stream field */
 /* copy.c */
 void cl_copy(lua_State *L, cl_array *dst, cl_array *src, cl_stream *s, int sync, const char *where);
 int cl_l_to_device(lua_State *L);
@@ -198,6 +199,10 @@ typedef struct cl_kernel {
 } cl_kernel;
 #define CL_KERNEL "cudalua.kernel"
 cl_kernel *cl_checkkernel(lua_State *L, int idx);
+void cl_launch_config(lua_State *L, int idx, unsigned g[3], unsigned b[3], unsigned *shared,
+                      const char *where);          /* launch.c: {grid=, block=, shared=} */
+void cl_kernel_ctx(lua_State *L, cl_kernel *k);          /* its context made current */
+void cl_kernel_occupancy(lua_State *L, cl_kernel *k, size_t shared);   /* fills k->occ_* */
 int cl_kernel_launch(lua_State *L, cl_kernel *k, int kidx, int first, unsigned g[3],
                      unsigned b[3], cl_stream *s, unsigned shared);
 /* kernel arguments converted for the driver */

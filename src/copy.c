@@ -61,10 +61,10 @@ int cl_l_to_device(lua_State *L) {
     { dtidx = 2; sidx = 3; }
   cl_array *src = host_from(L, 1, dtidx);
   if (!src) {
-    if (!cl_toarray(L, 1) && !luaL_getmetafield(L, 1, "__cuda_array_interface"))
-      return luaL_typeerror(L, 1, "array or table");
-    lua_settop(L, 3);
-    src = cl_checkarray(L, 1);
+    src = cl_toarray(L, 1);
+    if (!src) src = cl_cai_view(L, 1);   /* a foreign array: its view replaces it */
+    if (!src) return luaL_typeerror(L, 1, "array or table");
+    if (!src->mem) return luaL_argerror(L, 1, "closed array");
     if (dtidx && cl_checkdtype(L, dtidx) != src->dtype)
       return luaL_argerror(L, dtidx, "dtype differs from the array's (no conversion is done)");
   }
@@ -99,8 +99,11 @@ int cl_a_copy_to_device(lua_State *L) {
   cl_array *d = cl_checkarray(L, 1);
   lua_settop(L, 3);
   if (cl_is_host(d)) return luaL_error(L, "copy_to_device: the array is a host array (%s)", cl_kind_names[d->kind]);
-  cl_pushdtype(L, d->dtype);                 /* at 4: a table takes the array's dtype */
-  cl_array *src = host_from(L, 2, 4);
+  cl_array *src = NULL;
+  if (lua_istable(L, 2)) {
+    cl_pushdtype(L, d->dtype);               /* at 4: a table takes the array's dtype */
+    src = host_from(L, 2, 4);
+  }
   if (src) lua_replace(L, 2);
   else src = cl_checkarray(L, 2);
   cl_stream *s = cl_tostream(L, 3, "copy_to_device");

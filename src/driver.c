@@ -40,11 +40,11 @@ int cl_driver_load(void) {
          newer variant under the plain name can take other arguments (cuCtxSynchronize_v2) */
 #define CL_STR(f) #f
 #define CL_XSTR(f) CL_STR(f)
-#define CL_GET(f) if (!(*(void **)&cu.f = dlsym(h, CL_XSTR(f))) && !missing) missing = CL_XSTR(f);
+      /* optional: cuFuncGetParamInfo needs a 12.4 driver (any other symbol missing is fatal) */
+#define CL_GET(f) if (!(*(void **)&cu.f = dlsym(h, CL_XSTR(f))) && !missing && \
+                      strcmp(CL_XSTR(f), "cuFuncGetParamInfo")) missing = CL_XSTR(f);
       CL_CUDA_FUNCS(CL_GET)
 #undef CL_GET
-      /* optional: cuFuncGetParamInfo needs a 12.4 driver */
-      if (missing && strcmp(missing, "cuFuncGetParamInfo") == 0) missing = NULL;
       CUresult r;
       if (missing) {
         snprintf(drv_err, sizeof drv_err, "cudalua: the CUDA driver is too old (it lacks %s)", missing);

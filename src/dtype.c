@@ -49,14 +49,8 @@ int cl_checkdtype(lua_State *L, int idx) {
     int found = lua_rawget(L, -2) == LUA_TNUMBER;
     int id = (int)lua_tointeger(L, -1);
     lua_pop(L, 2);
-    if (found) return id;
-    const char *s = lua_tostring(L, idx);
-    for (int i = 0; i < CL_NDTYPE; i++)
-      if (!strcmp(s, cl_dtypes[i].name) || !strcmp(s, cl_dtypes[i].alias)) return i;
-    if (!strcmp(s, "float")) return CL_F32;
-    if (!strcmp(s, "double")) return CL_F64;
-    if (!strcmp(s, "int")) return CL_I32;
-    return luaL_argerror(L, idx, lua_pushfstring(L, "unknown dtype '%s'", s));
+    if (found) return id;   /* the table holds every name and alias */
+    return luaL_argerror(L, idx, lua_pushfstring(L, "unknown dtype '%s'", lua_tostring(L, idx)));
   }
   int *p = luaL_testudata(L, idx, DTYPE_MT);
   if (!p) return luaL_typeerror(L, idx, "dtype (cuda.float32, \"float32\", ...)");

@@ -15,7 +15,6 @@ typedef struct lgraph {
   int nhost;           /* Lua host nodes, children included: each replay arms them */
   void **calls;        /* host call records this graph owns */
   int ncalls, capcalls;
-  int ntouched;        /* nodes added (for messages) */
 } lgraph;
 
 enum { N_KERNEL, N_MEMCPY, N_MEMSET, N_HOST, N_EMPTY, N_CHILD };
@@ -50,19 +49,27 @@ static lexec *checkexec(lua_State *L, int idx) {
 static lnode *checknode(lua_State *L, int idx, lgraph *g, const char *where) {
   lnode *n = luaL_testudata(L, idx, NODE_MT);
   if (!n) luaL_error(L, "cudalua: %s: expected a graph node, got %s", where, luaL_typename(L, idx));
-  lua_getiuservalue(L, idx, 1);
-  lgraph *owner = lua_touserdata(L, -1);
-  lua_pop(L, 1);
+  lgraph *owner = n->owner;   /* set by push_node; the node's user value 1 keeps it alive */
   if (!owner || !owner->g || !n->n) luaL_error(L, "cudalua: %s: the node's graph is closed", where);
   if (g && owner != g) luaL_error(L, "cudalua: %s: the node belongs to another graph", where);
   return n;
 }
 
-/* keeps value at idx alive with the graph at gidx */
+/* only collectable values need keeping alive (strings are copied where they are used) */
+static int collectable(lua_State *L, int idx) {
+  int t = lua_type(L, idx);
+  return t == LUA_TUSERDATA || t == LUA_TTABLE || t == LUA_TFUNCTION || t == LUA_TTHREAD;
+}
+
+/* keeps value at idx alive with the graph at gidx, as a set (t[value] = true): keeping the
+   same object again does not grow the table */
 static void keep(lua_State *L, int gidx, int idx) {
+  if (!collectable(L, idx)) return;
+  idx = lua_absindex(L, idx);
   lua_getiuservalue(L, gidx, 1);
   lua_pushvalue(L, idx);
-  lua_rawseti(L, -2, (lua_Integer)lua_rawlen(L, -2) + 1);
+  lua_pushboolean(L, 1);
+  lua_rawset(L, -3);
   lua_pop(L, 1);
 }
 
@@ -90,7 +97,6 @@ static lnode *push_node(lua_State *L, int gidx, int kind) {
   luaL_setmetatable(L, NODE_MT);
   lua_pushvalue(L, gidx);
   lua_setiuservalue(L, -2, 1);
-  n->owner->ntouched++;
   return n;
 }
 
@@ -138,44 +144,6 @@ static int l_graph(lua_State *L) {
   return 1;
 }
 
-static void config(lua_State *L, int idx, lnode *n) {
-  luaL_checktype(L, idx, LUA_TTABLE);
-  lua_getfield(L, idx, "grid");
-  if (lua_isnil(L, -1)) { lua_pop(L, 1); lua_rawgeti(L, idx, 1); }
-  lua_getfield(L, idx, "block");
-  if (lua_isnil(L, -1)) { lua_pop(L, 1); lua_rawgeti(L, idx, 2); }
-  lua_getfield(L, idx, "shared");
-  if (lua_isnil(L, -1)) { lua_pop(L, 1); lua_rawgeti(L, idx, 4); }
-  int top = lua_gettop(L);
-  for (int w = 0; w < 2; w++) {
-    int i = top - 2 + w;
-    unsigned *out = w == 0 ? n->g : n->b;
-    out[0] = out[1] = out[2] = 1;
-    if (lua_isnil(L, i)) luaL_error(L, "cudalua: graph:kernel: configuration needs %s", w ? "block" : "grid");
-    if (lua_istable(L, i)) {
-      int k = (int)lua_rawlen(L, i);
-      if (k < 1 || k > 3) luaL_error(L, "cudalua: graph:kernel: %s needs 1 to 3 dimensions", w ? "block" : "grid");
-      for (int j = 0; j < k; j++) {
-        lua_rawgeti(L, i, j + 1);
-        int isint; lua_Integer v = lua_tointegerx(L, -1, &isint);
-        if (!isint || v < 1 || v > 0x7fffffff) luaL_error(L, "cudalua: graph:kernel: %s[%d] must be an integer >= 1", w ? "block" : "grid", j + 1);
-        out[j] = (unsigned)v;
-        lua_pop(L, 1);
-      }
-    } else {
-      int isint; lua_Integer v = lua_tointegerx(L, i, &isint);
-      if (!isint || v < 1 || v > 0x7fffffff) luaL_error(L, "cudalua: graph:kernel: %s must be an integer >= 1 or a table of them", w ? "block" : "grid");
-      out[0] = (unsigned)v;
-    }
-  }
-  if (!lua_isnil(L, top)) {
-    int isint; lua_Integer v = lua_tointegerx(L, top, &isint);
-    if (!isint || v < 0) luaL_error(L, "cudalua: graph:kernel: shared must be an integer >= 0");
-    n->shared = (unsigned)v;
-  }
-  lua_settop(L, top - 3);
-}
-
 /* pushes the elements of the args table onto the stack; returns their first index and count */
 static int push_args(lua_State *L, int idx, int *n) {
   if (lua_isnoneornil(L, idx)) { *n = 0; return lua_gettop(L) + 1; }
@@ -203,15 +171,15 @@ static int g_kernel(lua_State *L) {
   lua_settop(L, 5);
   size_t nd;
   CUgraphNode *deps = deps_of(L, 5, g, &nd, "graph:kernel");   /* at 6 */
-  lnode *tmp = lua_newuserdatauv(L, sizeof *tmp, 0);              /* at 7: the configuration */
-  memset(tmp, 0, sizeof *tmp);
-  config(L, 3, tmp);
+  lnode cfg;   /* the configuration, copied into the node once it is made */
+  memset(&cfg, 0, sizeof cfg);
+  cl_launch_config(L, 3, cfg.g, cfg.b, &cfg.shared, "graph:kernel");
   int nargs, first = push_args(L, 4, &nargs);
   cl_args A;
   cl_ctx(L);
   cl_marshal(L, k, 2, first, nargs, &A, 0);
   CUDA_KERNEL_NODE_PARAMS p;
-  kernel_params(tmp, k, &A, &p);
+  kernel_params(&cfg, k, &A, &p);
   CUgraphNode h;
   CUresult r = cu.cuGraphAddKernelNode(&h, g->g, deps, nd, &p);
   if (r != CUDA_SUCCESS) {
@@ -221,7 +189,7 @@ static int g_kernel(lua_State *L) {
   for (int i = 0; i < nargs; i++) keep(L, 1, first + i);
   keep(L, 1, 2);
   lnode *n = push_node(L, 1, N_KERNEL);
-  memcpy(n->g, tmp->g, sizeof n->g); memcpy(n->b, tmp->b, sizeof n->b); n->shared = tmp->shared;
+  memcpy(n->g, cfg.g, sizeof n->g); memcpy(n->b, cfg.b, sizeof n->b); n->shared = cfg.shared;
   n->n = h;
   lua_pushvalue(L, 2); lua_setiuservalue(L, -2, 2);   /* the kernel, for set_args */
   return 1;
@@ -230,9 +198,8 @@ static int g_kernel(lua_State *L) {
 /* the address an array has for copies in graphs: pageable memory is page-locked first */
 static CUdeviceptr copy_addr(lua_State *L, cl_array *a, int idx, const char *where) {
   if (a->kind == CL_HOST) {
-    if (cl_nbytes(a) && !a->mem->registered) {
+    if (cl_nbytes(a) && a->mem->registered <= 0) {   /* -1: an earlier page-lock failed */
       CUresult r = cu.cuMemHostRegister(a->mem->host, a->mem->bytes, CU_MEMHOSTREGISTER_PORTABLE);
-      /* small arrays can share a page with another that is already locked */
       if (r != CUDA_SUCCESS) luaL_error(L, "cudalua: %s: cannot page-lock host array %d (%s): use a pinned array for graph copies", where, idx, cl_errname(r));
       a->mem->registered = 1;
     }
@@ -379,19 +346,52 @@ static int g_child(lua_State *L) {
   return 1;
 }
 
-/* is `to` reachable from `from` following dependent edges? */
-static int reaches(lua_State *L, CUgraphNode from, CUgraphNode to, int depth) {
+static int cmp_node(const void *a, const void *b) {
+  uintptr_t x = (uintptr_t)*(const CUgraphNode *)a, y = (uintptr_t)*(const CUgraphNode *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* is `to` reachable from `from` following dependent edges in graph g? An iterative depth-first
+   search with a visited set (the graph's nodes sorted, with a mark each), so diamonds are walked
+   once and deep chains cannot overflow the C stack. When in doubt (out of memory, a driver
+   error) it answers 1, so that no cycle is made. */
+static int reaches(CUgraph g, CUgraphNode from, CUgraphNode to) {
   if (from == to) return 1;
-  if (depth > 100000) return 1;
-  size_t n = 0;
-  cu.cuGraphNodeGetDependentNodes(from, NULL, NULL, &n);
-  if (!n) return 0;
-  CUgraphNode *out = malloc(sizeof *out * n);
-  if (!out) return 1;
-  cu.cuGraphNodeGetDependentNodes(from, out, NULL, &n);
+  size_t total = 0;
+  if (cu.cuGraphGetNodes(g, NULL, &total) != CUDA_SUCCESS || total == 0) return 1;
+  /* all: the sorted nodes; stack: nodes to visit (each pushed once, so at most total);
+     out: one node's dependents (at most total); seen: marks, parallel to all */
+  CUgraphNode *all = malloc(sizeof *all * total * 3 + total);
+  if (!all) return 1;
+  CUgraphNode *stack = all + total, *out = stack + total;
+  unsigned char *seen = (unsigned char *)(out + total);
+  memset(seen, 0, total);
+  size_t got = total;
   int r = 0;
-  for (size_t i = 0; i < n && !r; i++) r = reaches(L, out[i], to, depth + 1);
-  free(out);
+  if (cu.cuGraphGetNodes(g, all, &got) != CUDA_SUCCESS || got != total) { r = 1; goto done; }
+  qsort(all, total, sizeof *all, cmp_node);
+  size_t sp = 0;
+  stack[sp++] = from;
+  CUgraphNode *f = bsearch(&from, all, total, sizeof *all, cmp_node);
+  if (!f) { r = 1; goto done; }
+  seen[f - all] = 1;
+  while (sp && !r) {
+    CUgraphNode cur = stack[--sp];
+    size_t n = 0;
+    if (cu.cuGraphNodeGetDependentNodes(cur, NULL, NULL, &n) != CUDA_SUCCESS || n > total) { r = 1; break; }
+    if (!n) continue;
+    if (cu.cuGraphNodeGetDependentNodes(cur, out, NULL, &n) != CUDA_SUCCESS) { r = 1; break; }
+    for (size_t i = 0; i < n; i++) {
+      if (out[i] == to) { r = 1; break; }
+      CUgraphNode *p = bsearch(&out[i], all, total, sizeof *all, cmp_node);
+      if (!p || sp >= total) { r = 1; break; }
+      if (seen[p - all]) continue;
+      seen[p - all] = 1;
+      stack[sp++] = out[i];
+    }
+  }
+done:
+  free(all);
   return r;
 }
 
@@ -401,7 +401,7 @@ static int g_add_dependency(lua_State *L) {
   lnode *a = checknode(L, 2, g, "graph:add_dependency");
   lnode *b = checknode(L, 3, g, "graph:add_dependency");
   cl_ctx(L);
-  if (reaches(L, b->n, a->n, 0))
+  if (reaches(g->g, b->n, a->n))
     return luaL_error(L, "cudalua: graph:add_dependency: this would make a cycle (the %s node already depends on the %s node)",
                       node_kinds[a->kind], node_kinds[b->kind]);
   cl_check(L, cu.cuGraphAddDependencies(g->g, &a->n, &b->n, NULL, 1), "graph:add_dependency");
@@ -465,11 +465,21 @@ static int n_index(lua_State *L) {
 
 /* ---- executable graphs ---- */
 
+/* makes current the context the executable graph was made in */
+static void exec_ctx(lua_State *L, lexec *e, const char *where) {
+  CUcontext cur = NULL;
+  cu.cuCtxGetCurrent(&cur);
+  if (cur != e->ctx) cl_check(L, cu.cuCtxSetCurrent(e->ctx), where);
+}
+
 static int e_launch(lua_State *L) {
   lexec *e = checkexec(L, 1);
   cl_stream *s = cl_tostream(L, 2, "graph_exec:launch");
-  cl_ctx(L);
+  exec_ctx(L, e, "graph_exec:launch");
   cl_capture_guard(L, s, 0, "graph_exec:launch");
+  /* host nodes armed for a launch into a capture would never run, and waits would hang */
+  if (e->nhost && cl_capturing && s && s->capture_ref)
+    return luaL_error(L, "cudalua: graph_exec:launch: a graph with Lua host functions cannot be launched into a stream capture");
   if (e->nhost) cl_host_arm(L, e->nhost);
   CUresult r = cu.cuGraphLaunch(e->e, s ? s->h : NULL);
   if (r != CUDA_SUCCESS) {
@@ -483,20 +493,25 @@ static int e_launch(lua_State *L) {
 static int e_upload(lua_State *L) {
   lexec *e = checkexec(L, 1);
   cl_stream *s = cl_tostream(L, 2, "graph_exec:upload");
-  cl_ctx(L);
+  exec_ctx(L, e, "graph_exec:upload");
   cl_check(L, cu.cuGraphUpload(e->e, s ? s->h : NULL), "graph_exec:upload");
   lua_settop(L, 1);
   return 1;
 }
 
+/* keeps value at idx alive with the executable graph at eidx, as a set (t[value] = true), so
+   that set_args and the like in a loop do not grow the table */
 static void exec_keep(lua_State *L, int eidx, int idx) {
+  if (!collectable(L, idx)) return;
+  idx = lua_absindex(L, idx);
   lua_getiuservalue(L, eidx, 2);
   lua_pushvalue(L, idx);
-  lua_rawseti(L, -2, (lua_Integer)lua_rawlen(L, -2) + 1);
+  lua_pushboolean(L, 1);
+  lua_rawset(L, -3);
   lua_pop(L, 1);
 }
 
-/* the graph an executable graph was made from (or last updated from) */
+/* the graph an executable graph was made from (exec:update does not change it) */
 static lgraph *exec_graph(lua_State *L, int eidx) {
   lua_getiuservalue(L, eidx, 1);
   lgraph *g = lua_touserdata(L, -1);
@@ -515,7 +530,7 @@ static int e_set_args(lua_State *L) {
   cl_kernel *k = cl_checkkernel(L, kidx);
   int first = 3, nargs = kidx - 3;
   cl_args A;
-  cl_ctx(L);
+  exec_ctx(L, e, "graph_exec:set_args");
   cl_marshal(L, k, kidx, first, nargs, &A, 0);
   CUDA_KERNEL_NODE_PARAMS p;
   kernel_params(n, k, &A, &p);
@@ -532,9 +547,9 @@ static int e_set_memcpy(lua_State *L) {
   if (n->owner != exec_graph(L, 1)) return luaL_error(L, "cudalua: graph_exec:set_memcpy: the node is not from this executable graph's graph");
   if (n->kind != N_MEMCPY) return luaL_error(L, "cudalua: graph_exec:set_memcpy: expected a memcpy node, got a %s node", node_kinds[n->kind]);
   CUDA_MEMCPY3D p;
-  CUcontext ctx = cl_ctx(L);
+  exec_ctx(L, e, "graph_exec:set_memcpy");
   memcpy_params(L, 3, 4, &p, "graph_exec:set_memcpy");
-  cl_check(L, cu.cuGraphExecMemcpyNodeSetParams(e->e, n->n, &p, ctx), "graph_exec:set_memcpy");
+  cl_check(L, cu.cuGraphExecMemcpyNodeSetParams(e->e, n->n, &p, e->ctx), "graph_exec:set_memcpy");
   exec_keep(L, 1, 3); exec_keep(L, 1, 4);
   lua_settop(L, 1);
   return 1;
@@ -547,10 +562,10 @@ static int e_set_memset(lua_State *L) {
   if (n->owner != exec_graph(L, 1)) return luaL_error(L, "cudalua: graph_exec:set_memset: the node is not from this executable graph's graph");
   if (n->kind != N_MEMSET) return luaL_error(L, "cudalua: graph_exec:set_memset: expected a memset node, got a %s node", node_kinds[n->kind]);
   CUDA_MEMSET_NODE_PARAMS p[2];
-  CUcontext ctx = cl_ctx(L);
+  exec_ctx(L, e, "graph_exec:set_memset");
   if (memset_params(L, 3, 4, p, "graph_exec:set_memset") != 1)
     return luaL_error(L, "cudalua: graph_exec:set_memset: 8-byte elements are two memsets; build the graph again");
-  cl_check(L, cu.cuGraphExecMemsetNodeSetParams(e->e, n->n, &p[0], ctx), "graph_exec:set_memset");
+  cl_check(L, cu.cuGraphExecMemsetNodeSetParams(e->e, n->n, &p[0], e->ctx), "graph_exec:set_memset");
   exec_keep(L, 1, 3);
   lua_settop(L, 1);
   return 1;
@@ -562,7 +577,7 @@ static int e_update(lua_State *L) {
   lgraph *g = checkgraph(L, 2);
   CUgraphExecUpdateResultInfo info;
   memset(&info, 0, sizeof info);
-  cl_ctx(L);
+  exec_ctx(L, e, "graph_exec:update");
   CUresult r = cu.cuGraphExecUpdate(e->e, g->g, &info);
   if (r == CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE) {
     static const char *why[] = {"ok", "error", "topology changed", "node type changed",

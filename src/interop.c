@@ -5,20 +5,22 @@
 #include <string.h>
 #include "cl.h"
 
-static const struct { const char *ts; int dt; } typestrs[] = {
-  {"<f4", CL_F32}, {"<f8", CL_F64}, {"<f2", CL_F16}, {"|i1", CL_I8}, {"<i2", CL_I16},
-  {"<i4", CL_I32}, {"<i8", CL_I64}, {"|u1", CL_U8}, {"<u2", CL_U16}, {"<u4", CL_U32},
-  {"<u8", CL_U64}, {"|b1", CL_BOOL}};
-
-/* "<f4", "=f4" (native order, little-endian here) and "<i1" for "|i1" all name one dtype */
+/* a 3-character typestr: "<f4", "=f4" (native order, little-endian here) and "<i1" for
+   "|i1" all name one dtype */
 static int dtype_of(const char *ts) {
-  if (!ts || strlen(ts) != 3) return -1;
-  for (size_t i = 0; i < sizeof typestrs / sizeof typestrs[0]; i++) {
-    const char *t = typestrs[i].ts;
+  for (int d = 0; d < CL_NDTYPE; d++) {
+    const char *t = cl_dtypes[d].typestr;
     if (ts[1] == t[1] && ts[2] == t[2] && (ts[0] == t[0] || ts[0] == '=' || (t[0] == '|' && ts[0] == '<')))
-      return typestrs[i].dt;
+      return d;
   }
   return -1;
+}
+
+/* waits for the producer's stream of an interface (1: the legacy stream, 2: per-thread) */
+void cl_wait_cai_stream(lua_State *L, lua_Integer h) {
+  cl_ctx(L);
+  CUstream s = h == 1 ? CU_STREAM_LEGACY : h == 2 ? CU_STREAM_PER_THREAD : (CUstream)(uintptr_t)h;
+  cl_wait(L, CL_WAIT_STREAM, s, "waiting for the array's stream");
 }
 
 static const char cache_key = 0;   /* registry: object -> its last view (weak keys) */
@@ -37,9 +39,7 @@ static cl_array *foreign_view(lua_State *L, lua_Integer ptr, int dt, int ndim,
     if (ptr == 0) luaL_error(L, "as_cuda_array: null data pointer for %I bytes", (lua_Integer)bytes);
     CUdeviceptr start = 0;
     size_t range = 0;
-    unsigned int mtype = 0;
-    CUresult r = cu.cuPointerGetAttribute(&mtype, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)ptr);
-    if (r == CUDA_SUCCESS) r = cu.cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, (CUdeviceptr)ptr);
+    CUresult r = cu.cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, (CUdeviceptr)ptr);
     if (r == CUDA_SUCCESS) r = cu.cuPointerGetAttribute(&range, CU_POINTER_ATTRIBUTE_RANGE_SIZE, (CUdeviceptr)ptr);
     if (r != CUDA_SUCCESS)
       luaL_error(L, "as_cuda_array: %p is not memory the CUDA driver knows (%s): a device "
@@ -162,9 +162,7 @@ cl_array *cl_cai_view(lua_State *L, int idx) {
     if (!ok) fail(L, "stream must be an integer handle, got %s", luaL_tolstring(L, -1, NULL));
     if (h == 0) fail(L, "stream 0 is not allowed by the interface (use 1 for the legacy stream)%s", "");
     /* the producer's work may still be queued there: wait for it before the data is used */
-    cl_ctx(L);
-    CUstream s = h == 1 ? CU_STREAM_LEGACY : h == 2 ? CU_STREAM_PER_THREAD : (CUstream)(uintptr_t)h;
-    cl_wait(L, CL_WAIT_STREAM, s, "waiting for the array's stream");
+    cl_wait_cai_stream(L, h);
   }
   /* the view made last time for this object, if it still describes the same memory */
   lua_rawgetp(L, LUA_REGISTRYINDEX, &cache_key);

@@ -29,15 +29,13 @@ static const char *ptypename(lua_State *L, int kidx, int i) {
 }
 
 static int arg_error(lua_State *L, int kidx, int i, int aidx, const char *msg) {
-  int err = lua_gettop(L);
   const char *name = kname(L, kidx);
   const char *t = ptypename(L, kidx, i);
   const char *got = luaL_typename(L, aidx);
   if (lua_type(L, aidx) == LUA_TNUMBER) got = lua_tostring(L, aidx);
   else if (lua_type(L, aidx) == LUA_TSTRING) got = lua_pushfstring(L, "string (%I bytes)", (lua_Integer)lua_rawlen(L, aidx));
-  cl_array *a = luaL_testudata(L, aidx, CL_ARRAY);
+  cl_array *a = cl_toarray(L, aidx);
   if (a) got = a->mem ? (a->kind == CL_HOST ? "a pageable host array" : "an array") : "a closed array";
-  (void)err;
   return luaL_error(L, "cudalua: kernel '%s' argument %d (%s): %s, got %s", name, i + 1, t, msg, got);
 }
 
@@ -165,14 +163,13 @@ int cl_kernel_launch(lua_State *L, cl_kernel *k, int kidx, int first, unsigned g
   cl_args A;
   int nargs = lua_gettop(L) - first + 1;
   CUstream h = s ? s->h : NULL;
-  CUcontext cur = NULL;
-  cu.cuCtxGetCurrent(&cur);
-  if (cur != k->ctx) cl_check(L, cu.cuCtxSetCurrent(k->ctx), "making the kernel's context current");
   cl_marshal(L, k, kidx, first, nargs, &A, 1);
   if (cl_capturing) {
     cl_capture_guard(L, s, A.ntmp > 0, "kernel launch");
     if (s->capture_ref) capture_keep(L, s, kidx, first, nargs);
   }
+  /* after the arguments: a foreign array's view may have made the selected device current */
+  cl_kernel_ctx(L, k);
   for (int i = 0; i < A.ntmp; i++) {
     size_t n = cl_nbytes(A.tmp[i].a);
     if (!n) continue;
@@ -260,6 +257,16 @@ static int launcher_gc(lua_State *L) {
   return 0;
 }
 
+/* a new launcher for the kernel at kidx with configuration c; takes a reference to c->s */
+static launcher *push_launcher(lua_State *L, int kidx, const launcher *c) {
+  launcher *l = lua_newuserdatauv(L, sizeof *l, 1);
+  *l = *c;
+  cl_stream_ref(l->s);
+  luaL_setmetatable(L, LAUNCHER_MT);
+  lua_pushvalue(L, kidx); lua_setiuservalue(L, -2, 1);
+  return l;
+}
+
 /* k[{grid, block [, stream [, shared]]}] -> launcher */
 int cl_kernel_index(lua_State *L) {
   cl_kernel *k = lua_touserdata(L, 1);
@@ -288,11 +295,7 @@ int cl_kernel_index(lua_State *L) {
           last->shared == c.shared && last->s == c.s)
         return 1;
     }
-    launcher *l = lua_newuserdatauv(L, sizeof *l, 1);
-    *l = c;
-    cl_stream_ref(l->s);
-    luaL_setmetatable(L, LAUNCHER_MT);
-    lua_pushvalue(L, 1); lua_setiuservalue(L, -2, 1);
+    push_launcher(L, 1, &c);
     lua_pushvalue(L, -1); lua_setiuservalue(L, 1, 3);
     return 1;
   }
@@ -308,21 +311,30 @@ int cl_kernel_index(lua_State *L) {
 }
 
 /* k:launch({grid=, block=, stream=, shared=}, ...) */
+/* the table {grid=, block=, shared=} at idx (or {grid, block, _, shared}), for k:launch and
+   graph:kernel */
+void cl_launch_config(lua_State *L, int idx, unsigned g[3], unsigned b[3], unsigned *shared,
+                      const char *where) {
+  luaL_checktype(L, idx, LUA_TTABLE);
+  static const char *const names[] = {"grid", "block"};
+  for (int w = 0; w < 2; w++) {
+    if (lua_getfield(L, idx, names[w]) == LUA_TNIL) { lua_pop(L, 1); lua_rawgeti(L, idx, w + 1); }
+    if (lua_isnil(L, -1)) luaL_error(L, "cudalua: %s: configuration needs %s", where, names[w]);
+    dims(L, -1, w ? b : g, names[w]);
+    lua_pop(L, 1);
+  }
+  if (lua_getfield(L, idx, "shared") == LUA_TNIL) { lua_pop(L, 1); lua_rawgeti(L, idx, 4); }
+  *shared = shared_bytes(L, -1);
+  lua_pop(L, 1);
+}
+
 static int k_launch(lua_State *L) {
   cl_kernel *k = cl_checkkernel(L, 1);
-  luaL_checktype(L, 2, LUA_TTABLE);
-  unsigned g[3], b[3];
-  if (lua_getfield(L, 2, "grid") == LUA_TNIL) { lua_pop(L, 1); lua_rawgeti(L, 2, 1); }
-  if (lua_isnil(L, -1)) return luaL_error(L, "cudalua: launch: configuration needs grid");
-  dims(L, -1, g, "grid");
-  if (lua_getfield(L, 2, "block") == LUA_TNIL) { lua_pop(L, 1); lua_rawgeti(L, 2, 2); }
-  if (lua_isnil(L, -1)) return luaL_error(L, "cudalua: launch: configuration needs block");
-  dims(L, -1, b, "block");
+  unsigned g[3], b[3], shared;
+  cl_launch_config(L, 2, g, b, &shared, "launch");
   lua_getfield(L, 2, "stream");
   cl_stream *s = cl_tostream(L, -1, "launch configuration");
-  lua_getfield(L, 2, "shared");
-  unsigned shared = shared_bytes(L, -1);
-  lua_pop(L, 4);
+  lua_pop(L, 1);
   lua_remove(L, 2);
   return cl_kernel_launch(L, k, 1, 2, g, b, s, shared);
 }
@@ -349,23 +361,12 @@ static int k_forall(lua_State *L) {
     lua_getfield(L, 3, "shared"); shared = shared_bytes(L, -1);
     lua_pop(L, 2);
   }
-  if (!k->occ_block || k->occ_shared != shared) {
-    int g = 0, b = 0;
-    CUcontext cur = NULL;
-    cu.cuCtxGetCurrent(&cur);
-    if (cur != k->ctx) cl_check(L, cu.cuCtxSetCurrent(k->ctx), "forall");
-    cl_check(L, cu.cuOccupancyMaxPotentialBlockSize(&g, &b, k->fn, NULL, shared, 0), "forall: occupancy");
-    k->occ_grid = g; k->occ_block = b; k->occ_shared = shared;
-  }
+  cl_kernel_occupancy(L, k, shared);
   lua_Integer grid = (n + k->occ_block - 1) / k->occ_block;
   if (grid < 1) grid = 1;
   if (grid > 0x7fffffff) return luaL_error(L, "cudalua: forall: n = %I needs too many blocks", n);
-  launcher *l = lua_newuserdatauv(L, sizeof *l, 1);
-  l->k = k; l->s = cl_stream_ref(s); l->shared = shared;
-  l->g[0] = (unsigned)grid; l->g[1] = l->g[2] = 1;
-  l->b[0] = (unsigned)k->occ_block; l->b[1] = l->b[2] = 1;
-  luaL_setmetatable(L, LAUNCHER_MT);
-  lua_pushvalue(L, 1); lua_setiuservalue(L, -2, 1);
+  launcher c = {k, {(unsigned)grid, 1, 1}, {(unsigned)k->occ_block, 1, 1}, shared, s};
+  push_launcher(L, 1, &c);
   return 1;
 }
 
@@ -376,7 +377,7 @@ static int k_max_blocks(lua_State *L) {
   unsigned shared = shared_bytes(L, 3);
   luaL_argcheck(L, b >= 1 && b <= 1024, 2, "block size must be 1..1024");
   int nb = 0;
-  cl_ctx(L);
+  cl_kernel_ctx(L, k);
   cl_check(L, cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(&nb, k->fn, (int)b, shared),
            "max_blocks_per_sm");
   lua_pushinteger(L, nb);

@@ -192,6 +192,8 @@ void cl_mem_unref(lua_State *L, cl_mem *m) {
     mem_free(m);
     return;
   }
+  /* freed memory no longer counts toward the next collection */
+  if (m->kind != CL_FOREIGN) pressure -= m->bytes < pressure ? m->bytes : pressure;
   CUcontext cur = NULL;
   cu.cuCtxGetCurrent(&cur);
   if (cur != m->ctx) cu.cuCtxSetCurrent(m->ctx);

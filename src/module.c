@@ -133,18 +133,29 @@ static int k_attributes(lua_State *L) {
   return 1;
 }
 
-/* occupancy(k, shared) -> min grid size, block size (cached per dynamic shared size) */
+/* makes the kernel's context current (its device's, whichever device is selected) */
+void cl_kernel_ctx(lua_State *L, cl_kernel *k) {
+  CUcontext cur = NULL;
+  cu.cuCtxGetCurrent(&cur);
+  if (cur != k->ctx) cl_check(L, cu.cuCtxSetCurrent(k->ctx), "making the kernel's context current");
+}
+
+/* the occupancy calculator's grid and block for a dynamic shared size, cached per kernel */
+void cl_kernel_occupancy(lua_State *L, cl_kernel *k, size_t shared) {
+  if (k->occ_block && k->occ_shared == shared) return;
+  int g = 0, b = 0;
+  cl_kernel_ctx(L, k);
+  cl_check(L, cu.cuOccupancyMaxPotentialBlockSize(&g, &b, k->fn, NULL, shared, 0),
+           "cuOccupancyMaxPotentialBlockSize");
+  k->occ_grid = g; k->occ_block = b; k->occ_shared = shared;
+}
+
+/* occupancy(k, shared) -> min grid size, block size */
 static int k_occupancy(lua_State *L) {
   cl_kernel *k = cl_checkkernel(L, 1);
   lua_Integer shared = luaL_optinteger(L, 2, 0);
   luaL_argcheck(L, shared >= 0, 2, "shared memory size must be >= 0");
-  if (!k->occ_block || k->occ_shared != (size_t)shared) {
-    int g = 0, b = 0;
-    cl_ctx(L);
-    cl_check(L, cu.cuOccupancyMaxPotentialBlockSize(&g, &b, k->fn, NULL, (size_t)shared, 0),
-             "cuOccupancyMaxPotentialBlockSize");
-    k->occ_grid = g; k->occ_block = b; k->occ_shared = (size_t)shared;
-  }
+  cl_kernel_occupancy(L, k, (size_t)shared);
   lua_pushinteger(L, k->occ_grid);
   lua_pushinteger(L, k->occ_block);
   return 2;
@@ -184,7 +195,7 @@ void cl_open_module(lua_State *L) {
   static const luaL_Reg methods[] = {
     {"attributes", k_attributes}, {"occupancy", k_occupancy}, {"info", k_info},
     {"handle", k_handle}, {NULL, NULL}};
-  /* kernel methods live in a table Lua can extend (forall is written in Lua) */
+  /* kernel methods live in a table Lua can extend (methods are added from launch.c) */
   luaL_newlib(L, methods);
   lua_pushvalue(L, -1);
   lua_setfield(L, LUA_REGISTRYINDEX, CL_KERNEL ".methods");

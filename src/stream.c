@@ -156,10 +156,7 @@ static int l_wait_flag(lua_State *L) {
 /* sync_stream_handle(h): waits for a stream known only by its handle (CUDA Array Interface:
    1 is the legacy stream, 2 the per-thread one) */
 static int l_sync_stream_handle(lua_State *L) {
-  lua_Integer h = luaL_checkinteger(L, 1);
-  cl_ctx(L);
-  CUstream s = h == 1 ? CU_STREAM_LEGACY : h == 2 ? CU_STREAM_PER_THREAD : (CUstream)(uintptr_t)h;
-  cl_wait(L, CL_WAIT_STREAM, s, "waiting for the array's stream");
+  cl_wait_cai_stream(L, luaL_checkinteger(L, 1));
   return 0;
 }
 

@@ -247,27 +247,24 @@ local function cuda_include()
 end
 
 -- "cc90": the current device's compute capability, for cache keys (needs no NVRTC)
-local cc_of = {}
-local function device_cc()
+-- also returns the device and its compute_capability {major, minor}; level: as error()'s
+local cc_of, cap_of = {}, {}
+local function device_cc(level)
   if not core.is_available() then
-    error("cuda.compile: " .. core.driver_error() .. "; give opts.arch (e.g. \"sm_90\") to compile without a GPU", 3)
+    error("cuda.compile: " .. core.driver_error() .. "; give opts.arch (e.g. \"sm_90\") to compile without a GPU", level or 3)
   end
   local dev = core.current_device()
   if not cc_of[dev] then
     local cc = core.devices()[dev + 1].compute_capability
-    cc_of[dev] = ("cc%d%d"):format(cc[1], cc[2])
+    cc_of[dev], cap_of[dev] = ("cc%d%d"):format(cc[1], cc[2]), cc
   end
-  return cc_of[dev]
+  return cc_of[dev], dev, cap_of[dev]
 end
 
 local arch_of = {}
 local function device_arch()
-  local dev = core.is_available() and core.current_device()
-  if dev and arch_of[dev] then return arch_of[dev] end
-  if not core.is_available() then
-    error("cuda.compile: " .. core.driver_error() .. "; give opts.arch (e.g. \"sm_90\") to compile without a GPU", 3)
-  end
-  local cc = core.devices()[core.current_device() + 1].compute_capability
+  local _, dev, cc = device_cc(4)
+  if arch_of[dev] then return arch_of[dev] end
   local want = cc[1] * 10 + cc[2]
   local archs = core.nvrtc_archs()
   local best = 0
@@ -396,18 +393,20 @@ function M.compile(src, opts)
   table.sort(user_headers)
   for _, k in ipairs(user_headers) do headers[#headers + 1] = { k, opts.headers[k] } end
 
-  local key
+  local key, mkey
   if opts.cache ~= false then
     local hparts = {}
     for _, k in ipairs(user_headers) do hparts[#hparts + 1] = #k .. ":" .. k .. #opts.headers[k] .. ":" .. opts.headers[k] end
     key = cache.key { arch_key, name, table.concat(options, "\0"), table.concat(hparts),
                       table.concat(opts.name_expressions or {}, "\0"), src }
-    local mod = cache.get_memory(key)
+    -- a module loads into one device's context: the memory cache is per device as well
+    mkey = key .. "\0" .. (core.is_available() and core.current_device() or "")
+    local mod = cache.get_memory(mkey)
     if mod then return mod end
     local e = cache.get_disk(key)
     if e then
       mod = new_module(e, name, arch_key)
-      cache.put_memory(key, mod)
+      cache.put_memory(mkey, mod)
       return mod
     end
     cache.stats.misses = cache.stats.misses + 1
@@ -416,9 +415,14 @@ function M.compile(src, opts)
   table.insert(options, 1, "-arch=" .. arch)
 
   local found = find_kernels(src)
-  local wanted = {}
-  for _, k in ipairs(found) do wanted[#wanted + 1] = k end
-  for _, e in ipairs(opts.name_expressions or {}) do wanted[#wanted + 1] = e end
+  -- the kernels to look up: the given scanned ones, then the user's name expressions
+  local function with_user(kernels)
+    local w = {}
+    for _, k in ipairs(kernels) do w[#w + 1] = k end
+    for _, e in ipairs(opts.name_expressions or {}) do w[#w + 1] = e end
+    return w
+  end
+  local wanted = with_user(found)
   local function exprs_for(list)
     local ex = {}
     for _, e in ipairs(list) do ex[#ex + 1] = e; ex[#ex + 1] = PROBE .. "<decltype(" .. e .. ")>" end
@@ -436,9 +440,7 @@ function M.compile(src, opts)
       else keep[#keep + 1] = k end
     end
     if dropped then
-      local w = {}
-      for _, k in ipairs(keep) do w[#w + 1] = k end
-      for _, e in ipairs(opts.name_expressions or {}) do w[#w + 1] = e end
+      local w = with_user(keep)
       local i2, l2, x2 = core.nvrtc_compile(src .. PROBE_SRC, name, options, headers, exprs_for(w), ptx)
       if i2 then image, log, lowered, wanted, found = i2, l2, x2, w, keep end
     end
@@ -446,8 +448,7 @@ function M.compile(src, opts)
   if not image and #found > 0 and log:find(PROBE, 1, true) then
     -- a kernel found by scanning could not be probed (overloaded, in a namespace): compile
     -- again with only the user's name expressions
-    wanted = {}
-    for _, e in ipairs(opts.name_expressions or {}) do wanted[#wanted + 1] = e end
+    wanted = with_user({})
     image, log, lowered = core.nvrtc_compile(src .. PROBE_SRC, name, options, headers,
                                              exprs_for(wanted), ptx)
     found = {}
@@ -474,7 +475,7 @@ function M.compile(src, opts)
   local e = { image = image, log = log, info = info, ptx = ptx }
   local mod = new_module(e, name, arch)
   if key then
-    cache.put_memory(key, mod)
+    cache.put_memory(mkey, mod)
     cache.put_disk(key, e)
   end
   return mod

@@ -73,9 +73,8 @@ function M.watch(counter, total, opts)
   local redraw = tty and 0.05 or (opts.line_interval or 1.0) -- seconds between draws
   local t0 = core.time()
   local last_draw = -math.huge
-  local function draw(v, final)
-    local now = core.time()
-    if not final and now - last_draw < redraw then return end
+  -- now: core.time() of the caller, which has checked that a non-final draw is due
+  local function draw(v, final, now)
     last_draw = now
     local el = now - t0
     local frac = math.min(math.max(v / total, 0), 1)
@@ -96,14 +95,15 @@ function M.watch(counter, total, opts)
   -- due: each host read of managed memory a kernel is updating stalls its atomics a little
   local v = 0
   while not stream:query() do
-    if core.time() - last_draw >= redraw then
+    local now = core.time()
+    if now - last_draw >= redraw then
       v = counter[1]
-      draw(v, false)
+      draw(v, false, now)
     end
     if interval > 0 then core.sleep(interval) end
   end
   v = counter[1]
-  draw(v, true)
+  draw(v, true, core.time())
   if tty then out:write("\n"); out:flush() end
   return v
 end

@@ -9,10 +9,6 @@ local BLOCK = 256
 local UN = 8 -- tiles a warp loads before reducing them
 local W = BLOCK // 32
 
-local ctypes = { float32 = "float", float64 = "double", int8 = "signed char", int16 = "short",
-  int32 = "int", int64 = "long long", uint8 = "unsigned char", uint16 = "unsigned short",
-  uint32 = "unsigned int", uint64 = "unsigned long long", bool = "bool", float16 = "__half" }
-
 local Reducer = {}
 Reducer.__index = Reducer
 Reducer.__name = "cudalua.reducer"
@@ -35,7 +31,7 @@ end
 -- the kernels for one dtype: aligned (16-byte vector loads) and unaligned
 local function kernels(self, dtype)
   local name = tostring(dtype)
-  local ctype = ctypes[name]
+  local ctype = dtype.ctype
   local v = 16 // dtype.itemsize
   local aligned = ("cudalua::reduce_kernel<%s, cudalua_op, %d, %d>"):format(ctype, v, UN)
   local unaligned = ("cudalua::reduce_kernel<%s, cudalua_op, 1, %d>"):format(ctype, UN)
@@ -202,8 +198,8 @@ function M.reduce(cuda, expr, opts)
     for k in pairs(opts) do
       if k ~= "init" then error(("cuda.reduce: unknown option '%s' (init)"):format(tostring(k)), 3) end
     end
-    if opts.init ~= nil and type(opts.init) ~= "number" and type(opts.init) ~= "boolean" then
-      error("cuda.reduce: init must be a number", 3)
+    if opts.init ~= nil and type(opts.init) ~= "number" then
+      error("cuda.reduce: init must be a number, got " .. type(opts.init), 3)
     end
     self.init = opts.init
   end
