@@ -200,7 +200,7 @@ typedef struct cl_kernel {
 #define CL_KERNEL "cudalua.kernel"
 cl_kernel *cl_checkkernel(lua_State *L, int idx);
 void cl_launch_config(lua_State *L, int idx, unsigned g[3], unsigned b[3], unsigned *shared,
-                      const char *where);          /* launch.c: {grid=, block=, shared=} */
+                      const char *where, const char *prefix);   /* launch.c: {grid=, block=} */
 void cl_kernel_ctx(lua_State *L, cl_kernel *k);          /* its context made current */
 void cl_kernel_occupancy(lua_State *L, cl_kernel *k, size_t shared);   /* fills k->occ_* */
 int cl_kernel_launch(lua_State *L, cl_kernel *k, int kidx, int first, unsigned g[3],

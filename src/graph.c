@@ -173,7 +173,7 @@ static int g_kernel(lua_State *L) {
   CUgraphNode *deps = deps_of(L, 5, g, &nd, "graph:kernel");   /* at 6 */
   lnode cfg;   /* the configuration, copied into the node once it is made */
   memset(&cfg, 0, sizeof cfg);
-  cl_launch_config(L, 3, cfg.g, cfg.b, &cfg.shared, "graph:kernel");
+  cl_launch_config(L, 3, cfg.g, cfg.b, &cfg.shared, "graph:kernel", "graph:kernel: ");
   int nargs, first = push_args(L, 4, &nargs);
   cl_args A;
   cl_ctx(L);
@@ -346,52 +346,75 @@ static int g_child(lua_State *L) {
   return 1;
 }
 
-static int cmp_node(const void *a, const void *b) {
-  uintptr_t x = (uintptr_t)*(const CUgraphNode *)a, y = (uintptr_t)*(const CUgraphNode *)b;
-  return x < y ? -1 : x > y;
+/* whether `to` can be reached from `from` along dependencies: an iterative search with a
+   visited set (open addressing on the node handles), so each reachable node is walked once and
+   deep chains cannot overflow the C stack. Its cost is that of the part of the graph below
+   `from`. When in doubt (out of memory, a driver error) it answers 1, so that no cycle is made. */
+typedef struct { CUgraphNode *slot; size_t cap, n; } nodeset;
+
+static size_t node_hash(CUgraphNode p, size_t cap) {
+  return (size_t)(((uintptr_t)p >> 4) * 0x9E3779B97F4A7C15ULL) & (cap - 1);
 }
 
-/* is `to` reachable from `from` following dependent edges in graph g? An iterative depth-first
-   search with a visited set (the graph's nodes sorted, with a mark each), so diamonds are walked
-   once and deep chains cannot overflow the C stack. When in doubt (out of memory, a driver
-   error) it answers 1, so that no cycle is made. */
-static int reaches(CUgraph g, CUgraphNode from, CUgraphNode to) {
+/* 1 if p was added, 0 if it was there, -1 out of memory */
+static int nodeset_add(nodeset *s, CUgraphNode p) {
+  if (2 * (s->n + 1) > s->cap) {
+    size_t cap = s->cap ? 2 * s->cap : 64;
+    CUgraphNode *slot = calloc(cap, sizeof *slot);
+    if (!slot) return -1;
+    for (size_t i = 0; i < s->cap; i++)
+      if (s->slot[i]) {
+        size_t j = node_hash(s->slot[i], cap);
+        while (slot[j]) j = (j + 1) & (cap - 1);
+        slot[j] = s->slot[i];
+      }
+    free(s->slot);
+    s->slot = slot; s->cap = cap;
+  }
+  size_t j = node_hash(p, s->cap);
+  while (s->slot[j]) {
+    if (s->slot[j] == p) return 0;
+    j = (j + 1) & (s->cap - 1);
+  }
+  s->slot[j] = p;
+  s->n++;
+  return 1;
+}
+
+static int reaches(CUgraphNode from, CUgraphNode to) {
   if (from == to) return 1;
-  size_t total = 0;
-  if (cu.cuGraphGetNodes(g, NULL, &total) != CUDA_SUCCESS || total == 0) return 1;
-  /* all: the sorted nodes; stack: nodes to visit (each pushed once, so at most total);
-     out: one node's dependents (at most total); seen: marks, parallel to all */
-  CUgraphNode *all = malloc(sizeof *all * total * 3 + total);
-  if (!all) return 1;
-  CUgraphNode *stack = all + total, *out = stack + total;
-  unsigned char *seen = (unsigned char *)(out + total);
-  memset(seen, 0, total);
-  size_t got = total;
+  nodeset seen = {NULL, 0, 0};
+  CUgraphNode *stack = NULL, *out = NULL;
+  size_t sp = 0, scap = 0, ocap = 0;
   int r = 0;
-  if (cu.cuGraphGetNodes(g, all, &got) != CUDA_SUCCESS || got != total) { r = 1; goto done; }
-  qsort(all, total, sizeof *all, cmp_node);
-  size_t sp = 0;
-  stack[sp++] = from;
-  CUgraphNode *f = bsearch(&from, all, total, sizeof *all, cmp_node);
-  if (!f) { r = 1; goto done; }
-  seen[f - all] = 1;
-  while (sp && !r) {
-    CUgraphNode cur = stack[--sp];
+  if (nodeset_add(&seen, from) < 0) return 1;
+  CUgraphNode cur = from;
+  for (;;) {
     size_t n = 0;
-    if (cu.cuGraphNodeGetDependentNodes(cur, NULL, NULL, &n) != CUDA_SUCCESS || n > total) { r = 1; break; }
-    if (!n) continue;
-    if (cu.cuGraphNodeGetDependentNodes(cur, out, NULL, &n) != CUDA_SUCCESS) { r = 1; break; }
-    for (size_t i = 0; i < n; i++) {
+    if (cu.cuGraphNodeGetDependentNodes(cur, NULL, NULL, &n) != CUDA_SUCCESS) { r = 1; break; }
+    if (n > ocap) {
+      free(out);
+      if (!(out = malloc(n * sizeof *out))) { r = 1; break; }
+      ocap = n;
+    }
+    if (n && cu.cuGraphNodeGetDependentNodes(cur, out, NULL, &n) != CUDA_SUCCESS) { r = 1; break; }
+    for (size_t i = 0; i < n && !r; i++) {
       if (out[i] == to) { r = 1; break; }
-      CUgraphNode *p = bsearch(&out[i], all, total, sizeof *all, cmp_node);
-      if (!p || sp >= total) { r = 1; break; }
-      if (seen[p - all]) continue;
-      seen[p - all] = 1;
+      int added = nodeset_add(&seen, out[i]);
+      if (added < 0) { r = 1; break; }
+      if (!added) continue;
+      if (sp == scap) {
+        size_t cap = scap ? 2 * scap : 64;
+        CUgraphNode *st = realloc(stack, cap * sizeof *st);
+        if (!st) { r = 1; break; }
+        stack = st; scap = cap;
+      }
       stack[sp++] = out[i];
     }
+    if (r || !sp) break;
+    cur = stack[--sp];
   }
-done:
-  free(all);
+  free(seen.slot); free(stack); free(out);
   return r;
 }
 
@@ -401,7 +424,7 @@ static int g_add_dependency(lua_State *L) {
   lnode *a = checknode(L, 2, g, "graph:add_dependency");
   lnode *b = checknode(L, 3, g, "graph:add_dependency");
   cl_ctx(L);
-  if (reaches(g->g, b->n, a->n))
+  if (reaches(b->n, a->n))
     return luaL_error(L, "cudalua: graph:add_dependency: this would make a cycle (the %s node already depends on the %s node)",
                       node_kinds[a->kind], node_kinds[b->kind]);
   cl_check(L, cu.cuGraphAddDependencies(g->g, &a->n, &b->n, NULL, 1), "graph:add_dependency");

@@ -236,14 +236,16 @@ static void dims(lua_State *L, int idx, unsigned out[3], const char *what) {
   out[0] = (unsigned)v;
 }
 
-static unsigned shared_bytes(lua_State *L, int idx) {
+static unsigned shared_named(lua_State *L, int idx, const char *what) {
   if (lua_isnoneornil(L, idx)) return 0;
   int isint;
   lua_Integer v = lua_tointegerx(L, idx, &isint);
   if (!isint || v < 0 || v > 0x7fffffff)
-    luaL_error(L, "cudalua: shared memory size must be an integer >= 0, got %s", luaL_tolstring(L, idx, NULL));
+    luaL_error(L, "cudalua: %s must be an integer >= 0, got %s", what, luaL_tolstring(L, idx, NULL));
   return (unsigned)v;
 }
+
+static unsigned shared_bytes(lua_State *L, int idx) { return shared_named(L, idx, "shared memory size"); }
 
 static int launcher_call(lua_State *L) {
   launcher *l = lua_touserdata(L, 1);
@@ -312,26 +314,30 @@ int cl_kernel_index(lua_State *L) {
 
 /* k:launch({grid=, block=, stream=, shared=}, ...) */
 /* the table {grid=, block=, shared=} at idx (or {grid, block, _, shared}), for k:launch and
-   graph:kernel */
+   graph:kernel; messages about a bad grid or block start with prefix */
 void cl_launch_config(lua_State *L, int idx, unsigned g[3], unsigned b[3], unsigned *shared,
-                      const char *where) {
+                      const char *where, const char *prefix) {
   luaL_checktype(L, idx, LUA_TTABLE);
+  idx = lua_absindex(L, idx);
   static const char *const names[] = {"grid", "block"};
   for (int w = 0; w < 2; w++) {
     if (lua_getfield(L, idx, names[w]) == LUA_TNIL) { lua_pop(L, 1); lua_rawgeti(L, idx, w + 1); }
     if (lua_isnil(L, -1)) luaL_error(L, "cudalua: %s: configuration needs %s", where, names[w]);
-    dims(L, -1, w ? b : g, names[w]);
-    lua_pop(L, 1);
+    int v = lua_gettop(L);
+    const char *label = *prefix ? lua_pushfstring(L, "%s%s", prefix, names[w]) : names[w];
+    dims(L, v, w ? b : g, label);
+    lua_settop(L, v - 1);
   }
   if (lua_getfield(L, idx, "shared") == LUA_TNIL) { lua_pop(L, 1); lua_rawgeti(L, idx, 4); }
-  *shared = shared_bytes(L, -1);
-  lua_pop(L, 1);
+  int v = lua_gettop(L);
+  *shared = *prefix ? shared_named(L, v, lua_pushfstring(L, "%sshared", prefix)) : shared_bytes(L, v);
+  lua_settop(L, v - 1);
 }
 
 static int k_launch(lua_State *L) {
   cl_kernel *k = cl_checkkernel(L, 1);
   unsigned g[3], b[3], shared;
-  cl_launch_config(L, 2, g, b, &shared, "launch");
+  cl_launch_config(L, 2, g, b, &shared, "launch", "");
   lua_getfield(L, 2, "stream");
   cl_stream *s = cl_tostream(L, -1, "launch configuration");
   lua_pop(L, 1);
