@@ -6,7 +6,7 @@ CUDA_DIR   ?= /usr/local/cuda
 CC         ?= gcc
 CFLAGS     ?= -O2 -g
 WARN        = -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers
-ALL_CFLAGS  = $(CFLAGS) $(WARN) -fPIC -std=gnu11 -I$(LUA_INCDIR) -I$(CUDA_DIR)/include -Isrc
+ALL_CFLAGS  = $(CFLAGS) $(WARN) -fPIC -fvisibility=hidden -std=gnu11 -I$(LUA_INCDIR) -I$(CUDA_DIR)/include -Isrc
 LIBFLAG    ?= -shared
 LIBS        = -ldl -lpthread -lm
 

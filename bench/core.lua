@@ -32,7 +32,7 @@ section("launches", function()
   local empty, four = mod.empty, mod.four
   local n, s = 1024, 2.5
   local d_a, d_b = cuda.device_array(n, "float32"), cuda.device_array(n, "float32")
-  -- the four forms and the raw loop on the same kernels take turns (medians of 2 * REPS rounds)
+  -- the six forms and the raw loops on the same kernels take turns (medians of 2 * REPS rounds)
   local bodies = {
     empty = function(m) for _ = 1, m do empty[{1, 1}]() end end,
     empty_launcher = function(m)
@@ -43,6 +43,15 @@ section("launches", function()
     four_launcher = function(m)
       local l = four[{1, 1}]
       for _ = 1, m do l(d_a, d_b, n, s) end
+    end,
+    -- the tutorial form without Lua making a table per call: what the binding does each time
+    empty_cfg = function(m)
+      local cfg = {1, 1}
+      for _ = 1, m do empty[cfg]() end
+    end,
+    four_cfg = function(m)
+      local cfg = {1, 1}
+      for _ = 1, m do four[cfg](d_a, d_b, n, s) end
     end,
   }
   -- raw cuLaunchKernel loops in this process
@@ -157,12 +166,20 @@ section("alloc", function()
       for _ = 1, m do local a = cuda.device_array(MIB, "uint8") end
       collectgarbage()
     end,
+    -- without cudalua's block cache: every array is a driver pool allocation and free
+    nocache = function(m)
+      local _, limit = cuda.block_cache(0)
+      for _ = 1, m do local a <close> = cuda.device_array(MIB, "uint8") end
+      collectgarbage()
+      cuda.block_cache(limit)
+    end,
   }
   local rawloop = B.rawloop()
   if rawloop then bodies.raw = function(m) rawloop.alloc_free(m, MIB) end end
   local r = B.interleaved(bodies, math.max(1, N // 10), REPS * 8)
   out("alloc_free_close_us", r.close)
   out("alloc_free_gc_us", r.gc)
+  out("alloc_free_close_nocache_us", r.nocache)
   if r.raw then out("inproc_alloc_free_us", r.raw) end
   -- the wrapper alone: a 0-byte device array allocates and frees no device memory
   out("diag_alloc_free_0bytes_close_us", (per_item(function(m)

@@ -149,10 +149,12 @@ END {
   printf "\ntargets: %d passed, %d failed\n", nt - fails, fails
   exit broken != "" ? 2 : fails ? 1 : 0
 }' <<'EOF'
-launch empty, k[{1,1}]() each time (us)|inproc_launch_empty_us|launch_empty_us|cupy_launch_empty_us|numba_launch_empty_us|le 1.15
 launch empty, launcher made once (us)|inproc_launch_empty_us|launch_empty_launcher_us|cupy_launch_empty_us|numba_launch_empty_cfg_us|le 1.15
-launch 4 args, k[{1,1}](...) each time (us)|inproc_launch_four_us|launch_four_us|cupy_launch_four_us|numba_launch_four_us|le 1.15
+launch empty, k[cfg]() each time, cfg table made once (us)|inproc_launch_empty_us|launch_empty_cfg_us|-|-|
+launch empty, k[{1,1}]() each time, Lua makes a table (us)|inproc_launch_empty_us|launch_empty_us|cupy_launch_empty_us|numba_launch_empty_us|
 launch 4 args, launcher made once (us)|inproc_launch_four_us|launch_four_launcher_us|cupy_launch_four_us|numba_launch_four_cfg_us|le 1.15
+launch 4 args, k[cfg](...) each time, cfg table made once (us)|inproc_launch_four_us|launch_four_cfg_us|-|-|
+launch 4 args, k[{1,1}](...) each time, Lua makes a table (us)|inproc_launch_four_us|launch_four_us|cupy_launch_four_us|numba_launch_four_us|
 launch empty each time; raw: bench/raw.c, own process (us)|launch_empty_us|launch_empty_us|-|-|
 launch 4 args each time; raw: bench/raw.c, own process (us)|launch_four_us|launch_four_us|-|-|
 H2D 256 MiB pinned (GB/s)|h2d_pinned_gbs|h2d_pinned_gbs|cupy_h2d_pinned_gbs|-|ge 0.95
@@ -162,6 +164,7 @@ D2H 256 MiB pageable; cuda.array steady (GB/s)|d2h_pageable_gbs|d2h_default_gbs|
 H2D 256 MiB pageable; cuda.array 1st copy (GB/s)|h2d_pageable_gbs|h2d_default_first_gbs|cupy_h2d_pageable_gbs|-|
 D2H 256 MiB pageable; cuda.array 1st copy (GB/s)|d2h_pageable_gbs|d2h_default_first_gbs|cupy_d2h_pageable_gbs|-|
 alloc+free 1 MiB async; <close> (us)|inproc_alloc_free_us|alloc_free_close_us|cupy_alloc_free_us|numba_alloc_free_us|le 1.5
+alloc+free 1 MiB async; <close>, block cache off (us)|inproc_alloc_free_us|alloc_free_close_nocache_us|-|-|
 alloc+free 1 MiB async; garbage collected (us)|inproc_alloc_free_us|alloc_free_gc_us|cupy_alloc_free_us|numba_alloc_free_us|
 alloc+free <close>; raw: bench/raw.c, own process (us)|alloc_free_us|alloc_free_close_us|-|-|
 cold NVRTC compile, vecadd sm_90 (ms)|inproc_compile_ms|compile_ms|-|-|le 1.1

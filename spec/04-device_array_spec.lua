@@ -454,6 +454,125 @@ describe("<close> and __gc", function()
   end)
 end)
 
+describe("arrays used on several streams", function()
+  gpu("are not reused while a non-blocking stream's work on them is queued", function()
+    local k = kernels().late_fill
+    local nb, s = cuda.stream(true), cuda.stream()
+    local d = cuda.device_array(N, "int32")
+    k[{ 4, 128, nb }](d, 42, N, 200000000) -- writes 42 after 200 ms, not ordered by the legacy stream
+    local h = cuda.pinned_array(N, "int32")
+    d:copy_to_host(h, s)                    -- a later use on a blocking stream
+    d:close()
+    local e = cuda.device_array(N, "int32")
+    e:fill(7)
+    cuda.synchronize()
+    local back = e:copy_to_host()
+    for i = 1, N do assert.equal(7, back[i]) end
+  end)
+end)
+
+describe("the block cache", function()
+  before_each(function()
+    collectgarbage() -- arrays other specs dropped would come into the cache meanwhile
+    collectgarbage()
+    cuda.empty_cache()
+  end)
+
+  gpu("a freed block goes to the next array of its size on its stream", function()
+    local base = cuda.block_cache()
+    local d = cuda.device_array(N, "float32")
+    local p = d:ptr()
+    d:close()
+    assert.equal(base + N * 4, (cuda.block_cache()))
+    local e <close> = cuda.device_array(N, "float32")
+    assert.equal(p, e:ptr())
+    assert.equal(base, (cuda.block_cache()))
+  end)
+
+  gpu("a reused block waits for the queued work that used it", function()
+    local k = kernels().late_fill
+    local s = cuda.stream()
+    local d = cuda.device_array(N, "int32", s)
+    local p = d:ptr()
+    k[{ 4, 128, s }](d, 42, N, 200000000) -- writes 42 after 200 ms
+    d:close()
+    local e = cuda.device_array(N, "int32", s)
+    assert.equal(p, e:ptr())          -- the same block, in the stream's order
+    e:fill(7, s)
+    local h = e:copy_to_host(nil, s)
+    s:synchronize()
+    for i = 1, N do assert.equal(7, h[i]) end
+    -- on another stream the block is not taken: the late write would land after
+    local f = cuda.device_array(N, "int32", s)
+    k[{ 4, 128, s }](f, 42, N, 200000000)
+    local q = f:ptr()
+    f:close()
+    local g = cuda.device_array(N, "int32")
+    assert.are_not.equal(q, g:ptr())
+    s:synchronize()
+  end)
+
+  gpu("a stream's blocks are freed with the stream", function()
+    local base = cuda.block_cache()
+    local s = cuda.stream()
+    cuda.device_array(N, "float32", s):close()
+    assert.equal(base + N * 4, (cuda.block_cache()))
+    s:close() -- the last reference: nothing else used the stream
+    assert.equal(base, (cuda.block_cache()))
+  end)
+
+  gpu("keeps blocks up to an eighth of its limit, and no more bytes than the limit", function()
+    local _, limit = cuda.block_cache()
+    finally(function() cuda.block_cache(limit) end)
+    assert.equal(limit, select(2, cuda.block_cache(8 * 4096))) -- gives the limit it replaces
+    assert.equal(8 * 4096, select(2, cuda.block_cache()))
+    cuda.device_array(1025, "float32"):close()   -- 4100 bytes: over an eighth
+    assert.equal(0, (cuda.block_cache()))
+    for _ = 1, 10 do
+      local a <close> = cuda.device_array(1024, "float32")
+      local b <close> = cuda.device_array(1024, "float32")
+      local c <close> = cuda.device_array(1024, "float32")
+    end
+    assert.equal(3 * 4096, (cuda.block_cache()))
+    local keep = {}
+    for i = 1, 12 do keep[i] = cuda.device_array(1024, "float32") end
+    for i = 1, 12 do keep[i]:close() end
+    assert.equal(8 * 4096, (cuda.block_cache()))
+    cuda.block_cache(0)
+    assert.equal(0, (cuda.block_cache()))
+    cuda.device_array(1024, "float32"):close()
+    assert.equal(0, (cuda.block_cache()))
+  end)
+
+  gpu("is emptied when an allocation runs out of memory", function()
+    local _, limit = cuda.block_cache()
+    finally(function() cuda.block_cache(limit) end)
+    local free = cuda.mem_info()
+    local n = math.floor(free * 0.1) // 4
+    cuda.block_cache(8 * n * 4)
+    for _ = 1, 5 do
+      local a = {}
+      for i = 1, 5 do a[i] = cuda.device_array(n, "float32") end
+      for i = 1, 5 do a[i]:close() end
+    end
+    assert.equal(5 * n * 4, (cuda.block_cache()))
+    local big <close> = cuda.device_array(math.floor(free * 0.8) // 4, "float32")
+    big:fill(1)
+    assert.equal(0, (cuda.block_cache()))
+  end)
+
+  it("block_cache rejects a bad limit; both work without a GPU", function()
+    local cached, limit = cuda.block_cache()
+    assert.is_true(math.type(cached) == "integer" and math.type(limit) == "integer")
+    C.raises("cuda.block_cache: max_bytes must be an integer >= 0, got -1", cuda.block_cache, -1)
+    C.raises("cuda.block_cache: max_bytes must be an integer >= 0, got 1.5", cuda.block_cache, 1.5)
+    C.raises("cuda.block_cache: max_bytes must be an integer >= 0, got lots", cuda.block_cache, "lots")
+    assert.equal(limit, select(2, cuda.block_cache()))
+    cuda.empty_cache()
+    assert.equal(0, (cuda.block_cache()))
+  end)
+end)
+
 describe("pinned, mapped and managed arrays", function()
   gpu("are zero-filled host arrays with device addresses", function()
     for _, make in ipairs { cuda.pinned_array, cuda.mapped_array, cuda.managed_array } do

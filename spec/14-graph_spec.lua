@@ -778,6 +778,29 @@ describe("stream:launch_host_func", function()
     assert.is_true(ran)
   end)
 
+  gpu("may drop arrays whose free would wait for the stream: they are freed after it", function()
+    collectgarbage()
+    collectgarbage()
+    cuda.empty_cache()
+    local s, other = cuda.stream(), cuda.stream(true)
+    local d = cuda.device_array(N, "float32", s)
+    d:fill(1, s)
+    d:fill(2, other) -- used on a non-blocking stream too: its free waits for the device
+    other:synchronize()
+    local p = cuda.pinned_array(N, "float32")
+    d:copy_to_host(p, s) -- queued on s: its free waits for s, stopped at the host function
+    local inside
+    s:launch_host_func(function()
+      d:close()
+      p:close()
+      inside = cuda.block_cache()
+    end)
+    s:synchronize()
+    assert.is_true(d.closed and p.closed)
+    assert.equal(0, inside)               -- nothing freed while the function ran
+    assert.equal(N * 4, (cuda.block_cache())) -- the device block, freed after it (to the cache)
+  end)
+
   gpu("refuses what is not a function, and closed streams", function()
     local s = cuda.stream()
     C.raises("function expected, got number", s.launch_host_func, s, 5)

@@ -137,6 +137,8 @@ cl_mem *cl_mem_ref(cl_mem *m);
 void cl_mem_unref(lua_State *L, cl_mem *m);       /* never raises */
 void cl_mem_use(cl_mem *m, cl_stream *s);         /* queued work on s uses m */
 void cl_mem_settle(lua_State *L, cl_mem *m);      /* waits for queued work that uses m */
+void cl_mem_forget_stream(cl_stream *s);          /* s is being destroyed */
+void cl_open_memory(lua_State *L);
 int cl_pageable_prepare(cl_mem *m);               /* page-locks pageable memory for copies */
 cl_array *cl_newarray(lua_State *L, int kind, int dt, int ndim, const int64_t *shape,
                       cl_stream *s, int zero);
@@ -177,6 +179,7 @@ CUresult cl_wait_raw(lua_State *L, int kind, void *h);
 void cl_wait(lua_State *L, int kind, void *h, const char *what);  /* raises */
 int cl_host_service(lua_State *L);
 int cl_host_armed(lua_State *L);
+int cl_host_running(lua_State *L);   /* a Lua host function runs now (on this thread) */
 void cl_host_arm(lua_State *L, int n);
 void cl_host_raise(lua_State *L);
 void *cl_hostcall_new(lua_State *L, int fidx, int oneshot);

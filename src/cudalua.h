@@ -16,12 +16,18 @@
 #include <stdint.h>
 #include <lua.h>
 
+/* the module is built with hidden symbols (its own calls go direct, not through the PLT);
+   these are the ones it exports */
+#ifndef CUDALUA_API
+#define CUDALUA_API __attribute__((visibility("default")))
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 /* opens the module: pushes its table (for luaL_requiref or package.preload) */
-int luaopen_cudalua(lua_State *L);
+CUDALUA_API int luaopen_cudalua(lua_State *L);
 
 /* Pushes a cudalua device array viewing host-owned device memory (ptr: a CUdeviceptr or a
    cudaMalloc'd pointer) of the given dtype ("float32", "int64", ...) and shape. With release
@@ -29,9 +35,9 @@ int luaopen_cudalua(lua_State *L);
    otherwise Lua owns it and release(ud, ptr) is called once no array uses it and its queued
    work is done. Returns 1, or raises a Lua error (bad dtype/shape, pointer unknown to the
    driver or too small). */
-int cudalua_push_device_array(lua_State *L, uint64_t ptr, const char *dtype, int ndim,
-                              const int64_t *shape, void (*release)(void *ud, uint64_t ptr),
-                              void *ud);
+CUDALUA_API int cudalua_push_device_array(lua_State *L, uint64_t ptr, const char *dtype, int ndim,
+                                          const int64_t *shape, void (*release)(void *ud, uint64_t ptr),
+                                          void *ud);
 
 /* What cudalua_to_array reads back from any array (or CUDA Array Interface object). */
 typedef struct cudalua_array_info {
@@ -46,12 +52,12 @@ typedef struct cudalua_array_info {
 } cudalua_array_info;
 
 /* Fills info from the array at idx; returns 1, or 0 if the value is not an open array. */
-int cudalua_to_array(lua_State *L, int idx, cudalua_array_info *info);
+CUDALUA_API int cudalua_to_array(lua_State *L, int idx, cudalua_array_info *info);
 
 /* Pushes a cudalua stream for a host-made CUstream/cudaStream_t (not destroyed by cudalua).
    blocking: 1 if it synchronises with the legacy default stream (made without the
    non-blocking flag), which lets cudalua order frees with it. */
-int cudalua_push_stream(lua_State *L, void *stream, int blocking);
+CUDALUA_API int cudalua_push_stream(lua_State *L, void *stream, int blocking);
 
 #ifdef __cplusplus
 }

@@ -84,7 +84,14 @@ int cl_host_service(lua_State *L) {
     ran++;
     c = next;
   }
+  /* memory the host functions dropped that could not be freed inside them */
+  if (ran && !q->running) cl_mem_flush_deferred(L);
   return ran;
+}
+
+int cl_host_running(lua_State *L) {
+  cl_hostq *q = queue_of(L);
+  return q && q->running;
 }
 
 int cl_host_armed(lua_State *L) {

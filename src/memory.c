@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <pthread.h>
 #include "cl.h"
 
 #define BIG (2u << 20)          /* pageable arrays this large are mmapped with huge pages */
@@ -19,7 +20,7 @@ static void warn(lua_State *L, const char *what, CUresult r) {
 
 void cl_mem_use(cl_mem *m, cl_stream *s) {
   if (m->used && m->stream == s) return;
-  if (m->used) m->multi = 1;
+  if (m->used && !m->multi) m->multi = 1;   /* never back from 2: that order is still owed */
   cl_stream_ref(s);
   cl_stream_unref(m->stream);
   m->stream = s;
@@ -64,11 +65,108 @@ static void collect(lua_State *L) {
   lua_gc(L, LUA_GCCOLLECT);
 }
 
+/* ---- the block cache ----
+   Device blocks freed by arrays are kept a while for the next allocation of the same size on
+   the same stream (CuPy's pool does the same): a pool call costs about as much as a whole small
+   array does in Lua, and arrays are made and dropped in loops. A block is handed out again only
+   in the order of the stream it was freed on, as the driver's pool itself does, so queued work
+   that used it is done before new work on that stream touches it. Bounded in blocks and bytes;
+   emptied before an allocation is retried after out-of-memory. One cache for the process:
+   states on other threads share it. */
+#define SLOTS 32
+typedef struct { CUdeviceptr p; size_t bytes; CUcontext ctx; cl_stream *s; } block;
+static block cache[SLOTS];      /* oldest first */
+static int ncache;
+static size_t cached, cache_limit = (size_t)128 << 20;
+static pthread_mutex_t cache_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* frees cache[i] in stream order (cache_mu held) */
+static void release(int i) {
+  block *e = &cache[i];
+  CUcontext cur = NULL;
+  cu.cuCtxGetCurrent(&cur);
+  if (cur != e->ctx) cu.cuCtxSetCurrent(e->ctx);
+  CUresult r = cu.cuMemFreeAsync(e->p, e->s ? e->s->h : NULL);
+  if (r != CUDA_SUCCESS) warn(NULL, "cuMemFreeAsync", r);
+  if (cur != e->ctx) cu.cuCtxSetCurrent(cur);
+  cached -= e->bytes;
+  memmove(e, e + 1, (size_t)(--ncache - i) * sizeof *e);
+}
+
+/* keeps a freed block; 0 when it is not kept (too big, capturing, a stream not ours) */
+static int cache_put(CUdeviceptr p, size_t bytes, CUcontext ctx, cl_stream *s) {
+  if (bytes > cache_limit / 8 || cl_capturing || (s && !s->owned)) return 0;
+  pthread_mutex_lock(&cache_mu);
+  while (ncache && (ncache == SLOTS || cached + bytes > cache_limit)) release(0);
+  cache[ncache++] = (block){p, bytes, ctx, s};
+  cached += bytes;
+  pthread_mutex_unlock(&cache_mu);
+  return 1;
+}
+
+static CUdeviceptr cache_get(size_t bytes, CUcontext ctx, cl_stream *s) {
+  CUdeviceptr p = 0;
+  if (cl_capturing) return 0;   /* allocations in a capture become graph nodes */
+  pthread_mutex_lock(&cache_mu);
+  for (int i = ncache - 1; i >= 0; i--)
+    if (cache[i].bytes == bytes && cache[i].s == s && cache[i].ctx == ctx) {
+      p = cache[i].p;
+      cached -= bytes;
+      memmove(&cache[i], &cache[i + 1], (size_t)(--ncache - i) * sizeof *cache);
+      break;
+    }
+  pthread_mutex_unlock(&cache_mu);
+  return p;
+}
+
+/* frees the cached blocks of stream s (it is being destroyed), or all with s NULL and all set */
+static void cache_drop(cl_stream *s, int all) {
+  pthread_mutex_lock(&cache_mu);
+  for (int i = ncache - 1; i >= 0; i--)
+    if (all || cache[i].s == s) release(i);
+  pthread_mutex_unlock(&cache_mu);
+}
+
+void cl_mem_forget_stream(cl_stream *s) { if (ncache) cache_drop(s, 0); }
+
+/* cuda.block_cache([max_bytes]) -> bytes cached now, the limit before the call (to restore it
+   later); 0 turns the cache off */
+static int l_block_cache(lua_State *L) {
+  size_t before = cache_limit;
+  if (!lua_isnoneornil(L, 1)) {
+    int isint;
+    lua_Integer v = lua_tointegerx(L, 1, &isint);
+    if (!isint || v < 0)
+      return luaL_error(L, "cuda.block_cache: max_bytes must be an integer >= 0, got %s", luaL_tolstring(L, 1, NULL));
+    pthread_mutex_lock(&cache_mu);
+    cache_limit = (size_t)v;
+    while (ncache && cached > cache_limit) release(0);
+    pthread_mutex_unlock(&cache_mu);
+  }
+  pthread_mutex_lock(&cache_mu);
+  lua_pushinteger(L, (lua_Integer)cached);
+  pthread_mutex_unlock(&cache_mu);
+  lua_pushinteger(L, (lua_Integer)before);
+  return 2;
+}
+
+/* cuda.empty_cache(): frees the cached blocks now (the limit stays) */
+static int l_empty_cache(lua_State *L) {
+  if (ncache) cache_drop(NULL, 1);
+  return 0;
+}
+
+void cl_open_memory(lua_State *L) {
+  lua_pushcfunction(L, l_block_cache); lua_setfield(L, -2, "block_cache");
+  lua_pushcfunction(L, l_empty_cache); lua_setfield(L, -2, "empty_cache");
+}
+
 /* on out-of-memory: collect, let queued frees finish, give the pool's spare memory back */
 static void reclaim(lua_State *L) {
   collect(L);
   collect(L);   /* finalizers of the first pass free the memory */
   if (cl_capturing) return;
+  if (ncache) cache_drop(NULL, 1);
   cl_wait_raw(L, CL_WAIT_CTX, NULL);
   CUmemoryPool pool;
   CUdevice dev;
@@ -91,7 +189,8 @@ static CUresult alloc_gpu(lua_State *L, cl_mem *m, cl_stream *s, int zero) {
       if (r == CUDA_SUCCESS) memset(m->host, 0, b);
     }
   } else if (m->bytes) {   /* CL_DEVICE */
-    r = cu.cuMemAllocAsync(&m->dptr, m->bytes, s ? s->h : NULL);
+    m->dptr = ncache ? cache_get(m->bytes, m->ctx, s) : 0;
+    if (!m->dptr) r = cu.cuMemAllocAsync(&m->dptr, m->bytes, s ? s->h : NULL);
     if (r == CUDA_SUCCESS) cl_mem_use(m, s);
   }
   if (r != CUDA_SUCCESS && m->host && m->kind != CL_MANAGED) cu.cuMemFreeHost(m->host);
@@ -159,15 +258,36 @@ cl_mem *cl_mem_new(lua_State *L, int kind, size_t bytes, cl_stream *s, int zero)
 
 cl_mem *cl_mem_ref(cl_mem *m) { if (m) m->refs++; return m; }
 
-/* device-visible memory dropped while a stream captures: freeing it now would be captured
-   (or refused), so it waits for the end of the capture */
+/* Memory dropped while it cannot be freed now waits in this list: while a stream captures
+   (a free would be captured, or refused), and inside a Lua host function when freeing it would
+   wait for the GPU (the stream waits for that very function). Flushed at the end of the capture
+   and after the host functions ran. */
 static cl_mem *deferred;
+static pthread_mutex_t deferred_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* would freeing m wait for queued work? */
+static int frees_by_waiting(const cl_mem *m) {
+  if (!m->used) return 0;
+  switch (m->kind) {
+    case CL_HOST: return m->registered > 0;
+    case CL_DEVICE: return m->multi == 2;
+    case CL_FOREIGN: return m->release != NULL;
+    default: return 1;
+  }
+}
+
+static int must_defer(lua_State *L, const cl_mem *m) {
+  if (cl_capturing && (m->kind != CL_HOST || m->registered > 0) && m->kind != CL_FOREIGN) return 1;
+  return L && frees_by_waiting(m) && cl_host_running(L);
+}
 
 void cl_mem_flush_deferred(lua_State *L) {
-  while (deferred && !cl_capturing) {
+  while (deferred && !cl_capturing && !cl_host_running(L)) {
+    pthread_mutex_lock(&deferred_mu);
     cl_mem *m = deferred;
-    deferred = (cl_mem *)m->ud;
-    m->ud = NULL;
+    if (m) { deferred = (cl_mem *)m->ud; m->ud = NULL; }
+    pthread_mutex_unlock(&deferred_mu);
+    if (!m) break;
     m->refs = 1;
     cl_mem_unref(L, m);
   }
@@ -175,9 +295,11 @@ void cl_mem_flush_deferred(lua_State *L) {
 
 void cl_mem_unref(lua_State *L, cl_mem *m) {
   if (!m || --m->refs > 0) return;
-  if (cl_capturing && (m->kind != CL_HOST || m->registered > 0) && m->kind != CL_FOREIGN) {
+  if (must_defer(L, m)) {
+    pthread_mutex_lock(&deferred_mu);
     m->ud = deferred;
     deferred = m;
+    pthread_mutex_unlock(&deferred_mu);
     return;
   }
   CUresult r = CUDA_SUCCESS;
@@ -194,6 +316,13 @@ void cl_mem_unref(lua_State *L, cl_mem *m) {
   }
   /* freed memory no longer counts toward the next collection */
   if (m->kind != CL_FOREIGN) pressure -= m->bytes < pressure ? m->bytes : pressure;
+  /* used on one stream (or on blocking ones, which the legacy stream orders): kept for reuse */
+  if (m->kind == CL_DEVICE && m->dptr && m->multi != 2 &&
+      cache_put(m->dptr, m->bytes, m->ctx, m->multi ? NULL : m->stream)) {
+    cl_stream_unref(m->stream);
+    mem_free(m);
+    return;
+  }
   CUcontext cur = NULL;
   cu.cuCtxGetCurrent(&cur);
   if (cur != m->ctx) cu.cuCtxSetCurrent(m->ctx);

@@ -11,6 +11,7 @@ cl_stream *cl_stream_ref(cl_stream *s) { if (s) s->refs++; return s; }
 void cl_stream_unref(cl_stream *s) {
   if (!s || --s->refs > 0) return;
   /* queued work still completes after destroy; memory freed on it was ordered before */
+  if (s->owned) cl_mem_forget_stream(s);   /* blocks cached for reuse on it are freed on it */
   if (s->owned && s->h) cu.cuStreamDestroy(s->h);
   free(s);
 }

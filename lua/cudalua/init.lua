@@ -9,7 +9,7 @@ for _, name in ipairs {
   "time", "sleep", "dtype", "float32", "float64", "int8", "int16", "int32", "int64", "uint8",
   "uint16", "uint32", "uint64", "bool", "float16", "array", "zeros", "pinned_array",
   "mapped_array", "managed_array", "device_array", "device_array_like", "to_device", "stream",
-  "default_stream", "event", "event_elapsed_time", "graph" } do
+  "default_stream", "event", "event_elapsed_time", "graph", "block_cache", "empty_cache" } do
   cuda[name] = assert(core[name], name)
 end
 cuda.__version = core.version
