@@ -73,13 +73,18 @@ static void keep(lua_State *L, int gidx, int idx) {
   lua_pop(L, 1);
 }
 
-/* deps at idx: nil or a list of nodes of g -> CUgraphNode array (in a userdata on the stack) */
-static CUgraphNode *deps_of(lua_State *L, int idx, lgraph *g, size_t *n, const char *where) {
+/* deps at idx: nil or a list of nodes of g -> CUgraphNode array: the caller's small[SMALL_DEPS]
+   for a few (graphs are built node by node in loops), else a userdata. Pushes one value. */
+#define SMALL_DEPS 8
+static CUgraphNode *deps_of(lua_State *L, int idx, lgraph *g, size_t *n, const char *where,
+                            CUgraphNode *small) {
   *n = 0;
   if (lua_isnoneornil(L, idx)) { lua_pushnil(L); return NULL; }
   if (!lua_istable(L, idx)) luaL_error(L, "cudalua: %s: dependencies must be a list of nodes, got %s", where, luaL_typename(L, idx));
   size_t k = lua_rawlen(L, idx);
-  CUgraphNode *d = lua_newuserdatauv(L, sizeof(CUgraphNode) * (k ? k : 1), 0);
+  CUgraphNode *d = small;
+  if (k <= SMALL_DEPS) lua_pushnil(L);
+  else d = lua_newuserdatauv(L, sizeof(CUgraphNode) * k, 0);
   for (size_t i = 0; i < k; i++) {
     lua_rawgeti(L, idx, (lua_Integer)i + 1);
     d[i] = checknode(L, -1, g, where)->n;
@@ -170,7 +175,8 @@ static int g_kernel(lua_State *L) {
   cl_kernel *k = cl_checkkernel(L, 2);
   lua_settop(L, 5);
   size_t nd;
-  CUgraphNode *deps = deps_of(L, 5, g, &nd, "graph:kernel");   /* at 6 */
+  CUgraphNode small[SMALL_DEPS];
+  CUgraphNode *deps = deps_of(L, 5, g, &nd, "graph:kernel", small);   /* at 6 */
   lnode cfg;   /* the configuration, copied into the node once it is made */
   memset(&cfg, 0, sizeof cfg);
   cl_launch_config(L, 3, cfg.g, cfg.b, &cfg.shared, "graph:kernel", "graph:kernel: ");
@@ -235,7 +241,8 @@ static int g_memcpy(lua_State *L) {
   CUDA_MEMCPY3D p;
   CUcontext ctx = cl_ctx(L);
   memcpy_params(L, 2, 3, &p, "graph:memcpy");
-  CUgraphNode *deps = deps_of(L, 4, g, &nd, "graph:memcpy");
+  CUgraphNode small[SMALL_DEPS];
+  CUgraphNode *deps = deps_of(L, 4, g, &nd, "graph:memcpy", small);
   CUgraphNode h;
   cl_check(L, cu.cuGraphAddMemcpyNode(&h, g->g, deps, nd, &p, ctx), "graph:memcpy");
   keep(L, 1, 2); keep(L, 1, 3);
@@ -279,7 +286,8 @@ static int g_memset(lua_State *L) {
   CUDA_MEMSET_NODE_PARAMS p[2];
   int parts = memset_params(L, 2, 3, p, "graph:memset");
   size_t nd;
-  CUgraphNode *deps = deps_of(L, 4, g, &nd, "graph:memset");
+  CUgraphNode small[SMALL_DEPS];
+  CUgraphNode *deps = deps_of(L, 4, g, &nd, "graph:memset", small);
   CUgraphNode h;
   cl_check(L, cu.cuGraphAddMemsetNode(&h, g->g, deps, nd, &p[0], ctx), "graph:memset");
   if (parts == 2) cl_check(L, cu.cuGraphAddMemsetNode(&h, g->g, &h, 1, &p[1], ctx), "graph:memset");
@@ -295,7 +303,8 @@ static int g_host(lua_State *L) {
   luaL_checktype(L, 2, LUA_TFUNCTION);
   lua_settop(L, 3);
   size_t nd;
-  CUgraphNode *deps = deps_of(L, 3, g, &nd, "graph:host");
+  CUgraphNode small[SMALL_DEPS];
+  CUgraphNode *deps = deps_of(L, 3, g, &nd, "graph:host", small);
   if (g->ncalls == g->capcalls) {
     int cap = g->capcalls ? 2 * g->capcalls : 4;
     void **c = realloc(g->calls, sizeof(void *) * cap);
@@ -319,7 +328,8 @@ static int g_empty(lua_State *L) {
   lgraph *g = checkgraph(L, 1);
   lua_settop(L, 2);
   size_t nd;
-  CUgraphNode *deps = deps_of(L, 2, g, &nd, "graph:empty");
+  CUgraphNode small[SMALL_DEPS];
+  CUgraphNode *deps = deps_of(L, 2, g, &nd, "graph:empty", small);
   CUgraphNode h;
   cl_ctx(L);
   cl_check(L, cu.cuGraphAddEmptyNode(&h, g->g, deps, nd), "graph:empty");
@@ -335,7 +345,8 @@ static int g_child(lua_State *L) {
   if (c == g) return luaL_error(L, "cudalua: graph:child: a graph cannot contain itself");
   lua_settop(L, 3);
   size_t nd;
-  CUgraphNode *deps = deps_of(L, 3, g, &nd, "graph:child");
+  CUgraphNode small[SMALL_DEPS];
+  CUgraphNode *deps = deps_of(L, 3, g, &nd, "graph:child", small);
   CUgraphNode h;
   cl_ctx(L);
   cl_check(L, cu.cuGraphAddChildGraphNode(&h, g->g, deps, nd, c->g), "graph:child");

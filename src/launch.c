@@ -209,19 +209,19 @@ int cl_kernel_launch(lua_State *L, cl_kernel *k, int kidx, int first, unsigned g
   return 0;
 }
 
-/* grid or block: an integer or {x [, y [, z]]} */
-static void dims(lua_State *L, int idx, unsigned out[3], const char *what) {
+/* grid or block: an integer or {x [, y [, z]]}; messages name it as prefix .. what */
+static void dims(lua_State *L, int idx, unsigned out[3], const char *prefix, const char *what) {
   out[0] = out[1] = out[2] = 1;
   int n = 1;
   if (lua_type(L, idx) == LUA_TTABLE) {
     n = (int)lua_rawlen(L, idx);
-    if (n < 1 || n > 3) luaL_error(L, "cudalua: %s needs 1 to 3 dimensions, got %d", what, n);
+    if (n < 1 || n > 3) luaL_error(L, "cudalua: %s%s needs 1 to 3 dimensions, got %d", prefix, what, n);
     for (int i = 0; i < n; i++) {
       lua_rawgeti(L, idx, i + 1);
       int isint;
       lua_Integer v = lua_tointegerx(L, -1, &isint);
       if (!isint || v < 1 || v > 0x7fffffff)
-        luaL_error(L, "cudalua: %s[%d] must be an integer >= 1, got %s", what, i + 1,
+        luaL_error(L, "cudalua: %s%s[%d] must be an integer >= 1, got %s", prefix, what, i + 1,
                    luaL_tolstring(L, -1, NULL));
       out[i] = (unsigned)v;
       lua_pop(L, 1);
@@ -231,21 +231,21 @@ static void dims(lua_State *L, int idx, unsigned out[3], const char *what) {
   int isint;
   lua_Integer v = lua_tointegerx(L, idx, &isint);
   if (!isint || v < 1 || v > 0x7fffffff)
-    luaL_error(L, "cudalua: %s must be an integer >= 1 or a table of them, got %s", what,
+    luaL_error(L, "cudalua: %s%s must be an integer >= 1 or a table of them, got %s", prefix, what,
                luaL_tolstring(L, idx, NULL));
   out[0] = (unsigned)v;
 }
 
-static unsigned shared_named(lua_State *L, int idx, const char *what) {
+static unsigned shared_named(lua_State *L, int idx, const char *prefix, const char *what) {
   if (lua_isnoneornil(L, idx)) return 0;
   int isint;
   lua_Integer v = lua_tointegerx(L, idx, &isint);
   if (!isint || v < 0 || v > 0x7fffffff)
-    luaL_error(L, "cudalua: %s must be an integer >= 0, got %s", what, luaL_tolstring(L, idx, NULL));
+    luaL_error(L, "cudalua: %s%s must be an integer >= 0, got %s", prefix, what, luaL_tolstring(L, idx, NULL));
   return (unsigned)v;
 }
 
-static unsigned shared_bytes(lua_State *L, int idx) { return shared_named(L, idx, "shared memory size"); }
+static unsigned shared_bytes(lua_State *L, int idx) { return shared_named(L, idx, "", "shared memory size"); }
 
 static int launcher_call(lua_State *L) {
   launcher *l = lua_touserdata(L, 1);
@@ -269,6 +269,20 @@ static launcher *push_launcher(lua_State *L, int kidx, const launcher *c) {
   return l;
 }
 
+/* launchers are immutable: k[{grid, block}](...) and k:forall(n)(...) in a loop reuse the last
+   one the kernel at kidx made, when the configuration is the same */
+static void push_reused_launcher(lua_State *L, int kidx, const launcher *c) {
+  if (lua_getiuservalue(L, kidx, 3) == LUA_TUSERDATA) {
+    launcher *last = lua_touserdata(L, -1);
+    if (!memcmp(last->g, c->g, sizeof c->g) && !memcmp(last->b, c->b, sizeof c->b) &&
+        last->shared == c->shared && last->s == c->s)
+      return;
+  }
+  lua_pop(L, 1);
+  push_launcher(L, kidx, c);
+  lua_pushvalue(L, -1); lua_setiuservalue(L, kidx, 3);
+}
+
 /* k[{grid, block [, stream [, shared]]}] -> launcher */
 int cl_kernel_index(lua_State *L) {
   cl_kernel *k = lua_touserdata(L, 1);
@@ -284,21 +298,13 @@ int cl_kernel_index(lua_State *L) {
     if (gi && bi && g >= 1 && b >= 1 && g <= 0x7fffffff && b <= 0x7fffffff) {
       c.g[0] = (unsigned)g; c.b[0] = (unsigned)b;   /* {n, n}: the tutorials' form, in a loop */
     } else {
-      dims(L, 3, c.g, "grid");
-      dims(L, 4, c.b, "block");
+      dims(L, 3, c.g, "", "grid");
+      dims(L, 4, c.b, "", "block");
     }
     lua_settop(L, 2);
     if (n >= 3) { lua_rawgeti(L, cfg, 3); c.s = cl_tostream(L, -1, "launch configuration"); lua_pop(L, 1); }
     if (n >= 4) { lua_rawgeti(L, cfg, 4); c.shared = shared_bytes(L, -1); lua_pop(L, 1); }
-    /* launchers are immutable: k[{grid, block}](...) in a loop reuses the last one made */
-    if (lua_getiuservalue(L, 1, 3) == LUA_TUSERDATA) {
-      launcher *last = lua_touserdata(L, -1);
-      if (!memcmp(last->g, c.g, sizeof c.g) && !memcmp(last->b, c.b, sizeof c.b) &&
-          last->shared == c.shared && last->s == c.s)
-        return 1;
-    }
-    push_launcher(L, 1, &c);
-    lua_pushvalue(L, -1); lua_setiuservalue(L, 1, 3);
+    push_reused_launcher(L, 1, &c);
     return 1;
   }
   lua_getfield(L, LUA_REGISTRYINDEX, CL_KERNEL ".methods");
@@ -323,15 +329,13 @@ void cl_launch_config(lua_State *L, int idx, unsigned g[3], unsigned b[3], unsig
   for (int w = 0; w < 2; w++) {
     if (lua_getfield(L, idx, names[w]) == LUA_TNIL) { lua_pop(L, 1); lua_rawgeti(L, idx, w + 1); }
     if (lua_isnil(L, -1)) luaL_error(L, "cudalua: %s: configuration needs %s", where, names[w]);
-    int v = lua_gettop(L);
-    const char *label = *prefix ? lua_pushfstring(L, "%s%s", prefix, names[w]) : names[w];
-    dims(L, v, w ? b : g, label);
-    lua_settop(L, v - 1);
+    dims(L, lua_gettop(L), w ? b : g, prefix, names[w]);
+    lua_pop(L, 1);
   }
   if (lua_getfield(L, idx, "shared") == LUA_TNIL) { lua_pop(L, 1); lua_rawgeti(L, idx, 4); }
   int v = lua_gettop(L);
-  *shared = *prefix ? shared_named(L, v, lua_pushfstring(L, "%sshared", prefix)) : shared_bytes(L, v);
-  lua_settop(L, v - 1);
+  *shared = *prefix ? shared_named(L, v, prefix, "shared") : shared_bytes(L, v);
+  lua_pop(L, 1);
 }
 
 static int k_launch(lua_State *L) {
@@ -372,7 +376,7 @@ static int k_forall(lua_State *L) {
   if (grid < 1) grid = 1;
   if (grid > 0x7fffffff) return luaL_error(L, "cudalua: forall: n = %I needs too many blocks", n);
   launcher c = {k, {(unsigned)grid, 1, 1}, {(unsigned)k->occ_block, 1, 1}, shared, s};
-  push_launcher(L, 1, &c);
+  push_reused_launcher(L, 1, &c);
   return 1;
 }
 

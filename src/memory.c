@@ -329,10 +329,13 @@ void cl_mem_unref(lua_State *L, cl_mem *m) {
   if (m->kind == CL_DEVICE) {
     if (m->dptr) {
       CUstream h = NULL;
-      if (m->multi == 2) r = cl_wait_raw(L, CL_WAIT_CTX, NULL);  /* non-blocking streams too */
+      int idle = 0;
+      if (m->multi == 2) idle = (r = cl_wait_raw(L, CL_WAIT_CTX, NULL)) == CUDA_SUCCESS;  /* non-blocking streams too */
       else if (m->multi) h = CU_STREAM_LEGACY;          /* ordered after every blocking stream */
       else if (m->stream) h = m->stream->h;
-      if (r == CUDA_SUCCESS) r = cu.cuMemFreeAsync(m->dptr, h);
+      /* once nothing queued uses it, the block may be reused on any stream */
+      if (r == CUDA_SUCCESS && !(idle && cache_put(m->dptr, m->bytes, m->ctx, NULL)))
+        r = cu.cuMemFreeAsync(m->dptr, h);
       if (r != CUDA_SUCCESS) warn(L, "cuMemFreeAsync", r);
     }
   } else if (m->kind == CL_FOREIGN) {
