@@ -26,14 +26,14 @@ static int s_begin_capture(lua_State *L) {
   cl_check(L, cu.cuStreamBeginCapture(s->h, m[mode]), "stream:begin_capture");
   lua_newtable(L);
   s->capture_ref = luaL_ref(L, LUA_REGISTRYINDEX);
-  cl_capturing++;
+  __atomic_add_fetch(&cl_capturing, 1, __ATOMIC_SEQ_CST);
   return 0;
 }
 
 static void end_capture_state(lua_State *L, cl_stream *s) {
   luaL_unref(L, LUA_REGISTRYINDEX, s->capture_ref);
   s->capture_ref = 0;
-  cl_capturing--;
+  __atomic_sub_fetch(&cl_capturing, 1, __ATOMIC_SEQ_CST);
   cl_mem_flush_deferred(L);
 }
 

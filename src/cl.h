@@ -118,6 +118,7 @@ typedef struct cl_mem {
   int registered;      /* pageable memory page-locked with cuMemHostRegister */
   void (*release)(void *ud, CUdeviceptr p);  /* foreign memory */
   void *ud;
+  struct cl_mem *next; /* in the list of frees put off (memory.c) */
 } cl_mem;
 typedef struct cl_array {
   cl_mem *mem;         /* NULL once closed */

@@ -25,6 +25,7 @@ typedef struct lnode {
   lgraph *owner;
   int kind;
   unsigned g[3], b[3], shared;   /* kernel nodes */
+  int parts;                     /* memset nodes: 2 for 8-byte elements (two driver nodes) */
 } lnode;
 
 typedef struct lexec {
@@ -294,6 +295,7 @@ static int g_memset(lua_State *L) {
   keep(L, 1, 2);
   lnode *n = push_node(L, 1, N_MEMSET);
   n->n = h;
+  n->parts = parts;
   return 1;
 }
 
@@ -564,8 +566,9 @@ static int e_set_args(lua_State *L) {
   cl_kernel *k = cl_checkkernel(L, kidx);
   int first = 3, nargs = kidx - 3;
   cl_args A;
-  exec_ctx(L, e, "graph_exec:set_args");
   cl_marshal(L, k, kidx, first, nargs, &A, 0);
+  /* after the arguments: a foreign array's view may have made the selected device current */
+  exec_ctx(L, e, "graph_exec:set_args");
   CUDA_KERNEL_NODE_PARAMS p;
   kernel_params(n, k, &A, &p);
   cl_check(L, cu.cuGraphExecKernelNodeSetParams(e->e, n->n, &p), "graph_exec:set_args");
@@ -597,7 +600,7 @@ static int e_set_memset(lua_State *L) {
   if (n->kind != N_MEMSET) return luaL_error(L, "cudalua: graph_exec:set_memset: expected a memset node, got a %s node", node_kinds[n->kind]);
   CUDA_MEMSET_NODE_PARAMS p[2];
   exec_ctx(L, e, "graph_exec:set_memset");
-  if (memset_params(L, 3, 4, p, "graph_exec:set_memset") != 1)
+  if (memset_params(L, 3, 4, p, "graph_exec:set_memset") != 1 || n->parts != 1)
     return luaL_error(L, "cudalua: graph_exec:set_memset: 8-byte elements are two memsets; build the graph again");
   cl_check(L, cu.cuGraphExecMemsetNodeSetParams(e->e, n->n, &p[0], e->ctx), "graph_exec:set_memset");
   exec_keep(L, 1, 3);

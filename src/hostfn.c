@@ -27,10 +27,10 @@ typedef struct cl_hostq {
   int running;                /* a host function is running on the Lua thread now */
 } cl_hostq;
 
-#define HOSTQ "cudalua.hostq"
+static const char hostq_key = 0;   /* registry key: looked up on every wait */
 
 static cl_hostq *queue_of(lua_State *L) {
-  lua_getfield(L, LUA_REGISTRYINDEX, HOSTQ);
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &hostq_key);
   cl_hostq **pq = lua_touserdata(L, -1);
   lua_pop(L, 1);
   return pq ? *pq : NULL;
@@ -221,5 +221,5 @@ void cl_open_hostfn(lua_State *L) {
   lua_pushcfunction(L, q_gc);
   lua_setfield(L, -2, "__gc");
   lua_setmetatable(L, -2);
-  lua_setfield(L, LUA_REGISTRYINDEX, HOSTQ);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &hostq_key);
 }

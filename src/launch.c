@@ -39,7 +39,7 @@ static int arg_error(lua_State *L, int kidx, int i, int aidx, const char *msg) {
   return luaL_error(L, "cudalua: kernel '%s' argument %d (%s): %s, got %s", name, i + 1, t, msg, got);
 }
 
-int cl_capturing;   /* streams capturing now, in this process */
+int cl_capturing;   /* streams capturing now, in this process (changed atomically: any thread) */
 
 void cl_capture_guard(lua_State *L, cl_stream *s, int waits, const char *where) {
   if (!cl_capturing) return;
@@ -148,13 +148,13 @@ void cl_marshal(lua_State *L, cl_kernel *k, int kidx, int first, int nargs, cl_a
   }
 }
 
-/* keeps the kernel and its arrays alive as long as the graph a capture makes */
+/* keeps the kernel and its arrays alive as long as the graph a capture makes; a set (it
+   becomes the graph's keep set), so a captured loop does not grow it launch by launch */
 static void capture_keep(lua_State *L, cl_stream *s, int kidx, int first, int nargs) {
   lua_rawgeti(L, LUA_REGISTRYINDEX, s->capture_ref);
-  lua_Integer n = (lua_Integer)lua_rawlen(L, -1);
-  lua_pushvalue(L, kidx); lua_rawseti(L, -2, ++n);
+  lua_pushvalue(L, kidx); lua_pushboolean(L, 1); lua_rawset(L, -3);
   for (int i = 0; i < nargs; i++)
-    if (lua_type(L, first + i) == LUA_TUSERDATA) { lua_pushvalue(L, first + i); lua_rawseti(L, -2, ++n); }
+    if (lua_type(L, first + i) == LUA_TUSERDATA) { lua_pushvalue(L, first + i); lua_pushboolean(L, 1); lua_rawset(L, -3); }
   lua_pop(L, 1);
 }
 

@@ -20,12 +20,14 @@ static void warn(lua_State *L, const char *what, CUresult r) {
 
 void cl_mem_use(cl_mem *m, cl_stream *s) {
   if (m->used && m->stream == s) return;
-  if (m->used && !m->multi) m->multi = 1;   /* never back from 2: that order is still owed */
+  /* another stream: the legacy stream orders blocking streams, not non-blocking ones; never
+     back from 2, that order is still owed */
+  if (m->used)
+    m->multi = m->multi == 2 || (m->stream && !m->stream->blocking) || (s && !s->blocking) ? 2 : 1;
   cl_stream_ref(s);
   cl_stream_unref(m->stream);
   m->stream = s;
   m->used = 1;
-  if (s && !s->blocking) m->multi = 2;   /* a non-blocking stream is not ordered by the legacy one */
 }
 
 /* waits until no queued work uses m; returns a CUDA status, never raises */
@@ -204,13 +206,13 @@ static __thread int nspare;
 
 static cl_mem *mem_alloc(void) {
   cl_mem *m = spare;
-  if (m) { spare = (cl_mem *)m->ud; nspare--; memset(m, 0, sizeof *m); return m; }
+  if (m) { spare = m->next; nspare--; memset(m, 0, sizeof *m); return m; }
   return calloc(1, sizeof *m);
 }
 
 static void mem_free(cl_mem *m) {
   if (nspare >= 64) { free(m); return; }
-  m->ud = spare;
+  m->next = spare;
   spare = m;
   nspare++;
 }
@@ -285,7 +287,7 @@ void cl_mem_flush_deferred(lua_State *L) {
   while (deferred && !cl_capturing && !cl_host_running(L)) {
     pthread_mutex_lock(&deferred_mu);
     cl_mem *m = deferred;
-    if (m) { deferred = (cl_mem *)m->ud; m->ud = NULL; }
+    if (m) { deferred = m->next; m->next = NULL; }
     pthread_mutex_unlock(&deferred_mu);
     if (!m) break;
     m->refs = 1;
@@ -297,7 +299,7 @@ void cl_mem_unref(lua_State *L, cl_mem *m) {
   if (!m || --m->refs > 0) return;
   if (must_defer(L, m)) {
     pthread_mutex_lock(&deferred_mu);
-    m->ud = deferred;
+    m->next = deferred;
     deferred = m;
     pthread_mutex_unlock(&deferred_mu);
     return;
