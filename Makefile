@@ -13,7 +13,7 @@ LIBS        = -ldl -lpthread -lm
 SRCS    = $(wildcard src/*.c)
 OBJS    = $(SRCS:src/%.c=build/%.o) build/embedded.o
 PARTS   = $(wildcard lua/cudalua/*.lua)
-HEADERS = $(wildcard kernels/cudalua/*.cuh)
+HEADERS = $(wildcard kernels/cudalua/*.cuh kernels/cudalua/nvrtc/*.h)
 
 # install locations (LuaRocks passes its own)
 PREFIX     ?= /usr/local

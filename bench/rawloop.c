@@ -1,4 +1,5 @@
-/* rawloop.c: the raw side of the in-process comparisons (bench/core.lua): cuLaunchKernel and
+/* rawloop.c: the raw side of the in-process comparisons (bench/core.lua, bench/cuda_cpp.lua):
+   cuLaunchKernel, cuLaunchKernelEx, cuLaunchCooperativeKernel and
    cuMemAllocAsync/cuMemFreeAsync in C loops and NVRTC compiles, in the same process, context and stream as the
    cudalua side, so that the two take turns within a second: these costs drift by ~15% on the
    GPU machine between runs minutes apart. Bench only; links libcuda and NVRTC. */
@@ -45,16 +46,65 @@ static int alloc_free(lua_State *L) {
   return 0;
 }
 
-/* compile(src, arch): what bench/raw.c's compile does: one NVRTC program with -arch only,
-   created, compiled, its CUBIN read, destroyed */
+/* launch_ex(handle, n, grid, block, cluster, cooperative, ptr): n launches of f(ptr) through
+   cuLaunchKernelEx with a cluster dimension (cluster > 0) and/or the cooperative attribute */
+static int launch_ex(lua_State *L) {
+  CUfunction f = (CUfunction)(uintptr_t)luaL_checkinteger(L, 1);
+  lua_Integer n = luaL_checkinteger(L, 2);
+  CUdeviceptr a = (CUdeviceptr)luaL_checkinteger(L, 7);
+  void *args[] = {&a};
+  CUlaunchAttribute at[2] = {0};
+  CUlaunchConfig c = {0};
+  c.gridDimX = (unsigned)luaL_checkinteger(L, 3); c.gridDimY = c.gridDimZ = 1;
+  c.blockDimX = (unsigned)luaL_checkinteger(L, 4); c.blockDimY = c.blockDimZ = 1;
+  c.attrs = at;
+  unsigned cluster = (unsigned)luaL_checkinteger(L, 5);
+  if (cluster) {
+    at[c.numAttrs].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    at[c.numAttrs].value.clusterDim.x = cluster;
+    at[c.numAttrs].value.clusterDim.y = at[c.numAttrs].value.clusterDim.z = 1;
+    c.numAttrs++;
+  }
+  if (lua_toboolean(L, 6)) {
+    at[c.numAttrs].id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+    at[c.numAttrs].value.cooperative = 1;
+    c.numAttrs++;
+  }
+  for (lua_Integer i = 0; i < n; i++) {
+    CUresult r = cuLaunchKernelEx(&c, f, args, NULL);
+    if (r != CUDA_SUCCESS) return luaL_error(L, "rawloop: cuLaunchKernelEx failed (%d)", (int)r);
+  }
+  return 0;
+}
+
+/* launch_coop(handle, n, grid, block, ptr): n cuLaunchCooperativeKernel calls of f(ptr) */
+static int launch_coop(lua_State *L) {
+  CUfunction f = (CUfunction)(uintptr_t)luaL_checkinteger(L, 1);
+  lua_Integer n = luaL_checkinteger(L, 2);
+  unsigned g = (unsigned)luaL_checkinteger(L, 3), b = (unsigned)luaL_checkinteger(L, 4);
+  CUdeviceptr a = (CUdeviceptr)luaL_checkinteger(L, 5);
+  void *args[] = {&a};
+  for (lua_Integer i = 0; i < n; i++) {
+    CUresult r = cuLaunchCooperativeKernel(f, g, 1, 1, b, 1, 1, 0, NULL, args);
+    if (r != CUDA_SUCCESS) return luaL_error(L, "rawloop: cuLaunchCooperativeKernel failed (%d)", (int)r);
+  }
+  return 0;
+}
+
+/* compile(src, arch [, option...]): what bench/raw.c's compile does: one NVRTC program with
+   -arch (and the options given), created, compiled, its CUBIN read, destroyed */
 static int compile(lua_State *L) {
   const char *src = luaL_checkstring(L, 1);
-  const char *opt = lua_pushfstring(L, "-arch=%s", luaL_checkstring(L, 2));
+  int nopt = lua_gettop(L) - 1;
+  const char *opts[16];
+  if (nopt > 16) return luaL_error(L, "rawloop: too many options");
+  opts[0] = lua_pushfstring(L, "-arch=%s", luaL_checkstring(L, 2));
+  for (int i = 1; i < nopt; i++) opts[i] = luaL_checkstring(L, 2 + i);
   nvrtcProgram prog;
   size_t size = 0;
   nvrtcResult r = nvrtcCreateProgram(&prog, src, "bench.cu", 0, NULL, NULL);
   if (r != NVRTC_SUCCESS) return luaL_error(L, "rawloop: %s", nvrtcGetErrorString(r));
-  r = nvrtcCompileProgram(prog, 1, &opt);
+  r = nvrtcCompileProgram(prog, nopt, opts);
   if (r == NVRTC_SUCCESS) r = nvrtcGetCUBINSize(prog, &size);
   char *img = r == NVRTC_SUCCESS ? malloc(size) : NULL;
   if (img) r = nvrtcGetCUBIN(prog, img);
@@ -73,5 +123,9 @@ int luaopen_rawloop(lua_State *L) {
   lua_setfield(L, -2, "alloc_free");
   lua_pushcfunction(L, compile);
   lua_setfield(L, -2, "compile");
+  lua_pushcfunction(L, launch_ex);
+  lua_setfield(L, -2, "launch_ex");
+  lua_pushcfunction(L, launch_coop);
+  lua_setfield(L, -2, "launch_coop");
   return 1;
 }

@@ -32,7 +32,7 @@ if [ -z "$BENCH_REPORT_ONLY" ]; then
     exit 2
   fi
   rm -f "$OUT/raw.txt" "$OUT/core.txt" "$OUT/compare.txt" "$OUT/raw_helpers.txt" \
-        "$OUT/helpers.txt" "$OUT/compare_helpers.txt" "$OUT/raw_b.txt" "$OUT/core_b.txt"
+        "$OUT/helpers.txt" "$OUT/compare_helpers.txt" "$OUT/raw_b.txt" "$OUT/core_b.txt" "$OUT/cuda_cpp.txt"
   for prog in raw raw_helpers; do
     if gcc -O2 -std=gnu11 -Wall -I"$CUDA_DIR/include" bench/$prog.c -o "$OUT/$prog" \
          -L"$CUDA_DIR/lib64" -L"$CUDA_DIR/lib64/stubs" -Wl,-rpath,"$CUDA_DIR/lib64" -lcuda -lnvrtc -lm ||
@@ -53,6 +53,8 @@ if [ -z "$BENCH_REPORT_ONLY" ]; then
   rm -rf "$OUT/cache"
   CUDALUA_CACHE_DIR=$PWD/$OUT/cache step helpers 120 "$LUA" bench/helpers.lua
   rm -rf "$OUT/cache"
+  CUDALUA_CACHE_DIR=$PWD/$OUT/cache step cuda_cpp 180 "$LUA" bench/cuda_cpp.lua
+  rm -rf "$OUT/cache"
   PYTHONUNBUFFERED=1 step compare 60 "$PY" bench/compare.py
   PYTHONUNBUFFERED=1 step compare_helpers 120 "$PY" bench/compare.py cupy_helpers numba_helpers
   # a second round of the raw and cudalua basics, minutes later: launch costs on this machine
@@ -64,9 +66,9 @@ if [ -z "$BENCH_REPORT_ONLY" ]; then
   echo "== all parts ran in $(( $(date +%s) - start )) s" >&2
 fi
 
-for f in raw core compare raw_helpers helpers compare_helpers raw_b core_b; do touch "$OUT/$f.txt"; done
+for f in raw core compare raw_helpers helpers compare_helpers raw_b core_b cuda_cpp; do touch "$OUT/$f.txt"; done
 grep -h '^info_\|^#' "$OUT/raw.txt" "$OUT/core.txt" "$OUT/compare.txt" "$OUT/raw_helpers.txt" \
-  "$OUT/helpers.txt" "$OUT/compare_helpers.txt"
+  "$OUT/helpers.txt" "$OUT/compare_helpers.txt" "$OUT/cuda_cpp.txt"
 
 # label | raw C key | cudalua key | CuPy key | Numba key | targets
 # A key "l:name" (or "r:", "p:") takes the number from that side: the base column of a helper row
@@ -105,6 +107,7 @@ BEGIN {
   load(out "/raw.txt", "r:"); load(out "/core.txt", "l:"); load(out "/compare.txt", "p:")
   load(out "/raw_b.txt", "r:"); load(out "/core_b.txt", "l:")
   load(out "/raw_helpers.txt", "r:"); load(out "/helpers.txt", "l:"); load(out "/compare_helpers.txt", "p:")
+  load(out "/cuda_cpp.txt", "l:")
   printf "\n| %-54s | %10s | %9s | %8s | %9s | %9s |\n", "measurement", "raw C/base", "cudalua", "ratio", "CuPy", "Numba"
   printf "|%s|%s|%s|%s|%s|%s|\n", "--------------------------------------------------------", "------------", "-----------", "----------", "-----------", "-----------"
 }
@@ -190,4 +193,10 @@ compile vecadd, disk cache hit in a new process (ms)|-|compile_disk_child_ms|-|-
 launch with a cudalua device array, launcher once (us)|-|cai_native_us|-|numba_cai_native_us|
 launch, foreign CAI object; base: device array (us)|l:cai_native_us|cai_foreign_us|-|numba_cai_foreign_us|le 1.2
 launch, CAI object making 4 tables a call; base: device array (us)|l:cai_native_us|cai_foreign_fresh_us|-|-|
+cold compile, <cooperative_groups.h> source; raw: NVRTC, same -I (ms)|inproc_cg_compile_ms|cg_compile_ms|-|-|le 1.1
+cooperative-groups source, disk cache hit in a new process (ms)|-|cg_compile_disk_child_ms|-|-|abs le 5
+cluster launch {8, 32, cluster 2}, launcher once; raw: cuLaunchKernelEx (us)|inproc_launch_cluster_us|launch_cluster_launcher_us|-|-|le 1.15
+cluster launch, k[cfg] each time, cfg kept (us)|inproc_launch_cluster_us|launch_cluster_cfg_us|-|-|
+cooperative launch, launcher once; raw: cuLaunchCooperativeKernel (us)|inproc_launch_coop_us|launch_coop_launcher_us|-|-|le 1.15
+cooperative launch, k[cfg] each time, cfg kept (us)|inproc_launch_coop_us|launch_coop_cfg_us|-|-|
 EOF

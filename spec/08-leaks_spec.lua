@@ -7,13 +7,7 @@ local gpu = H.gpu(it, pending)
 local MiB = 1 << 20
 local HOST_SLACK, DEVICE_SLACK = 4 * MiB, 8 * MiB
 
--- the Lua interpreter running this spec
-local LUA = "lua5.4"
-if arg then
-  local i = 0
-  while arg[i - 1] do i = i - 1 end
-  if i < 0 then LUA = arg[i] end
-end
+local LUA = H.LUA
 
 local function child(what, n)
   local p = assert(io.popen(("%s spec/leaks_child.lua %s %d 2>&1"):format(LUA, what, n)))

@@ -10,44 +10,9 @@ local cuda = H.cuda
 local cache = require "cudalua.cache"
 local ARCH = { arch = "sm_90" }
 
--- the Lua interpreter running this spec
-local LUA = "lua5.4"
-if arg then
-  local i = 0
-  while arg[i - 1] do i = i - 1 end
-  if i < 0 then LUA = arg[i] end
-end
+local LUA = H.LUA
 
-local function q(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
-
-local function run(cmd)
-  local p = assert(io.popen(cmd))
-  local out = p:read("a")
-  local ok = p:close()
-  return out, ok
-end
-
-local function tmpdir()
-  local d = run("mktemp -d"):gsub("%s+$", "")
-  assert(d ~= "", "mktemp -d failed")
-  return d
-end
-
-local function rmrf(path) os.execute("rm -rf " .. q(path)) end
-
-local function write(path, data)
-  local f = assert(io.open(path, "wb"))
-  f:write(data)
-  f:close()
-end
-
-local function read(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local d = f:read("a")
-  f:close()
-  return d
-end
+local q, run, tmpdir, rmrf, write, read = H.q, H.run, H.tmpdir, H.rmrf, H.write, H.read
 
 -- the names in dir (dot files included), sorted; nil if dir does not exist
 local function listing(dir)
@@ -221,7 +186,9 @@ describe("the compile cache on disk", function()
     local e = cache.decode(name:match("^(%x+)"), data)
     assert.is_table(e)
     assert.equal("\127ELF", e.image:sub(1, 4))
-    assert.is_false(e.ptx)
+    assert.equal("cubin", e.kind)
+    assert.is_false(e.relocatable)
+    assert.matches("%.entry%s+fill%(", e.ptx) -- the cubin's PTX, for module:ptx()
     assert.matches('variable "unused" was declared but never referenced', e.log, 1, true)
     assert.same({ "float*", "float", "long long" }, e.info.fill.types)
     assert.equal("pfl", e.info.fill.codes)
@@ -340,7 +307,8 @@ end)
 
 describe("the cache entry format", function()
   local E = {
-    image = "\127ELF\0\1\2binary:with:colons\n", ptx = false, log = "warning: 3:4",
+    image = "\127ELF\0\1\2binary:with:colons\n", kind = "cubin", ptx = ".version 9.0\n.entry k(", relocatable = true,
+    log = "warning: 3:4",
     info = {
       k = { symbol = "k", codes = "pfl", types = { "float*", "float", "long long" } },
       ["t<int>"] = { symbol = "_Z1tIiEvPT_", codes = "p", types = { "int*" } },
@@ -355,6 +323,8 @@ describe("the cache entry format", function()
     local e = cache.decode(HASH, data)
     assert.equal(E.image, e.image)
     assert.equal(E.ptx, e.ptx)
+    assert.equal(E.kind, e.kind)
+    assert.is_true(e.relocatable)
     assert.equal(E.log, e.log)
     for name, want in pairs(E.info) do
       local got = e.info[name]
@@ -363,8 +333,10 @@ describe("the cache entry format", function()
       assert.equal(want.error, got.error, name)
       assert.same(want.types, got.types, name)
     end
-    local p = cache.decode(HASH, cache.encode(HASH, { image = ".version 8.0", ptx = true, log = "", info = {} }))
-    assert.is_true(p.ptx)
+    local p = cache.decode(HASH, cache.encode(HASH, { image = ".version 8.0", kind = "ptx", log = "", info = {} }))
+    assert.equal("ptx", p.kind)
+    assert.is_nil(p.ptx)
+    assert.is_false(p.relocatable)
     assert.same({}, p.info)
   end)
 

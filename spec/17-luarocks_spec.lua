@@ -6,15 +6,9 @@ local C = require "spec.check"
 local cuda = H.cuda
 local nogpu = C.nogpu(it, pending)
 
--- the Lua interpreter running this spec
-local LUA = "lua5.4"
-if arg then
-  local i = 0
-  while arg[i - 1] do i = i - 1 end
-  if i < 0 then LUA = arg[i] end
-end
+local LUA = H.LUA
 
-local function q(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+local q = H.q
 
 local function run(cmd)
   local p = assert(io.popen(cmd .. " 2>&1"))

@@ -29,6 +29,47 @@ function H.rand_table(n, lo, hi, int)
   return t
 end
 
+-- processes and files, for the specs that run children:
+--   H.LUA (this interpreter), H.q(s) (shell-quoted), H.run(cmd) -> output, ok,
+--   H.tmpdir(), H.rmrf(path), H.write(path, data), H.read(path) -> data or nil
+H.LUA = "lua5.4"
+if arg then
+  local i = 0
+  while arg[i - 1] do i = i - 1 end
+  if i < 0 then H.LUA = arg[i] end
+end
+
+function H.q(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+
+function H.run(cmd)
+  local p = assert(io.popen(cmd))
+  local out = p:read("a")
+  local ok = p:close()
+  return out, ok
+end
+
+function H.tmpdir()
+  local d = H.run("mktemp -d"):gsub("%s+$", "")
+  assert(d ~= "", "mktemp -d failed")
+  return d
+end
+
+function H.rmrf(path) os.execute("rm -rf " .. H.q(path)) end
+
+function H.write(path, data)
+  local f = assert(io.open(path, "wb"))
+  f:write(data)
+  f:close()
+end
+
+function H.read(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local d = f:read("a")
+  f:close()
+  return d
+end
+
 -- the error raised by fn(...), or nil if it did not raise
 function H.err(fn, ...)
   local ok, e = pcall(fn, ...)

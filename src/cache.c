@@ -20,6 +20,16 @@ static int l_hash(lua_State *L) {
   return 1;
 }
 
+/* file_info(path) -> size, mtime, is_directory | nil when there is nothing there */
+static int l_file_info(lua_State *L) {
+  struct stat st;
+  if (stat(luaL_checkstring(L, 1), &st) != 0) return 0;
+  lua_pushinteger(L, (lua_Integer)st.st_size);
+  lua_pushinteger(L, (lua_Integer)st.st_mtime);
+  lua_pushboolean(L, S_ISDIR(st.st_mode));
+  return 3;
+}
+
 /* mkdir_p(path) -> true | nil, message */
 static int l_mkdir_p(lua_State *L) {
   const char *p = luaL_checkstring(L, 1);
@@ -49,5 +59,6 @@ static int l_mkdir_p(lua_State *L) {
 
 void cl_open_cache(lua_State *L) {
   lua_pushcfunction(L, l_hash); lua_setfield(L, -2, "hash");
+  lua_pushcfunction(L, l_file_info); lua_setfield(L, -2, "file_info");
   lua_pushcfunction(L, l_mkdir_p); lua_setfield(L, -2, "mkdir_p");
 }

@@ -8,6 +8,7 @@
 #include <lauxlib.h>
 #include <cuda.h>
 #include <nvrtc.h>
+#include <nvJitLink.h>
 
 #define CUDALUA_VERSION "0.1.0"
 
@@ -28,7 +29,9 @@
   X(cuStreamWaitEvent) X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) \
   X(cuEventQuery) X(cuEventSynchronize) X(cuEventElapsedTime) \
   X(cuModuleLoadData) X(cuModuleUnload) X(cuModuleGetFunction) X(cuFuncGetAttribute) \
-  X(cuFuncGetParamInfo) X(cuLaunchKernel) X(cuOccupancyMaxPotentialBlockSize) \
+  X(cuLaunchKernel) X(cuOccupancyMaxPotentialBlockSize) \
+  X(cuFuncSetAttribute) X(cuFuncSetCacheConfig) X(cuLaunchKernelEx) X(cuModuleLoadDataEx) \
+  X(cuGraphKernelNodeSetAttribute) X(cuGraphDestroyNode) \
   X(cuOccupancyMaxActiveBlocksPerMultiprocessor) X(cuLaunchHostFunc) \
   X(cuGraphCreate) X(cuGraphDestroy) X(cuGraphAddKernelNode) X(cuGraphAddMemcpyNode) \
   X(cuGraphAddMemsetNode) X(cuGraphAddHostNode) X(cuGraphAddEmptyNode) \
@@ -38,26 +41,42 @@
   X(cuGraphExecMemsetNodeSetParams) X(cuGraphExecUpdate) X(cuGraphDebugDotPrint) \
   X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuStreamIsCapturing)
 
+/* entry points of newer drivers: NULL when missing (cuFuncGetParamInfo 12.4, the module
+   function listing 12.4, cuFuncGetName 12.3) */
+#define CL_CUDA_OPTIONAL(X) \
+  X(cuFuncGetParamInfo) X(cuModuleGetFunctionCount) X(cuModuleEnumerateFunctions) X(cuFuncGetName)
+
 #define CL_NVRTC_FUNCS(X) \
   X(nvrtcVersion) X(nvrtcGetErrorString) X(nvrtcCreateProgram) X(nvrtcDestroyProgram) \
   X(nvrtcCompileProgram) X(nvrtcGetProgramLogSize) X(nvrtcGetProgramLog) \
   X(nvrtcGetCUBINSize) X(nvrtcGetCUBIN) X(nvrtcGetPTXSize) X(nvrtcGetPTX) \
   X(nvrtcAddNameExpression) X(nvrtcGetLoweredName) X(nvrtcGetNumSupportedArchs) \
-  X(nvrtcGetSupportedArchs)
+  X(nvrtcGetSupportedArchs) X(nvrtcGetLTOIRSize) X(nvrtcGetLTOIR)
+
+/* nvJitLink (cuda.link, LTO-IR modules), also opened at run time */
+#define CL_JITLINK_FUNCS(X) \
+  X(nvJitLinkCreate) X(nvJitLinkDestroy) X(nvJitLinkAddData) X(nvJitLinkComplete) \
+  X(nvJitLinkGetLinkedCubinSize) X(nvJitLinkGetLinkedCubin) X(nvJitLinkGetLinkedPtxSize) \
+  X(nvJitLinkGetLinkedPtx) X(nvJitLinkGetErrorLogSize) X(nvJitLinkGetErrorLog) \
+  X(nvJitLinkGetInfoLogSize) X(nvJitLinkGetInfoLog) X(nvJitLinkVersion)
 
 /* cuda.h maps names such as cuMemAlloc to cuMemAlloc_v2; the member takes the mapped name,
    so calls through the table use the same ABI as the prototypes we compile against. */
 #define CL_MEMBER(f) __typeof__(f) *f;
 typedef struct cl_api {
   CL_CUDA_FUNCS(CL_MEMBER)
+  CL_CUDA_OPTIONAL(CL_MEMBER)
   CL_NVRTC_FUNCS(CL_MEMBER)
+  CL_JITLINK_FUNCS(CL_MEMBER)
 } cl_api;
 extern cl_api cu;
 
 int cl_driver_load(void);          /* 1 when libcuda was opened and cuInit succeeded */
 int cl_nvrtc_load(void);           /* 1 when NVRTC was opened */
+int cl_jitlink_load(void);         /* 1 when nvJitLink was opened */
 const char *cl_driver_error(void); /* why the driver is not usable */
 const char *cl_nvrtc_error(void);
+const char *cl_jitlink_error(void);
 const char *cl_nvrtc_path(void);
 CUcontext cl_ctx(lua_State *L);    /* raises unless a GPU is usable; makes its context current */
 int cl_device_attr(CUdevice_attribute a);  /* attribute of the current device */
@@ -166,6 +185,7 @@ int cl_a_fill(lua_State *L);
 
 /* ---- compile.c, module.c, launch.c ---- */
 void cl_open_compile(lua_State *L);
+void cl_open_link(lua_State *L);
 void cl_open_module(lua_State *L);
 void cl_open_launch(lua_State *L);
 void cl_open_random(lua_State *L);
@@ -199,16 +219,34 @@ typedef struct cl_kernel {
   unsigned short psize[CL_MAXPARAMS], poff[CL_MAXPARAMS];
   int occ_block, occ_grid;       /* occupancy cache for shared == occ_shared */
   size_t occ_shared;
+  unsigned dyn_max;              /* dynamic shared memory a launch may ask for without opting in */
+  int static_shared, binary_version;
+  unsigned req_cluster[3];       /* __cluster_dims__ of the kernel; 0: none */
+  unsigned char cache_config;    /* the preference k:set_attribute set last (module.c) */
   int closed;
 } cl_kernel;
 #define CL_KERNEL "cudalua.kernel"
 cl_kernel *cl_checkkernel(lua_State *L, int idx);
-void cl_launch_config(lua_State *L, int idx, unsigned g[3], unsigned b[3], unsigned *shared,
-                      const char *where, const char *prefix);   /* launch.c: {grid=, block=} */
+/* a launch configuration: k[{...}], k:launch{...}, forall, graph kernel nodes */
+typedef struct cl_launch {
+  unsigned g[3], b[3], shared;
+  unsigned cluster[3];           /* thread block cluster; {0, 0, 0}: none given */
+  int cooperative;               /* grid-wide synchronisation (cuLaunchKernelEx attribute) */
+  cl_stream *s;
+} cl_launch;
+enum { CL_CFG_LAUNCH, CL_CFG_GRAPH };
+/* the configuration table at idx ({grid, block [, stream [, shared]]} and the keys grid, block,
+   stream, shared, cooperative, cluster); unknown keys raise. Messages about a bad grid or block
+   start with prefix; where names the caller. Graph nodes take no stream. */
+void cl_launch_parse(lua_State *L, int idx, cl_launch *c, int mode, const char *where,
+                     const char *prefix);
 void cl_kernel_ctx(lua_State *L, cl_kernel *k);          /* its context made current */
 void cl_kernel_occupancy(lua_State *L, cl_kernel *k, size_t shared);   /* fills k->occ_* */
-int cl_kernel_launch(lua_State *L, cl_kernel *k, int kidx, int first, unsigned g[3],
-                     unsigned b[3], cl_stream *s, unsigned shared);
+/* dynamic shared memory over 48 KiB: opts the kernel in (once per size), or raises with the
+   device's limit */
+void cl_kernel_shared(lua_State *L, cl_kernel *k, int kidx, unsigned shared);
+int cl_kernel_launch(lua_State *L, cl_kernel *k, int kidx, int first, const cl_launch *c);
+const char *cl_kernel_name(lua_State *L, int kidx);      /* pushes it; slow path only */
 /* kernel arguments converted for the driver */
 typedef struct cl_args {
   uint64_t slots[CL_MAXPARAMS][2];

@@ -4,15 +4,35 @@
 #include <string.h>
 #include "cl.h"
 
-/* nvrtc_compile(src, filename, {options}, {{name, text}, ...}, {name expressions}, ptx)
-   -> image, log, {expression = lowered name}   |   nil, log, error */
+/* the compiled output NVRTC is asked for */
+enum { OUT_CUBIN, OUT_PTX, OUT_LTOIR };
+
+/* reads one output of prog as a Lua string; 0 when there is none */
+static int push_output(lua_State *L, nvrtcProgram prog, int what) {
+  size_t n = 0;
+  nvrtcResult r = what == OUT_PTX ? cu.nvrtcGetPTXSize(prog, &n)
+                : what == OUT_LTOIR ? cu.nvrtcGetLTOIRSize(prog, &n) : cu.nvrtcGetCUBINSize(prog, &n);
+  if (r != NVRTC_SUCCESS || n == 0) return 0;
+  char *img = malloc(n);
+  if (!img) return 0;
+  r = what == OUT_PTX ? cu.nvrtcGetPTX(prog, img)
+    : what == OUT_LTOIR ? cu.nvrtcGetLTOIR(prog, img) : cu.nvrtcGetCUBIN(prog, img);
+  if (r == NVRTC_SUCCESS) lua_pushlstring(L, img, what == OUT_PTX && n ? n - 1 : n);   /* PTX ends with a NUL */
+  free(img);
+  return r == NVRTC_SUCCESS;
+}
+
+/* nvrtc_compile(src, filename, {options}, {{name, text}, ...}, {name expressions}, output)
+   output: "cubin" (default; the PTX comes too), "ptx" or "ltoir"
+   -> image, log, {expression = lowered name}, ptx text or nil   |   nil, log, error */
 static int l_nvrtc_compile(lua_State *L) {
   const char *src = luaL_checkstring(L, 1);
   const char *fname = luaL_checkstring(L, 2);
   luaL_checktype(L, 3, LUA_TTABLE);
   luaL_checktype(L, 4, LUA_TTABLE);
   luaL_checktype(L, 5, LUA_TTABLE);
-  int ptx = lua_toboolean(L, 6);
+  static const char *const outs[] = {"cubin", "ptx", "ltoir", NULL};
+  int out = luaL_checkoption(L, 6, "cubin", outs);
   if (!cl_nvrtc_load()) return luaL_error(L, "%s", cl_nvrtc_error());
   int nopt = (int)lua_rawlen(L, 3), nh = (int)lua_rawlen(L, 4), nx = (int)lua_rawlen(L, 5);
   /* the strings stay referenced by the argument tables while NVRTC reads them */
@@ -52,16 +72,11 @@ static int l_nvrtc_compile(lua_State *L) {
     cu.nvrtcDestroyProgram(&prog);
     return 3;
   }
-  size_t n = 0;
-  r = ptx ? cu.nvrtcGetPTXSize(prog, &n) : cu.nvrtcGetCUBINSize(prog, &n);
-  char *img = r == NVRTC_SUCCESS ? malloc(n ? n : 1) : NULL;
-  if (img) r = ptx ? cu.nvrtcGetPTX(prog, img) : cu.nvrtcGetCUBIN(prog, img);
-  if (!img || r != NVRTC_SUCCESS) {
-    free(img); free(log);
+  if (!push_output(L, prog, out)) {
+    free(log);
     cu.nvrtcDestroyProgram(&prog);
-    return luaL_error(L, "cuda.compile: cannot read the compiled image");
+    return luaL_error(L, "cuda.compile: cannot read the compiled %s", outs[out]);
   }
-  lua_pushlstring(L, img, ptx && n ? n - 1 : n);   /* PTX ends with a NUL */
   lua_pushstring(L, log ? log : "");
   lua_createtable(L, 0, nx);
   for (int i = 0; i < nx; i++) {
@@ -72,9 +87,98 @@ static int l_nvrtc_compile(lua_State *L) {
       lua_rawset(L, -3);
     } else lua_pop(L, 1);
   }
-  free(img); free(log);
+  /* a cubin's PTX, for module:ptx() */
+  if (out != OUT_CUBIN || !push_output(L, prog, OUT_PTX)) lua_pushnil(L);
+  free(log);
   cu.nvrtcDestroyProgram(&prog);
-  return 3;
+  return 4;
+}
+
+/* ---- ptx_strip ---- */
+static int ident_char(unsigned char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '$';
+}
+
+static uint64_t name_hash(const char *p, size_t n) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)p[i]) * 0x100000001b3ULL;
+  return h;
+}
+
+typedef struct { const char *name; size_t len, line_start, line_end; int used; } pvar;
+
+/* ptx_strip(ptx) -> ptx, number of declarations dropped. Drops the module-local .global
+   variables (declared on one line, without .visible, .weak or .extern) that nothing in the
+   module names. NVRTC emits every static constexpr member the headers instantiate as such
+   a variable (about a thousand for <cooperative_groups.h>, libcu++'s numeric_limits and
+   integral_constant members); ptxas keeps them all, and a cubin with them is 25 times the
+   size and takes 30 times as long to load. */
+static int l_ptx_strip(lua_State *L) {
+  size_t n;
+  const char *s = luaL_checklstring(L, 1, &n);
+  size_t cap = 64, nv = 0;
+  pvar *v = malloc(cap * sizeof *v);
+  if (!v) return luaL_error(L, "cudalua: out of host memory");
+  /* declarations: ".global ... NAME[...] = ...;" or ".global ... NAME;" on one line */
+  for (size_t at = 0; at < n;) {
+    size_t end = at;
+    while (end < n && s[end] != '\n') end++;
+    if (end - at > 8 && !memcmp(s + at, ".global", 7) && (s[at + 7] == ' ' || s[at + 7] == '\t')) {
+      size_t stop = at, last = end;
+      while (stop < end && s[stop] != '=' && s[stop] != ';' && s[stop] != '[') stop++;
+      while (last > at && (s[last - 1] == ' ' || s[last - 1] == '\t' || s[last - 1] == '\r')) last--;
+      size_t ne = stop;
+      while (ne > at && (s[ne - 1] == ' ' || s[ne - 1] == '\t')) ne--;
+      size_t nb = ne;
+      while (nb > at && ident_char((unsigned char)s[nb - 1])) nb--;
+      if (stop < end && last > at && s[last - 1] == ';' && nb < ne) {
+        if (nv == cap) {
+          pvar *nv2 = realloc(v, 2 * cap * sizeof *v);
+          if (!nv2) { free(v); return luaL_error(L, "cudalua: out of host memory"); }
+          v = nv2; cap *= 2;
+        }
+        v[nv++] = (pvar){s + nb, ne - nb, at, end, 0};
+      }
+    }
+    at = end + 1;
+  }
+  if (nv == 0) { free(v); lua_settop(L, 1); lua_pushinteger(L, 0); return 2; }
+  /* an open-addressing table of the names, then every identifier of the text looked up */
+  size_t tsize = 1;
+  while (tsize < 2 * nv) tsize <<= 1;
+  size_t *tab = calloc(tsize, sizeof *tab);   /* index + 1 into v; 0: empty */
+  if (!tab) { free(v); return luaL_error(L, "cudalua: out of host memory"); }
+  for (size_t i = 0; i < nv; i++) {
+    size_t j = name_hash(v[i].name, v[i].len) & (tsize - 1);
+    while (tab[j]) j = (j + 1) & (tsize - 1);
+    tab[j] = i + 1;
+  }
+  for (size_t at = 0; at < n;) {
+    if (!ident_char((unsigned char)s[at])) { at++; continue; }
+    size_t b = at;
+    while (at < n && ident_char((unsigned char)s[at])) at++;
+    size_t j = name_hash(s + b, at - b) & (tsize - 1);
+    for (; tab[j]; j = (j + 1) & (tsize - 1)) {
+      pvar *p = &v[tab[j] - 1];
+      if (p->len == at - b && !memcmp(p->name, s + b, p->len) && (b < p->line_start || b >= p->line_end)) p->used = 1;
+    }
+  }
+  free(tab);
+  /* the text without the unused declarations (v is in text order) */
+  luaL_Buffer buf;
+  luaL_buffinit(L, &buf);
+  size_t from = 0, dropped = 0;
+  for (size_t i = 0; i < nv; i++) {
+    if (v[i].used) continue;
+    luaL_addlstring(&buf, s + from, v[i].line_start - from);
+    from = v[i].line_end < n ? v[i].line_end + 1 : n;
+    dropped++;
+  }
+  luaL_addlstring(&buf, s + from, n - from);
+  free(v);
+  luaL_pushresult(&buf);
+  lua_pushinteger(L, (lua_Integer)dropped);
+  return 2;
 }
 
 /* supported architectures, e.g. {75, 80, ..., 120} */
@@ -92,4 +196,5 @@ static int l_nvrtc_archs(lua_State *L) {
 void cl_open_compile(lua_State *L) {
   lua_pushcfunction(L, l_nvrtc_compile); lua_setfield(L, -2, "nvrtc_compile");
   lua_pushcfunction(L, l_nvrtc_archs); lua_setfield(L, -2, "nvrtc_archs");
+  lua_pushcfunction(L, l_ptx_strip); lua_setfield(L, -2, "ptx_strip");
 }

@@ -29,6 +29,7 @@ int luaopen_cudalua(lua_State *L) {
   cl_open_array(L);
   cl_open_memory(L);
   cl_open_compile(L);
+  cl_open_link(L);
   cl_open_module(L);
   cl_open_launch(L);
   cl_open_random(L);

@@ -40,11 +40,12 @@ int cl_driver_load(void) {
          newer variant under the plain name can take other arguments (cuCtxSynchronize_v2) */
 #define CL_STR(f) #f
 #define CL_XSTR(f) CL_STR(f)
-      /* optional: cuFuncGetParamInfo needs a 12.4 driver (any other symbol missing is fatal) */
-#define CL_GET(f) if (!(*(void **)&cu.f = dlsym(h, CL_XSTR(f))) && !missing && \
-                      strcmp(CL_XSTR(f), "cuFuncGetParamInfo")) missing = CL_XSTR(f);
+#define CL_GET(f) if (!(*(void **)&cu.f = dlsym(h, CL_XSTR(f))) && !missing) missing = CL_XSTR(f);
       CL_CUDA_FUNCS(CL_GET)
 #undef CL_GET
+#define CL_GET_OPT(f) *(void **)&cu.f = dlsym(h, CL_XSTR(f));
+      CL_CUDA_OPTIONAL(CL_GET_OPT)
+#undef CL_GET_OPT
       CUresult r;
       if (missing) {
         snprintf(drv_err, sizeof drv_err, "cudalua: the CUDA driver is too old (it lacks %s)", missing);
@@ -75,30 +76,40 @@ const char *cl_driver_error(void) { return drv_err; }
 const char *cl_nvrtc_error(void) { return nv_err; }
 const char *cl_nvrtc_path(void) { return nv_path; }
 
-/* the NVRTC libraries looked for, newest first (loading and the cache identity use the same) */
+/* the NVRTC and nvJitLink libraries looked for, newest first (loading and the cache identity
+   use the same lists) */
 static const char *nvrtc_names[] = {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so", NULL};
+static const char *jitlink_names[] = {"libnvJitLink.so.13", "libnvJitLink.so.12", "libnvJitLink.so", NULL};
+static int jl_state;
+static char jl_err[1024], jl_path[600];
 
-static void *try_nvrtc(const char *path) {
-  void *h = dlopen(path, RTLD_LAZY | RTLD_LOCAL);
-  if (h) snprintf(nv_path, sizeof nv_path, "%s", path);
-  return h;
+/* a toolkit library by its names, on the loader's path, then under CUDA_HOME, CUDA_PATH and
+   /usr/local/cuda; env names a library to use instead (the specs hide one with it) */
+static void *open_toolkit_lib(const char **names, const char *env, char *path, size_t pathn) {
+  const char *forced = getenv(env);
+  if (forced && *forced) {
+    void *h = dlopen(forced, RTLD_LAZY | RTLD_LOCAL);
+    if (h) snprintf(path, pathn, "%s", forced);
+    return h;
+  }
+  const char *homes[] = {getenv("CUDA_HOME"), getenv("CUDA_PATH"), "/usr/local/cuda"};
+  char buf[600];
+  for (int j = -1; j < 3; j++) {
+    if (j >= 0 && (!homes[j] || !*homes[j])) continue;
+    for (int i = 0; names[i]; i++) {
+      if (j < 0) snprintf(buf, sizeof buf, "%s", names[i]);
+      else snprintf(buf, sizeof buf, "%s/lib64/%s", homes[j], names[i]);
+      void *h = dlopen(buf, RTLD_LAZY | RTLD_LOCAL);
+      if (h) { snprintf(path, pathn, "%s", buf); return h; }
+    }
+  }
+  return NULL;
 }
 
 int cl_nvrtc_load(void) {
   pthread_mutex_lock(&lock);
   if (nv_state == 0) {
-    const char **names = nvrtc_names;
-    void *h = NULL;
-    char buf[600];
-    const char *homes[] = {getenv("CUDA_HOME"), getenv("CUDA_PATH"), "/usr/local/cuda", NULL};
-    for (int i = 0; !h && names[i]; i++) h = try_nvrtc(names[i]);
-    for (int j = 0; !h && j < 3; j++) {
-      if (!homes[j] || !*homes[j]) continue;
-      for (int i = 0; !h && names[i]; i++) {
-        snprintf(buf, sizeof buf, "%s/lib64/%s", homes[j], names[i]);
-        h = try_nvrtc(buf);
-      }
-    }
+    void *h = open_toolkit_lib(nvrtc_names, "CUDALUA_NVRTC", nv_path, sizeof nv_path);
     if (!h) {
       snprintf(nv_err, sizeof nv_err,
                "cudalua: NVRTC not found (libnvrtc.so.13 or .12; set CUDA_HOME or LD_LIBRARY_PATH)");
@@ -118,6 +129,35 @@ int cl_nvrtc_load(void) {
   pthread_mutex_unlock(&lock);
   return ok;
 }
+
+int cl_jitlink_load(void) {
+  pthread_mutex_lock(&lock);
+  if (jl_state == 0) {
+    void *h = open_toolkit_lib(jitlink_names, "CUDALUA_NVJITLINK", jl_path, sizeof jl_path);
+    if (!h) {
+      snprintf(jl_err, sizeof jl_err,
+               "cudalua: nvJitLink not found (libnvJitLink.so.13 or .12, from the CUDA toolkit; set "
+               "CUDA_HOME or LD_LIBRARY_PATH): linking and LTO-IR modules need it");
+      jl_state = -1;
+    } else {
+      const char *missing = NULL;
+      /* the library exports the plain names as well as the versioned ones the header's
+         inline wrappers call */
+#define CL_GET(f) if (!(*(void **)&cu.f = dlsym(h, #f)) && !missing) missing = #f;
+      CL_JITLINK_FUNCS(CL_GET)
+#undef CL_GET
+      if (missing) {
+        snprintf(jl_err, sizeof jl_err, "cudalua: %s lacks %s", jl_path, missing);
+        jl_state = -1;
+      } else jl_state = 1;
+    }
+  }
+  int ok = jl_state == 1;
+  pthread_mutex_unlock(&lock);
+  return ok;
+}
+
+const char *cl_jitlink_error(void) { return jl_err; }
 
 const char *cl_errname(CUresult r) {
   const char *n = NULL;
@@ -221,7 +261,7 @@ static int l_devices(lua_State *L) {
     cu.cuDeviceGetAttribute(&mi, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev);
     cu.cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
     cu.cuDeviceGetAttribute(&pci, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, dev);
-    lua_createtable(L, 0, 8);
+    lua_createtable(L, 0, 14);
     setint(L, "id", i);
     lua_pushstring(L, name); lua_setfield(L, -2, "name");
     lua_createtable(L, 2, 0);
@@ -236,6 +276,14 @@ static int l_devices(lua_State *L) {
     lua_pushboolean(L, v); lua_setfield(L, -2, "concurrent_managed_access");
     cu.cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK, dev);
     setint(L, "max_threads_per_block", v);
+    cu.cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK, dev);
+    setint(L, "max_shared_memory_per_block", v);
+    cu.cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, dev);
+    setint(L, "max_shared_memory_per_block_optin", v);
+    cu.cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH, dev);
+    lua_pushboolean(L, v); lua_setfield(L, -2, "cooperative_launch");
+    cu.cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH, dev);
+    lua_pushboolean(L, v); lua_setfield(L, -2, "cluster_launch");
     lua_rawseti(L, -2, i + 1);
   }
   return 1;
@@ -282,6 +330,13 @@ static int l_nvrtc_version(lua_State *L) {
 /* nvrtc_identity() -> "path:size:mtime" of the NVRTC library a compile would use, found
    without loading it (loading takes ~10 ms, a disk cache hit must not pay that) */
 static int l_nvrtc_identity(lua_State *L) {
+  const char *forced = getenv("CUDALUA_NVRTC");
+  if (forced && *forced) {
+    struct stat st;
+    if (stat(forced, &st) == 0) lua_pushfstring(L, "%s:%I:%I", forced, (lua_Integer)st.st_size, (lua_Integer)st.st_mtime);
+    else lua_pushliteral(L, "nvrtc:unknown");
+    return 1;
+  }
   const char *dirs[8];
   int nd = 0;
   char ldp[4096] = "";
@@ -307,6 +362,15 @@ static int l_nvrtc_identity(lua_State *L) {
     }
   lua_pushliteral(L, "nvrtc:unknown");
   return 1;
+}
+
+/* jitlink_version() -> major, minor, path | nil, why */
+static int l_jitlink_version(lua_State *L) {
+  unsigned ma = 0, mi = 0;
+  if (!cl_jitlink_load()) { lua_pushnil(L); lua_pushstring(L, jl_err); return 2; }
+  cu.nvJitLinkVersion(&ma, &mi);
+  lua_pushinteger(L, ma); lua_pushinteger(L, mi); lua_pushstring(L, jl_path);
+  return 3;
 }
 
 static int l_mem_info(lua_State *L) {
@@ -339,7 +403,7 @@ void cl_open_driver(lua_State *L) {
     {"is_available", l_is_available}, {"driver_error", l_driver_error},
     {"devices", l_devices}, {"select_device", l_select_device},
     {"current_device", l_current_device}, {"synchronize", l_synchronize},
-    {"driver_version", l_driver_version}, {"nvrtc_version", l_nvrtc_version},
+    {"driver_version", l_driver_version}, {"nvrtc_version", l_nvrtc_version}, {"jitlink_version", l_jitlink_version},
     {"mem_info", l_mem_info}, {"nvrtc_identity", l_nvrtc_identity}, {"time", l_time}, {"sleep", l_sleep}, {NULL, NULL}};
   luaL_setfuncs(L, f, 0);
 }

@@ -180,18 +180,33 @@ static int g_kernel(lua_State *L) {
   CUgraphNode *deps = deps_of(L, 5, g, &nd, "graph:kernel", small);   /* at 6 */
   lnode cfg;   /* the configuration, copied into the node once it is made */
   memset(&cfg, 0, sizeof cfg);
-  cl_launch_config(L, 3, cfg.g, cfg.b, &cfg.shared, "graph:kernel", "graph:kernel: ");
+  cl_launch c;
+  cl_launch_parse(L, 3, &c, CL_CFG_GRAPH, "graph:kernel", "graph:kernel: ");
+  memcpy(cfg.g, c.g, sizeof cfg.g); memcpy(cfg.b, c.b, sizeof cfg.b); cfg.shared = c.shared;
   int nargs, first = push_args(L, 4, &nargs);
   cl_args A;
   cl_ctx(L);
   cl_marshal(L, k, 2, first, nargs, &A, 0);
+  cl_kernel_shared(L, k, 2, c.shared);   /* a function attribute: graph launches use it too */
   CUDA_KERNEL_NODE_PARAMS p;
   kernel_params(&cfg, k, &A, &p);
-  CUgraphNode h;
+  CUgraphNode h = NULL;
   CUresult r = cu.cuGraphAddKernelNode(&h, g->g, deps, nd, &p);
+  /* cluster and cooperative launches are attributes of the node */
+  CUkernelNodeAttrValue v;
+  if (r == CUDA_SUCCESS && c.cluster[0]) {
+    memset(&v, 0, sizeof v);
+    v.clusterDim.x = c.cluster[0]; v.clusterDim.y = c.cluster[1]; v.clusterDim.z = c.cluster[2];
+    r = cu.cuGraphKernelNodeSetAttribute(h, CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, &v);
+  }
+  if (r == CUDA_SUCCESS && c.cooperative) {
+    memset(&v, 0, sizeof v);
+    v.cooperative = 1;
+    r = cu.cuGraphKernelNodeSetAttribute(h, CU_LAUNCH_ATTRIBUTE_COOPERATIVE, &v);
+  }
   if (r != CUDA_SUCCESS) {
-    lua_getiuservalue(L, 2, 2); lua_getfield(L, -1, "name");
-    luaL_error(L, "cudalua: graph:kernel '%s': %s", lua_tostring(L, -1), cl_errname(r));
+    if (h && (c.cluster[0] || c.cooperative)) cu.cuGraphDestroyNode(h);   /* added, attributes refused */
+    luaL_error(L, "cudalua: graph:kernel '%s': %s", cl_kernel_name(L, 2), cl_errname(r));
   }
   for (int i = 0; i < nargs; i++) keep(L, 1, first + i);
   keep(L, 1, 2);

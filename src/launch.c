@@ -8,12 +8,11 @@
 #define LAUNCHER_MT "cudalua.launcher"
 typedef struct {
   cl_kernel *k;
-  unsigned g[3], b[3], shared;
-  cl_stream *s;
+  cl_launch c;
 } launcher;
 
 /* the kernel's name and the C type of parameter i, for messages (slow path only) */
-static const char *kname(lua_State *L, int kidx) {
+const char *cl_kernel_name(lua_State *L, int kidx) {
   if (luaL_testudata(L, kidx, LAUNCHER_MT)) { lua_getiuservalue(L, kidx, 1); kidx = lua_gettop(L); }
   lua_getiuservalue(L, kidx, 2);
   lua_getfield(L, -1, "name");
@@ -29,7 +28,7 @@ static const char *ptypename(lua_State *L, int kidx, int i) {
 }
 
 static int arg_error(lua_State *L, int kidx, int i, int aidx, const char *msg) {
-  const char *name = kname(L, kidx);
+  const char *name = cl_kernel_name(L, kidx);
   const char *t = ptypename(L, kidx, i);
   const char *got = luaL_typename(L, aidx);
   if (lua_type(L, aidx) == LUA_TNUMBER) got = lua_tostring(L, aidx);
@@ -54,7 +53,7 @@ void cl_capture_guard(lua_State *L, cl_stream *s, int waits, const char *where) 
 void cl_marshal(lua_State *L, cl_kernel *k, int kidx, int first, int nargs, cl_args *A,
                 int allow_pageable) {
   if (nargs != k->nparams)
-    luaL_error(L, "cudalua: kernel '%s' expects %d arguments, got %d", kname(L, kidx),
+    luaL_error(L, "cudalua: kernel '%s' expects %d arguments, got %d", cl_kernel_name(L, kidx),
                k->nparams, nargs);
   A->nused = A->ntmp = 0;
   for (int i = 0; i < k->nparams; i++) {
@@ -93,18 +92,37 @@ void cl_marshal(lua_State *L, cl_kernel *k, int kidx, int first, int nargs, cl_a
       }
       continue;
     }
-    if (c == 'x') {
+    if (c == 'U') {   /* .u64 from PTX or 8 bytes of unknown type: an array or an address */
+      cl_array *a = cl_toarray(L, idx);
+      if (!a && lua_type(L, idx) != LUA_TNUMBER) a = cl_cai_view(L, idx);
+      if (a) {
+        if (!a->mem) arg_error(L, kidx, i, idx, "expected an open array");
+        if (a->kind == CL_HOST)
+          arg_error(L, kidx, i, idx, "expected a device, pinned, mapped or managed array (the parameter's type is not known, so a host array is not copied)");
+        if (a->mem->ctx != k->ctx && a->kind != CL_FOREIGN)
+          arg_error(L, kidx, i, idx, "expected an array on the kernel's device");
+        *(CUdeviceptr *)p = cl_devptr(a);
+        A->used[A->nused++] = a->mem;
+      } else if (lua_isinteger(L, idx)) {
+        *(int64_t *)p = (int64_t)lua_tointeger(L, idx);
+      } else {
+        arg_error(L, kidx, i, idx, "expected an array or an integer address (give a signature for other 8-byte types)");
+      }
+      continue;
+    }
+    if (c == 'x' || c == 'y') {
       size_t n = 0;
       /* the type first: lua_tolstring would turn a number on the stack into a string */
       const char *str = lua_type(L, idx) == LUA_TSTRING ? lua_tolstring(L, idx, &n) : NULL;
       if (!str || n != k->psize[i])
-        arg_error(L, kidx, i, idx,
-                  lua_pushfstring(L, "expected a string of exactly %d bytes", (int)k->psize[i]));
+        arg_error(L, kidx, i, idx, lua_pushfstring(L, c == 'x' ? "expected a string of exactly %d bytes"
+          : "expected a string of exactly %d bytes (the type is not known: give a signature, module:get(name, \"float*, int\"))",
+          (int)k->psize[i]));
       if (n <= sizeof A->slots[i]) memcpy(p, str, n);
       else A->params[i] = (void *)str;   /* the string stays on the stack meanwhile */
       continue;
     }
-    if (c == 'b' && lua_type(L, idx) == LUA_TBOOLEAN) { *(uint8_t *)p = (uint8_t)lua_toboolean(L, idx); continue; }
+    if ((c == 'b' || c == 'B') && lua_type(L, idx) == LUA_TBOOLEAN) { *(uint8_t *)p = (uint8_t)lua_toboolean(L, idx); continue; }
     if (lua_type(L, idx) != LUA_TNUMBER) arg_error(L, kidx, i, idx, "expected a number");
     if (c == 'f') {
       lua_Number v = lua_tonumber(L, idx);
@@ -142,6 +160,10 @@ void cl_marshal(lua_State *L, cl_kernel *k, int kidx, int first, int nargs, cl_a
       case 'l': *(int64_t *)p = v; break;
       case 'L': ok = v >= 0; *(uint64_t *)p = (uint64_t)v; break;
       case 'b': ok = v == 0 || v == 1; *(uint8_t *)p = (uint8_t)v; break;
+      /* PTX types say the width, not the sign: either sign's range */
+      case 'B': ok = v >= INT8_MIN && v <= UINT8_MAX; *(uint8_t *)p = (uint8_t)v; break;
+      case 'H': ok = v >= INT16_MIN && v <= UINT16_MAX; *(uint16_t *)p = (uint16_t)v; break;
+      case 'W': ok = v >= INT32_MIN && v <= (lua_Integer)UINT32_MAX; *(uint32_t *)p = (uint32_t)v; break;
       default: ok = 0;
     }
     if (!ok) arg_error(L, kidx, i, idx, "value out of range");
@@ -158,10 +180,97 @@ static void capture_keep(lua_State *L, cl_stream *s, int kidx, int first, int na
   lua_pop(L, 1);
 }
 
-int cl_kernel_launch(lua_State *L, cl_kernel *k, int kidx, int first, unsigned g[3],
-                     unsigned b[3], cl_stream *s, unsigned shared) {
+/* dynamic shared memory over what the kernel may use now (48 KiB less its static shared
+   memory, to begin with): the kernel is opted in for that size, once, up to the device's
+   opt-in limit */
+void cl_kernel_shared(lua_State *L, cl_kernel *k, int kidx, unsigned shared) {
+  if (shared <= k->dyn_max) return;
+  cl_kernel_ctx(L, k);
+  int optin = 0;
+  CUdevice dev;
+  if (cu.cuCtxGetDevice(&dev) == CUDA_SUCCESS)
+    cu.cuDeviceGetAttribute(&optin, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, dev);
+  if ((long long)shared + k->static_shared > optin)
+    luaL_error(L, "cudalua: kernel '%s': %d bytes of dynamic shared memory asked for; with its %d "
+               "bytes of static shared memory this device allows at most %d (its opt-in limit per block is %d)",
+               cl_kernel_name(L, kidx), (int)shared, k->static_shared,
+               optin > k->static_shared ? optin - k->static_shared : 0, optin);
+  CUresult r = cu.cuFuncSetAttribute(k->fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)shared);
+  if (r != CUDA_SUCCESS)
+    luaL_error(L, "cudalua: kernel '%s': cannot opt in to %d bytes of dynamic shared memory: %s",
+               cl_kernel_name(L, kidx), (int)shared, cl_errname(r));
+  k->dyn_max = shared;
+  k->occ_block = 0;
+}
+
+/* cluster and cooperative launches go through cuLaunchKernelEx */
+static CUresult launch_ex(cl_kernel *k, const cl_launch *c, CUstream h, void **params) {
+  CUlaunchAttribute at[2];
+  CUlaunchConfig lc;
+  memset(at, 0, sizeof at);
+  memset(&lc, 0, sizeof lc);
+  lc.gridDimX = c->g[0]; lc.gridDimY = c->g[1]; lc.gridDimZ = c->g[2];
+  lc.blockDimX = c->b[0]; lc.blockDimY = c->b[1]; lc.blockDimZ = c->b[2];
+  lc.sharedMemBytes = c->shared;
+  lc.hStream = h;
+  lc.attrs = at;
+  if (c->cluster[0]) {
+    at[lc.numAttrs].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    at[lc.numAttrs].value.clusterDim.x = c->cluster[0];
+    at[lc.numAttrs].value.clusterDim.y = c->cluster[1];
+    at[lc.numAttrs].value.clusterDim.z = c->cluster[2];
+    lc.numAttrs++;
+  }
+  if (c->cooperative) {
+    at[lc.numAttrs].id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+    at[lc.numAttrs].value.cooperative = 1;
+    lc.numAttrs++;
+  }
+  return cu.cuLaunchKernelEx(&lc, k->fn, params, NULL);
+}
+
+/* why a launch failed, in words a user can act on, where cudalua can tell (slow path) */
+static const char *launch_hint(lua_State *L, cl_kernel *k, const cl_launch *c, CUresult r) {
+  CUdevice dev;
+  int ma = 0, sms = 0, coop = 0;
+  if (cu.cuCtxGetDevice(&dev) == CUDA_SUCCESS) {
+    cu.cuDeviceGetAttribute(&ma, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev);
+    cu.cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
+    cu.cuDeviceGetAttribute(&coop, CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH, dev);
+  }
+  if (c->cooperative && !coop) return "this device does not support cooperative launches";
+  if (r == CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE || (c->cooperative && r == CUDA_ERROR_INVALID_VALUE)) {
+    int per = 0;
+    unsigned threads = c->b[0] * c->b[1] * c->b[2];
+    cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(&per, k->fn, (int)threads, c->shared);
+    unsigned long long blocks = (unsigned long long)c->g[0] * c->g[1] * c->g[2];
+    if (blocks > (unsigned long long)per * sms)
+      return lua_pushfstring(L, "a cooperative grid of %I blocks is more than can be resident at once: "
+                             "at most %d (%d per multiprocessor x %d multiprocessors, for blocks of %d threads "
+                             "and %d bytes of dynamic shared memory)", (lua_Integer)blocks, per * sms, per,
+                             sms, (int)threads, (int)c->shared);
+  }
+  const unsigned *cl = c->cluster[0] ? c->cluster : k->req_cluster[0] ? k->req_cluster : NULL;
+  if (c->cluster[0] && ma < 9)
+    return lua_pushfstring(L, "thread block clusters need a device of compute capability 9.0 or newer");
+  if (c->cluster[0] && k->binary_version && k->binary_version < 90)
+    return lua_pushfstring(L, "the kernel's code is for sm_%d; thread block clusters need sm_90 or newer", k->binary_version);
+  if (cl) {
+    for (int d = 0; d < 3; d++)
+      if (cl[d] && c->g[d] % cl[d])
+        return lua_pushfstring(L, "the grid {%d, %d, %d} is not a multiple of the cluster {%d, %d, %d}%s",
+                               c->g[0], c->g[1], c->g[2], cl[0], cl[1], cl[2],
+                               cl == k->req_cluster ? " the kernel declares (__cluster_dims__)" : "");
+    if (c->cluster[0] && c->cluster[0] * c->cluster[1] * c->cluster[2] > 8)
+      return "clusters of more than 8 blocks need k:set_attribute(\"non_portable_cluster_size_allowed\", 1) (at most 16 on Hopper)";
+  }
+  return "";
+}
+
+int cl_kernel_launch(lua_State *L, cl_kernel *k, int kidx, int first, const cl_launch *c) {
   cl_args A;
   int nargs = lua_gettop(L) - first + 1;
+  cl_stream *s = c->s;
   CUstream h = s ? s->h : NULL;
   cl_marshal(L, k, kidx, first, nargs, &A, 1);
   if (cl_capturing) {
@@ -170,6 +279,7 @@ int cl_kernel_launch(lua_State *L, cl_kernel *k, int kidx, int first, unsigned g
   }
   /* after the arguments: a foreign array's view may have made the selected device current */
   cl_kernel_ctx(L, k);
+  if (c->shared > k->dyn_max) cl_kernel_shared(L, k, kidx, c->shared);
   for (int i = 0; i < A.ntmp; i++) {
     size_t n = cl_nbytes(A.tmp[i].a);
     if (!n) continue;
@@ -184,14 +294,26 @@ int cl_kernel_launch(lua_State *L, cl_kernel *k, int kidx, int first, unsigned g
     }
     *(CUdeviceptr *)A.tmp[i].slot = A.tmp[i].d;
   }
-  CUresult r = cu.cuLaunchKernel(k->fn, g[0], g[1], g[2], b[0], b[1], b[2], shared, h, A.params, NULL);
+  CUresult r = !c->cooperative && !c->cluster[0]
+    ? cu.cuLaunchKernel(k->fn, c->g[0], c->g[1], c->g[2], c->b[0], c->b[1], c->b[2], c->shared, h, A.params, NULL)
+    : launch_ex(k, c, h, A.params);
   if (r != CUDA_SUCCESS) {
     for (int i = 0; i < A.ntmp; i++) if (A.tmp[i].d) cu.cuMemFreeAsync(A.tmp[i].d, h);
     const char *es = NULL;
     cu.cuGetErrorString(r, &es);
-    return luaL_error(L, "cudalua: kernel '%s' launch with grid {%d, %d, %d}, block {%d, %d, %d}, "
-                      "shared %d failed: %s (%s)", kname(L, kidx), g[0], g[1], g[2], b[0], b[1],
-                      b[2], shared, cl_errname(r), es ? es : "");
+    const char *hint = launch_hint(L, k, c, r);
+    luaL_Buffer b;
+    luaL_buffinit(L, &b);
+    lua_pushfstring(L, "cudalua: kernel '%s' launch with grid {%d, %d, %d}, block {%d, %d, %d}, shared %d",
+                    cl_kernel_name(L, kidx), c->g[0], c->g[1], c->g[2], c->b[0], c->b[1], c->b[2], c->shared);
+    luaL_addvalue(&b);
+    if (c->cluster[0]) { lua_pushfstring(L, ", cluster {%d, %d, %d}", c->cluster[0], c->cluster[1], c->cluster[2]); luaL_addvalue(&b); }
+    if (c->cooperative) luaL_addstring(&b, ", cooperative");
+    lua_pushfstring(L, " failed: %s (%s)", cl_errname(r), es ? es : "");
+    luaL_addvalue(&b);
+    if (*hint) { luaL_addstring(&b, ": "); luaL_addstring(&b, hint); }
+    luaL_pushresult(&b);
+    return lua_error(L);
   }
   for (int i = 0; i < A.nused; i++) cl_mem_use(A.used[i], s);
   if (A.ntmp) {
@@ -209,7 +331,7 @@ int cl_kernel_launch(lua_State *L, cl_kernel *k, int kidx, int first, unsigned g
   return 0;
 }
 
-/* grid or block: an integer or {x [, y [, z]]}; messages name it as prefix .. what */
+/* grid, block or cluster: an integer or {x [, y [, z]]}; messages name it as prefix .. what */
 static void dims(lua_State *L, int idx, unsigned out[3], const char *prefix, const char *what) {
   out[0] = out[1] = out[2] = 1;
   int n = 1;
@@ -247,136 +369,204 @@ static unsigned shared_named(lua_State *L, int idx, const char *prefix, const ch
 
 static unsigned shared_bytes(lua_State *L, int idx) { return shared_named(L, idx, "", "shared memory size"); }
 
+/* cooperative = true|false and cluster = n | {x, y, z}, the value on top (popped) */
+static void cfg_cooperative(lua_State *L, cl_launch *c, const char *where) {
+  if (!lua_isnil(L, -1) && !lua_isboolean(L, -1))
+    luaL_error(L, "cudalua: %s: cooperative must be a boolean, got %s", where, luaL_typename(L, -1));
+  c->cooperative = lua_toboolean(L, -1);
+  lua_pop(L, 1);
+}
+
+static void cfg_cluster(lua_State *L, cl_launch *c, const char *prefix) {
+  if (!lua_isnil(L, -1)) dims(L, lua_gettop(L), c->cluster, prefix, "cluster");
+  lua_pop(L, 1);
+}
+
+/* a cluster must tile the grid: checked when the configuration is made, not per launch */
+static void cfg_check_cluster(lua_State *L, const cl_launch *c, const char *where) {
+  if (!c->cluster[0]) return;
+  for (int d = 0; d < 3; d++)
+    if (c->g[d] % c->cluster[d])
+      luaL_error(L, "cudalua: %s: the grid {%d, %d, %d} is not a multiple of the cluster {%d, %d, %d}",
+                 where, c->g[0], c->g[1], c->g[2], c->cluster[0], c->cluster[1], c->cluster[2]);
+}
+
+static const char *const cfg_keys[] = {"grid", "block", "stream", "shared", "cooperative", "cluster", NULL};
+
+/* one pass over the table: each key is checked and its value read where it is found */
+void cl_launch_parse(lua_State *L, int idx, cl_launch *c, int mode, const char *where,
+                     const char *prefix) {
+  luaL_checktype(L, idx, LUA_TTABLE);
+  idx = lua_absindex(L, idx);
+  memset(c, 0, sizeof *c);
+  int have = 0;
+  lua_pushnil(L);
+  while (lua_next(L, idx)) {
+    int v = lua_gettop(L), w = -1;
+    if (lua_type(L, v - 1) == LUA_TNUMBER) {
+      lua_Integer i = lua_tointeger(L, v - 1);
+      if (lua_isinteger(L, v - 1) && i >= 1 && i <= 4) w = (int)i - 1;
+    } else if (lua_type(L, v - 1) == LUA_TSTRING) {
+      const char *key = lua_tostring(L, v - 1);
+      for (int j = 0; cfg_keys[j]; j++) if (!strcmp(key, cfg_keys[j])) { w = j; break; }
+    }
+    if (w < 0) {   /* a misspelt option must not be ignored */
+      int n = (int)lua_rawlen(L, idx);
+      if (lua_type(L, v - 1) == LUA_TNUMBER && n > 4)
+        luaL_error(L, "cudalua: launch configuration is {grid, block [, stream [, shared]]}, got %d entries", n);
+      luaL_error(L, "cudalua: %s: unknown key %s in the launch configuration (grid, block, %scooperative, cluster; or {grid, block%s})",
+                 where, lua_type(L, v - 1) == LUA_TSTRING ? lua_pushfstring(L, "'%s'", lua_tostring(L, v - 1)) : luaL_tolstring(L, v - 1, NULL),
+                 mode == CL_CFG_GRAPH ? "shared, " : "stream, shared, ",
+                 mode == CL_CFG_GRAPH ? ", nil, shared" : " [, stream [, shared]]");
+    }
+    if (have & (1 << w))
+      luaL_error(L, "cudalua: %s: %s given both by name and as entry %d", where, cfg_keys[w], w + 1);
+    have |= 1 << w;
+    switch (w) {
+      case 0: dims(L, v, c->g, prefix, "grid"); break;
+      case 1: dims(L, v, c->b, prefix, "block"); break;
+      case 2:
+        if (mode == CL_CFG_GRAPH)
+          luaL_error(L, "cudalua: %s: a graph node has no stream (the graph is launched on one)", where);
+        c->s = cl_tostream(L, v, "launch configuration");
+        break;
+      case 3: c->shared = *prefix ? shared_named(L, v, prefix, "shared") : shared_bytes(L, v); break;
+      case 4: lua_pushvalue(L, v); cfg_cooperative(L, c, where); break;
+      case 5: lua_pushvalue(L, v); cfg_cluster(L, c, prefix); break;
+    }
+    lua_settop(L, v - 1);
+  }
+  for (int w = 0; w < 2; w++)
+    if (!(have & (1 << w))) luaL_error(L, "cudalua: %s: configuration needs %s", where, cfg_keys[w]);
+  cfg_check_cluster(L, c, where);
+}
+
 static int launcher_call(lua_State *L) {
   launcher *l = lua_touserdata(L, 1);
-  return cl_kernel_launch(L, l->k, 1, 2, l->g, l->b, l->s, l->shared);
+  return cl_kernel_launch(L, l->k, 1, 2, &l->c);
 }
 
 static int launcher_gc(lua_State *L) {
   launcher *l = luaL_checkudata(L, 1, LAUNCHER_MT);
-  cl_stream_unref(l->s);
-  l->s = NULL;
+  cl_stream_unref(l->c.s);
+  l->c.s = NULL;
   return 0;
 }
 
 /* a new launcher for the kernel at kidx with configuration c; takes a reference to c->s */
-static launcher *push_launcher(lua_State *L, int kidx, const launcher *c) {
+static launcher *push_launcher(lua_State *L, int kidx, cl_kernel *k, const cl_launch *c) {
   launcher *l = lua_newuserdatauv(L, sizeof *l, 1);
-  *l = *c;
-  cl_stream_ref(l->s);
+  l->k = k;
+  l->c = *c;
+  cl_stream_ref(l->c.s);
   luaL_setmetatable(L, LAUNCHER_MT);
   lua_pushvalue(L, kidx); lua_setiuservalue(L, -2, 1);
   return l;
 }
 
+static int same_config(const cl_launch *a, const cl_launch *b) {
+  return !memcmp(a->g, b->g, sizeof a->g) && !memcmp(a->b, b->b, sizeof a->b) && a->shared == b->shared &&
+         a->s == b->s && !memcmp(a->cluster, b->cluster, sizeof a->cluster) && a->cooperative == b->cooperative;
+}
+
 /* launchers are immutable: k[{grid, block}](...) and k:forall(n)(...) in a loop reuse the last
    one the kernel at kidx made, when the configuration is the same */
-static void push_reused_launcher(lua_State *L, int kidx, const launcher *c) {
-  if (lua_getiuservalue(L, kidx, 3) == LUA_TUSERDATA) {
-    launcher *last = lua_touserdata(L, -1);
-    if (!memcmp(last->g, c->g, sizeof c->g) && !memcmp(last->b, c->b, sizeof c->b) &&
-        last->shared == c->shared && last->s == c->s)
-      return;
-  }
+static void push_reused_launcher(lua_State *L, int kidx, cl_kernel *k, const cl_launch *c) {
+  if (lua_getiuservalue(L, kidx, 3) == LUA_TUSERDATA && same_config(&((launcher *)lua_touserdata(L, -1))->c, c))
+    return;
   lua_pop(L, 1);
-  push_launcher(L, kidx, c);
+  push_launcher(L, kidx, k, c);
   lua_pushvalue(L, -1); lua_setiuservalue(L, kidx, 3);
 }
 
-/* k[{grid, block [, stream [, shared]]}] -> launcher */
+/* k[{grid, block [, stream [, shared]], cooperative=, cluster=}] -> launcher */
 int cl_kernel_index(lua_State *L) {
   cl_kernel *k = lua_touserdata(L, 1);
   if (lua_type(L, 2) == LUA_TTABLE) {
-    launcher c = {k, {1, 1, 1}, {1, 1, 1}, 0, NULL};
-    int cfg = 2, n = (int)lua_rawlen(L, cfg);
-    if (n < 2 || n > 4)
-      return luaL_error(L, "cudalua: launch configuration is {grid, block [, stream [, shared]]}, got %d entries", n);
-    int gi, bi;
-    lua_rawgeti(L, cfg, 1);
-    lua_rawgeti(L, cfg, 2);
-    lua_Integer g = lua_tointegerx(L, 3, &gi), b = lua_tointegerx(L, 4, &bi);
-    if (gi && bi && g >= 1 && b >= 1 && g <= 0x7fffffff && b <= 0x7fffffff) {
-      c.g[0] = (unsigned)g; c.b[0] = (unsigned)b;   /* {n, n}: the tutorials' form, in a loop */
-    } else {
-      dims(L, 3, c.g, "", "grid");
-      dims(L, 4, c.b, "", "block");
+    cl_launch c;
+    int n = (int)lua_rawlen(L, 2);
+    if (n == 2) {   /* {n, n}: the tutorials' form, in a loop; nothing but the two entries */
+      int gi, bi;
+      lua_rawgeti(L, 2, 1);
+      lua_rawgeti(L, 2, 2);
+      lua_Integer g = lua_tointegerx(L, 3, &gi), b = lua_tointegerx(L, 4, &bi);
+      lua_pushinteger(L, 2);
+      if (gi && bi && g >= 1 && b >= 1 && g <= 0x7fffffff && b <= 0x7fffffff && !lua_next(L, 2)) {
+        memset(&c, 0, sizeof c);
+        c.g[0] = (unsigned)g; c.b[0] = (unsigned)b;
+        c.g[1] = c.g[2] = c.b[1] = c.b[2] = 1;
+        lua_settop(L, 2);
+        push_reused_launcher(L, 1, k, &c);
+        return 1;
+      }
+      lua_settop(L, 2);
     }
+    if (n > 4 || (n < 2 && lua_getfield(L, 2, "block") == LUA_TNIL))
+      return luaL_error(L, "cudalua: launch configuration is {grid, block [, stream [, shared]]}, got %d entries", n);
     lua_settop(L, 2);
-    if (n >= 3) { lua_rawgeti(L, cfg, 3); c.s = cl_tostream(L, -1, "launch configuration"); lua_pop(L, 1); }
-    if (n >= 4) { lua_rawgeti(L, cfg, 4); c.shared = shared_bytes(L, -1); lua_pop(L, 1); }
-    push_reused_launcher(L, 1, &c);
+    cl_launch_parse(L, 2, &c, CL_CFG_LAUNCH, "launch", "");
+    push_reused_launcher(L, 1, k, &c);
     return 1;
   }
   lua_getfield(L, LUA_REGISTRYINDEX, CL_KERNEL ".methods");
   lua_pushvalue(L, 2);
   if (lua_rawget(L, -2) != LUA_TNIL) return 1;
   if (lua_type(L, 2) == LUA_TSTRING && !strcmp(lua_tostring(L, 2), "name")) {
-    kname(L, 1);
+    cl_kernel_name(L, 1);
     return 1;
   }
   return luaL_error(L, "cudalua: kernels have no field '%s' (launch with k[{grid, block}](...))",
                     luaL_tolstring(L, 2, NULL));
 }
 
-/* k:launch({grid=, block=, stream=, shared=}, ...) */
-/* the table {grid=, block=, shared=} at idx (or {grid, block, _, shared}), for k:launch and
-   graph:kernel; messages about a bad grid or block start with prefix */
-void cl_launch_config(lua_State *L, int idx, unsigned g[3], unsigned b[3], unsigned *shared,
-                      const char *where, const char *prefix) {
-  luaL_checktype(L, idx, LUA_TTABLE);
-  idx = lua_absindex(L, idx);
-  static const char *const names[] = {"grid", "block"};
-  for (int w = 0; w < 2; w++) {
-    if (lua_getfield(L, idx, names[w]) == LUA_TNIL) { lua_pop(L, 1); lua_rawgeti(L, idx, w + 1); }
-    if (lua_isnil(L, -1)) luaL_error(L, "cudalua: %s: configuration needs %s", where, names[w]);
-    dims(L, lua_gettop(L), w ? b : g, prefix, names[w]);
-    lua_pop(L, 1);
-  }
-  if (lua_getfield(L, idx, "shared") == LUA_TNIL) { lua_pop(L, 1); lua_rawgeti(L, idx, 4); }
-  int v = lua_gettop(L);
-  *shared = *prefix ? shared_named(L, v, prefix, "shared") : shared_bytes(L, v);
-  lua_pop(L, 1);
-}
-
+/* k:launch({grid=, block=, stream=, shared=, cooperative=, cluster=}, ...) */
 static int k_launch(lua_State *L) {
   cl_kernel *k = cl_checkkernel(L, 1);
-  unsigned g[3], b[3], shared;
-  cl_launch_config(L, 2, g, b, &shared, "launch", "");
-  lua_getfield(L, 2, "stream");
-  cl_stream *s = cl_tostream(L, -1, "launch configuration");
-  lua_pop(L, 1);
+  cl_launch c;
+  cl_launch_parse(L, 2, &c, CL_CFG_LAUNCH, "launch", "");
   lua_remove(L, 2);
-  return cl_kernel_launch(L, k, 1, 2, g, b, s, shared);
+  return cl_kernel_launch(L, k, 1, 2, &c);
 }
 
-/* k:forall(n [, {stream=, shared=}]) -> launcher covering n threads, with the block size the
-   occupancy calculator picks (cached per kernel and dynamic shared memory size) */
+/* k:forall(n [, {stream=, shared=, cooperative=, cluster=}]) -> launcher covering n threads,
+   with the block size the occupancy calculator picks (cached per kernel and dynamic shared
+   memory size); with a cluster the grid is rounded up to a whole number of clusters */
 static int k_forall(lua_State *L) {
   cl_kernel *k = cl_checkkernel(L, 1);
   int isint;
   lua_Integer n = lua_tointegerx(L, 2, &isint);
   if (!isint || n < 0) return luaL_error(L, "cudalua: forall: n must be an integer >= 0, got %s", luaL_tolstring(L, 2, NULL));
-  cl_stream *s = NULL;
-  unsigned shared = 0;
+  cl_launch c;
+  memset(&c, 0, sizeof c);
   if (!lua_isnoneornil(L, 3)) {
     luaL_checktype(L, 3, LUA_TTABLE);
     lua_pushnil(L);
     while (lua_next(L, 3)) {
       lua_pop(L, 1);
       const char *key = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "?";
-      if (strcmp(key, "stream") && strcmp(key, "shared"))
-        return luaL_error(L, "cudalua: forall: unknown option '%s' (stream, shared)", luaL_tolstring(L, -1, NULL));
+      if (strcmp(key, "stream") && strcmp(key, "shared") && strcmp(key, "cooperative") && strcmp(key, "cluster"))
+        return luaL_error(L, "cudalua: forall: unknown option '%s' (stream, shared, cooperative, cluster)", luaL_tolstring(L, -1, NULL));
     }
-    lua_getfield(L, 3, "stream"); s = cl_tostream(L, -1, "forall");
-    lua_getfield(L, 3, "shared"); shared = shared_bytes(L, -1);
+    lua_getfield(L, 3, "stream"); c.s = cl_tostream(L, -1, "forall");
+    lua_getfield(L, 3, "shared"); c.shared = shared_bytes(L, -1);
     lua_pop(L, 2);
+    lua_getfield(L, 3, "cooperative");
+    cfg_cooperative(L, &c, "forall");
+    lua_getfield(L, 3, "cluster");
+    cfg_cluster(L, &c, "forall: ");
+    if (c.cluster[0] && (c.cluster[1] != 1 || c.cluster[2] != 1))
+      return luaL_error(L, "cudalua: forall: the grid is one-dimensional: cluster must be n or {n}");
   }
-  cl_kernel_occupancy(L, k, shared);
+  cl_kernel_shared(L, k, 1, c.shared);
+  cl_kernel_occupancy(L, k, c.shared);
   lua_Integer grid = (n + k->occ_block - 1) / k->occ_block;
   if (grid < 1) grid = 1;
+  unsigned per = c.cluster[0] ? c.cluster[0] : k->req_cluster[0] ? k->req_cluster[0] : 1;
+  grid = (grid + per - 1) / per * per;
   if (grid > 0x7fffffff) return luaL_error(L, "cudalua: forall: n = %I needs too many blocks", n);
-  launcher c = {k, {(unsigned)grid, 1, 1}, {(unsigned)k->occ_block, 1, 1}, shared, s};
-  push_reused_launcher(L, 1, &c);
+  c.g[0] = (unsigned)grid; c.g[1] = c.g[2] = 1;
+  c.b[0] = (unsigned)k->occ_block; c.b[1] = c.b[2] = 1;
+  push_reused_launcher(L, 1, k, &c);
   return 1;
 }
 
@@ -396,14 +586,17 @@ static int k_max_blocks(lua_State *L) {
 
 static int launcher_tostring(lua_State *L) {
   launcher *l = luaL_checkudata(L, 1, LAUNCHER_MT);
-  lua_pushfstring(L, "cudalua.launcher<grid {%d, %d, %d}, block {%d, %d, %d}, shared %d>", l->g[0],
-                  l->g[1], l->g[2], l->b[0], l->b[1], l->b[2], l->shared);
+  const cl_launch *c = &l->c;
+  lua_pushfstring(L, "cudalua.launcher<grid {%d, %d, %d}, block {%d, %d, %d}, shared %d%s%s>", c->g[0],
+                  c->g[1], c->g[2], c->b[0], c->b[1], c->b[2], c->shared,
+                  c->cluster[0] ? lua_pushfstring(L, ", cluster {%d, %d, %d}", c->cluster[0], c->cluster[1], c->cluster[2]) : "",
+                  c->cooperative ? ", cooperative" : "");
   return 1;
 }
 
 static int k_call(lua_State *L) {
   return luaL_error(L, "cudalua: kernel '%s' needs a launch configuration: k[{grid, block}](...)",
-                    kname(L, 1));
+                    cl_kernel_name(L, 1));
 }
 
 void cl_open_launch(lua_State *L) {

@@ -1,8 +1,13 @@
 /* module.c: loaded modules and the kernels in them. A kernel knows its parameters' types, read
-   by lua/cudalua/compile.lua from the compiler itself, as one code letter each:
+   by lua/cudalua/compile.lua from the compiler itself (or from PTX, a mangled name or a
+   signature the user gives), as one code letter each:
      a int8  A uint8  s int16  S uint16  i int32  I uint32  l int64  L uint64
      f float  d double  e __half  E __nv_bfloat16  b bool  p pointer  q pointer to const
-     x anything else, passed by value from a string of its exact size */
+     x anything else, passed by value from a string of its exact size
+   and, where only PTX types or sizes are known (modules loaded from files):
+     U 8 bytes: an array or an integer address (.u64)   W 4-byte integer of either sign (.u32)
+     H 2-byte integer (.u16)   B 1-byte integer or boolean (.u8)
+     y a parameter of unknown type: a string of its exact size */
 #include <string.h>
 #include "cl.h"
 
@@ -24,39 +29,73 @@ static int m_close(lua_State *L) {
   return 0;
 }
 
-/* module_load(image) -> module */
+/* module_load(image [, hint]) -> module; hint ends the message when the image has no code for
+   this device. PTX is compiled by the driver: its log is in the message when that fails. */
 static int l_module_load(lua_State *L) {
   size_t n;
   const char *img = luaL_checklstring(L, 1, &n);
+  const char *hint = luaL_optstring(L, 2, "compile for this device's architecture (leave arch unset)");
   lmodule *m = lua_newuserdatauv(L, sizeof *m, 0);
   m->m = NULL;
   luaL_setmetatable(L, MODULE_MT);
   m->ctx = cl_ctx(L);
-  CUresult r = cu.cuModuleLoadData(&m->m, img);
+  char log[4096];
+  log[0] = 0;
+  CUjit_option o[2] = {CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
+  void *v[2] = {log, (void *)(uintptr_t)sizeof log};
+  CUresult r = cu.cuModuleLoadDataEx(&m->m, img, 2, o, v);
+  log[sizeof log - 1] = 0;
   if (r == CUDA_ERROR_INVALID_IMAGE || r == CUDA_ERROR_NO_BINARY_FOR_GPU ||
-      r == CUDA_ERROR_UNSUPPORTED_PTX_VERSION)
-    return luaL_error(L, "cudalua: cannot load the compiled module on this device (%s): compile "
-                      "for this device's architecture (leave arch unset)", cl_errname(r));
-  cl_check(L, r, "loading a compiled module");
+      r == CUDA_ERROR_UNSUPPORTED_PTX_VERSION || r == CUDA_ERROR_INVALID_PTX)
+    return luaL_error(L, "cudalua: cannot load the module on this device (%s): %s%s%s", cl_errname(r),
+                      hint, *log ? "\n" : "", log);
+  if (r != CUDA_SUCCESS && *log) return luaL_error(L, "cudalua: loading a module: %s\n%s", cl_errname(r), log);
+  cl_check(L, r, "loading a module");
+  return 1;
+}
+
+/* module_functions(module) -> {names of its kernels} | nil when the driver cannot list them */
+static int l_module_functions(lua_State *L) {
+  lmodule *m = luaL_checkudata(L, 1, MODULE_MT);
+  if (!m->m) return luaL_error(L, "cudalua: module is closed");
+  unsigned n = 0;
+  if (!cu.cuModuleGetFunctionCount || !cu.cuModuleEnumerateFunctions || !cu.cuFuncGetName ||
+      cu.cuModuleGetFunctionCount(&n, m->m) != CUDA_SUCCESS) return 0;
+  CUfunction *f = lua_newuserdatauv(L, sizeof *f * (n ? n : 1), 0);
+  cl_check(L, cu.cuModuleEnumerateFunctions(f, n, m->m), "listing a module's kernels");
+  lua_createtable(L, (int)n, 0);
+  for (unsigned i = 0; i < n; i++) {
+    const char *name = NULL;
+    if (cu.cuFuncGetName(&name, f[i]) == CUDA_SUCCESS && name) {
+      lua_pushstring(L, name);
+      lua_rawseti(L, -2, (int)lua_rawlen(L, -2) + 1);
+    }
+  }
   return 1;
 }
 
 static int code_size(char c) {
   switch (c) {
-    case 'a': case 'A': case 'b': return 1;
-    case 's': case 'S': case 'e': case 'E': return 2;
-    case 'i': case 'I': case 'f': return 4;
-    case 'l': case 'L': case 'd': case 'p': case 'q': return 8;
+    case 'a': case 'A': case 'b': case 'B': return 1;
+    case 's': case 'S': case 'e': case 'E': case 'H': return 2;
+    case 'i': case 'I': case 'f': case 'W': return 4;
+    case 'l': case 'L': case 'd': case 'p': case 'q': case 'U': return 8;
   }
   return 0;
 }
 
-/* module_kernel(module, symbol, codes, info) -> kernel; info = {name=, types={...}} */
+static int func_attr(CUfunction f, CUfunction_attribute a) {
+  int v = 0;
+  return cu.cuFuncGetAttribute(&v, a, f) == CUDA_SUCCESS ? v : 0;
+}
+
+/* module_kernel(module, symbol, codes, info) -> kernel; info = {name=, types={...}}. codes nil:
+   the parameters' sizes come from the driver (U for 8 bytes, y for the others) */
 static int l_module_kernel(lua_State *L) {
   lmodule *m = luaL_checkudata(L, 1, MODULE_MT);
   const char *sym = luaL_checkstring(L, 2);
-  size_t nc;
-  const char *codes = luaL_checklstring(L, 3, &nc);
+  size_t nc = 0;
+  const char *codes = luaL_optlstring(L, 3, NULL, &nc);
   luaL_checktype(L, 4, LUA_TTABLE);
   if (!m->m) return luaL_error(L, "cudalua: module is closed");
   if (nc > CL_MAXPARAMS) return luaL_error(L, "cudalua: kernel '%s' has more than %d parameters", sym, CL_MAXPARAMS);
@@ -70,12 +109,34 @@ static int l_module_kernel(lua_State *L) {
   if (r == CUDA_ERROR_NOT_FOUND) return luaL_error(L, "cudalua: no kernel '%s' in the module", sym);
   cl_check(L, r, "cuModuleGetFunction");
   k->ctx = m->ctx;
-  k->nparams = (int)nc;
   luaL_getmetatable(L, CL_ARRAY);
   k->array_mt = lua_topointer(L, -1);
   lua_pop(L, 1);
-  /* the driver knows each parameter's size and offset: check the codes against it */
   int have_info = cu.cuFuncGetParamInfo != NULL;
+  char derived[CL_MAXPARAMS];
+  if (!codes) {
+    /* no types known: count the parameters by asking for each until the driver says no */
+    if (!have_info)
+      return luaL_error(L, "cudalua: kernel '%s': this driver cannot tell its parameters: give a "
+                        "signature, module:get(name, \"float*, int\")", sym);
+    size_t po, ps;
+    for (nc = 0; nc <= CL_MAXPARAMS && cu.cuFuncGetParamInfo(k->fn, nc, &po, &ps) == CUDA_SUCCESS; nc++)
+      if (nc < CL_MAXPARAMS) derived[nc] = ps == 8 ? 'U' : 'y';
+    if (nc > CL_MAXPARAMS) return luaL_error(L, "cudalua: kernel '%s' has more than %d parameters", sym, CL_MAXPARAMS);
+    codes = derived;
+    /* the types, said in words for messages */
+    lua_getfield(L, 4, "types");
+    if (lua_istable(L, -1))
+      for (size_t i = 0; i < nc; i++) {
+        cu.cuFuncGetParamInfo(k->fn, i, &po, &ps);
+        if (ps == 8) lua_pushliteral(L, "8 bytes: an array or an integer address");
+        else lua_pushfstring(L, "%d bytes of unknown type", (int)ps);
+        lua_rawseti(L, -2, (int)i + 1);
+      }
+    lua_pop(L, 1);
+  }
+  k->nparams = (int)nc;
+  /* the driver knows each parameter's size and offset: check the codes against it */
   size_t off = 0;
   for (int i = 0; i < (int)nc; i++) {
     size_t po = 0, ps = 0;
@@ -104,6 +165,14 @@ static int l_module_kernel(lua_State *L) {
       return luaL_error(L, "cudalua: kernel '%s': the driver reports more parameters than %d", sym, (int)nc);
   }
   k->argbytes = off;
+  /* what launches check without a driver call: shared memory, the binary's architecture and
+     compile-time cluster dimensions */
+  k->dyn_max = (unsigned)func_attr(k->fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES);
+  k->static_shared = func_attr(k->fn, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES);
+  k->binary_version = func_attr(k->fn, CU_FUNC_ATTRIBUTE_BINARY_VERSION);
+  k->req_cluster[0] = (unsigned)func_attr(k->fn, CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH);
+  k->req_cluster[1] = (unsigned)func_attr(k->fn, CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT);
+  k->req_cluster[2] = (unsigned)func_attr(k->fn, CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH);
   return 1;
 }
 
@@ -112,25 +181,94 @@ cl_kernel *cl_checkkernel(lua_State *L, int idx) {
   return k;
 }
 
+/* the function attributes, by the names k:attributes() and k:set_attribute() use */
+static const struct { const char *n; CUfunction_attribute a; int writable; } fattrs[] = {
+  {"max_threads_per_block", CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, 0},
+  {"shared_size_bytes", CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, 0},
+  {"const_size_bytes", CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES, 0},
+  {"local_size_bytes", CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, 0},
+  {"num_regs", CU_FUNC_ATTRIBUTE_NUM_REGS, 0},
+  {"ptx_version", CU_FUNC_ATTRIBUTE_PTX_VERSION, 0},
+  {"binary_version", CU_FUNC_ATTRIBUTE_BINARY_VERSION, 0},
+  {"cache_mode_ca", CU_FUNC_ATTRIBUTE_CACHE_MODE_CA, 0},
+  {"cluster_size_must_be_set", CU_FUNC_ATTRIBUTE_CLUSTER_SIZE_MUST_BE_SET, 0},
+  {"max_dynamic_shared_size_bytes", CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 1},
+  {"preferred_shared_memory_carveout", CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 1},
+  {"required_cluster_width", CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH, 1},
+  {"required_cluster_height", CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT, 1},
+  {"required_cluster_depth", CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH, 1},
+  {"non_portable_cluster_size_allowed", CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1},
+  {"cluster_scheduling_policy_preference", CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE, 1}};
+#define NFATTRS (sizeof fattrs / sizeof fattrs[0])
+static const char *const cache_configs[] = {"prefer_none", "prefer_shared", "prefer_l1", "prefer_equal", NULL};
+static const CUfunc_cache cache_values[] = {CU_FUNC_CACHE_PREFER_NONE, CU_FUNC_CACHE_PREFER_SHARED,
+                                            CU_FUNC_CACHE_PREFER_L1, CU_FUNC_CACHE_PREFER_EQUAL};
+
+/* k:attributes() -> {name = value}: registers, memory sizes, versions, shared memory and
+   cluster settings, and the cache preference last set */
 static int k_attributes(lua_State *L) {
   cl_kernel *k = cl_checkkernel(L, 1);
-  static const struct { const char *n; CUfunction_attribute a; } at[] = {
-    {"max_threads_per_block", CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK},
-    {"shared_size_bytes", CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES},
-    {"const_size_bytes", CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES},
-    {"local_size_bytes", CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES},
-    {"num_regs", CU_FUNC_ATTRIBUTE_NUM_REGS},
-    {"ptx_version", CU_FUNC_ATTRIBUTE_PTX_VERSION},
-    {"binary_version", CU_FUNC_ATTRIBUTE_BINARY_VERSION}};
-  cl_ctx(L);
-  lua_createtable(L, 0, 8);
-  for (size_t i = 0; i < sizeof at / sizeof at[0]; i++) {
+  cl_kernel_ctx(L, k);
+  lua_createtable(L, 0, NFATTRS + 1);
+  for (size_t i = 0; i < NFATTRS; i++) {
     int v = 0;
-    cl_check(L, cu.cuFuncGetAttribute(&v, at[i].a, k->fn), "kernel:attributes");
+    CUresult r = cu.cuFuncGetAttribute(&v, fattrs[i].a, k->fn);
+    if (r == CUDA_ERROR_INVALID_VALUE && i >= 7) continue;   /* newer than this driver */
+    cl_check(L, r, "kernel:attributes");
     lua_pushinteger(L, v);
-    lua_setfield(L, -2, at[i].n);
+    lua_setfield(L, -2, fattrs[i].n);
   }
+  lua_pushstring(L, cache_configs[k->cache_config]);
+  lua_setfield(L, -2, "cache_config");
   return 1;
+}
+
+/* k:set_attribute(name, value): the writable function attributes, and cache_config */
+static int k_set_attribute(lua_State *L) {
+  cl_kernel *k = cl_checkkernel(L, 1);
+  const char *name = luaL_checkstring(L, 2);
+  cl_kernel_ctx(L, k);
+  if (!strcmp(name, "cache_config")) {
+    int c = luaL_checkoption(L, 3, NULL, cache_configs);
+    cl_check(L, cu.cuFuncSetCacheConfig(k->fn, cache_values[c]), "kernel:set_attribute('cache_config')");
+    k->cache_config = (unsigned char)c;
+    k->occ_block = 0;
+    return 0;
+  }
+  size_t i = 0;
+  while (i < NFATTRS && strcmp(fattrs[i].n, name)) i++;
+  if (i == NFATTRS || !fattrs[i].writable) {
+    luaL_Buffer b;
+    luaL_buffinit(L, &b);
+    for (size_t j = 0; j < NFATTRS; j++)
+      if (fattrs[j].writable) { luaL_addstring(&b, fattrs[j].n); luaL_addstring(&b, ", "); }
+    luaL_addstring(&b, "cache_config");
+    luaL_pushresult(&b);
+    return luaL_error(L, "cudalua: kernel:set_attribute: %s '%s' (writable: %s)",
+                      i == NFATTRS ? "unknown attribute" : "read-only attribute", name, lua_tostring(L, -1));
+  }
+  int v;
+  if (lua_type(L, 3) == LUA_TBOOLEAN) v = lua_toboolean(L, 3);
+  else {
+    int isint;
+    lua_Integer x = lua_tointegerx(L, 3, &isint);
+    if (!isint || x < -1 || x > 0x7fffffff)
+      return luaL_error(L, "cudalua: kernel:set_attribute('%s'): expected an integer >= -1, got %s", name,
+                        luaL_tolstring(L, 3, NULL));
+    v = (int)x;
+  }
+  CUresult r = cu.cuFuncSetAttribute(k->fn, fattrs[i].a, v);
+  if (r != CUDA_SUCCESS) {
+    const char *es = NULL;
+    cu.cuGetErrorString(r, &es);
+    return luaL_error(L, "cudalua: kernel:set_attribute('%s', %d): %s (%s)", name, v, cl_errname(r), es ? es : "");
+  }
+  if (fattrs[i].a == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES) k->dyn_max = (unsigned)v;
+  if (fattrs[i].a == CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH) k->req_cluster[0] = (unsigned)v;
+  if (fattrs[i].a == CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT) k->req_cluster[1] = (unsigned)v;
+  if (fattrs[i].a == CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH) k->req_cluster[2] = (unsigned)v;
+  k->occ_block = 0;   /* occupancy depends on these */
+  return 0;
 }
 
 /* makes the kernel's context current (its device's, whichever device is selected) */
@@ -193,7 +331,7 @@ void cl_open_module(lua_State *L) {
   lua_pushcfunction(L, k_tostring); lua_setfield(L, -2, "__tostring");
   lua_pop(L, 1);
   static const luaL_Reg methods[] = {
-    {"attributes", k_attributes}, {"occupancy", k_occupancy}, {"info", k_info},
+    {"attributes", k_attributes}, {"set_attribute", k_set_attribute}, {"occupancy", k_occupancy}, {"info", k_info},
     {"handle", k_handle}, {NULL, NULL}};
   /* kernel methods live in a table Lua can extend (methods are added from launch.c) */
   luaL_newlib(L, methods);
@@ -202,4 +340,5 @@ void cl_open_module(lua_State *L) {
   lua_setfield(L, -2, "kernel_methods");
   lua_pushcfunction(L, l_module_load); lua_setfield(L, -2, "module_load");
   lua_pushcfunction(L, l_module_kernel); lua_setfield(L, -2, "module_kernel");
+  lua_pushcfunction(L, l_module_functions); lua_setfield(L, -2, "module_functions");
 }

@@ -7,7 +7,7 @@
 local core = ...
 local M = {}
 
-local MAGIC = "cudalua-cache-1"
+local MAGIC = "cudalua-cache-2"
 local memory, nmemory = {}, 0 -- modules stay while the process runs (at most 512 of them)
 local warned = false
 M.stats = { memory_hits = 0, disk_hits = 0, misses = 0, writes = 0 }
@@ -60,9 +60,10 @@ function M.put_memory(key, mod)
   memory[key] = mod
 end
 
--- entry = {image=, ptx=, log=, info={expr={symbol=, codes=, types=, error=}}}
+-- entry = {image=, kind= ("cubin", "ptx", "ltoir"), ptx= (a cubin's PTX or nil),
+--          relocatable=, log=, info={expr={symbol=, codes=, types=, error=}}}
 local function encode(hash, e)
-  local f = { MAGIC, hash, e.ptx and "1" or "0", e.log or "" }
+  local f = { MAGIC, hash, e.kind, e.relocatable and "1" or "0", e.log or "" }
   local names = {}
   for expr in pairs(e.info) do names[#names + 1] = expr end
   table.sort(names)
@@ -76,6 +77,7 @@ local function encode(hash, e)
     f[#f + 1] = table.concat(i.types or {}, "\0")
   end
   f[#f + 1] = e.image
+  f[#f + 1] = e.ptx or ""
   for i, s in ipairs(f) do f[i] = #s .. ":" .. s end
   local body = table.concat(f)
   return body .. core.hash(body)
@@ -94,8 +96,8 @@ local function decode(hash, data)
     pos = colon + 1 + len
   end
   if fields[1] ~= MAGIC or fields[2] ~= hash then return nil end
-  local e = { ptx = fields[3] == "1", log = fields[4], info = {} }
-  local n, at = tonumber(fields[5]), 6
+  local e = { kind = fields[3], relocatable = fields[4] == "1", log = fields[5], info = {} }
+  local n, at = tonumber(fields[6]), 7
   if not n then return nil end
   for _ = 1, n do
     local expr, sym, codes, err, types = table.unpack(fields, at, at + 4)
@@ -108,7 +110,8 @@ local function decode(hash, data)
     at = at + 5
   end
   e.image = fields[at]
-  if not e.image or fields[at + 1] then return nil end
+  e.ptx = fields[at + 1] ~= "" and fields[at + 1] or nil
+  if not e.image or not fields[at + 1] or fields[at + 2] then return nil end
   return e
 end
 

@@ -4,6 +4,7 @@
 -- __cudalua_sig<decltype(kernel)>, whose mangled name spells the kernel's parameter types.
 local core = ...
 local cache = require "cudalua.cache"
+local modules = require "cudalua.module"
 local M = {}
 
 local PROBE = "__cudalua_sig"
@@ -22,7 +23,8 @@ local code_of = { bool = "b", char = "a", ["signed char"] = "a", ["unsigned char
 local std_abbrev = { a = "std::allocator", b = "std::basic_string", s = "std::string",
   i = "std::istream", o = "std::ostream", d = "std::iostream" }
 
-local function demangle_params(s)
+-- mode "function": a plain mangled function name, _Z<name><params>, as nvcc names C++ kernels
+local function demangle_params(s, mode)
   local pos, subs = 1, {}
   local function fail(why) error(("cannot read the type signature %s (%s at %d)"):format(s, why, pos), 0) end
   local function peek(n) return s:sub(pos, pos + (n or 1) - 1) end
@@ -148,6 +150,14 @@ local function demangle_params(s)
   -- _Z <len>__cudalua_sig I F ... E E v v
   if s:sub(1, 2) ~= "_Z" then fail("not a mangled name") end
   pos = 3
+  if mode == "function" then
+    if peek() == "N" then parse_type() else add { kind = "class", name = source_name() } end
+    if peek() == "I" then fail("a template function") end
+    local params = {}
+    while pos <= #s do params[#params + 1] = parse_type() end
+    if #params == 1 and params[1].name == "void" then params = {} end
+    return params
+  end
   add { kind = "class", name = source_name() } -- the template name is substitution S_
   if peek() ~= "I" then fail("expected template arguments") end
   local args = template_args()
@@ -174,6 +184,11 @@ local function param_codes(params)
   return table.concat(codes), types
 end
 M.demangle_params, M.param_codes = demangle_params, param_codes
+-- the types of a C++ kernel from its mangled name, or nil where it cannot be read
+function M.demangle_function(sym)
+  local ok, params = pcall(demangle_params, sym, "function")
+  return ok and params or nil
+end
 
 ---------------------------------------------------------------------------------------------
 -- finding the kernels in a source: names of non-template __global__ functions
@@ -226,32 +241,131 @@ local function find_kernels(src)
 end
 M.find_kernels = find_kernels
 
+modules.demangle_function, modules.param_codes = M.demangle_function, param_codes
+
 ---------------------------------------------------------------------------------------------
--- where the CUDA headers are, for #include <cuda_fp16.h> and friends
-local include_dir
-local function cuda_include()
-  if include_dir ~= nil then return include_dir end
-  include_dir = false
+-- the toolkit's headers: <cuda_fp16.h> and friends in include/, CCCL (CUB, libcu++, Thrust)
+-- in include/cccl. Looked for under CUDA_HOME, CUDA_PATH, CUDA_DIR, next to the NVRTC library
+-- in use, then /usr/local/cuda.
+local toolkit
+local function toolkit_includes()
+  if toolkit then return toolkit end
+  toolkit = {}
   local nvpath = core.nvrtc_identity():match("^(.*):%d+:%d+$")
   local cands = { os.getenv("CUDA_HOME"), os.getenv("CUDA_PATH"), os.getenv("CUDA_DIR"),
-                  "/usr/local/cuda", nvpath and nvpath:match("^(.*)/lib[^/]*/[^/]*$"),
-                  nvpath and nvpath:match("^(.*)/lib[^/]*/[^/]*/[^/]*$") }
+                  nvpath and nvpath:match("^(.*)/lib[^/]*/[^/]*$"),
+                  nvpath and nvpath:match("^(.*)/lib[^/]*/[^/]*/[^/]*$"), "/usr/local/cuda" }
   for i = 1, 6 do
     local base = cands[i]
-    if base and base ~= "" then
-      local f = io.open(base .. "/include/cuda_fp16.h")
-      if f then f:close(); include_dir = base .. "/include"; break end
+    if base and base ~= "" and core.file_info(base .. "/include/cuda_fp16.h") then
+      toolkit.include = base .. "/include"
+      if core.file_info(base .. "/include/cccl/cuda/std/version") then toolkit.cccl = base .. "/include/cccl" end
+      break
     end
   end
-  return include_dir
+  return toolkit
+end
+M.toolkit_includes = toolkit_includes
+
+-- NVRTC has no standard library headers: these names stand for libcu++'s counterparts (see
+-- kernels/cudalua/nvrtc/std.h), so kernels written for nvcc compile unchanged
+local STD = {
+  cstdint = "cstdint", ["stdint.h"] = "cstdint", climits = "climits", ["limits.h"] = "climits",
+  cfloat = "cfloat", ["float.h"] = "cfloat", cmath = "cmath", ["math.h"] = "cmath",
+  cstddef = "cstddef", ["stddef.h"] = "cstddef", cstdlib = "cstdlib", ["stdlib.h"] = "cstdlib",
+  cstring = "cstring", ["string.h"] = "cstring", cassert = "cassert", ["assert.h"] = "cassert",
+  cstdio = "cstddef", ["stdio.h"] = "cstddef", ctime = "ctime", ["time.h"] = "ctime",
+  cstdbool = "cstddef", ["stdbool.h"] = "cstddef", new = "cstddef", initializer_list = "cstddef",
+  type_traits = "type_traits", utility = "utility", limits = "limits", array = "array",
+  tuple = "tuple", complex = "complex", functional = "functional", algorithm = "functional",
+  bit = "bit", numeric = "numeric", optional = "optional", variant = "variant", span = "span",
+  mdspan = "mdspan", atomic = "atomic", barrier = "barrier", latch = "latch",
+  semaphore = "semaphore", iterator = "iterator", memory = "memory", chrono = "chrono",
+  ratio = "ratio", concepts = "concepts", expected = "expected", numbers = "numbers",
+  bitset = "bitset", ranges = "ranges", source_location = "source_location", version = "version",
+}
+local STD_EXTRA = { cfloat = "cudalua/nvrtc/cfloat.h", cmath = "cudalua/nvrtc/cmath.h" }
+M.std_headers = STD
+
+-- the in-memory headers every compile gets: cudalua's own, the standard-header stand-ins
+-- and, with CCCL, <cub/cub.cuh> without its host-side parts (device-wide algorithms and the
+-- caching allocator are host code, which NVRTC cannot compile)
+local shipped
+local function shipped_headers()
+  if shipped then return shipped end
+  shipped = {}
+  for _, h in ipairs(core.headers) do shipped[#shipped + 1] = h end
+  local names = {}
+  for name in pairs(STD) do names[#names + 1] = name end
+  table.sort(names)
+  for _, name in ipairs(names) do
+    local to = STD[name]
+    local text = ("#pragma once\n#include <cuda/std/%s>\n#include <cudalua/nvrtc/std.h>\n"):format(to)
+    if STD_EXTRA[to] then text = text .. "#include <" .. STD_EXTRA[to] .. ">\n" end
+    shipped[#shipped + 1] = { name, text }
+  end
+  local cccl = toolkit_includes().cccl
+  local f = cccl and io.open(cccl .. "/cub/cub.cuh")
+  if f then
+    local umbrella = f:read("a"):gsub("\n#include <cub/device/[^\n]*", "\n"):gsub("\n#include <cub/util_allocator.cuh>", "\n")
+    f:close()
+    shipped[#shipped + 1] = { "cub/cub.cuh", "// cudalua: CUB's umbrella header without its host-side parts\n" .. umbrella }
+  end
+  return shipped
 end
 
+---------------------------------------------------------------------------------------------
+-- the user's own header files a source includes (quoted includes next to the including file,
+-- and anything in opts.include_dirs), read so that their text is part of the cache key: an
+-- edited header compiles again. Toolkit headers are covered by the NVRTC library's identity.
+-- Returns the files as "path\0text" pieces, or nil when an include is computed by a macro.
+local function dirname(path) return path:match("^(.*)/[^/]*$") or "." end
+
+local function user_headers(src, name, include_dirs)
+  if not src:find("#%s*include") then return "" end
+  local parts, seen = {}, {}
+  local function find(file, dir, quoted)
+    if file:sub(1, 1) == "/" then return core.file_info(file) and file or nil end
+    if quoted then
+      local p = dir .. "/" .. file
+      if core.file_info(p) then return p end
+    end
+    for _, d in ipairs(include_dirs) do
+      local p = d .. "/" .. file
+      if core.file_info(p) then return p end
+    end
+  end
+  local function scan(text, dir)
+    for line in text:gmatch("[^\n]+") do
+      local rest = line:match("^%s*#%s*include%s*(.*)")
+      if rest then
+        local q, a = rest:match('^"([^"]+)"'), rest:match("^<([^>]+)>")
+        if not q and not a then return false end -- #include MACRO
+        local path = find(q or a, dir, q ~= nil)
+        if path and not seen[path] then
+          seen[path] = true
+          local f = io.open(path, "rb")
+          local body = f and f:read("a")
+          if f then f:close() end
+          if body then
+            parts[#parts + 1] = path .. "\0" .. body
+            if scan(body, dirname(path)) == false then return false end
+          end
+        end
+      end
+    end
+  end
+  if scan(src, dirname(name)) == false then return nil end
+  return table.concat(parts, "\0")
+end
+
+---------------------------------------------------------------------------------------------
 -- "cc90": the current device's compute capability, for cache keys (needs no NVRTC)
 -- also returns the device and its compute_capability {major, minor}; level: as error()'s
 local cc_of, cap_of = {}, {}
-local function device_cc(level)
+local function device_cc(level, what)
   if not core.is_available() then
-    error("cuda.compile: " .. core.driver_error() .. "; give opts.arch (e.g. \"sm_90\") to compile without a GPU", level or 3)
+    error((what or "cuda.compile") .. ": " .. core.driver_error() .. "; give opts.arch (e.g. \"sm_90\") to compile without a GPU", level or 3)
   end
   local dev = core.current_device()
   if not cc_of[dev] then
@@ -261,9 +375,11 @@ local function device_cc(level)
   return cc_of[dev], dev, cap_of[dev]
 end
 
+-- the arch NVRTC compiles for: the device's own (sm_90a on Hopper, so that its architecture-
+-- specific features work), or PTX of the newest NVRTC knows for a newer device
 local arch_of = {}
-local function device_arch()
-  local _, dev, cc = device_cc(4)
+local function device_arch(level, what)
+  local _, dev, cc = device_cc((level or 3) + 1, what)
   if arch_of[dev] then return arch_of[dev] end
   local want = cc[1] * 10 + cc[2]
   local archs = core.nvrtc_archs()
@@ -272,102 +388,83 @@ local function device_arch()
     if a == want then arch_of[dev] = "sm_" .. want; return arch_of[dev] end
     if a <= want and a > best then best = a end
   end
-  if best == 0 then error(("cuda.compile: NVRTC cannot compile for compute capability %d.%d"):format(cc[1], cc[2]), 3) end
+  if best == 0 then error(("%s: NVRTC cannot compile for compute capability %d.%d"):format(what or "cuda.compile", cc[1], cc[2]), level or 3) end
   arch_of[dev] = "compute_" .. best -- PTX the driver compiles for the newer device
   return arch_of[dev]
 end
+M.device_arch = device_arch
 
-local function check_opts(opts)
+local COMPILE_OPTS = { options = "table", name = "string", headers = "table", arch = "string",
+  name_expressions = "table", cache = "boolean", include_dirs = "table", relocatable = "boolean",
+  lto = "boolean", debug = "boolean", lineinfo = "boolean" }
+
+local function check_table(opts, known, where, level)
   if opts == nil then return {} end
-  if type(opts) ~= "table" then error("cuda.compile: opts must be a table, got " .. type(opts), 3) end
-  local known = { options = "table", name = "string", headers = "table", arch = "string",
-                  name_expressions = "table", cache = "boolean" }
+  if type(opts) ~= "table" then error(("%s: opts must be a table, got %s"):format(where, type(opts)), level) end
   for k, v in pairs(opts) do
-    if not known[k] then error(("cuda.compile: unknown option '%s'"):format(tostring(k)), 3) end
+    if not known[k] then
+      local names = {}
+      for n in pairs(known) do names[#names + 1] = n end
+      table.sort(names)
+      error(("%s: unknown option '%s' (%s)"):format(where, tostring(k), table.concat(names, ", ")), level)
+    end
     if type(v) ~= known[k] then
-      error(("cuda.compile: opts.%s must be a %s, got %s"):format(k, known[k], type(v)), 3)
+      error(("%s: opts.%s must be a %s, got %s"):format(where, k, known[k], type(v)), level)
     end
-  end
-  for i, o in ipairs(opts.options or {}) do
-    if type(o) ~= "string" then error(("cuda.compile: opts.options[%d] must be a string"):format(i), 3) end
-  end
-  for k, v in pairs(opts.headers or {}) do
-    if type(k) ~= "string" or type(v) ~= "string" then
-      error("cuda.compile: opts.headers maps header names to their source text (strings)", 3)
-    end
-  end
-  for i, e in ipairs(opts.name_expressions or {}) do
-    if type(e) ~= "string" then error(("cuda.compile: opts.name_expressions[%d] must be a string"):format(i), 3) end
-  end
-  if opts.arch and not opts.arch:match("^sm_%d+a?$") and not opts.arch:match("^compute_%d+a?$") then
-    error(("cuda.compile: arch must look like \"sm_90\" or \"compute_90\", got %q"):format(opts.arch), 3)
   end
   return opts
 end
 
----------------------------------------------------------------------------------------------
--- modules: compiled images, loaded on the device on first use of a kernel
-local Module = {}
-local state = setmetatable({}, { __mode = "k" }) -- module -> private fields
-
-local function load(mod)
-  local st = state[mod]
-  if not st.handle then st.handle = core.module_load(st.image) end -- a cubin, or PTX the driver compiles
-  return st.handle
-end
-
-local function get_kernel(mod, expr, level)
-  local st = state[mod]
-  local k = st.kernels[expr]
-  if k then return k end
-  local info = st.info[expr]
-  if not info then
-    local known = {}
-    for name in pairs(st.info) do known[#known + 1] = name end
-    table.sort(known)
-    error(("cudalua: no kernel '%s' in module %s (kernels: %s)"):format(expr, st.name,
-          #known > 0 and table.concat(known, ", ") or "none found"), level + 1)
+local function check_strings(list, what, where, level)
+  for i = 1, #list do
+    if type(list[i]) ~= "string" then error(("%s: %s[%d] must be a string"):format(where, what, i), level) end
   end
-  if info.error then
-    error(("cudalua: kernel '%s': %s"):format(expr, info.error), level + 1)
+end
+
+local function check_arch(arch, where, level)
+  if arch and not arch:match("^sm_%d+[af]?$") and not arch:match("^compute_%d+[af]?$") then
+    error(("%s: arch must look like \"sm_90\" or \"compute_90\", got %q"):format(where, arch), level)
   end
-  k = core.module_kernel(load(mod), info.symbol, info.codes, { name = expr, types = info.types,
-                                                              symbol = info.symbol })
-  st.kernels[expr] = k
-  return k
 end
 
-function Module.get(mod, expr)
-  if type(expr) ~= "string" then error("module:get: expected a kernel name or name expression", 2) end
-  return get_kernel(mod, expr, 2)
+local function check_opts(opts)
+  opts = check_table(opts, COMPILE_OPTS, "cuda.compile", 4)
+  check_strings(opts.options or {}, "opts.options", "cuda.compile", 4)
+  for k, v in pairs(opts.headers or {}) do
+    if type(k) ~= "string" or type(v) ~= "string" then
+      error("cuda.compile: opts.headers maps header names to their source text (strings)", 4)
+    end
+  end
+  check_strings(opts.name_expressions or {}, "opts.name_expressions", "cuda.compile", 4)
+  check_strings(opts.include_dirs or {}, "opts.include_dirs", "cuda.compile", 4)
+  for i, d in ipairs(opts.include_dirs or {}) do
+    local is_dir = select(3, core.file_info(d))
+    if not is_dir then error(("cuda.compile: opts.include_dirs[%d] is not a directory: %s"):format(i, d), 4) end
+  end
+  check_arch(opts.arch, "cuda.compile", 4)
+  if opts.lto and opts.arch and opts.arch:match("^compute_") then
+    error("cuda.compile: lto = true needs an sm_ arch (LTO-IR is linked for a real architecture)", 4)
+  end
+  return opts
 end
 
-function Module.kernels(mod)
-  local t = {}
-  for name in pairs(state[mod].info) do t[#t + 1] = name end
-  table.sort(t)
-  return t
+local function has_option(options, names)
+  for _, o in ipairs(options) do
+    for _, n in ipairs(names) do
+      if o == n or o:sub(1, #n + 1) == n .. "=" then return true end
+    end
+  end
+  return false
 end
 
-function Module.image(mod) return state[mod].image end
-function Module.log(mod) return state[mod].log end
-
-local module_mt = {
-  __index = function(mod, key)
-    local m = Module[key]
-    if m then return m end
-    return get_kernel(mod, key, 2)
-  end,
-  __newindex = function() error("cudalua: modules are read-only", 2) end,
-  __tostring = function(mod) return "cudalua.module<" .. state[mod].name .. ">" end,
-  __name = "cudalua.module",
-}
-
-local function new_module(e, name, arch)
-  local mod = setmetatable({}, module_mt)
-  state[mod] = { image = e.image, log = e.log, info = e.info, kernels = {}, name = name,
-                 ptx = e.ptx, arch = arch }
-  return mod
+-- options that ptxas itself takes, or that make relocatable or debug code: with any of them
+-- NVRTC makes the cubin itself
+local PTXAS_OPTIONS = { "-Xptxas", "--ptxas-options", "-maxrregcount", "--maxrregcount", "-G",
+  "--device-debug", "-rdc", "--relocatable-device-code", "-dc", "--device-c", "-dw", "--device-w",
+  "-ewp", "--extensible-whole-program", "-dlto", "--dlink-time-opt", "-dopt", "--dopt" }
+local function assemble_from_ptx(opts, options)
+  if opts.debug or opts.relocatable or opts.lto or has_option(options, PTXAS_OPTIONS) then return false end
+  return core.jitlink_version() ~= nil
 end
 
 ---------------------------------------------------------------------------------------------
@@ -379,40 +476,60 @@ function M.compile(src, opts)
   local arch = opts.arch
   local arch_key = arch or device_cc()
   local name = opts.name or "cudalua_kernel.cu"
+  local output = opts.lto and "ltoir" or nil
   local options = {}
-  local inc = cuda_include()
-  if inc then options[#options + 1] = "-I" .. inc end
+  local tk = toolkit_includes()
+  if tk.include then options[#options + 1] = "-I" .. tk.include end
+  if tk.cccl then options[#options + 1] = "-I" .. tk.cccl end
+  for _, d in ipairs(opts.include_dirs or {}) do options[#options + 1] = "-I" .. d end
+  if opts.relocatable then options[#options + 1] = "-rdc=true" end
+  if opts.lto then options[#options + 1] = "-dlto" end
+  if opts.debug then options[#options + 1] = "-G" end
+  if opts.debug or opts.lineinfo then options[#options + 1] = "-lineinfo" end
   for _, o in ipairs(opts.options or {}) do
     -- NVRTC always optimises and knows no -O1..-O3: accepted for nvcc habits, and left out
     if not o:match("^%-O[123]$") then options[#options + 1] = o end
   end
-  local headers = {}
-  for _, h in ipairs(core.headers) do headers[#headers + 1] = h end
-  local user_headers = {}
-  for k in pairs(opts.headers or {}) do user_headers[#user_headers + 1] = k end
-  table.sort(user_headers)
-  for _, k in ipairs(user_headers) do headers[#headers + 1] = { k, opts.headers[k] } end
+  local user_names = {}
+  for k in pairs(opts.headers or {}) do user_names[#user_names + 1] = k end
+  table.sort(user_names)
 
   local key, mkey
-  if opts.cache ~= false then
+  local deps = opts.cache ~= false and user_headers(src, name, opts.include_dirs or {})
+  if deps then
     local hparts = {}
-    for _, k in ipairs(user_headers) do hparts[#hparts + 1] = #k .. ":" .. k .. #opts.headers[k] .. ":" .. opts.headers[k] end
+    for _, k in ipairs(user_names) do hparts[#hparts + 1] = #k .. ":" .. k .. #opts.headers[k] .. ":" .. opts.headers[k] end
     key = cache.key { arch_key, name, table.concat(options, "\0"), table.concat(hparts),
-                      table.concat(opts.name_expressions or {}, "\0"), src }
+                      table.concat(opts.name_expressions or {}, "\0"), deps, src }
     -- a module loads into one device's context: the memory cache is per device as well
     mkey = key .. "\0" .. (core.is_available() and core.current_device() or "")
     local mod = cache.get_memory(mkey)
     if mod then return mod end
     local e = cache.get_disk(key)
     if e then
-      mod = new_module(e, name, arch_key)
+      mod = modules.new { image = e.image, kind = e.kind, log = e.log, info = e.info, ptx = e.ptx,
+                          name = name, arch = arch_key, relocatable = e.relocatable, source = true }
       cache.put_memory(mkey, mod)
       return mod
     end
     cache.stats.misses = cache.stats.misses + 1
   end
   arch = arch or device_arch()
-  table.insert(options, 1, "-arch=" .. arch)
+  if opts.lto and arch:match("^compute_") then
+    error("cuda.compile: lto = true needs an sm_ arch; this device's is newer than NVRTC knows", 2)
+  end
+  if not output then output = arch:match("^compute_") and "ptx" or "cubin" end
+  -- a cubin is made from NVRTC's PTX by nvJitLink, once the variables nothing uses are out
+  -- of it (core.ptx_strip says why), unless ptxas is given options of its own here
+  local via_ptx = output == "cubin" and assemble_from_ptx(opts, options)
+  table.insert(options, 1, "-arch=" .. (via_ptx and arch:gsub("^sm_", "compute_") or arch))
+  local nvrtc_output = via_ptx and "ptx" or output
+  -- the headers: the user's win over cudalua's stand-ins of the same name
+  local headers = {}
+  for _, h in ipairs(shipped_headers()) do
+    if not (opts.headers and opts.headers[h[1]]) then headers[#headers + 1] = h end
+  end
+  for _, k in ipairs(user_names) do headers[#headers + 1] = { k, opts.headers[k] } end
 
   local found = find_kernels(src)
   -- the kernels to look up: the given scanned ones, then the user's name expressions
@@ -428,9 +545,8 @@ function M.compile(src, opts)
     for _, e in ipairs(list) do ex[#ex + 1] = e; ex[#ex + 1] = PROBE .. "<decltype(" .. e .. ")>" end
     return ex
   end
-  local ptx = arch:match("^compute_") ~= nil
-  local image, log, lowered = core.nvrtc_compile(src .. PROBE_SRC, name, options, headers,
-                                                 exprs_for(wanted), ptx)
+  local image, log, lowered, ptx = core.nvrtc_compile(src .. PROBE_SRC, name, options, headers,
+                                                      exprs_for(wanted), nvrtc_output)
   if not image and #found > 0 and log:find(PROBE, 1, true) then
     -- leave out the scanned kernels the log names (overloaded, in a namespace, ...)
     local keep, dropped = {}, false
@@ -441,21 +557,31 @@ function M.compile(src, opts)
     end
     if dropped then
       local w = with_user(keep)
-      local i2, l2, x2 = core.nvrtc_compile(src .. PROBE_SRC, name, options, headers, exprs_for(w), ptx)
-      if i2 then image, log, lowered, wanted, found = i2, l2, x2, w, keep end
+      local i2, l2, x2, p2 = core.nvrtc_compile(src .. PROBE_SRC, name, options, headers, exprs_for(w), nvrtc_output)
+      if i2 then image, log, lowered, ptx, wanted, found = i2, l2, x2, p2, w, keep end
     end
   end
   if not image and #found > 0 and log:find(PROBE, 1, true) then
     -- a kernel found by scanning could not be probed (overloaded, in a namespace): compile
     -- again with only the user's name expressions
     wanted = with_user({})
-    image, log, lowered = core.nvrtc_compile(src .. PROBE_SRC, name, options, headers,
-                                             exprs_for(wanted), ptx)
+    image, log, lowered, ptx = core.nvrtc_compile(src .. PROBE_SRC, name, options, headers,
+                                                  exprs_for(wanted), nvrtc_output)
     found = {}
   end
   if not image then
     local msg = (log or ""):gsub("%s+$", "")
     error(("cuda.compile: %s failed to compile (%s):\n%s"):format(name, lowered, msg), 2)
+  end
+  if via_ptx then
+    ptx = core.ptx_strip(image)
+    local jopts = { "-arch=" .. arch }
+    if opts.lineinfo or has_option(options, { "-lineinfo", "--generate-line-info" }) then jopts[2] = "-lineinfo" end
+    local cubin, jlog, err = core.jitlink({ { ptx, name } }, jopts, false)
+    if not cubin then
+      error(("cuda.compile: %s failed to assemble (%s):\n%s"):format(name, err, (jlog or ""):gsub("%s+$", "")), 2)
+    end
+    image, log = cubin, log .. jlog
   end
   local info = {}
   for _, e in ipairs(wanted) do
@@ -472,8 +598,10 @@ function M.compile(src, opts)
       info[e] = entry
     end
   end
-  local e = { image = image, log = log, info = info, ptx = ptx }
-  local mod = new_module(e, name, arch)
+  local e = { image = image, kind = output, log = log, info = info, ptx = ptx,
+              relocatable = opts.relocatable or opts.lto or false }
+  local mod = modules.new { image = image, kind = output, log = log, info = info, ptx = ptx, name = name,
+                            arch = arch, relocatable = e.relocatable, source = true }
   if key then
     cache.put_memory(mkey, mod)
     cache.put_disk(key, e)
@@ -484,7 +612,121 @@ end
 function M.kernel(src, name, opts)
   if type(name) ~= "string" then error("cuda.kernel: expected the kernel's name as argument 2", 2) end
   local mod = M.compile(src, opts)
-  return get_kernel(mod, name, 2)
+  return mod:get(name)
+end
+
+---------------------------------------------------------------------------------------------
+-- cuda.load_module(path or bytes [, opts]): a cubin, fatbin, PTX or LTO-IR built elsewhere
+local LOAD_OPTS = { name = "string", arch = "string" }
+local KIND_NAMES = { cubin = "a cubin", fatbin = "a fatbin", ptx = "PTX", ltoir = "LTO-IR" }
+
+-- the bytes of an image given as bytes or as a file's path, its kind and a name for it
+local function image_of(v, where, level)
+  if type(v) ~= "string" then error(("%s: expected a path or the bytes of an image, got %s"):format(where, type(v)), level) end
+  local kind = modules.image_kind(v)
+  if kind then return v, kind, nil end
+  if #v > 4096 or v:find("%z") or v:find("\n") then
+    error(("%s: not a cubin, fatbin, PTX or LTO-IR image (it starts with %q)"):format(where, v:sub(1, 8)), level)
+  end
+  local f, err = io.open(v, "rb")
+  if not f then error(("%s: cannot open %s"):format(where, err), level) end
+  local data = f:read("a")
+  f:close()
+  if not data then error(("%s: cannot read %s"):format(where, v), level) end
+  kind = modules.image_kind(data)
+  if not kind then
+    error(("%s: %s is not a cubin, fatbin, PTX or LTO-IR image (it starts with %q)"):format(where, v, data:sub(1, 8)), level)
+  end
+  return data, kind, v
+end
+
+-- LTO-IR is linked into a cubin by nvJitLink before it can be loaded
+local function jitlink(inputs, arch, lto, extra, where, level)
+  local have, why = core.jitlink_version()
+  if not have then error(why, level) end
+  local options = { "-arch=" .. arch }
+  if lto then options[#options + 1] = "-lto" end
+  for _, o in ipairs(extra or {}) do options[#options + 1] = o end
+  local cubin, log, err = core.jitlink(inputs, options, false)
+  if not cubin then
+    error(("%s: linking failed (%s):\n%s"):format(where, err, (log or ""):gsub("%s+$", "")), level)
+  end
+  return cubin, log
+end
+
+local function link_arch(arch, where, level)
+  arch = arch or device_arch(level + 1, where)
+  if arch:match("^compute_") then
+    error(("%s: linking needs an sm_ arch, got %s"):format(where, arch), level)
+  end
+  return arch
+end
+
+function M.load_module(v, opts)
+  opts = check_table(opts, LOAD_OPTS, "cuda.load_module", 3)
+  check_arch(opts.arch, "cuda.load_module", 3)
+  local data, kind, path = image_of(v, "cuda.load_module", 3)
+  local name = opts.name or path or ("<" .. KIND_NAMES[kind] .. ">")
+  local f = { image = data, kind = kind, log = "", name = name, arch = opts.arch }
+  if kind == "ltoir" then
+    local arch = link_arch(opts.arch, "cuda.load_module", 3)
+    local log
+    f.image, log = jitlink({ { data, name } }, arch, true, nil, "cuda.load_module", 3)
+    f.kind, f.log, f.arch = "cubin", log, arch
+  end
+  if f.kind == "cubin" then
+    local elf = modules.elf_info(f.image)
+    if not elf or not elf.cuda then
+      error(("cuda.load_module: %s is an ELF file but not a CUDA cubin (a host object? build with nvcc -cubin or -fatbin)"):format(name), 2)
+    end
+    f.listed, f.relocatable = elf.kernels, elf.relocatable
+  elseif f.kind == "ptx" then
+    f.info = modules.ptx_entries(f.image)
+    f.listed = {}
+    for n in pairs(f.info) do f.listed[#f.listed + 1] = n end
+    table.sort(f.listed)
+  end
+  return modules.new(f)
+end
+
+-- cuda.link({inputs}, [opts]): modules made with relocatable = true or lto = true, modules
+-- from load_module, and images (paths or bytes) linked into one module by nvJitLink
+local LINK_OPTS = { name = "string", arch = "string", options = "table" }
+
+function M.link(inputs, opts)
+  if type(inputs) ~= "table" or #inputs == 0 then
+    error("cuda.link: expected a list of modules or images, got " .. (type(inputs) == "table" and "an empty table" or type(inputs)), 2)
+  end
+  opts = check_table(opts, LINK_OPTS, "cuda.link", 3)
+  check_arch(opts.arch, "cuda.link", 3)
+  check_strings(opts.options or {}, "opts.options", "cuda.link", 3)
+  local list, info, arch, lto = {}, {}, opts.arch, false
+  for i, v in ipairs(inputs) do
+    local data, kind, name
+    if modules.is_module(v) then
+      local st = modules.fields(v)
+      data, kind, name = st.image, st.kind, st.name
+      for expr, e in pairs(st.info) do info[expr] = info[expr] or e end
+      if st.arch and st.arch:match("^sm_") then
+        if arch and arch ~= st.arch and not opts.arch then
+          error(("cuda.link: input %d is for %s, an earlier one for %s: give opts.arch"):format(i, st.arch, arch), 2)
+        end
+        arch = arch or st.arch
+      end
+    else
+      data, kind, name = image_of(v, ("cuda.link: input %d"):format(i), 3)
+      if kind == "ptx" then
+        for expr, e in pairs(modules.ptx_entries(data)) do info[expr] = info[expr] or e end
+      end
+    end
+    lto = lto or kind == "ltoir"
+    list[#list + 1] = { data, name or ("input " .. i) }
+  end
+  arch = link_arch(arch, "cuda.link", 3)
+  local cubin, log = jitlink(list, arch, lto, opts.options, "cuda.link", 3)
+  local elf = modules.elf_info(cubin) or { kernels = {} }
+  return modules.new { image = cubin, kind = "cubin", log = log, info = info, arch = arch,
+                       name = opts.name or "<linked>", linked = true, listed = elf.kernels }
 end
 
 return M

@@ -14,10 +14,12 @@ for _, name in ipairs {
 end
 cuda.__version = core.version
 
--- cuda.versions() -> {driver = 13000, nvrtc = {13, 0}, cudalua = "x.y.z"}
+-- cuda.versions() -> {driver = 13000, nvrtc = {13, 0}, nvjitlink = {13, 0}, cudalua = "x.y.z"}
 function cuda.versions()
   local ma, mi = core.nvrtc_version()
-  return { driver = core.driver_version(), nvrtc = ma and { ma, mi } or nil, cudalua = core.version }
+  local ja, ji = core.jitlink_version()
+  return { driver = core.driver_version(), nvrtc = ma and { ma, mi } or nil,
+           nvjitlink = ja and { ja, ji } or nil, cudalua = core.version }
 end
 
 -- cuda.mem_info() -> free, total bytes of the current device
@@ -48,6 +50,8 @@ end
 local compile = require "cudalua.compile"
 cuda.compile = compile.compile
 cuda.kernel = compile.kernel
+cuda.load_module = compile.load_module
+cuda.link = compile.link
 
 local reduce = require "cudalua.reduce"
 function cuda.reduce(expr, opts) return reduce.reduce(cuda, expr, opts) end

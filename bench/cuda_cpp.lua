@@ -1,0 +1,132 @@
+-- cuda_cpp.lua: what real CUDA C++ costs through cudalua, next to the raw calls in the same
+-- process (bench/rawloop.c): a cold compile of a source including <cooperative_groups.h>
+-- against raw NVRTC with the same options (the same include folders), its disk cache hit in a
+-- new process, and cluster and cooperative launches against raw cuLaunchKernelEx and
+-- cuLaunchCooperativeKernel. Prints "key value" lines like bench/core.lua.
+-- Env: BENCH_LAUNCHES, BENCH_REPS, BENCH_SECTIONS (bench/common.lua)
+package.cpath = "./?.so;" .. package.cpath
+local cuda = require "cudalua"
+package.path = "bench/?.lua;" .. package.path
+local B = require "common"
+local CC = require "cudalua.compile"
+local N, REPS, now, out, median = B.N, B.REPS, B.now, B.out, B.median
+local function section(name, f) B.section("cuda_cpp.lua", name, f) end
+
+local CG_SRC = [[
+#include <cooperative_groups.h>
+#include <cooperative_groups/reduce.h>
+namespace cg = cooperative_groups;
+extern "C" __global__ void cg_sum(const float *x, float *out, int n) {
+  auto block = cg::this_thread_block();
+  auto warp = cg::tiled_partition<32>(block);
+  float v = 0;
+  for (int i = block.group_index().x * block.size() + block.thread_rank(); i < n; i += gridDim.x * block.size()) v += x[i];
+  v = cg::reduce(warp, v, cg::plus<float>());
+  if (warp.thread_rank() == 0) atomicAdd(out, v);
+}
+]]
+
+-- a new process: the context first, then cuda.kernel on a source an earlier process compiled
+if arg[1] == "--compile-child" then
+  cuda.synchronize()
+  local t0 = now()
+  local m = cuda.compile(CG_SRC .. ("\n// cuda_cpp %s\n"):format(arg[2]))
+  local t1 = now()
+  local k = m:get("cg_sum")
+  local ms = (now() - t0) * 1e3
+  assert(k)
+  print(("%.4f %d %.4f %d %d"):format(ms, require("cudalua.cache").stats.disk_hits, (t1 - t0) * 1e3,
+    #m:image(), #m:ptx()))
+  os.exit(0)
+end
+
+section("info", function()
+  local v = cuda.versions()
+  print(("info_cuda_cpp NVRTC %s, nvJitLink %s, toolkit headers %s, CCCL %s"):format(
+    v.nvrtc and table.concat(v.nvrtc, ".") or "?", v.nvjitlink and table.concat(v.nvjitlink, ".") or "?",
+    CC.toolkit_includes().include or "?", CC.toolkit_includes().cccl or "?"))
+end)
+
+---------------------------------------------------------------------------------------------
+-- cold compiles of the cooperative-groups source: cuda.compile (cache on, each source new) and
+-- raw NVRTC with -arch and the same -I folders take turns
+section("cg compile", function()
+  local arch = CC.device_arch()
+  if not arch:match("^sm_") then error("NVRTC does not know this device's arch: " .. arch) end
+  local tk = CC.toolkit_includes()
+  local stamp = ("%d %d"):format(os.time(), math.random(1 << 30))
+  local count = 0
+  local function unique() count = count + 1; return CG_SRC .. ("\n// cold %d %s\n"):format(count, stamp) end
+  local rawloop, why = B.rawloop()
+  local t, traw = {}, {}
+  for r = 0, REPS do
+    for turn = 1, 2 do
+      local raw = (turn + r) % 2 == 0
+      if raw and not rawloop then break end
+      local src = unique()
+      local t0 = now()
+      if raw then rawloop.compile(src, arch, "-I" .. tk.include, "-I" .. tk.cccl)
+      else cuda.compile(src) end
+      local ms = (now() - t0) * 1e3
+      if r > 0 then table.insert(raw and traw or t, ms) end   -- round 0: warm-up
+    end
+  end
+  out("cg_compile_ms", median(t))
+  if rawloop then out("inproc_cg_compile_ms", median(traw)) else B.note("no raw NVRTC loop: " .. why) end
+
+  -- the disk cache hit, in new processes (the parent wrote the entry)
+  local hits, looks, sizes = {}, {}, ""
+  for r = 1, REPS do
+    local nonce = stamp .. " child " .. r
+    cuda.compile(CG_SRC .. ("\n// cuda_cpp %s\n"):format(nonce))
+    local p = assert(io.popen(("%s bench/cuda_cpp.lua --compile-child %q"):format(arg[-1] or "lua5.4", nonce)))
+    local line = p:read("a")
+    p:close()
+    local ms, disk, lookup, cubin, ptx = line:match("^(%S+) (%d+) (%S+) (%d+) (%d+)")
+    if tonumber(disk) ~= 1 then error("the child did not hit the disk cache: " .. line) end
+    hits[r], looks[r] = tonumber(ms), tonumber(lookup)
+    sizes = ("%s bytes of cubin, %s of PTX"):format(cubin, ptx)
+  end
+  out("cg_compile_disk_child_ms", median(hits))
+  out("diag_cg_compile_disk_child_lookup_ms", median(looks))
+  B.note("the cooperative-groups entry: " .. sizes)
+end)
+collectgarbage()
+
+---------------------------------------------------------------------------------------------
+-- cluster launches (grid 8, block 32, clusters of 2) and cooperative launches (one block per
+-- multiprocessor, block 32) of an empty kernel taking one pointer; cudalua's launcher made
+-- once, its k[cfg] form with the table kept, and the raw loops take turns
+section("cluster and cooperative launches", function()
+  local mod = cuda.compile('extern "C" __global__ void empty1(int *x) {}\n')
+  local k = mod.empty1
+  local d = cuda.device_array(32, "int32")
+  local rawloop, why = B.rawloop()
+  local sms = cuda.devices()[cuda.current_device() + 1].multiprocessors
+  local ccfg = { 8, 32, cluster = 2 }
+  local pcfg = { sms, 32, cooperative = true }
+  local bodies = {
+    cluster_launcher = function(m)
+      local l = k[ccfg]
+      for _ = 1, m do l(d) end
+    end,
+    cluster_cfg = function(m) for _ = 1, m do k[ccfg](d) end end,
+    coop_launcher = function(m)
+      local l = k[pcfg]
+      for _ = 1, m do l(d) end
+    end,
+    coop_cfg = function(m) for _ = 1, m do k[pcfg](d) end end,
+  }
+  if rawloop then
+    local h, p = k:handle(), d:ptr()
+    bodies.raw_cluster = function(m) rawloop.launch_ex(h, m, 8, 32, 2, false, p) end
+    bodies.raw_coop = function(m) rawloop.launch_coop(h, m, sms, 32, p) end
+  else
+    B.note("no raw launch loop: " .. why)
+  end
+  local r = B.interleaved(bodies, math.max(1, N // 10), REPS * 8)
+  for name, us in pairs(r) do
+    local raw = name:match("^raw_(.*)")
+    out(raw and "inproc_launch_" .. raw .. "_us" or "launch_" .. name .. "_us", us)
+  end
+end)

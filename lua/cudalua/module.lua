@@ -1,0 +1,294 @@
+-- cudalua.module: modules and the kernels in them, whatever made them: NVRTC (cuda.compile),
+-- files or bytes built elsewhere (cuda.load_module: cubin, fatbin, PTX, LTO-IR) or nvJitLink
+-- (cuda.link). A module is loaded on the device when a kernel of it is first asked for.
+-- Parameter types, in the order tried: what the compiler said (cuda.compile's probe), a
+-- signature the user gives (m:get("k", "float*, int")), the PTX .param list, a C++ mangled
+-- name, the driver's parameter sizes.
+local core = ...
+local M = {}
+
+local PROBE_SYMBOL = "_Z13__cudalua_sig" -- cuda.compile's probe kernels, never listed
+
+---------------------------------------------------------------------------------------------
+-- what an image is, from its first bytes
+local function image_kind(s)
+  local head = s:sub(1, 4)
+  if head == "\127ELF" then return "cubin" end
+  if head == "\80\237\85\186" then return "fatbin" end   -- 0xBA55ED50, little-endian
+  if head == "\237\67\78\127" then return "ltoir" end     -- 0x7F4E43ED
+  local text = s:sub(1, 8192)
+  if not text:find("%z") and text:find("%.version%s+%d") and text:find("%.target%s") then return "ptx" end
+  return nil
+end
+M.image_kind = image_kind
+
+-- the kernels of a cubin: ELF function symbols marked as entries (STO_CUDA_ENTRY, 0x10);
+-- also whether it is relocatable (ET_REL) and its machine is CUDA's (EM_CUDA, 190)
+local function elf_info(s)
+  if #s < 64 or s:sub(1, 4) ~= "\127ELF" or s:byte(5) ~= 2 then return nil end
+  local etype, machine = string.unpack("<I2I2", s, 17)
+  local shoff = string.unpack("<I8", s, 0x28 + 1)
+  local shentsize, shnum = string.unpack("<I2I2", s, 0x3A + 1)
+  local info = { relocatable = etype == 1, cuda = machine == 190, kernels = {} }
+  if shentsize < 64 or shoff + shnum * shentsize > #s then return info end
+  local function section(i)
+    local o = shoff + i * shentsize + 1
+    local _, typ, _, _, off, size, link, _, _, entsize = string.unpack("<I4I4I8I8I8I8I4I4I8I8", s, o)
+    return typ, off, size, link, entsize
+  end
+  for i = 0, shnum - 1 do
+    local typ, off, size, link, entsize = section(i)
+    if typ == 2 and entsize >= 24 and off + size <= #s and link < shnum then -- SHT_SYMTAB
+      local _, stroff, strsize = section(link)
+      for o = off, off + size - entsize, entsize do
+        local name, stinfo, other = string.unpack("<I4BB", s, o + 1)
+        if stinfo & 0xf == 2 and other & 0x10 ~= 0 and name < strsize then
+          local sym = s:match("^[^%z]*", stroff + name + 1)
+          if sym ~= "" and sym:sub(1, #PROBE_SYMBOL) ~= PROBE_SYMBOL then info.kernels[#info.kernels + 1] = sym end
+        end
+      end
+    end
+  end
+  table.sort(info.kernels)
+  return info
+end
+M.elf_info = elf_info
+
+---------------------------------------------------------------------------------------------
+-- PTX: the .entry list and each entry's .param types, as code letters (see src/module.c)
+local ptx_code = { u64 = "U", s64 = "U", b64 = "U", f64 = "d", f32 = "f", u32 = "W", s32 = "W",
+  b32 = "W", u16 = "H", s16 = "H", b16 = "H", f16 = "e", bf16 = "E", u8 = "B", s8 = "B", b8 = "B" }
+
+local function ptx_entries(ptx)
+  local entries = {}
+  local code = ptx:gsub("//[^\n]*", "")
+  for name, params in code:gmatch("%.entry%s+([%w_$.]+)%s*(%b())") do
+    if name:sub(1, #PROBE_SYMBOL) ~= PROBE_SYMBOL then
+      local codes, types = {}, {}
+      for p in params:sub(2, -2):gmatch("[^,]+") do
+        local t = p:match("%.param%s.-%.([usbf]%d+)%s") or p:match("%.param%s.-%.(bf16)%s")
+        local array = p:match("%[(%d+)%]%s*$")
+        if array then
+          codes[#codes + 1], types[#types + 1] = "x", ("%s bytes (.b8[%s])"):format(array, array)
+        elseif t and ptx_code[t] then
+          codes[#codes + 1] = ptx_code[t]
+          types[#types + 1] = t:match("64$") and t ~= "f64" and ".u64 (array or integer address)" or "." .. t
+        else
+          codes[#codes + 1], types[#types + 1] = "y", "unknown PTX type"
+        end
+      end
+      entries[name] = { symbol = name, codes = table.concat(codes), types = types }
+    end
+  end
+  return entries
+end
+M.ptx_entries = ptx_entries
+
+---------------------------------------------------------------------------------------------
+-- signatures the user gives: "float*, const float *x, int n"
+local scalar = { bool = "b", char = "a", ["signed char"] = "a", ["unsigned char"] = "A", short = "s",
+  ["short int"] = "s", ["unsigned short"] = "S", ["unsigned short int"] = "S", int = "i",
+  signed = "i", ["signed int"] = "i", unsigned = "I", ["unsigned int"] = "I", long = "l",
+  ["long int"] = "l", ["unsigned long"] = "L", ["unsigned long int"] = "L", ["long long"] = "l",
+  ["long long int"] = "l", ["unsigned long long"] = "L", ["unsigned long long int"] = "L",
+  float = "f", double = "d", __half = "e", half = "e", __nv_bfloat16 = "E", nv_bfloat16 = "E",
+  int8_t = "a", uint8_t = "A", int16_t = "s", uint16_t = "S", int32_t = "i", uint32_t = "I",
+  int64_t = "l", uint64_t = "L", size_t = "L", ptrdiff_t = "l", intptr_t = "l", uintptr_t = "L" }
+local type_word = { const = true, volatile = true, unsigned = true, signed = true, short = true,
+  long = true, int = true, char = true, struct = true, __restrict__ = true, restrict = true }
+
+local function parse_signature(sig)
+  if type(sig) ~= "string" then error("expected a signature string such as \"float*, int\"", 0) end
+  local codes, types = {}, {}
+  if sig:match("^%s*$") or sig:match("^%s*void%s*$") then return "", types end
+  for part in (sig .. ","):gmatch("([^,]*),") do
+    local p = part:gsub("^%s+", ""):gsub("%s+$", "")
+    if p == "" then error(("empty parameter %d in the signature %q"):format(#codes + 1, sig), 0) end
+    if p:find("&") then error(("parameter %d is a reference (%s): kernels take values and pointers"):format(#codes + 1, p), 0) end
+    if p:find("[%[%]()<>]") then error(("cannot read parameter %d (%s): use plain C types"):format(#codes + 1, p), 0) end
+    local stars = select(2, p:gsub("%*", ""))
+    local before = p:match("^([^*]*)")
+    local words = {}
+    for w in before:gmatch("[%w_:]+") do words[#words + 1] = w end
+    -- a trailing parameter name: the last word of several, when it is not part of the type
+    if stars == 0 and #words > 1 and not type_word[words[#words]] and not scalar[words[#words]] then
+      table.remove(words)
+    end
+    local const = false
+    local base = {}
+    for _, w in ipairs(words) do
+      if w == "const" then const = true
+      elseif w ~= "volatile" and w ~= "struct" and w ~= "__restrict__" and w ~= "restrict" then base[#base + 1] = w end
+    end
+    local name = table.concat(base, " ")
+    if name == "" then error(("cannot read parameter %d (%s)"):format(#codes + 1, p), 0) end
+    if stars > 0 then
+      codes[#codes + 1] = const and "q" or "p"
+    else
+      codes[#codes + 1] = scalar[name] or "x"
+    end
+    types[#types + 1] = p
+  end
+  return table.concat(codes), types
+end
+M.parse_signature = parse_signature
+
+---------------------------------------------------------------------------------------------
+local Module = {}
+local state = setmetatable({}, { __mode = "k" }) -- module -> private fields
+
+local function load(mod)
+  local st = state[mod]
+  if st.relocatable then
+    error(("cudalua: module %s holds relocatable code (relocatable = true, lto = true or an -rdc "
+           .. "object): link it first, cuda.link{...}"):format(st.name), 3)
+  end
+  if not st.handle then
+    st.handle = core.module_load(st.image, st.source and "compile for this device's architecture (leave arch unset)"
+      or "this image was not built for this device's architecture (build for it, or ship PTX the driver can compile)")
+  end
+  return st.handle
+end
+
+-- names of the kernels a module has, as m:get takes them
+local function kernel_names(mod)
+  local st = state[mod]
+  if not st.names then
+    local names, seen = {}, {}
+    local function add(n) if not seen[n] then seen[n] = true; names[#names + 1] = n end end
+    for n in pairs(st.info) do add(n) end
+    local symbols = {}
+    for _, e in pairs(st.info) do if e.symbol then symbols[e.symbol] = true end end
+    if not st.listed and st.kind == "fatbin" and not st.relocatable then
+      st.listed = core.module_functions(load(mod)) or {} -- a fatbin's kernels: the driver lists them
+    end
+    for _, n in ipairs(st.listed or {}) do
+      if not symbols[n] and n:sub(1, #PROBE_SYMBOL) ~= PROBE_SYMBOL then add(n) end
+    end
+    table.sort(names)
+    st.names = names
+  end
+  return st.names
+end
+
+-- a C++ kernel asked for by its plain name: the one mangled symbol that spells it
+local function mangled_match(mod, name)
+  local st = state[mod]
+  local prefix, hit = "_Z" .. #name .. name, nil
+  for _, sym in ipairs(st.listed or {}) do
+    if sym:sub(1, #prefix) == prefix and sym:sub(#prefix + 1, #prefix + 1):match("[^%d]") then
+      if hit then return nil end -- overloaded: ambiguous
+      hit = sym
+    end
+  end
+  return hit
+end
+
+local function get_kernel(mod, expr, sig, level)
+  local st = state[mod]
+  local cache_key = sig and (expr .. "\0" .. sig) or expr
+  local k = st.kernels[cache_key]
+  if k then return k end
+  local info = st.info[expr]
+  local symbol = info and info.symbol
+  if not info and not st.source then
+    symbol = expr
+    local names = kernel_names(mod)
+    local known = false
+    for _, n in ipairs(names) do if n == expr then known = true end end
+    if not known then symbol = mangled_match(mod, expr) or expr end
+    if symbol ~= expr or known then
+      -- a mangled C++ name spells its parameter types
+      local params = M.demangle_function and M.demangle_function(symbol)
+      if params then
+        local ok, codes, types = pcall(M.param_codes, params)
+        if ok then info = { symbol = symbol, codes = codes, types = types } end
+      end
+    end
+    info = info or { symbol = symbol }
+  end
+  if not info then
+    local names = kernel_names(mod)
+    error(("cudalua: no kernel '%s' in module %s (kernels: %s)"):format(expr, st.name,
+          #names > 0 and table.concat(names, ", ") or "none found"), level + 1)
+  end
+  local codes, types = info.codes, info.types
+  if sig then
+    local ok, c, t = pcall(parse_signature, sig)
+    if not ok then error(("cudalua: module:get('%s'): %s"):format(expr, c), level + 1) end
+    codes, types = c, t
+  elseif info.error then
+    error(("cudalua: kernel '%s': %s"):format(expr, info.error), level + 1)
+  end
+  local handle = load(mod)
+  -- without codes, module_kernel takes the sizes from the driver and fills in types
+  local ok, kern = pcall(core.module_kernel, handle, info.symbol, codes, { name = expr, types = types or {}, symbol = info.symbol })
+  if not ok then
+    if tostring(kern):find("no kernel '", 1, true) then
+      local names = kernel_names(mod)
+      error(("cudalua: no kernel '%s' in module %s (kernels: %s)"):format(expr, st.name,
+            #names > 0 and table.concat(names, ", ") or "none found"), level + 1)
+    end
+    if sig then error(("%s (signature %q)"):format(kern, sig), level + 1) end
+    error(kern, level + 1)
+  end
+  st.kernels[cache_key] = kern
+  return kern
+end
+
+function Module.get(mod, expr, sig)
+  if type(expr) ~= "string" then error("module:get: expected a kernel name or name expression", 2) end
+  if sig ~= nil and type(sig) ~= "string" then
+    error("module:get: the signature must be a string such as \"float*, const float*, int\", got " .. type(sig), 2)
+  end
+  return get_kernel(mod, expr, sig, 2)
+end
+
+function Module.kernels(mod) return kernel_names(mod) end
+function Module.image(mod) return state[mod].image end
+function Module.log(mod) return state[mod].log end
+function Module.kind(mod) return state[mod].kind end
+
+local holds = { cubin = "a cubin", fatbin = "a fatbin", ltoir = "LTO-IR", ptx = "PTX" }
+
+function Module.ptx(mod)
+  local st = state[mod]
+  if st.kind == "ptx" then return st.image end
+  if st.ptx then return st.ptx end
+  error(("cudalua: module %s has no PTX (it holds %s%s)"):format(st.name, holds[st.kind],
+        st.linked and " made by cuda.link" or st.source and "" or " loaded as it was built"), 2)
+end
+
+function Module.cubin(mod)
+  local st = state[mod]
+  if st.kind == "cubin" then return st.image end
+  error(("cudalua: module %s holds %s, not a cubin%s"):format(st.name, holds[st.kind],
+        st.kind == "ptx" and " (compile with an sm_ arch, or with arch unset, for one)" or ""), 2)
+end
+
+local module_mt = {
+  __index = function(mod, key)
+    local m = Module[key]
+    if m then return m end
+    return get_kernel(mod, key, nil, 2)
+  end,
+  __newindex = function() error("cudalua: modules are read-only", 2) end,
+  __tostring = function(mod) return "cudalua.module<" .. state[mod].name .. ">" end,
+  __name = "cudalua.module",
+}
+
+-- fields: image, kind ("cubin", "ptx", "fatbin", "ltoir"), log, info ({expr = {symbol=,
+-- codes=, types=, error=}}), name, ptx (a cubin's PTX), arch, relocatable, source (made by
+-- cuda.compile), linked, listed (symbol names found in the image)
+function M.new(f)
+  local mod = setmetatable({}, module_mt)
+  f.kernels = {}
+  f.info = f.info or {}
+  state[mod] = f
+  return mod
+end
+
+function M.is_module(v) return state[v] ~= nil end
+function M.fields(mod) return state[mod] end
+
+return M
