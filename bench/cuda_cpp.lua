@@ -9,6 +9,7 @@ local cuda = require "cudalua"
 package.path = "bench/?.lua;" .. package.path
 local B = require "common"
 local CC = require "cudalua.compile"
+local HD = require "cudalua.headers"
 local N, REPS, now, out, median = B.N, B.REPS, B.now, B.out, B.median
 local function section(name, f) B.section("cuda_cpp.lua", name, f) end
 
@@ -44,7 +45,7 @@ section("info", function()
   local v = cuda.versions()
   print(("info_cuda_cpp NVRTC %s, nvJitLink %s, toolkit headers %s, CCCL %s"):format(
     v.nvrtc and table.concat(v.nvrtc, ".") or "?", v.nvjitlink and table.concat(v.nvjitlink, ".") or "?",
-    CC.toolkit_includes().include or "?", CC.toolkit_includes().cccl or "?"))
+    HD.toolkit_includes().include or "?", HD.toolkit_includes().cccl or "?"))
 end)
 
 ---------------------------------------------------------------------------------------------
@@ -53,7 +54,7 @@ end)
 section("cg compile", function()
   local arch = CC.device_arch()
   if not arch:match("^sm_") then error("NVRTC does not know this device's arch: " .. arch) end
-  local tk = CC.toolkit_includes()
+  local tk = HD.toolkit_includes()
   local stamp = ("%d %d"):format(os.time(), math.random(1 << 30))
   local count = 0
   local function unique() count = count + 1; return CG_SRC .. ("\n// cold %d %s\n"):format(count, stamp) end

@@ -7,6 +7,7 @@ local H = require "spec.helper"
 local C = require "spec.check"
 local cuda = H.cuda
 local CC = require "cudalua.compile"
+local HD = require "cudalua.headers"
 local MOD = require "cudalua.module"
 local gpu = H.gpu(it, pending)
 local ARCH = "sm_90"
@@ -21,8 +22,8 @@ local KERNEL = '\nextern "C" __global__ void k(int *x) { x[threadIdx.x] = 1; }\n
 
 describe("the toolkit's headers and CCCL", function()
   it("are found without options: cooperative groups, CUB, libcu++, Thrust's device side", function()
-    assert.is_string(CC.toolkit_includes().include)
-    assert.is_string(CC.toolkit_includes().cccl)
+    assert.is_string(HD.toolkit_includes().include)
+    assert.is_string(HD.toolkit_includes().cccl)
     local lines = {}
     for _, h in ipairs { "cooperative_groups.h", "cooperative_groups/reduce.h", "cooperative_groups/scan.h",
                          "cooperative_groups/memcpy_async.h", "cub/cub.cuh", "cub/block/block_radix_sort.cuh",
@@ -65,7 +66,7 @@ end)
 describe("the standard headers NVRTC lacks", function()
   it("stand in for every header the README lists, each with its usual names", function()
     local names = {}
-    for name in pairs(CC.std_headers) do names[#names + 1] = name end
+    for name in pairs(HD.std) do names[#names + 1] = name end
     table.sort(names)
     assert.is_true(#names >= 40)
     local lines = {}

@@ -5,6 +5,7 @@
 local core = ...
 local cache = require "cudalua.cache"
 local modules = require "cudalua.module"
+local includes = require "cudalua.headers"
 local M = {}
 
 local PROBE = "__cudalua_sig"
@@ -244,122 +245,6 @@ M.find_kernels = find_kernels
 modules.demangle_function, modules.param_codes = M.demangle_function, param_codes
 
 ---------------------------------------------------------------------------------------------
--- the toolkit's headers: <cuda_fp16.h> and friends in include/, CCCL (CUB, libcu++, Thrust)
--- in include/cccl. Looked for under CUDA_HOME, CUDA_PATH, CUDA_DIR, next to the NVRTC library
--- in use, then /usr/local/cuda.
-local toolkit
-local function toolkit_includes()
-  if toolkit then return toolkit end
-  toolkit = {}
-  local nvpath = core.nvrtc_identity():match("^(.*):%d+:%d+$")
-  local cands = { os.getenv("CUDA_HOME"), os.getenv("CUDA_PATH"), os.getenv("CUDA_DIR"),
-                  nvpath and nvpath:match("^(.*)/lib[^/]*/[^/]*$"),
-                  nvpath and nvpath:match("^(.*)/lib[^/]*/[^/]*/[^/]*$"), "/usr/local/cuda" }
-  for i = 1, 6 do
-    local base = cands[i]
-    if base and base ~= "" and core.file_info(base .. "/include/cuda_fp16.h") then
-      toolkit.include = base .. "/include"
-      if core.file_info(base .. "/include/cccl/cuda/std/version") then toolkit.cccl = base .. "/include/cccl" end
-      break
-    end
-  end
-  return toolkit
-end
-M.toolkit_includes = toolkit_includes
-
--- NVRTC has no standard library headers: these names stand for libcu++'s counterparts (see
--- kernels/cudalua/nvrtc/std.h), so kernels written for nvcc compile unchanged
-local STD = {
-  cstdint = "cstdint", ["stdint.h"] = "cstdint", climits = "climits", ["limits.h"] = "climits",
-  cfloat = "cfloat", ["float.h"] = "cfloat", cmath = "cmath", ["math.h"] = "cmath",
-  cstddef = "cstddef", ["stddef.h"] = "cstddef", cstdlib = "cstdlib", ["stdlib.h"] = "cstdlib",
-  cstring = "cstring", ["string.h"] = "cstring", cassert = "cassert", ["assert.h"] = "cassert",
-  cstdio = "cstddef", ["stdio.h"] = "cstddef", ctime = "ctime", ["time.h"] = "ctime",
-  cstdbool = "cstddef", ["stdbool.h"] = "cstddef", new = "cstddef", initializer_list = "cstddef",
-  type_traits = "type_traits", utility = "utility", limits = "limits", array = "array",
-  tuple = "tuple", complex = "complex", functional = "functional", algorithm = "functional",
-  bit = "bit", numeric = "numeric", optional = "optional", variant = "variant", span = "span",
-  mdspan = "mdspan", atomic = "atomic", barrier = "barrier", latch = "latch",
-  semaphore = "semaphore", iterator = "iterator", memory = "memory", chrono = "chrono",
-  ratio = "ratio", concepts = "concepts", expected = "expected", numbers = "numbers",
-  bitset = "bitset", ranges = "ranges", source_location = "source_location", version = "version",
-}
-local STD_EXTRA = { cfloat = "cudalua/nvrtc/cfloat.h", cmath = "cudalua/nvrtc/cmath.h" }
-M.std_headers = STD
-
--- the in-memory headers every compile gets: cudalua's own, the standard-header stand-ins
--- and, with CCCL, <cub/cub.cuh> without its host-side parts (device-wide algorithms and the
--- caching allocator are host code, which NVRTC cannot compile)
-local shipped
-local function shipped_headers()
-  if shipped then return shipped end
-  shipped = {}
-  for _, h in ipairs(core.headers) do shipped[#shipped + 1] = h end
-  local names = {}
-  for name in pairs(STD) do names[#names + 1] = name end
-  table.sort(names)
-  for _, name in ipairs(names) do
-    local to = STD[name]
-    local text = ("#pragma once\n#include <cuda/std/%s>\n#include <cudalua/nvrtc/std.h>\n"):format(to)
-    if STD_EXTRA[to] then text = text .. "#include <" .. STD_EXTRA[to] .. ">\n" end
-    shipped[#shipped + 1] = { name, text }
-  end
-  local cccl = toolkit_includes().cccl
-  local f = cccl and io.open(cccl .. "/cub/cub.cuh")
-  if f then
-    local umbrella = f:read("a"):gsub("\n#include <cub/device/[^\n]*", "\n"):gsub("\n#include <cub/util_allocator.cuh>", "\n")
-    f:close()
-    shipped[#shipped + 1] = { "cub/cub.cuh", "// cudalua: CUB's umbrella header without its host-side parts\n" .. umbrella }
-  end
-  return shipped
-end
-
----------------------------------------------------------------------------------------------
--- the user's own header files a source includes (quoted includes next to the including file,
--- and anything in opts.include_dirs), read so that their text is part of the cache key: an
--- edited header compiles again. Toolkit headers are covered by the NVRTC library's identity.
--- Returns the files as "path\0text" pieces, or nil when an include is computed by a macro.
-local function dirname(path) return path:match("^(.*)/[^/]*$") or "." end
-
-local function user_headers(src, name, include_dirs)
-  if not src:find("#%s*include") then return "" end
-  local parts, seen = {}, {}
-  local function find(file, dir, quoted)
-    if file:sub(1, 1) == "/" then return core.file_info(file) and file or nil end
-    if quoted then
-      local p = dir .. "/" .. file
-      if core.file_info(p) then return p end
-    end
-    for _, d in ipairs(include_dirs) do
-      local p = d .. "/" .. file
-      if core.file_info(p) then return p end
-    end
-  end
-  local function scan(text, dir)
-    for line in text:gmatch("[^\n]+") do
-      local rest = line:match("^%s*#%s*include%s*(.*)")
-      if rest then
-        local q, a = rest:match('^"([^"]+)"'), rest:match("^<([^>]+)>")
-        if not q and not a then return false end -- #include MACRO
-        local path = find(q or a, dir, q ~= nil)
-        if path and not seen[path] then
-          seen[path] = true
-          local f = io.open(path, "rb")
-          local body = f and f:read("a")
-          if f then f:close() end
-          if body then
-            parts[#parts + 1] = path .. "\0" .. body
-            if scan(body, dirname(path)) == false then return false end
-          end
-        end
-      end
-    end
-  end
-  if scan(src, dirname(name)) == false then return nil end
-  return table.concat(parts, "\0")
-end
-
----------------------------------------------------------------------------------------------
 -- "cc90": the current device's compute capability, for cache keys (needs no NVRTC)
 -- also returns the device and its compute_capability {major, minor}; level: as error()'s
 local cc_of, cap_of = {}, {}
@@ -398,7 +283,7 @@ local COMPILE_OPTS = { options = "table", name = "string", headers = "table", ar
   name_expressions = "table", cache = "boolean", include_dirs = "table", relocatable = "boolean",
   lto = "boolean", debug = "boolean", lineinfo = "boolean" }
 
-local function check_table(opts, known, where, level)
+function M.check_table(opts, known, where, level)
   if opts == nil then return {} end
   if type(opts) ~= "table" then error(("%s: opts must be a table, got %s"):format(where, type(opts)), level) end
   for k, v in pairs(opts) do
@@ -415,17 +300,19 @@ local function check_table(opts, known, where, level)
   return opts
 end
 
-local function check_strings(list, what, where, level)
+function M.check_strings(list, what, where, level)
   for i = 1, #list do
     if type(list[i]) ~= "string" then error(("%s: %s[%d] must be a string"):format(where, what, i), level) end
   end
 end
 
-local function check_arch(arch, where, level)
+function M.check_arch(arch, where, level)
   if arch and not arch:match("^sm_%d+[af]?$") and not arch:match("^compute_%d+[af]?$") then
     error(("%s: arch must look like \"sm_90\" or \"compute_90\", got %q"):format(where, arch), level)
   end
 end
+
+local check_table, check_strings, check_arch = M.check_table, M.check_strings, M.check_arch
 
 local function check_opts(opts)
   opts = check_table(opts, COMPILE_OPTS, "cuda.compile", 4)
@@ -478,7 +365,7 @@ function M.compile(src, opts)
   local name = opts.name or "cudalua_kernel.cu"
   local output = opts.lto and "ltoir" or nil
   local options = {}
-  local tk = toolkit_includes()
+  local tk = includes.toolkit_includes()
   if tk.include then options[#options + 1] = "-I" .. tk.include end
   if tk.cccl then options[#options + 1] = "-I" .. tk.cccl end
   for _, d in ipairs(opts.include_dirs or {}) do options[#options + 1] = "-I" .. d end
@@ -495,7 +382,7 @@ function M.compile(src, opts)
   table.sort(user_names)
 
   local key, mkey
-  local deps = opts.cache ~= false and user_headers(src, name, opts.include_dirs or {})
+  local deps = opts.cache ~= false and includes.user_files(src, name, opts.include_dirs or {})
   if deps then
     local hparts = {}
     for _, k in ipairs(user_names) do hparts[#hparts + 1] = #k .. ":" .. k .. #opts.headers[k] .. ":" .. opts.headers[k] end
@@ -526,7 +413,7 @@ function M.compile(src, opts)
   local nvrtc_output = via_ptx and "ptx" or output
   -- the headers: the user's win over cudalua's stand-ins of the same name
   local headers = {}
-  for _, h in ipairs(shipped_headers()) do
+  for _, h in ipairs(includes.shipped()) do
     if not (opts.headers and opts.headers[h[1]]) then headers[#headers + 1] = h end
   end
   for _, k in ipairs(user_names) do headers[#headers + 1] = { k, opts.headers[k] } end
@@ -613,120 +500,6 @@ function M.kernel(src, name, opts)
   if type(name) ~= "string" then error("cuda.kernel: expected the kernel's name as argument 2", 2) end
   local mod = M.compile(src, opts)
   return mod:get(name)
-end
-
----------------------------------------------------------------------------------------------
--- cuda.load_module(path or bytes [, opts]): a cubin, fatbin, PTX or LTO-IR built elsewhere
-local LOAD_OPTS = { name = "string", arch = "string" }
-local KIND_NAMES = { cubin = "a cubin", fatbin = "a fatbin", ptx = "PTX", ltoir = "LTO-IR" }
-
--- the bytes of an image given as bytes or as a file's path, its kind and a name for it
-local function image_of(v, where, level)
-  if type(v) ~= "string" then error(("%s: expected a path or the bytes of an image, got %s"):format(where, type(v)), level) end
-  local kind = modules.image_kind(v)
-  if kind then return v, kind, nil end
-  if #v > 4096 or v:find("%z") or v:find("\n") then
-    error(("%s: not a cubin, fatbin, PTX or LTO-IR image (it starts with %q)"):format(where, v:sub(1, 8)), level)
-  end
-  local f, err = io.open(v, "rb")
-  if not f then error(("%s: cannot open %s"):format(where, err), level) end
-  local data = f:read("a")
-  f:close()
-  if not data then error(("%s: cannot read %s"):format(where, v), level) end
-  kind = modules.image_kind(data)
-  if not kind then
-    error(("%s: %s is not a cubin, fatbin, PTX or LTO-IR image (it starts with %q)"):format(where, v, data:sub(1, 8)), level)
-  end
-  return data, kind, v
-end
-
--- LTO-IR is linked into a cubin by nvJitLink before it can be loaded
-local function jitlink(inputs, arch, lto, extra, where, level)
-  local have, why = core.jitlink_version()
-  if not have then error(why, level) end
-  local options = { "-arch=" .. arch }
-  if lto then options[#options + 1] = "-lto" end
-  for _, o in ipairs(extra or {}) do options[#options + 1] = o end
-  local cubin, log, err = core.jitlink(inputs, options, false)
-  if not cubin then
-    error(("%s: linking failed (%s):\n%s"):format(where, err, (log or ""):gsub("%s+$", "")), level)
-  end
-  return cubin, log
-end
-
-local function link_arch(arch, where, level)
-  arch = arch or device_arch(level + 1, where)
-  if arch:match("^compute_") then
-    error(("%s: linking needs an sm_ arch, got %s"):format(where, arch), level)
-  end
-  return arch
-end
-
-function M.load_module(v, opts)
-  opts = check_table(opts, LOAD_OPTS, "cuda.load_module", 3)
-  check_arch(opts.arch, "cuda.load_module", 3)
-  local data, kind, path = image_of(v, "cuda.load_module", 3)
-  local name = opts.name or path or ("<" .. KIND_NAMES[kind] .. ">")
-  local f = { image = data, kind = kind, log = "", name = name, arch = opts.arch }
-  if kind == "ltoir" then
-    local arch = link_arch(opts.arch, "cuda.load_module", 3)
-    local log
-    f.image, log = jitlink({ { data, name } }, arch, true, nil, "cuda.load_module", 3)
-    f.kind, f.log, f.arch = "cubin", log, arch
-  end
-  if f.kind == "cubin" then
-    local elf = modules.elf_info(f.image)
-    if not elf or not elf.cuda then
-      error(("cuda.load_module: %s is an ELF file but not a CUDA cubin (a host object? build with nvcc -cubin or -fatbin)"):format(name), 2)
-    end
-    f.listed, f.relocatable = elf.kernels, elf.relocatable
-  elseif f.kind == "ptx" then
-    f.info = modules.ptx_entries(f.image)
-    f.listed = {}
-    for n in pairs(f.info) do f.listed[#f.listed + 1] = n end
-    table.sort(f.listed)
-  end
-  return modules.new(f)
-end
-
--- cuda.link({inputs}, [opts]): modules made with relocatable = true or lto = true, modules
--- from load_module, and images (paths or bytes) linked into one module by nvJitLink
-local LINK_OPTS = { name = "string", arch = "string", options = "table" }
-
-function M.link(inputs, opts)
-  if type(inputs) ~= "table" or #inputs == 0 then
-    error("cuda.link: expected a list of modules or images, got " .. (type(inputs) == "table" and "an empty table" or type(inputs)), 2)
-  end
-  opts = check_table(opts, LINK_OPTS, "cuda.link", 3)
-  check_arch(opts.arch, "cuda.link", 3)
-  check_strings(opts.options or {}, "opts.options", "cuda.link", 3)
-  local list, info, arch, lto = {}, {}, opts.arch, false
-  for i, v in ipairs(inputs) do
-    local data, kind, name
-    if modules.is_module(v) then
-      local st = modules.fields(v)
-      data, kind, name = st.image, st.kind, st.name
-      for expr, e in pairs(st.info) do info[expr] = info[expr] or e end
-      if st.arch and st.arch:match("^sm_") then
-        if arch and arch ~= st.arch and not opts.arch then
-          error(("cuda.link: input %d is for %s, an earlier one for %s: give opts.arch"):format(i, st.arch, arch), 2)
-        end
-        arch = arch or st.arch
-      end
-    else
-      data, kind, name = image_of(v, ("cuda.link: input %d"):format(i), 3)
-      if kind == "ptx" then
-        for expr, e in pairs(modules.ptx_entries(data)) do info[expr] = info[expr] or e end
-      end
-    end
-    lto = lto or kind == "ltoir"
-    list[#list + 1] = { data, name or ("input " .. i) }
-  end
-  arch = link_arch(arch, "cuda.link", 3)
-  local cubin, log = jitlink(list, arch, lto, opts.options, "cuda.link", 3)
-  local elf = modules.elf_info(cubin) or { kernels = {} }
-  return modules.new { image = cubin, kind = "cubin", log = log, info = info, arch = arch,
-                       name = opts.name or "<linked>", linked = true, listed = elf.kernels }
 end
 
 return M

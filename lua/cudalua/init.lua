@@ -50,8 +50,9 @@ end
 local compile = require "cudalua.compile"
 cuda.compile = compile.compile
 cuda.kernel = compile.kernel
-cuda.load_module = compile.load_module
-cuda.link = compile.link
+local link = require "cudalua.link"
+cuda.load_module = link.load_module
+cuda.link = link.link
 
 local reduce = require "cudalua.reduce"
 function cuda.reduce(expr, opts) return reduce.reduce(cuda, expr, opts) end

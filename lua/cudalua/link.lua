@@ -1,0 +1,124 @@
+-- cudalua.link: modules cuda.compile did not make. cuda.load_module takes a cubin, fatbin, PTX
+-- or LTO-IR built elsewhere; cuda.link joins relocatable code, PTX, fatbins and LTO-IR into one
+-- module with nvJitLink (src/link.c).
+local core = ...
+local compile = require "cudalua.compile"
+local modules = require "cudalua.module"
+local check_table, check_strings, check_arch = compile.check_table, compile.check_strings, compile.check_arch
+local device_arch = compile.device_arch
+local M = {}
+
+-- cuda.load_module(path or bytes [, opts]): a cubin, fatbin, PTX or LTO-IR built elsewhere
+local LOAD_OPTS = { name = "string", arch = "string" }
+local KIND_NAMES = { cubin = "a cubin", fatbin = "a fatbin", ptx = "PTX", ltoir = "LTO-IR" }
+
+-- the bytes of an image given as bytes or as a file's path, its kind and a name for it
+local function image_of(v, where, level)
+  if type(v) ~= "string" then error(("%s: expected a path or the bytes of an image, got %s"):format(where, type(v)), level) end
+  local kind = modules.image_kind(v)
+  if kind then return v, kind, nil end
+  if #v > 4096 or v:find("%z") or v:find("\n") then
+    error(("%s: not a cubin, fatbin, PTX or LTO-IR image (it starts with %q)"):format(where, v:sub(1, 8)), level)
+  end
+  local f, err = io.open(v, "rb")
+  if not f then error(("%s: cannot open %s"):format(where, err), level) end
+  local data = f:read("a")
+  f:close()
+  if not data then error(("%s: cannot read %s"):format(where, v), level) end
+  kind = modules.image_kind(data)
+  if not kind then
+    error(("%s: %s is not a cubin, fatbin, PTX or LTO-IR image (it starts with %q)"):format(where, v, data:sub(1, 8)), level)
+  end
+  return data, kind, v
+end
+
+-- LTO-IR is linked into a cubin by nvJitLink before it can be loaded
+local function jitlink(inputs, arch, lto, extra, where, level)
+  local have, why = core.jitlink_version()
+  if not have then error(why, level) end
+  local options = { "-arch=" .. arch }
+  if lto then options[#options + 1] = "-lto" end
+  for _, o in ipairs(extra or {}) do options[#options + 1] = o end
+  local cubin, log, err = core.jitlink(inputs, options, false)
+  if not cubin then
+    error(("%s: linking failed (%s):\n%s"):format(where, err, (log or ""):gsub("%s+$", "")), level)
+  end
+  return cubin, log
+end
+
+local function link_arch(arch, where, level)
+  arch = arch or device_arch(level + 1, where)
+  if arch:match("^compute_") then
+    error(("%s: linking needs an sm_ arch, got %s"):format(where, arch), level)
+  end
+  return arch
+end
+
+function M.load_module(v, opts)
+  opts = check_table(opts, LOAD_OPTS, "cuda.load_module", 3)
+  check_arch(opts.arch, "cuda.load_module", 3)
+  local data, kind, path = image_of(v, "cuda.load_module", 3)
+  local name = opts.name or path or ("<" .. KIND_NAMES[kind] .. ">")
+  local f = { image = data, kind = kind, log = "", name = name, arch = opts.arch }
+  if kind == "ltoir" then
+    local arch = link_arch(opts.arch, "cuda.load_module", 3)
+    local log
+    f.image, log = jitlink({ { data, name } }, arch, true, nil, "cuda.load_module", 3)
+    f.kind, f.log, f.arch = "cubin", log, arch
+  end
+  if f.kind == "cubin" then
+    local elf = modules.elf_info(f.image)
+    if not elf or not elf.cuda then
+      error(("cuda.load_module: %s is an ELF file but not a CUDA cubin (a host object? build with nvcc -cubin or -fatbin)"):format(name), 2)
+    end
+    f.listed, f.relocatable = elf.kernels, elf.relocatable
+  elseif f.kind == "ptx" then
+    f.info = modules.ptx_entries(f.image)
+    f.listed = {}
+    for n in pairs(f.info) do f.listed[#f.listed + 1] = n end
+    table.sort(f.listed)
+  end
+  return modules.new(f)
+end
+
+-- cuda.link({inputs}, [opts]): modules made with relocatable = true or lto = true, modules
+-- from load_module, and images (paths or bytes) linked into one module by nvJitLink
+local LINK_OPTS = { name = "string", arch = "string", options = "table" }
+
+function M.link(inputs, opts)
+  if type(inputs) ~= "table" or #inputs == 0 then
+    error("cuda.link: expected a list of modules or images, got " .. (type(inputs) == "table" and "an empty table" or type(inputs)), 2)
+  end
+  opts = check_table(opts, LINK_OPTS, "cuda.link", 3)
+  check_arch(opts.arch, "cuda.link", 3)
+  check_strings(opts.options or {}, "opts.options", "cuda.link", 3)
+  local list, info, arch, lto = {}, {}, opts.arch, false
+  for i, v in ipairs(inputs) do
+    local data, kind, name
+    if modules.is_module(v) then
+      local st = modules.fields(v)
+      data, kind, name = st.image, st.kind, st.name
+      for expr, e in pairs(st.info) do info[expr] = info[expr] or e end
+      if st.arch and st.arch:match("^sm_") then
+        if arch and arch ~= st.arch and not opts.arch then
+          error(("cuda.link: input %d is for %s, an earlier one for %s: give opts.arch"):format(i, st.arch, arch), 2)
+        end
+        arch = arch or st.arch
+      end
+    else
+      data, kind, name = image_of(v, ("cuda.link: input %d"):format(i), 3)
+      if kind == "ptx" then
+        for expr, e in pairs(modules.ptx_entries(data)) do info[expr] = info[expr] or e end
+      end
+    end
+    lto = lto or kind == "ltoir"
+    list[#list + 1] = { data, name or ("input " .. i) }
+  end
+  arch = link_arch(arch, "cuda.link", 3)
+  local cubin, log = jitlink(list, arch, lto, opts.options, "cuda.link", 3)
+  local elf = modules.elf_info(cubin) or { kernels = {} }
+  return modules.new { image = cubin, kind = "cubin", log = log, info = info, arch = arch,
+                       name = opts.name or "<linked>", linked = true, listed = elf.kernels }
+end
+
+return M
