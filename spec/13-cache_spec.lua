@@ -307,7 +307,7 @@ end)
 
 describe("the cache entry format", function()
   local E = {
-    image = "\127ELF\0\1\2binary:with:colons\n", kind = "cubin", ptx = ".version 9.0\n.entry k(", relocatable = true,
+    image = "\127ELF\0\1\2binary:with:colons\n", kind = "cubin", ptx = ".version 9.0\n.entry k(", relocatable = true, arch = "sm_90a",
     log = "warning: 3:4",
     info = {
       k = { symbol = "k", codes = "pfl", types = { "float*", "float", "long long" } },
@@ -324,6 +324,7 @@ describe("the cache entry format", function()
     assert.equal(E.image, e.image)
     assert.equal(E.ptx, e.ptx)
     assert.equal(E.kind, e.kind)
+    assert.equal("sm_90a", e.arch)
     assert.is_true(e.relocatable)
     assert.equal(E.log, e.log)
     for name, want in pairs(E.info) do

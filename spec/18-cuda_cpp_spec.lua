@@ -166,6 +166,40 @@ describe("the user's own headers", function()
     assert.equal(misses, cache.stats.misses) -- not looked up at all
   end)
 
+  it("include cycles through .. folders end, each file read once", function()
+    for _, d in ipairs { "a", "b", "c" } do os.execute("mkdir -p " .. H.q(dir .. "/inc/" .. d)) end
+    for _, d in ipairs { "a", "b", "c" } do
+      local others = {}
+      for _, o in ipairs { "a", "b", "c" } do
+        if o ~= d then others[#others + 1] = ('#include "../%s/%s.h"'):format(o, o) end
+      end
+      H.write(("%s/inc/%s/%s.h"):format(dir, d, d), "#pragma once\n" .. table.concat(others, "\n") ..
+              ("\n#define %s_H 1\n"):format(d:upper()))
+    end
+    local t0 = cuda.time()
+    local src = '#include <a/a.h>\nstatic_assert(A_H + B_H + C_H == 3, "all");' .. KERNEL
+    local m = compile(src, { include_dirs = { dir .. "/inc" } })
+    assert.equal(m, compile(src, { include_dirs = { dir .. "/inc" } }))
+    assert.is_true(cuda.time() - t0 < 10)
+  end)
+
+  it("folders given as -I options and headers handed in opts.headers are followed too", function()
+    local cache = require "cudalua.cache"
+    os.execute("mkdir -p " .. H.q(dir .. "/opt"))
+    H.write(dir .. "/opt/g.h", "#define G 11\n")
+    local src = '#include "wrapper.h"\n__global__ void k(int *x) { *x = G; }\n'
+    local function build()
+      return compile(src, { options = { "-I" .. dir .. "/opt" }, headers = { ["wrapper.h"] = '#include "g.h"\n' } })
+    end
+    local m1 = build()
+    assert.equal(m1, build())
+    H.write(dir .. "/opt/g.h", "#define G 22\n")
+    local misses = cache.stats.misses
+    local m2 = build()
+    assert.equal(misses + 1, cache.stats.misses)
+    assert.matches("mov.u32%s+%%r%d+, 22;", m2:ptx())
+  end)
+
   it("misuse: include_dirs must be a list of existing folders", function()
     C.raises("cuda.compile: opts.include_dirs must be a table, got string", compile, KERNEL, { include_dirs = dir })
     C.raises("cuda.compile: opts.include_dirs[1] must be a string", compile, KERNEL, { include_dirs = { 3 } })
@@ -173,6 +207,43 @@ describe("the user's own headers", function()
              { include_dirs = { dir .. "/nope" } })
     H.write(dir .. "/file", "x")
     C.raises("is not a directory", compile, KERNEL, { include_dirs = { dir .. "/file" } })
+  end)
+end)
+
+describe("how a cubin is made", function()
+  it("NVRTC's PTX without its unused variables, assembled by nvJitLink: 25 times smaller", function()
+    local src = "#include <cooperative_groups.h>\n#include <cuda/std/limits>" .. KERNEL
+    local small = compile(src, { cache = false })
+    local direct = compile(src, { cache = false, options = { "-Xptxas=-O3" } })  -- ptxas options: NVRTC's own cubin
+    assert.is_true(#direct:cubin() > 20 * #small:cubin(), #direct:cubin() .. " vs " .. #small:cubin())
+    assert.is_nil(small:ptx():find("numeric_limits", 1, true))
+    assert.is_truthy(direct:ptx():find("numeric_limits", 1, true))
+    assert.same({ "k" }, small:kernels())
+  end)
+
+  it("whether nvJitLink is there is part of the cache key", function()
+    local dir = H.tmpdir()
+    local f = dir .. "/src.cu"
+    H.write(f, "#include <cooperative_groups.h>\n// key " .. os.time() .. KERNEL)
+    local prog = ('package.cpath = "./?.so;" .. package.cpath; local cuda = require "cudalua"; ' ..
+      'local m = cuda.compile(io.read("a"), {arch = "sm_90"}); io.write(#m:cubin() > 50000 and "big" or "small", " ", ' ..
+      'require("cudalua.cache").stats.disk_hits)')
+    local function run(env)
+      return H.run(("%s CUDALUA_CACHE_DIR=%s %s -e %s < %s"):format(env, H.q(dir .. "/cache"), H.LUA, H.q(prog), H.q(f)))
+    end
+    assert.equal("big 0", run("CUDALUA_NVJITLINK=/nonexistent/libnvJitLink.so"))
+    assert.equal("small 0", run(""))     -- not the entry the other way made
+    assert.equal("small 1", run(""))
+    H.rmrf(dir)
+  end)
+
+  it("errors point at the caller's line", function()
+    -- (not tail calls: a tail call leaves no line to point at)
+    local ok, e = pcall(function() local m = cuda.compile("this is not C++", { arch = ARCH, cache = false }); return m end)
+    assert.is_false(ok)
+    assert.matches("18%-cuda_cpp_spec%.lua:%d+: cuda%.compile: cudalua_kernel%.cu failed to compile", e)
+    ok, e = pcall(function() local k = cuda.kernel(KERNEL, "k", { arch = ARCH, bogus = 1 }); return k end)
+    assert.matches("18%-cuda_cpp_spec%.lua:%d+: cuda%.compile: unknown option 'bogus'", e)
   end)
 end)
 
@@ -233,7 +304,7 @@ describe("module inspection", function()
       'local m = cuda.compile(io.read("a"), {arch = "sm_90"}); io.write(m:ptx():match("%.entry%s+[%w_]+"), " ", ' ..
       'require("cudalua.cache").stats.disk_hits)')
     local cmd = ("CUDALUA_CACHE_DIR=%s %s -e %s"):format(H.q(dir), H.LUA, H.q(prog))
-    local f = H.tmpdir() .. "/src.cu"
+    local f = dir .. "/src.cu"
     H.write(f, src)
     local first = H.run(cmd .. " < " .. H.q(f))
     local second = H.run(cmd .. " < " .. H.q(f))

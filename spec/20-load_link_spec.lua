@@ -59,6 +59,8 @@ local function check_saxpy(k, a)
   for i = 1, n do assert.equal(C.f32(C.f32(a) * C.f32(x[i]) + C.f32(y[i])), h[i], "element " .. i) end
 end
 
+teardown(function() if built then H.rmrf(built.dir) end end)
+
 describe("cuda.load_module", function()
   with_nvcc(it, "tells a cubin, PTX and a fatbin from nvcc apart, from a path or the bytes", function()
     local img = nvcc_images()
@@ -170,6 +172,57 @@ describe("cuda.load_module", function()
   end)
 end)
 
+describe("PTX listings", function()
+  it("leave out commented entries, take entries without parameters and arrays of any width", function()
+    local e = MOD.ptx_entries([[
+.version 9.0
+.target sm_90
+/* .visible .entry fake(.param .u32 a) {} */
+// .visible .entry fake2(
+.visible .entry none
+{ ret; }
+.visible .entry arrays(
+	.param .align 16 .b32 arrays_param_0[4],
+	.param .f64 arrays_param_1
+)
+{ ret; }]])
+    assert.is_nil(e.fake)
+    assert.is_nil(e.fake2)
+    assert.equal("", e.none.codes)
+    assert.equal("xd", e.arrays.codes)
+    assert.equal("16 bytes (.b32[4])", e.arrays.types[1])
+  end)
+end)
+
+describe("modules", function()
+  it("kernels() gives a copy, and misuse says what is wrong", function()
+    local m = cuda.load_module(cuda.compile('extern "C" __global__ void a() {}\nextern "C" __global__ void b() {}', { arch = "sm_90" }):cubin())
+    table.remove(m:kernels(), 1)
+    assert.same({ "a", "b" }, m:kernels())
+    C.raises("cudalua: module:kernels: expected a module (call it as m:kernels())", m.kernels)
+    C.raises("cudalua: module:ptx: expected a module (call it as m:ptx())", m.ptx, 5)
+    C.raises("cudalua: modules are indexed by kernel names, got number", function() return m[1] end)
+    C.raises("cudalua: modules are read-only", function() m.x = 1 end)
+  end)
+
+  it("a damaged cubin is refused as such", function()
+    local img = cuda.compile('extern "C" __global__ void a(int *x) { *x = 1; }', { arch = "sm_90" }):cubin()
+    local bad = img:sub(1, 0x28) .. string.pack("<I8", 1 << 40) .. img:sub(0x31)   -- section table far away
+    C.raises("cuda.load_module: <a cubin> is a damaged cubin", cuda.load_module, bad)
+    assert.is_false(MOD.elf_info(bad))
+    assert.is_nil(MOD.elf_info("not elf"))
+  end)
+
+  it("a module loaded from LTO-IR links as LTO-IR", function()
+    local A = 'extern __device__ float twice(float);\nextern "C" __global__ void use(float *x) { *x = twice(*x); }'
+    local B = '__device__ float twice(float v) { return 2 * v; }'
+    local la = cuda.compile(A, { arch = "sm_90", lto = true })
+    local lb = cuda.load_module(cuda.compile(B, { arch = "sm_90", lto = true }):image(), { arch = "sm_90" })
+    assert.equal("cubin", lb:kind())
+    assert.same({ "use" }, cuda.link({ la, lb }):kernels())
+  end)
+end)
+
 describe("signatures", function()
   it("read C parameter lists, names and qualifiers included", function()
     local codes, types = MOD.parse_signature("float a, const float *x, float* y, int n")
@@ -180,6 +233,12 @@ describe("signatures", function()
     assert.equal("pqdb", (MOD.parse_signature("double *, double const *p, double, bool flag")))
     assert.equal("", (MOD.parse_signature("")))
     assert.equal("", (MOD.parse_signature("void")))
+  end)
+
+  it("read qualifiers, std:: names and builtin types in any word order", function()
+    assert.equal("xxLLSix", (MOD.parse_signature(
+      "const float4, struct Pair p, std::size_t n, long unsigned n, short unsigned int s, __grid_constant__ const int n, long double d")))
+    assert.equal("IlaAIx", (MOD.parse_signature("unsigned, ::int64_t x, char c, unsigned char, unsigned int, const Params")))
   end)
 
   it("misuse: references, templates and empty parameters", function()
@@ -243,7 +302,9 @@ __device__ float twice(float v) { return 2.0f * v; }]]
       local ok, e = pcall(cuda.link, {a})
       print(ok, e, cuda.versions().nvjitlink)]]
     local out = H.run(("CUDALUA_NVJITLINK=/nonexistent/libnvJitLink.so %s -e %s 2>&1"):format(H.LUA, H.q(prog)))
-    assert.matches("false\tcudalua: nvJitLink not found (libnvJitLink.so.13 or .12, from the CUDA toolkit; set CUDA_HOME or LD_LIBRARY_PATH): linking and LTO-IR modules need it\tnil",
+    assert.matches("false\tcudalua: nvJitLink not found (libnvJitLink.so.13 or .12, from the CUDA toolkit): " ..
+                   "CUDALUA_NVJITLINK=/nonexistent/libnvJitLink.so cannot be opened (/nonexistent/libnvJitLink.so: " ..
+                   "cannot open shared object file: No such file or directory): linking and LTO-IR modules need it\tnil",
                    out, 1, true)
   end)
 

@@ -234,10 +234,11 @@ typedef struct cl_launch {
   int cooperative;               /* grid-wide synchronisation (cuLaunchKernelEx attribute) */
   cl_stream *s;
 } cl_launch;
-enum { CL_CFG_LAUNCH, CL_CFG_GRAPH };
+enum { CL_CFG_LAUNCH, CL_CFG_GRAPH, CL_CFG_FORALL };
 /* the configuration table at idx ({grid, block [, stream [, shared]]} and the keys grid, block,
    stream, shared, cooperative, cluster); unknown keys raise. Messages about a bad grid or block
-   start with prefix; where names the caller. Graph nodes take no stream. */
+   start with prefix; where names the caller. Graph nodes take no stream; forall's options
+   (stream, shared, cooperative, cluster) take no grid or block. */
 void cl_launch_parse(lua_State *L, int idx, cl_launch *c, int mode, const char *where,
                      const char *prefix);
 void cl_kernel_ctx(lua_State *L, cl_kernel *k);          /* its context made current */

@@ -112,7 +112,10 @@ typedef struct { const char *name; size_t len, line_start, line_end; int used; }
    module names. NVRTC emits every static constexpr member the headers instantiate as such
    a variable (about a thousand for <cooperative_groups.h>, libcu++'s numeric_limits and
    integral_constant members); ptxas keeps them all, and a cubin with them is 25 times the
-   size and takes 30 times as long to load. */
+   size and takes 30 times as long to load. In whole-program mode NVRTC also writes a plain
+   __device__ variable without .visible: one no kernel uses goes too, which matters only to
+   code looking globals up by name (cudalua does not). When this changes, bump PIPELINE in
+   lua/cudalua/compile.lua: cached cubins were made by the old one. */
 static int l_ptx_strip(lua_State *L) {
   size_t n;
   const char *s = luaL_checklstring(L, 1, &n);
@@ -131,7 +134,8 @@ static int l_ptx_strip(lua_State *L) {
       while (ne > at && (s[ne - 1] == ' ' || s[ne - 1] == '\t')) ne--;
       size_t nb = ne;
       while (nb > at && ident_char((unsigned char)s[nb - 1])) nb--;
-      if (stop < end && last > at && s[last - 1] == ';' && nb < ne) {
+      int several = memchr(s + at, ',', stop - at) != NULL;   /* ".global .u32 a, b;": kept */
+      if (stop < end && last > at && s[last - 1] == ';' && nb < ne && !several) {
         if (nv == cap) {
           pvar *nv2 = realloc(v, 2 * cap * sizeof *v);
           if (!nv2) { free(v); return luaL_error(L, "cudalua: out of host memory"); }

@@ -15,8 +15,7 @@ cl_api cu;
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static int drv_state;        /* 0 not tried, 1 ok, -1 failed */
-static int nv_state;
-static char drv_err[256], nv_err[1024], nv_path[600];
+static char drv_err[256];
 
 #define MAXDEV 64
 static CUcontext dev_ctx[MAXDEV];  /* primary contexts, retained once per process */
@@ -73,91 +72,105 @@ int cl_driver_load(void) {
 }
 
 const char *cl_driver_error(void) { return drv_err; }
-const char *cl_nvrtc_error(void) { return nv_err; }
-const char *cl_nvrtc_path(void) { return nv_path; }
 
 /* the NVRTC and nvJitLink libraries looked for, newest first (loading and the cache identity
    use the same lists) */
 static const char *nvrtc_names[] = {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so", NULL};
 static const char *jitlink_names[] = {"libnvJitLink.so.13", "libnvJitLink.so.12", "libnvJitLink.so", NULL};
-static int jl_state;
-static char jl_err[1024], jl_path[600];
 
-/* a toolkit library by its names, on the loader's path, then under CUDA_HOME, CUDA_PATH and
-   /usr/local/cuda; env names a library to use instead (the specs hide one with it) */
-static void *open_toolkit_lib(const char **names, const char *env, char *path, size_t pathn) {
-  const char *forced = getenv(env);
+/* a toolkit library: its state, where it was found, why not, and its entry points */
+typedef struct {
+  int state;                  /* 0 not tried, 1 ok, -1 failed */
+  char path[700], err[1500];
+  const char *const *names, *env, *what;
+  const char *const *syms;
+  void **const *slots;
+  const char *optional;       /* an entry point newer libraries have: NULL when missing */
+  const char *need;           /* what needs it, for the message */
+} toolkit_lib;
+
+#define CL_SYMNAME(f) #f,
+#define CL_SYMSLOT(f) (void **)&cu.f,
+static const char *const nvrtc_syms[] = {CL_NVRTC_FUNCS(CL_SYMNAME) NULL};
+static void **const nvrtc_slots[] = {CL_NVRTC_FUNCS(CL_SYMSLOT)};
+static const char *const jitlink_syms[] = {CL_JITLINK_FUNCS(CL_SYMNAME) NULL};
+static void **const jitlink_slots[] = {CL_JITLINK_FUNCS(CL_SYMSLOT)};
+
+static toolkit_lib nvrtc_lib = {0, "", "", nvrtc_names, "CUDALUA_NVRTC",
+  "NVRTC not found (libnvrtc.so.13 or .12", nvrtc_syms, nvrtc_slots, NULL, ""};
+/* nvJitLink is looked for next to NVRTC first: the two must come from one toolkit */
+static toolkit_lib jitlink_lib = {0, "", "", jitlink_names, "CUDALUA_NVJITLINK",
+  "nvJitLink not found (libnvJitLink.so.13 or .12, from the CUDA toolkit", jitlink_syms, jitlink_slots,
+  "nvJitLinkVersion", ": linking and LTO-IR modules need it"};
+
+static void *try_open(toolkit_lib *t, const char *path) {
+  void *h = dlopen(path, RTLD_LAZY | RTLD_LOCAL);
+  if (h) snprintf(t->path, sizeof t->path, "%s", path);
+  return h;
+}
+
+/* opens t (lock held): the library its environment variable names, else by its names next to
+   `near` (a library already loaded), on the loader's path, then under CUDA_HOME, CUDA_PATH and
+   /usr/local/cuda; then its entry points. The library exports the plain names as well as the
+   versioned ones the header's inline wrappers call. */
+static int open_toolkit_lib(toolkit_lib *t, const char *near) {
+  if (t->state) return t->state == 1;
+  const char *forced = getenv(t->env);
+  void *h = NULL;
+  char buf[700];
   if (forced && *forced) {
-    void *h = dlopen(forced, RTLD_LAZY | RTLD_LOCAL);
-    if (h) snprintf(path, pathn, "%s", forced);
-    return h;
-  }
-  const char *homes[] = {getenv("CUDA_HOME"), getenv("CUDA_PATH"), "/usr/local/cuda"};
-  char buf[600];
-  for (int j = -1; j < 3; j++) {
-    if (j >= 0 && (!homes[j] || !*homes[j])) continue;
-    for (int i = 0; names[i]; i++) {
-      if (j < 0) snprintf(buf, sizeof buf, "%s", names[i]);
-      else snprintf(buf, sizeof buf, "%s/lib64/%s", homes[j], names[i]);
-      void *h = dlopen(buf, RTLD_LAZY | RTLD_LOCAL);
-      if (h) { snprintf(path, pathn, "%s", buf); return h; }
+    if (!(h = try_open(t, forced))) {
+      const char *why = dlerror();
+      snprintf(t->err, sizeof t->err, "cudalua: %s): %s=%s cannot be opened (%s)%s", t->what, t->env, forced,
+               why ? why : "?", t->need);
     }
+  } else {
+    const char *homes[] = {getenv("CUDA_HOME"), getenv("CUDA_PATH"), "/usr/local/cuda"};
+    const char *slash = near ? strrchr(near, '/') : NULL;
+    for (int i = 0; !h && slash && t->names[i]; i++) {
+      snprintf(buf, sizeof buf, "%.*s/%s", (int)(slash - near), near, t->names[i]);
+      h = try_open(t, buf);
+    }
+    for (int j = -1; !h && j < 3; j++) {
+      if (j >= 0 && (!homes[j] || !*homes[j])) continue;
+      for (int i = 0; !h && t->names[i]; i++) {
+        if (j < 0) snprintf(buf, sizeof buf, "%s", t->names[i]);
+        else snprintf(buf, sizeof buf, "%s/lib64/%s", homes[j], t->names[i]);
+        h = try_open(t, buf);
+      }
+    }
+    if (!h) snprintf(t->err, sizeof t->err, "cudalua: %s; set CUDA_HOME or LD_LIBRARY_PATH)%s", t->what, t->need);
   }
-  return NULL;
+  if (h) {
+    const char *missing = NULL;
+    for (int i = 0; t->syms[i]; i++)
+      if (!(*t->slots[i] = dlsym(h, t->syms[i])) && !missing && !(t->optional && !strcmp(t->optional, t->syms[i])))
+        missing = t->syms[i];
+    if (missing) snprintf(t->err, sizeof t->err, "cudalua: %s lacks %s", t->path, missing);
+    else t->state = 1;
+  }
+  if (t->state != 1) t->state = -1;
+  return t->state == 1;
 }
 
 int cl_nvrtc_load(void) {
   pthread_mutex_lock(&lock);
-  if (nv_state == 0) {
-    void *h = open_toolkit_lib(nvrtc_names, "CUDALUA_NVRTC", nv_path, sizeof nv_path);
-    if (!h) {
-      snprintf(nv_err, sizeof nv_err,
-               "cudalua: NVRTC not found (libnvrtc.so.13 or .12; set CUDA_HOME or LD_LIBRARY_PATH)");
-      nv_state = -1;
-    } else {
-      const char *missing = NULL;
-#define CL_GET(f) if (!(*(void **)&cu.f = dlsym(h, #f)) && !missing) missing = #f;
-      CL_NVRTC_FUNCS(CL_GET)
-#undef CL_GET
-      if (missing) {
-        snprintf(nv_err, sizeof nv_err, "cudalua: %s lacks %s", nv_path, missing);
-        nv_state = -1;
-      } else nv_state = 1;
-    }
-  }
-  int ok = nv_state == 1;
+  int ok = open_toolkit_lib(&nvrtc_lib, NULL);
   pthread_mutex_unlock(&lock);
   return ok;
 }
 
 int cl_jitlink_load(void) {
   pthread_mutex_lock(&lock);
-  if (jl_state == 0) {
-    void *h = open_toolkit_lib(jitlink_names, "CUDALUA_NVJITLINK", jl_path, sizeof jl_path);
-    if (!h) {
-      snprintf(jl_err, sizeof jl_err,
-               "cudalua: nvJitLink not found (libnvJitLink.so.13 or .12, from the CUDA toolkit; set "
-               "CUDA_HOME or LD_LIBRARY_PATH): linking and LTO-IR modules need it");
-      jl_state = -1;
-    } else {
-      const char *missing = NULL;
-      /* the library exports the plain names as well as the versioned ones the header's
-         inline wrappers call */
-#define CL_GET(f) if (!(*(void **)&cu.f = dlsym(h, #f)) && !missing) missing = #f;
-      CL_JITLINK_FUNCS(CL_GET)
-#undef CL_GET
-      if (missing) {
-        snprintf(jl_err, sizeof jl_err, "cudalua: %s lacks %s", jl_path, missing);
-        jl_state = -1;
-      } else jl_state = 1;
-    }
-  }
-  int ok = jl_state == 1;
+  if (!nvrtc_lib.state) open_toolkit_lib(&nvrtc_lib, NULL);
+  int ok = open_toolkit_lib(&jitlink_lib, nvrtc_lib.state == 1 ? nvrtc_lib.path : NULL);
   pthread_mutex_unlock(&lock);
   return ok;
 }
 
-const char *cl_jitlink_error(void) { return jl_err; }
+const char *cl_nvrtc_error(void) { return nvrtc_lib.err; }
+const char *cl_nvrtc_path(void) { return nvrtc_lib.path; }
+const char *cl_jitlink_error(void) { return jitlink_lib.err; }
 
 const char *cl_errname(CUresult r) {
   const char *n = NULL;
@@ -321,21 +334,21 @@ static int l_driver_version(lua_State *L) {
 
 static int l_nvrtc_version(lua_State *L) {
   int ma = 0, mi = 0;
-  if (!cl_nvrtc_load()) { lua_pushnil(L); lua_pushstring(L, nv_err); return 2; }
+  if (!cl_nvrtc_load()) { lua_pushnil(L); lua_pushstring(L, nvrtc_lib.err); return 2; }
   cu.nvrtcVersion(&ma, &mi);
-  lua_pushinteger(L, ma); lua_pushinteger(L, mi); lua_pushstring(L, nv_path);
+  lua_pushinteger(L, ma); lua_pushinteger(L, mi); lua_pushstring(L, nvrtc_lib.path);
   return 3;
 }
 
-/* nvrtc_identity() -> "path:size:mtime" of the NVRTC library a compile would use, found
-   without loading it (loading takes ~10 ms, a disk cache hit must not pay that) */
-static int l_nvrtc_identity(lua_State *L) {
-  const char *forced = getenv("CUDALUA_NVRTC");
+/* "path:size:mtime" of the library a compile would use, found without loading it (loading
+   NVRTC takes ~10 ms, a disk cache hit must not pay that); what: "nvrtc" or "nvjitlink" */
+static void push_identity(lua_State *L, const char *const *names, const char *env, const char *what) {
+  const char *forced = getenv(env);
+  struct stat st;
   if (forced && *forced) {
-    struct stat st;
     if (stat(forced, &st) == 0) lua_pushfstring(L, "%s:%I:%I", forced, (lua_Integer)st.st_size, (lua_Integer)st.st_mtime);
-    else lua_pushliteral(L, "nvrtc:unknown");
-    return 1;
+    else lua_pushfstring(L, "%s:none", what);
+    return;
   }
   const char *dirs[8];
   int nd = 0;
@@ -349,27 +362,28 @@ static int l_nvrtc_identity(lua_State *L) {
   if ((e = getenv("CUDA_PATH")) && *e) { snprintf(h2, sizeof h2, "%s/lib64", e); dirs[nd++] = h2; }
   dirs[nd++] = "/usr/local/cuda/lib64";
   dirs[nd++] = "/usr/lib/x86_64-linux-gnu";
-  const char **names = nvrtc_names;
   for (int n = 0; names[n]; n++)
     for (int d = 0; d < nd; d++) {
       char p[1200], rp[PATH_MAX];
-      struct stat st;
       snprintf(p, sizeof p, "%s/%s", dirs[d], names[n]);
       if (stat(p, &st) == 0 && realpath(p, rp)) {
         lua_pushfstring(L, "%s:%I:%I", rp, (lua_Integer)st.st_size, (lua_Integer)st.st_mtime);
-        return 1;
+        return;
       }
     }
-  lua_pushliteral(L, "nvrtc:unknown");
-  return 1;
+  lua_pushfstring(L, "%s:none", what);
 }
 
-/* jitlink_version() -> major, minor, path | nil, why */
+static int l_nvrtc_identity(lua_State *L) { push_identity(L, nvrtc_names, "CUDALUA_NVRTC", "nvrtc"); return 1; }
+static int l_jitlink_identity(lua_State *L) { push_identity(L, jitlink_names, "CUDALUA_NVJITLINK", "nvjitlink"); return 1; }
+
+/* jitlink_version() -> major, minor, path | nil, why; major 0 when the library is older than
+   nvJitLinkVersion (12.3) */
 static int l_jitlink_version(lua_State *L) {
   unsigned ma = 0, mi = 0;
-  if (!cl_jitlink_load()) { lua_pushnil(L); lua_pushstring(L, jl_err); return 2; }
-  cu.nvJitLinkVersion(&ma, &mi);
-  lua_pushinteger(L, ma); lua_pushinteger(L, mi); lua_pushstring(L, jl_path);
+  if (!cl_jitlink_load()) { lua_pushnil(L); lua_pushstring(L, jitlink_lib.err); return 2; }
+  if (cu.nvJitLinkVersion) cu.nvJitLinkVersion(&ma, &mi);
+  lua_pushinteger(L, ma); lua_pushinteger(L, mi); lua_pushstring(L, jitlink_lib.path);
   return 3;
 }
 
@@ -404,6 +418,6 @@ void cl_open_driver(lua_State *L) {
     {"devices", l_devices}, {"select_device", l_select_device},
     {"current_device", l_current_device}, {"synchronize", l_synchronize},
     {"driver_version", l_driver_version}, {"nvrtc_version", l_nvrtc_version}, {"jitlink_version", l_jitlink_version},
-    {"mem_info", l_mem_info}, {"nvrtc_identity", l_nvrtc_identity}, {"time", l_time}, {"sleep", l_sleep}, {NULL, NULL}};
+    {"mem_info", l_mem_info}, {"nvrtc_identity", l_nvrtc_identity}, {"jitlink_identity", l_jitlink_identity}, {"time", l_time}, {"sleep", l_sleep}, {NULL, NULL}};
   luaL_setfuncs(L, f, 0);
 }

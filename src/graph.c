@@ -192,6 +192,7 @@ static int g_kernel(lua_State *L) {
   kernel_params(&cfg, k, &A, &p);
   CUgraphNode h = NULL;
   CUresult r = cu.cuGraphAddKernelNode(&h, g->g, deps, nd, &p);
+  int added = r == CUDA_SUCCESS;
   /* cluster and cooperative launches are attributes of the node */
   CUkernelNodeAttrValue v;
   if (r == CUDA_SUCCESS && c.cluster[0]) {
@@ -205,7 +206,7 @@ static int g_kernel(lua_State *L) {
     r = cu.cuGraphKernelNodeSetAttribute(h, CU_LAUNCH_ATTRIBUTE_COOPERATIVE, &v);
   }
   if (r != CUDA_SUCCESS) {
-    if (h && (c.cluster[0] || c.cooperative)) cu.cuGraphDestroyNode(h);   /* added, attributes refused */
+    if (added) cu.cuGraphDestroyNode(h);   /* added, its attributes refused */
     luaL_error(L, "cudalua: graph:kernel '%s': %s", cl_kernel_name(L, 2), cl_errname(r));
   }
   for (int i = 0; i < nargs; i++) keep(L, 1, first + i);

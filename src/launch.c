@@ -195,11 +195,18 @@ void cl_kernel_shared(lua_State *L, cl_kernel *k, int kidx, unsigned shared) {
                "bytes of static shared memory this device allows at most %d (its opt-in limit per block is %d)",
                cl_kernel_name(L, kidx), (int)shared, k->static_shared,
                optin > k->static_shared ? optin - k->static_shared : 0, optin);
-  CUresult r = cu.cuFuncSetAttribute(k->fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)shared);
-  if (r != CUDA_SUCCESS)
-    luaL_error(L, "cudalua: kernel '%s': cannot opt in to %d bytes of dynamic shared memory: %s",
-               cl_kernel_name(L, kidx), (int)shared, cl_errname(r));
-  k->dyn_max = shared;
+  /* the attribute belongs to the function, which other kernel objects (the same symbol got
+     with another signature) share: it is only ever raised */
+  int now = 0;
+  cu.cuFuncGetAttribute(&now, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, k->fn);
+  if ((unsigned)now < shared) {
+    CUresult r = cu.cuFuncSetAttribute(k->fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)shared);
+    if (r != CUDA_SUCCESS)
+      luaL_error(L, "cudalua: kernel '%s': cannot opt in to %d bytes of dynamic shared memory: %s",
+                 cl_kernel_name(L, kidx), (int)shared, cl_errname(r));
+    now = (int)shared;
+  }
+  k->dyn_max = (unsigned)now;
   k->occ_block = 0;
 }
 
@@ -231,13 +238,15 @@ static CUresult launch_ex(cl_kernel *k, const cl_launch *c, CUstream h, void **p
 
 /* why a launch failed, in words a user can act on, where cudalua can tell (slow path) */
 static const char *launch_hint(lua_State *L, cl_kernel *k, const cl_launch *c, CUresult r) {
+  /* only refusals of the configuration; an earlier fault may make any call fail */
+  if (r != CUDA_ERROR_INVALID_VALUE && r != CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE &&
+      r != CUDA_ERROR_INVALID_CLUSTER_SIZE && r != CUDA_ERROR_NOT_SUPPORTED) return "";
   CUdevice dev;
   int ma = 0, sms = 0, coop = 0;
-  if (cu.cuCtxGetDevice(&dev) == CUDA_SUCCESS) {
-    cu.cuDeviceGetAttribute(&ma, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev);
-    cu.cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
-    cu.cuDeviceGetAttribute(&coop, CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH, dev);
-  }
+  if (cu.cuCtxGetDevice(&dev) != CUDA_SUCCESS ||
+      cu.cuDeviceGetAttribute(&ma, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev) != CUDA_SUCCESS ||
+      cu.cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev) != CUDA_SUCCESS ||
+      cu.cuDeviceGetAttribute(&coop, CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH, dev) != CUDA_SUCCESS) return "";
   if (c->cooperative && !coop) return "this device does not support cooperative launches";
   if (r == CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE || (c->cooperative && r == CUDA_ERROR_INVALID_VALUE)) {
     int per = 0;
@@ -301,18 +310,14 @@ int cl_kernel_launch(lua_State *L, cl_kernel *k, int kidx, int first, const cl_l
     for (int i = 0; i < A.ntmp; i++) if (A.tmp[i].d) cu.cuMemFreeAsync(A.tmp[i].d, h);
     const char *es = NULL;
     cu.cuGetErrorString(r, &es);
-    const char *hint = launch_hint(L, k, c, r);
-    luaL_Buffer b;
-    luaL_buffinit(L, &b);
+    const char *hint = launch_hint(L, k, c, r), *name = cl_kernel_name(L, kidx);
+    int base = lua_gettop(L);
     lua_pushfstring(L, "cudalua: kernel '%s' launch with grid {%d, %d, %d}, block {%d, %d, %d}, shared %d",
-                    cl_kernel_name(L, kidx), c->g[0], c->g[1], c->g[2], c->b[0], c->b[1], c->b[2], c->shared);
-    luaL_addvalue(&b);
-    if (c->cluster[0]) { lua_pushfstring(L, ", cluster {%d, %d, %d}", c->cluster[0], c->cluster[1], c->cluster[2]); luaL_addvalue(&b); }
-    if (c->cooperative) luaL_addstring(&b, ", cooperative");
-    lua_pushfstring(L, " failed: %s (%s)", cl_errname(r), es ? es : "");
-    luaL_addvalue(&b);
-    if (*hint) { luaL_addstring(&b, ": "); luaL_addstring(&b, hint); }
-    luaL_pushresult(&b);
+                    name, c->g[0], c->g[1], c->g[2], c->b[0], c->b[1], c->b[2], c->shared);
+    if (c->cluster[0]) lua_pushfstring(L, ", cluster {%d, %d, %d}", c->cluster[0], c->cluster[1], c->cluster[2]);
+    if (c->cooperative) lua_pushliteral(L, ", cooperative");
+    lua_pushfstring(L, " failed: %s (%s)%s%s", cl_errname(r), es ? es : "", *hint ? ": " : "", hint);
+    lua_concat(L, lua_gettop(L) - base);
     return lua_error(L);
   }
   for (int i = 0; i < A.nused; i++) cl_mem_use(A.used[i], s);
@@ -410,6 +415,9 @@ void cl_launch_parse(lua_State *L, int idx, cl_launch *c, int mode, const char *
       const char *key = lua_tostring(L, v - 1);
       for (int j = 0; cfg_keys[j]; j++) if (!strcmp(key, cfg_keys[j])) { w = j; break; }
     }
+    if (mode == CL_CFG_FORALL && w >= 0 && (w < 2 || lua_type(L, v - 1) != LUA_TSTRING)) w = -1;
+    if (w < 0 && mode == CL_CFG_FORALL)
+      luaL_error(L, "cudalua: forall: unknown option '%s' (stream, shared, cooperative, cluster)", luaL_tolstring(L, v - 1, NULL));
     if (w < 0) {   /* a misspelt option must not be ignored */
       int n = (int)lua_rawlen(L, idx);
       if (lua_type(L, v - 1) == LUA_TNUMBER && n > 4)
@@ -426,17 +434,18 @@ void cl_launch_parse(lua_State *L, int idx, cl_launch *c, int mode, const char *
       case 0: dims(L, v, c->g, prefix, "grid"); break;
       case 1: dims(L, v, c->b, prefix, "block"); break;
       case 2:
-        if (mode == CL_CFG_GRAPH)
-          luaL_error(L, "cudalua: %s: a graph node has no stream (the graph is launched on one)", where);
-        c->s = cl_tostream(L, v, "launch configuration");
+        if (mode == CL_CFG_GRAPH) {   /* {g, b, nil, shared} is written with false or 0 too */
+          if (lua_toboolean(L, v) && !(lua_isinteger(L, v) && lua_tointeger(L, v) == 0))
+            luaL_error(L, "cudalua: %s: a graph node has no stream (the graph is launched on one)", where);
+        } else c->s = cl_tostream(L, v, mode == CL_CFG_FORALL ? "forall" : "launch configuration");
         break;
-      case 3: c->shared = *prefix ? shared_named(L, v, prefix, "shared") : shared_bytes(L, v); break;
+      case 3: c->shared = mode == CL_CFG_GRAPH ? shared_named(L, v, prefix, "shared") : shared_bytes(L, v); break;
       case 4: lua_pushvalue(L, v); cfg_cooperative(L, c, where); break;
       case 5: lua_pushvalue(L, v); cfg_cluster(L, c, prefix); break;
     }
     lua_settop(L, v - 1);
   }
-  for (int w = 0; w < 2; w++)
+  for (int w = 0; w < 2 && mode != CL_CFG_FORALL; w++)
     if (!(have & (1 << w))) luaL_error(L, "cudalua: %s: configuration needs %s", where, cfg_keys[w]);
   cfg_check_cluster(L, c, where);
 }
@@ -485,22 +494,28 @@ int cl_kernel_index(lua_State *L) {
   if (lua_type(L, 2) == LUA_TTABLE) {
     cl_launch c;
     int n = (int)lua_rawlen(L, 2);
-    if (n == 2) {   /* {n, n}: the tutorials' form, in a loop; nothing but the two entries */
+    lua_pushinteger(L, n);
+    if (n >= 2 && n <= 4 && !lua_next(L, 2)) {
+      /* {grid, block [, stream [, shared]]} and nothing else: the tutorials' forms, in loops */
+      memset(&c, 0, sizeof c);
       int gi, bi;
       lua_rawgeti(L, 2, 1);
       lua_rawgeti(L, 2, 2);
       lua_Integer g = lua_tointegerx(L, 3, &gi), b = lua_tointegerx(L, 4, &bi);
-      lua_pushinteger(L, 2);
-      if (gi && bi && g >= 1 && b >= 1 && g <= 0x7fffffff && b <= 0x7fffffff && !lua_next(L, 2)) {
-        memset(&c, 0, sizeof c);
+      if (gi && bi && g >= 1 && b >= 1 && g <= 0x7fffffff && b <= 0x7fffffff) {
         c.g[0] = (unsigned)g; c.b[0] = (unsigned)b;
         c.g[1] = c.g[2] = c.b[1] = c.b[2] = 1;
-        lua_settop(L, 2);
-        push_reused_launcher(L, 1, k, &c);
-        return 1;
+      } else {
+        dims(L, 3, c.g, "", "grid");
+        dims(L, 4, c.b, "", "block");
       }
+      if (n >= 3) { lua_rawgeti(L, 2, 3); c.s = cl_tostream(L, -1, "launch configuration"); }
+      if (n >= 4) { lua_rawgeti(L, 2, 4); c.shared = shared_bytes(L, -1); }
       lua_settop(L, 2);
+      push_reused_launcher(L, 1, k, &c);
+      return 1;
     }
+    lua_settop(L, 2);
     if (n > 4 || (n < 2 && lua_getfield(L, 2, "block") == LUA_TNIL))
       return luaL_error(L, "cudalua: launch configuration is {grid, block [, stream [, shared]]}, got %d entries", n);
     lua_settop(L, 2);
@@ -524,8 +539,7 @@ static int k_launch(lua_State *L) {
   cl_kernel *k = cl_checkkernel(L, 1);
   cl_launch c;
   cl_launch_parse(L, 2, &c, CL_CFG_LAUNCH, "launch", "");
-  lua_remove(L, 2);
-  return cl_kernel_launch(L, k, 1, 2, &c);
+  return cl_kernel_launch(L, k, 1, 3, &c);   /* the table stays: it holds the stream */
 }
 
 /* k:forall(n [, {stream=, shared=, cooperative=, cluster=}]) -> launcher covering n threads,
@@ -539,21 +553,7 @@ static int k_forall(lua_State *L) {
   cl_launch c;
   memset(&c, 0, sizeof c);
   if (!lua_isnoneornil(L, 3)) {
-    luaL_checktype(L, 3, LUA_TTABLE);
-    lua_pushnil(L);
-    while (lua_next(L, 3)) {
-      lua_pop(L, 1);
-      const char *key = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "?";
-      if (strcmp(key, "stream") && strcmp(key, "shared") && strcmp(key, "cooperative") && strcmp(key, "cluster"))
-        return luaL_error(L, "cudalua: forall: unknown option '%s' (stream, shared, cooperative, cluster)", luaL_tolstring(L, -1, NULL));
-    }
-    lua_getfield(L, 3, "stream"); c.s = cl_tostream(L, -1, "forall");
-    lua_getfield(L, 3, "shared"); c.shared = shared_bytes(L, -1);
-    lua_pop(L, 2);
-    lua_getfield(L, 3, "cooperative");
-    cfg_cooperative(L, &c, "forall");
-    lua_getfield(L, 3, "cluster");
-    cfg_cluster(L, &c, "forall: ");
+    cl_launch_parse(L, 3, &c, CL_CFG_FORALL, "forall", "forall: ");
     if (c.cluster[0] && (c.cluster[1] != 1 || c.cluster[2] != 1))
       return luaL_error(L, "cudalua: forall: the grid is one-dimensional: cluster must be n or {n}");
   }
@@ -577,6 +577,7 @@ static int k_max_blocks(lua_State *L) {
   unsigned shared = shared_bytes(L, 3);
   luaL_argcheck(L, b >= 1 && b <= 1024, 2, "block size must be 1..1024");
   int nb = 0;
+  cl_kernel_shared(L, k, 1, shared);
   cl_kernel_ctx(L, k);
   cl_check(L, cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(&nb, k->fn, (int)b, shared),
            "max_blocks_per_sm");

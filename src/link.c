@@ -4,17 +4,16 @@
 #include <stdlib.h>
 #include "cl.h"
 
+/* the result codes by value (newer libraries add codes the headers of older toolkits lack) */
 static const char *jl_result(nvJitLinkResult r) {
-  switch (r) {
-    case NVJITLINK_SUCCESS: return "NVJITLINK_SUCCESS";
-    case NVJITLINK_ERROR_UNRECOGNIZED_OPTION: return "NVJITLINK_ERROR_UNRECOGNIZED_OPTION";
-    case NVJITLINK_ERROR_MISSING_ARCH: return "NVJITLINK_ERROR_MISSING_ARCH";
-    case NVJITLINK_ERROR_INVALID_INPUT: return "NVJITLINK_ERROR_INVALID_INPUT";
-    case NVJITLINK_ERROR_PTX_COMPILE: return "NVJITLINK_ERROR_PTX_COMPILE";
-    case NVJITLINK_ERROR_NVVM_COMPILE: return "NVJITLINK_ERROR_NVVM_COMPILE";
-    case NVJITLINK_ERROR_INTERNAL: return "NVJITLINK_ERROR_INTERNAL";
-    default: return "NVJITLINK_ERROR";
-  }
+  static const char *const names[] = {"NVJITLINK_SUCCESS", "NVJITLINK_ERROR_UNRECOGNIZED_OPTION",
+    "NVJITLINK_ERROR_MISSING_ARCH", "NVJITLINK_ERROR_INVALID_INPUT", "NVJITLINK_ERROR_PTX_COMPILE",
+    "NVJITLINK_ERROR_NVVM_COMPILE", "NVJITLINK_ERROR_INTERNAL", "NVJITLINK_ERROR_THREADPOOL",
+    "NVJITLINK_ERROR_UNRECOGNIZED_INPUT", "NVJITLINK_ERROR_FINALIZE", "NVJITLINK_ERROR_NULL_INPUT",
+    "NVJITLINK_ERROR_INCOMPATIBLE_OPTIONS", "NVJITLINK_ERROR_INCORRECT_INPUT_TYPE",
+    "NVJITLINK_ERROR_ARCH_MISMATCH", "NVJITLINK_ERROR_OUTDATED_LIBRARY", "NVJITLINK_ERROR_MISSING_FATBIN",
+    "NVJITLINK_ERROR_UNRECOGNIZED_ARCH", "NVJITLINK_ERROR_UNSUPPORTED_ARCH", "NVJITLINK_ERROR_LTO_NOT_ENABLED"};
+  return (unsigned)r < sizeof names / sizeof names[0] ? names[r] : "NVJITLINK_ERROR";
 }
 
 /* the error log (or the info log) of h as a Lua string */
@@ -38,11 +37,17 @@ static int l_jitlink(lua_State *L) {
   int want_ptx = lua_toboolean(L, 3);
   if (!cl_jitlink_load()) return luaL_error(L, "%s", cl_jitlink_error());
   int nopt = (int)lua_rawlen(L, 2), nin = (int)lua_rawlen(L, 1);
+  if (nin == 0) return luaL_error(L, "cuda.link: nothing to link");
   const char **opts = lua_newuserdatauv(L, sizeof(char *) * (nopt + 1), 0);
   for (int i = 0; i < nopt; i++) {
-    lua_rawgeti(L, 2, i + 1);
-    if (!(opts[i] = lua_tostring(L, -1))) return luaL_error(L, "cuda.link: option %d is not a string", i + 1);
+    if (lua_rawgeti(L, 2, i + 1) != LUA_TSTRING) return luaL_error(L, "cuda.link: option %d is not a string", i + 1);
+    opts[i] = lua_tostring(L, -1);
     lua_pop(L, 1);   /* the string stays referenced by the options table */
+  }
+  for (int i = 0; i < nin; i++) {   /* checked before the handle exists: nothing to free on error */
+    if (lua_rawgeti(L, 1, i + 1) != LUA_TTABLE || lua_rawgeti(L, -1, 1) != LUA_TSTRING)
+      return luaL_error(L, "cuda.link: input %d is not {bytes, name}", i + 1);
+    lua_pop(L, 2);
   }
   nvJitLinkHandle h = NULL;
   nvJitLinkResult r = cu.nvJitLinkCreate(&h, (uint32_t)nopt, opts);
@@ -57,9 +62,9 @@ static int l_jitlink(lua_State *L) {
     lua_rawgeti(L, -1, 1);
     lua_rawgeti(L, -2, 2);
     size_t n = 0;
-    const char *data = lua_tolstring(L, -2, &n), *name = lua_tostring(L, -1);
+    const char *data = lua_tolstring(L, -2, &n), *name = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "input";
     /* the library tells cubin, PTX, fatbin and LTO-IR apart by their contents */
-    if (data) r = cu.nvJitLinkAddData(h, NVJITLINK_INPUT_ANY, data, n, name ? name : "input");
+    r = cu.nvJitLinkAddData(h, NVJITLINK_INPUT_ANY, data, n, name);
     lua_pop(L, 3);
   }
   if (r == NVJITLINK_SUCCESS) r = cu.nvJitLinkComplete(h);

@@ -59,10 +59,13 @@ static int l_module_functions(lua_State *L) {
   lmodule *m = luaL_checkudata(L, 1, MODULE_MT);
   if (!m->m) return luaL_error(L, "cudalua: module is closed");
   unsigned n = 0;
+  CUcontext cur = NULL;
+  cu.cuCtxGetCurrent(&cur);
+  if (cur != m->ctx) cl_check(L, cu.cuCtxSetCurrent(m->ctx), "making the module's context current");
   if (!cu.cuModuleGetFunctionCount || !cu.cuModuleEnumerateFunctions || !cu.cuFuncGetName ||
       cu.cuModuleGetFunctionCount(&n, m->m) != CUDA_SUCCESS) return 0;
   CUfunction *f = lua_newuserdatauv(L, sizeof *f * (n ? n : 1), 0);
-  cl_check(L, cu.cuModuleEnumerateFunctions(f, n, m->m), "listing a module's kernels");
+  if (n) cl_check(L, cu.cuModuleEnumerateFunctions(f, n, m->m), "listing a module's kernels");
   lua_createtable(L, (int)n, 0);
   for (unsigned i = 0; i < n; i++) {
     const char *name = NULL;
@@ -182,23 +185,26 @@ cl_kernel *cl_checkkernel(lua_State *L, int idx) {
 }
 
 /* the function attributes, by the names k:attributes() and k:set_attribute() use */
-static const struct { const char *n; CUfunction_attribute a; int writable; } fattrs[] = {
-  {"max_threads_per_block", CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, 0},
-  {"shared_size_bytes", CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, 0},
-  {"const_size_bytes", CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES, 0},
-  {"local_size_bytes", CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, 0},
-  {"num_regs", CU_FUNC_ATTRIBUTE_NUM_REGS, 0},
-  {"ptx_version", CU_FUNC_ATTRIBUTE_PTX_VERSION, 0},
-  {"binary_version", CU_FUNC_ATTRIBUTE_BINARY_VERSION, 0},
-  {"cache_mode_ca", CU_FUNC_ATTRIBUTE_CACHE_MODE_CA, 0},
-  {"cluster_size_must_be_set", CU_FUNC_ATTRIBUTE_CLUSTER_SIZE_MUST_BE_SET, 0},
-  {"max_dynamic_shared_size_bytes", CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 1},
-  {"preferred_shared_memory_carveout", CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 1},
-  {"required_cluster_width", CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH, 1},
-  {"required_cluster_height", CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT, 1},
-  {"required_cluster_depth", CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH, 1},
-  {"non_portable_cluster_size_allowed", CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1},
-  {"cluster_scheduling_policy_preference", CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE, 1}};
+/* the function attributes, by the names k:attributes() and k:set_attribute() use; newer ones
+   (cluster attributes: CUDA 11.8) are left out where the driver does not know them */
+enum { RO, RW, RO_NEW, RW_NEW };
+static const struct { const char *n; CUfunction_attribute a; int kind; } fattrs[] = {
+  {"max_threads_per_block", CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, RO},
+  {"shared_size_bytes", CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, RO},
+  {"const_size_bytes", CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES, RO},
+  {"local_size_bytes", CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, RO},
+  {"num_regs", CU_FUNC_ATTRIBUTE_NUM_REGS, RO},
+  {"ptx_version", CU_FUNC_ATTRIBUTE_PTX_VERSION, RO},
+  {"binary_version", CU_FUNC_ATTRIBUTE_BINARY_VERSION, RO},
+  {"cache_mode_ca", CU_FUNC_ATTRIBUTE_CACHE_MODE_CA, RO},
+  {"max_dynamic_shared_size_bytes", CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, RW},
+  {"preferred_shared_memory_carveout", CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, RW},
+  {"cluster_size_must_be_set", CU_FUNC_ATTRIBUTE_CLUSTER_SIZE_MUST_BE_SET, RO_NEW},
+  {"required_cluster_width", CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH, RW_NEW},
+  {"required_cluster_height", CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT, RW_NEW},
+  {"required_cluster_depth", CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH, RW_NEW},
+  {"non_portable_cluster_size_allowed", CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, RW_NEW},
+  {"cluster_scheduling_policy_preference", CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE, RW_NEW}};
 #define NFATTRS (sizeof fattrs / sizeof fattrs[0])
 static const char *const cache_configs[] = {"prefer_none", "prefer_shared", "prefer_l1", "prefer_equal", NULL};
 static const CUfunc_cache cache_values[] = {CU_FUNC_CACHE_PREFER_NONE, CU_FUNC_CACHE_PREFER_SHARED,
@@ -213,7 +219,7 @@ static int k_attributes(lua_State *L) {
   for (size_t i = 0; i < NFATTRS; i++) {
     int v = 0;
     CUresult r = cu.cuFuncGetAttribute(&v, fattrs[i].a, k->fn);
-    if (r == CUDA_ERROR_INVALID_VALUE && i >= 7) continue;   /* newer than this driver */
+    if (r == CUDA_ERROR_INVALID_VALUE && fattrs[i].kind >= RO_NEW) continue;
     cl_check(L, r, "kernel:attributes");
     lua_pushinteger(L, v);
     lua_setfield(L, -2, fattrs[i].n);
@@ -237,11 +243,11 @@ static int k_set_attribute(lua_State *L) {
   }
   size_t i = 0;
   while (i < NFATTRS && strcmp(fattrs[i].n, name)) i++;
-  if (i == NFATTRS || !fattrs[i].writable) {
+  if (i == NFATTRS || fattrs[i].kind == RO || fattrs[i].kind == RO_NEW) {
     luaL_Buffer b;
     luaL_buffinit(L, &b);
     for (size_t j = 0; j < NFATTRS; j++)
-      if (fattrs[j].writable) { luaL_addstring(&b, fattrs[j].n); luaL_addstring(&b, ", "); }
+      if (fattrs[j].kind == RW || fattrs[j].kind == RW_NEW) { luaL_addstring(&b, fattrs[j].n); luaL_addstring(&b, ", "); }
     luaL_addstring(&b, "cache_config");
     luaL_pushresult(&b);
     return luaL_error(L, "cudalua: kernel:set_attribute: %s '%s' (writable: %s)",
@@ -292,7 +298,8 @@ void cl_kernel_occupancy(lua_State *L, cl_kernel *k, size_t shared) {
 static int k_occupancy(lua_State *L) {
   cl_kernel *k = cl_checkkernel(L, 1);
   lua_Integer shared = luaL_optinteger(L, 2, 0);
-  luaL_argcheck(L, shared >= 0, 2, "shared memory size must be >= 0");
+  luaL_argcheck(L, shared >= 0 && shared <= 0x7fffffff, 2, "shared memory size must be >= 0");
+  cl_kernel_shared(L, k, 1, (unsigned)shared);
   cl_kernel_occupancy(L, k, (size_t)shared);
   lua_pushinteger(L, k->occ_grid);
   lua_pushinteger(L, k->occ_block);

@@ -7,7 +7,7 @@
 local core = ...
 local M = {}
 
-local MAGIC = "cudalua-cache-2"
+local MAGIC = "cudalua-cache-3"
 local memory, nmemory = {}, 0 -- modules stay while the process runs (at most 512 of them)
 local warned = false
 M.stats = { memory_hits = 0, disk_hits = 0, misses = 0, writes = 0 }
@@ -61,9 +61,9 @@ function M.put_memory(key, mod)
 end
 
 -- entry = {image=, kind= ("cubin", "ptx", "ltoir"), ptx= (a cubin's PTX or nil),
---          relocatable=, log=, info={expr={symbol=, codes=, types=, error=}}}
+--          relocatable=, arch= ("sm_90"), log=, info={expr={symbol=, codes=, types=, error=}}}
 local function encode(hash, e)
-  local f = { MAGIC, hash, e.kind, e.relocatable and "1" or "0", e.log or "" }
+  local f = { MAGIC, hash, e.kind, e.relocatable and "1" or "0", e.arch or "", e.log or "" }
   local names = {}
   for expr in pairs(e.info) do names[#names + 1] = expr end
   table.sort(names)
@@ -96,8 +96,9 @@ local function decode(hash, data)
     pos = colon + 1 + len
   end
   if fields[1] ~= MAGIC or fields[2] ~= hash then return nil end
-  local e = { kind = fields[3], relocatable = fields[4] == "1", log = fields[5], info = {} }
-  local n, at = tonumber(fields[6]), 7
+  local e = { kind = fields[3], relocatable = fields[4] == "1", arch = fields[5] ~= "" and fields[5] or nil,
+              log = fields[6], info = {} }
+  local n, at = tonumber(fields[7]), 8
   if not n then return nil end
   for _ = 1, n do
     local expr, sym, codes, err, types = table.unpack(fields, at, at + 4)

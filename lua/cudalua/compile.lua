@@ -260,8 +260,8 @@ local function device_cc(level, what)
   return cc_of[dev], dev, cap_of[dev]
 end
 
--- the arch NVRTC compiles for: the device's own (sm_90a on Hopper, so that its architecture-
--- specific features work), or PTX of the newest NVRTC knows for a newer device
+-- the arch NVRTC compiles for: the device's own (sm_90 on Hopper), or PTX of the newest NVRTC
+-- knows for a newer device
 local arch_of = {}
 local function device_arch(level, what)
   local _, dev, cc = device_cc((level or 3) + 1, what)
@@ -314,23 +314,26 @@ end
 
 local check_table, check_strings, check_arch = M.check_table, M.check_strings, M.check_arch
 
+-- error levels count from the user's call of cuda.compile or cuda.kernel, both of which call
+-- compile() below, which calls this
 local function check_opts(opts)
-  opts = check_table(opts, COMPILE_OPTS, "cuda.compile", 4)
-  check_strings(opts.options or {}, "opts.options", "cuda.compile", 4)
+  local level = 5
+  opts = check_table(opts, COMPILE_OPTS, "cuda.compile", level)
+  check_strings(opts.options or {}, "opts.options", "cuda.compile", level)
   for k, v in pairs(opts.headers or {}) do
     if type(k) ~= "string" or type(v) ~= "string" then
-      error("cuda.compile: opts.headers maps header names to their source text (strings)", 4)
+      error("cuda.compile: opts.headers maps header names to their source text (strings)", level - 1)
     end
   end
-  check_strings(opts.name_expressions or {}, "opts.name_expressions", "cuda.compile", 4)
-  check_strings(opts.include_dirs or {}, "opts.include_dirs", "cuda.compile", 4)
+  check_strings(opts.name_expressions or {}, "opts.name_expressions", "cuda.compile", level)
+  check_strings(opts.include_dirs or {}, "opts.include_dirs", "cuda.compile", level)
   for i, d in ipairs(opts.include_dirs or {}) do
     local is_dir = select(3, core.file_info(d))
-    if not is_dir then error(("cuda.compile: opts.include_dirs[%d] is not a directory: %s"):format(i, d), 4) end
+    if not is_dir then error(("cuda.compile: opts.include_dirs[%d] is not a directory: %s"):format(i, d), level - 1) end
   end
-  check_arch(opts.arch, "cuda.compile", 4)
+  check_arch(opts.arch, "cuda.compile", level)
   if opts.lto and opts.arch and opts.arch:match("^compute_") then
-    error("cuda.compile: lto = true needs an sm_ arch (LTO-IR is linked for a real architecture)", 4)
+    error("cuda.compile: lto = true needs an sm_ arch (LTO-IR is linked for a real architecture)", level - 1)
   end
   return opts
 end
@@ -348,26 +351,37 @@ end
 -- NVRTC makes the cubin itself
 local PTXAS_OPTIONS = { "-Xptxas", "--ptxas-options", "-maxrregcount", "--maxrregcount", "-G",
   "--device-debug", "-rdc", "--relocatable-device-code", "-dc", "--device-c", "-dw", "--device-w",
-  "-ewp", "--extensible-whole-program", "-dlto", "--dlink-time-opt", "-dopt", "--dopt" }
-local function assemble_from_ptx(opts, options)
-  if opts.debug or opts.relocatable or opts.lto or has_option(options, PTXAS_OPTIONS) then return false end
-  return core.jitlink_version() ~= nil
+  "-ewp", "--extensible-whole-program", "-dlto", "--dlink-time-opt", "-dopt", "--dopt", "-Ofc",
+  "--Ofast-compile" }
+
+-- the way a cubin is made, as the cache key says it: "nvrtc" (NVRTC makes it), or nvJitLink's
+-- identity (it assembles NVRTC's PTX once the variables nothing uses are out: core.ptx_strip
+-- says why). Known without loading either library. Bump PIPELINE when ptx_strip changes.
+local PIPELINE = "ptx_strip 1"
+local function pipeline(opts, options)
+  if opts.debug or opts.relocatable or opts.lto or has_option(options, PTXAS_OPTIONS) then return "nvrtc" end
+  local id = core.jitlink_identity()
+  return id:match(":none$") and "nvrtc" or PIPELINE .. " " .. id
 end
 
----------------------------------------------------------------------------------------------
-function M.compile(src, opts)
-  if type(src) ~= "string" then error("cuda.compile: source must be a string, got " .. type(src), 2) end
+-- nvJitLink assembles NVRTC's PTX only when it is at least as new
+local function jitlink_usable()
+  local ja, ji = core.jitlink_version()
+  local na, ni = core.nvrtc_version()
+  return ja and na and ja > 0 and (ja > na or (ja == na and ji >= ni))
+end
+
+local function compile(src, opts)
+  if type(src) ~= "string" then error("cuda.compile: source must be a string, got " .. type(src), 3) end
   opts = check_opts(opts)
   -- the cache is consulted before anything loads NVRTC (~5 ms): without an explicit arch the
   -- key holds the device's compute capability, and the arch NVRTC gets is chosen on a miss
   local arch = opts.arch
-  local arch_key = arch or device_cc()
+  local arch_key = arch or device_cc(4)
   local name = opts.name or "cudalua_kernel.cu"
   local output = opts.lto and "ltoir" or nil
+  -- the user's folders first, as with nvcc: they may hold a newer CCCL
   local options = {}
-  local tk = includes.toolkit_includes()
-  if tk.include then options[#options + 1] = "-I" .. tk.include end
-  if tk.cccl then options[#options + 1] = "-I" .. tk.cccl end
   for _, d in ipairs(opts.include_dirs or {}) do options[#options + 1] = "-I" .. d end
   if opts.relocatable then options[#options + 1] = "-rdc=true" end
   if opts.lto then options[#options + 1] = "-dlto" end
@@ -377,38 +391,41 @@ function M.compile(src, opts)
     -- NVRTC always optimises and knows no -O1..-O3: accepted for nvcc habits, and left out
     if not o:match("^%-O[123]$") then options[#options + 1] = o end
   end
+  local tk = includes.toolkit_includes()
+  if tk.include then options[#options + 1] = "-I" .. tk.include end
+  if tk.cccl then options[#options + 1] = "-I" .. tk.cccl end
   local user_names = {}
   for k in pairs(opts.headers or {}) do user_names[#user_names + 1] = k end
   table.sort(user_names)
+  local way = pipeline(opts, options)
 
   local key, mkey
-  local deps = opts.cache ~= false and includes.user_files(src, name, opts.include_dirs or {})
+  local deps = opts.cache ~= false and includes.user_files(src, name, opts.include_dirs or {}, options, opts.headers or {})
   if deps then
     local hparts = {}
     for _, k in ipairs(user_names) do hparts[#hparts + 1] = #k .. ":" .. k .. #opts.headers[k] .. ":" .. opts.headers[k] end
     key = cache.key { arch_key, name, table.concat(options, "\0"), table.concat(hparts),
-                      table.concat(opts.name_expressions or {}, "\0"), deps, src }
-    -- a module loads into one device's context: the memory cache is per device as well
-    mkey = key .. "\0" .. (core.is_available() and core.current_device() or "")
+                      table.concat(opts.name_expressions or {}, "\0"), tk.id, way, deps, src }
+    -- a module serves every device it loads on (compile with arch unset: the key holds the
+    -- device's compute capability)
+    mkey = key
     local mod = cache.get_memory(mkey)
     if mod then return mod end
     local e = cache.get_disk(key)
     if e then
       mod = modules.new { image = e.image, kind = e.kind, log = e.log, info = e.info, ptx = e.ptx,
-                          name = name, arch = arch_key, relocatable = e.relocatable, source = true }
+                          name = name, arch = e.arch, relocatable = e.relocatable, source = true }
       cache.put_memory(mkey, mod)
       return mod
     end
     cache.stats.misses = cache.stats.misses + 1
   end
-  arch = arch or device_arch()
+  arch = arch or device_arch(4)
   if opts.lto and arch:match("^compute_") then
-    error("cuda.compile: lto = true needs an sm_ arch; this device's is newer than NVRTC knows", 2)
+    error("cuda.compile: lto = true needs an sm_ arch; this device's is newer than NVRTC knows", 3)
   end
   if not output then output = arch:match("^compute_") and "ptx" or "cubin" end
-  -- a cubin is made from NVRTC's PTX by nvJitLink, once the variables nothing uses are out
-  -- of it (core.ptx_strip says why), unless ptxas is given options of its own here
-  local via_ptx = output == "cubin" and assemble_from_ptx(opts, options)
+  local via_ptx = output == "cubin" and way ~= "nvrtc" and jitlink_usable()
   table.insert(options, 1, "-arch=" .. (via_ptx and arch:gsub("^sm_", "compute_") or arch))
   local nvrtc_output = via_ptx and "ptx" or output
   -- the headers: the user's win over cudalua's stand-ins of the same name
@@ -432,8 +449,10 @@ function M.compile(src, opts)
     for _, e in ipairs(list) do ex[#ex + 1] = e; ex[#ex + 1] = PROBE .. "<decltype(" .. e .. ")>" end
     return ex
   end
-  local image, log, lowered, ptx = core.nvrtc_compile(src .. PROBE_SRC, name, options, headers,
-                                                      exprs_for(wanted), nvrtc_output)
+  local function run(list)
+    return core.nvrtc_compile(src .. PROBE_SRC, name, options, headers, exprs_for(list), nvrtc_output)
+  end
+  local image, log, lowered, ptx = run(wanted)
   if not image and #found > 0 and log:find(PROBE, 1, true) then
     -- leave out the scanned kernels the log names (overloaded, in a namespace, ...)
     local keep, dropped = {}, false
@@ -444,7 +463,7 @@ function M.compile(src, opts)
     end
     if dropped then
       local w = with_user(keep)
-      local i2, l2, x2, p2 = core.nvrtc_compile(src .. PROBE_SRC, name, options, headers, exprs_for(w), nvrtc_output)
+      local i2, l2, x2, p2 = run(w)
       if i2 then image, log, lowered, ptx, wanted, found = i2, l2, x2, p2, w, keep end
     end
   end
@@ -452,23 +471,28 @@ function M.compile(src, opts)
     -- a kernel found by scanning could not be probed (overloaded, in a namespace): compile
     -- again with only the user's name expressions
     wanted = with_user({})
-    image, log, lowered, ptx = core.nvrtc_compile(src .. PROBE_SRC, name, options, headers,
-                                                  exprs_for(wanted), nvrtc_output)
+    image, log, lowered, ptx = run(wanted)
     found = {}
   end
   if not image then
     local msg = (log or ""):gsub("%s+$", "")
-    error(("cuda.compile: %s failed to compile (%s):\n%s"):format(name, lowered, msg), 2)
+    error(("cuda.compile: %s failed to compile (%s):\n%s"):format(name, lowered, msg), 3)
   end
   if via_ptx then
-    ptx = core.ptx_strip(image)
+    local stripped = core.ptx_strip(image)
     local jopts = { "-arch=" .. arch }
-    if opts.lineinfo or has_option(options, { "-lineinfo", "--generate-line-info" }) then jopts[2] = "-lineinfo" end
-    local cubin, jlog, err = core.jitlink({ { ptx, name } }, jopts, false)
-    if not cubin then
-      error(("cuda.compile: %s failed to assemble (%s):\n%s"):format(name, err, (jlog or ""):gsub("%s+$", "")), 2)
+    if has_option(options, { "-lineinfo", "--generate-line-info" }) then jopts[2] = "-lineinfo" end
+    local cubin, jlog = core.jitlink({ { stripped, name } }, jopts, false)
+    if cubin then
+      image, log, ptx = cubin, log .. jlog, stripped
+    else
+      -- nvJitLink refused what NVRTC made: NVRTC makes the cubin itself (and says what is wrong)
+      options[1], nvrtc_output = "-arch=" .. arch, "cubin"
+      image, log, lowered, ptx = run(wanted)
+      if not image then
+        error(("cuda.compile: %s failed to compile (%s):\n%s"):format(name, lowered, (log or ""):gsub("%s+$", "")), 3)
+      end
     end
-    image, log = cubin, log .. jlog
   end
   local info = {}
   for _, e in ipairs(wanted) do
@@ -485,7 +509,7 @@ function M.compile(src, opts)
       info[e] = entry
     end
   end
-  local e = { image = image, kind = output, log = log, info = info, ptx = ptx,
+  local e = { image = image, kind = output, log = log, info = info, ptx = ptx, arch = arch,
               relocatable = opts.relocatable or opts.lto or false }
   local mod = modules.new { image = image, kind = output, log = log, info = info, ptx = ptx, name = name,
                             arch = arch, relocatable = e.relocatable, source = true }
@@ -496,10 +520,16 @@ function M.compile(src, opts)
   return mod
 end
 
+function M.compile(src, opts)
+  local mod = compile(src, opts)
+  return mod
+end
+
 function M.kernel(src, name, opts)
   if type(name) ~= "string" then error("cuda.kernel: expected the kernel's name as argument 2", 2) end
-  local mod = M.compile(src, opts)
-  return mod:get(name)
+  local mod = compile(src, opts)
+  local k = modules.get(mod, name, nil, 2)
+  return k
 end
 
 return M

@@ -24,6 +24,14 @@ local function toolkit_includes()
       break
     end
   end
+  -- what identifies these headers in the compile cache's key: they need not be the NVRTC
+  -- library's own toolkit
+  local id = { toolkit.include or "no toolkit headers" }
+  for _, f in ipairs { "/cuda_fp16.h", "/cccl/cuda/std/version" } do
+    local size, mtime = core.file_info((toolkit.include or "") .. f)
+    id[#id + 1] = tostring(size) .. ":" .. tostring(mtime)
+  end
+  toolkit.id = table.concat(id, " ")
   return toolkit
 end
 M.toolkit_includes = toolkit_includes
@@ -76,47 +84,123 @@ local function shipped_headers()
 end
 
 ---------------------------------------------------------------------------------------------
--- the user's own header files a source includes (quoted includes next to the including file,
--- and anything in opts.include_dirs), read so that their text is part of the cache key: an
--- edited header compiles again. Toolkit headers are covered by the NVRTC library's identity.
--- Returns the files as "path\0text" pieces, or nil when an include is computed by a macro.
+-- the user's own header files a source includes, read so that their text is part of the cache
+-- key (as a digest): an edited header compiles again. Searched as NVRTC does: the in-memory headers, quoted
+-- includes next to the including file, then the -I folders; anything under the toolkit's
+-- folders is left out (the toolkit's identity is in the key). Returns the files as
+-- "path\0digest" pieces, or nil when the set cannot be known (an include computed by a macro).
+local MAX_FILES = 4096
+
+-- a/./b, a//b and a/x/../b are the same file as a/b: one key piece each, and no endless walk
+-- through include cycles that go up and down folders
+local function normalize(path)
+  local abs = path:sub(1, 1) == "/"
+  local parts = {}
+  for p in path:gmatch("[^/]+") do
+    if p == ".." and #parts > 0 and parts[#parts] ~= ".." then parts[#parts] = nil
+    elseif p ~= "." and not (p == ".." and abs) then parts[#parts + 1] = p end
+  end
+  local r = table.concat(parts, "/")
+  return abs and "/" .. r or (r == "" and "." or r)
+end
+
 local function dirname(path) return path:match("^(.*)/[^/]*$") or "." end
 
-local function user_headers(src, name, include_dirs)
-  if not src:find("#%s*include") then return "" end
-  local parts, seen = {}, {}
-  local function find(file, dir, quoted)
-    if file:sub(1, 1) == "/" then return core.file_info(file) and file or nil end
-    if quoted then
-      local p = dir .. "/" .. file
-      if core.file_info(p) then return p end
-    end
-    for _, d in ipairs(include_dirs) do
-      local p = d .. "/" .. file
-      if core.file_info(p) then return p end
+-- the folders and forced includes that options given to NVRTC add
+local function from_options(options)
+  local dirs, roots = {}, {}
+  local i = 1
+  while options[i] do
+    local o = options[i]
+    local d = o:match("^%-I(.+)$") or o:match("^%-%-include%-path=(.+)$")
+    local f = o:match("^%-%-pre%-include=(.+)$") or o:match("^%-include=(.+)$")
+    if (o == "-I" or o == "--include-path") and options[i + 1] then d = options[i + 1]; i = i + 1 end
+    if (o == "-include" or o == "--pre-include") and options[i + 1] then f = options[i + 1]; i = i + 1 end
+    if d then dirs[#dirs + 1] = d end
+    if f then roots[#roots + 1] = f end
+    i = i + 1
+  end
+  return dirs, roots
+end
+
+local warned
+local function uncacheable(why)
+  if not warned then
+    warned = true
+    io.stderr:write("cudalua: note: a source is compiled without the cache: " .. why .. "\n")
+  end
+  return nil
+end
+
+local function user_headers(src, name, include_dirs, options, mem)
+  local opt_dirs, roots = from_options(options)
+  if not src:find("#%s*include") and #roots == 0 then return "" end
+  local dirs = {}
+  for _, d in ipairs(include_dirs) do dirs[#dirs + 1] = normalize(d) end
+  for _, d in ipairs(opt_dirs) do dirs[#dirs + 1] = normalize(d) end
+  local tk = toolkit_includes()
+  local function in_toolkit(path)
+    for _, t in ipairs { tk.include, tk.cccl } do
+      if t and path:sub(1, #t + 1) == t .. "/" then return true end
     end
   end
-  local function scan(text, dir)
+  local parts, seen, nfiles = {}, {}, 0
+  local scan
+  local function visit(path, text, dir)
+    if seen[path] then return true end
+    seen[path] = true
+    nfiles = nfiles + 1
+    if nfiles > MAX_FILES then return false end
+    parts[#parts + 1] = path .. "\0" .. core.hash(text)
+    return scan(text, dir)
+  end
+  local function read(path)
+    local f = io.open(path, "rb")
+    local body = f and f:read("a")
+    if f then f:close() end
+    return body
+  end
+  local function file(p)
+    p = normalize(p)
+    if in_toolkit(p) or not core.file_info(p) then return nil end
+    return p
+  end
+  -- visits what #include FILE (quoted or not) names from a file in dir
+  local function include(name_, dir, quoted)
+    if mem[name_] then return visit("<header " .. name_ .. ">", mem[name_], dir) end
+    local p
+    if name_:sub(1, 1) == "/" then p = file(name_)
+    else
+      if quoted then p = file(dir .. "/" .. name_) end
+      for _, d in ipairs(dirs) do
+        if p then break end
+        p = file(d .. "/" .. name_)
+      end
+    end
+    if not p then return true end  -- the toolkit's, cudalua's own, or not there (NVRTC says so)
+    local body = read(p)
+    if not body then return true end
+    return visit(p, body, dirname(p))
+  end
+  function scan(text, dir)
     for line in text:gmatch("[^\n]+") do
       local rest = line:match("^%s*#%s*include%s*(.*)")
       if rest then
         local q, a = rest:match('^"([^"]+)"'), rest:match("^<([^>]+)>")
         if not q and not a then return false end -- #include MACRO
-        local path = find(q or a, dir, q ~= nil)
-        if path and not seen[path] then
-          seen[path] = true
-          local f = io.open(path, "rb")
-          local body = f and f:read("a")
-          if f then f:close() end
-          if body then
-            parts[#parts + 1] = path .. "\0" .. body
-            if scan(body, dirname(path)) == false then return false end
-          end
-        end
+        if not include(q or a, dir, q ~= nil) then return false end
       end
     end
+    return true
   end
-  if scan(src, dirname(name)) == false then return nil end
+  local base = dirname(name)
+  for _, r in ipairs(roots) do
+    if not include(r, base, true) then return uncacheable("an include file could not be followed") end
+  end
+  if not scan(src, base) then
+    return uncacheable(nfiles > MAX_FILES and ("it includes more than " .. MAX_FILES .. " files")
+                       or "an #include is computed by a macro")
+  end
   return table.concat(parts, "\0")
 end
 

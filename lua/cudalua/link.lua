@@ -10,7 +10,6 @@ local M = {}
 
 -- cuda.load_module(path or bytes [, opts]): a cubin, fatbin, PTX or LTO-IR built elsewhere
 local LOAD_OPTS = { name = "string", arch = "string" }
-local KIND_NAMES = { cubin = "a cubin", fatbin = "a fatbin", ptx = "PTX", ltoir = "LTO-IR" }
 
 -- the bytes of an image given as bytes or as a file's path, its kind and a name for it
 local function image_of(v, where, level)
@@ -58,16 +57,18 @@ function M.load_module(v, opts)
   opts = check_table(opts, LOAD_OPTS, "cuda.load_module", 3)
   check_arch(opts.arch, "cuda.load_module", 3)
   local data, kind, path = image_of(v, "cuda.load_module", 3)
-  local name = opts.name or path or ("<" .. KIND_NAMES[kind] .. ">")
+  local name = opts.name or path or ("<" .. modules.holds[kind] .. ">")
   local f = { image = data, kind = kind, log = "", name = name, arch = opts.arch }
   if kind == "ltoir" then
     local arch = link_arch(opts.arch, "cuda.load_module", 3)
     local log
     f.image, log = jitlink({ { data, name } }, arch, true, nil, "cuda.load_module", 3)
     f.kind, f.log, f.arch = "cubin", log, arch
+    f.link_image = data   -- cuda.link takes the LTO-IR, not the cubin made from it alone
   end
   if f.kind == "cubin" then
     local elf = modules.elf_info(f.image)
+    if elf == false then error(("cuda.load_module: %s is a damaged cubin (its ELF tables do not fit in it)"):format(name), 2) end
     if not elf or not elf.cuda then
       error(("cuda.load_module: %s is an ELF file but not a CUDA cubin (a host object? build with nvcc -cubin or -fatbin)"):format(name), 2)
     end
@@ -97,7 +98,7 @@ function M.link(inputs, opts)
     local data, kind, name
     if modules.is_module(v) then
       local st = modules.fields(v)
-      data, kind, name = st.image, st.kind, st.name
+      data, kind, name = st.link_image or st.image, st.link_image and "ltoir" or st.kind, st.name
       for expr, e in pairs(st.info) do info[expr] = info[expr] or e end
       if st.arch and st.arch:match("^sm_") then
         if arch and arch ~= st.arch and not opts.arch then

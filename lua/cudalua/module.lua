@@ -23,14 +23,15 @@ end
 M.image_kind = image_kind
 
 -- the kernels of a cubin: ELF function symbols marked as entries (STO_CUDA_ENTRY, 0x10);
--- also whether it is relocatable (ET_REL) and its machine is CUDA's (EM_CUDA, 190)
-local function elf_info(s)
+-- also whether it is relocatable (ET_REL) and its machine is CUDA's (EM_CUDA, 190). Raises on
+-- a damaged file (elf_info catches it).
+local function read_elf(s)
   if #s < 64 or s:sub(1, 4) ~= "\127ELF" or s:byte(5) ~= 2 then return nil end
   local etype, machine = string.unpack("<I2I2", s, 17)
   local shoff = string.unpack("<I8", s, 0x28 + 1)
   local shentsize, shnum = string.unpack("<I2I2", s, 0x3A + 1)
   local info = { relocatable = etype == 1, cuda = machine == 190, kernels = {} }
-  if shentsize < 64 or shoff + shnum * shentsize > #s then return info end
+  if shentsize < 64 or shoff < 0 or shoff + shnum * shentsize > #s then error("bad section table") end
   local function section(i)
     local o = shoff + i * shentsize + 1
     local _, typ, _, _, off, size, link, _, _, entsize = string.unpack("<I4I4I8I8I8I8I4I4I8I8", s, o)
@@ -38,8 +39,9 @@ local function elf_info(s)
   end
   for i = 0, shnum - 1 do
     local typ, off, size, link, entsize = section(i)
-    if typ == 2 and entsize >= 24 and off + size <= #s and link < shnum then -- SHT_SYMTAB
+    if typ == 2 and entsize >= 24 and off >= 0 and off + size <= #s and link < shnum then -- SHT_SYMTAB
       local _, stroff, strsize = section(link)
+      if stroff < 0 or stroff + strsize > #s then error("bad string table") end
       for o = off, off + size - entsize, entsize do
         local name, stinfo, other = string.unpack("<I4BB", s, o + 1)
         if stinfo & 0xf == 2 and other & 0x10 ~= 0 and name < strsize then
@@ -52,6 +54,13 @@ local function elf_info(s)
   table.sort(info.kernels)
   return info
 end
+
+-- nil for what is not an ELF file; false for a damaged one
+local function elf_info(s)
+  local ok, info = pcall(read_elf, s)
+  if ok then return info end
+  return false
+end
 M.elf_info = elf_info
 
 ---------------------------------------------------------------------------------------------
@@ -61,15 +70,17 @@ local ptx_code = { u64 = "U", s64 = "U", b64 = "U", f64 = "d", f32 = "f", u32 = 
 
 local function ptx_entries(ptx)
   local entries = {}
-  local code = ptx:gsub("//[^\n]*", "")
-  for name, params in code:gmatch("%.entry%s+([%w_$.]+)%s*(%b())") do
+  local code = ptx:gsub("/%*.-%*/", ""):gsub("//[^\n]*", "")
+  for name, after in code:gmatch("%.entry%s+([%w_$.]+)%s*()") do
+    local params = code:match("^%b()", after) or "()"
     if name:sub(1, #PROBE_SYMBOL) ~= PROBE_SYMBOL then
       local codes, types = {}, {}
       for p in params:sub(2, -2):gmatch("[^,]+") do
         local t = p:match("%.param%s.-%.([usbf]%d+)%s") or p:match("%.param%s.-%.(bf16)%s")
-        local array = p:match("%[(%d+)%]%s*$")
-        if array then
-          codes[#codes + 1], types[#types + 1] = "x", ("%s bytes (.b8[%s])"):format(array, array)
+        local count = p:match("%[(%d+)%]%s*$")
+        if count and t then
+          local bytes = tonumber(t:match("%d+")) // 8 * tonumber(count)
+          codes[#codes + 1], types[#types + 1] = "x", ("%d bytes (.%s[%s])"):format(bytes, t, count)
         elseif t and ptx_code[t] then
           codes[#codes + 1] = ptx_code[t]
           types[#types + 1] = t:match("64$") and t ~= "f64" and ".u64 (array or integer address)" or "." .. t
@@ -86,48 +97,56 @@ M.ptx_entries = ptx_entries
 
 ---------------------------------------------------------------------------------------------
 -- signatures the user gives: "float*, const float *x, int n"
-local scalar = { bool = "b", char = "a", ["signed char"] = "a", ["unsigned char"] = "A", short = "s",
-  ["short int"] = "s", ["unsigned short"] = "S", ["unsigned short int"] = "S", int = "i",
-  signed = "i", ["signed int"] = "i", unsigned = "I", ["unsigned int"] = "I", long = "l",
-  ["long int"] = "l", ["unsigned long"] = "L", ["unsigned long int"] = "L", ["long long"] = "l",
-  ["long long int"] = "l", ["unsigned long long"] = "L", ["unsigned long long int"] = "L",
-  float = "f", double = "d", __half = "e", half = "e", __nv_bfloat16 = "E", nv_bfloat16 = "E",
-  int8_t = "a", uint8_t = "A", int16_t = "s", uint16_t = "S", int32_t = "i", uint32_t = "I",
-  int64_t = "l", uint64_t = "L", size_t = "L", ptrdiff_t = "l", intptr_t = "l", uintptr_t = "L" }
-local type_word = { const = true, volatile = true, unsigned = true, signed = true, short = true,
-  long = true, int = true, char = true, struct = true, __restrict__ = true, restrict = true }
+local named = { float = "f", double = "d", bool = "b", __half = "e", half = "e",
+  __nv_bfloat16 = "E", nv_bfloat16 = "E", int8_t = "a", uint8_t = "A", int16_t = "s",
+  uint16_t = "S", int32_t = "i", uint32_t = "I", int64_t = "l", uint64_t = "L", size_t = "L",
+  ptrdiff_t = "l", intptr_t = "l", uintptr_t = "L", ssize_t = "l" }
+local int_word = { signed = true, unsigned = true, short = true, long = true, char = true, int = true }
+local qualifier = { const = true, volatile = true, __restrict__ = true, restrict = true,
+  __restrict = true, struct = true, class = true, union = true, enum = true, __grid_constant__ = true }
+
+-- the code of a builtin integer type spelt in any order of its words ("long unsigned int")
+local function int_code(words)
+  local n = {}
+  for _, w in ipairs(words) do
+    if not int_word[w] then return nil end
+    n[w] = (n[w] or 0) + 1
+  end
+  if n.char then return n.unsigned and "A" or "a" end   -- plain char is signed on x86-64
+  if n.short then return n.unsigned and "S" or "s" end
+  if n.long then return n.unsigned and "L" or "l" end   -- long and long long: 8 bytes here
+  return n.unsigned and "I" or "i"
+end
 
 local function parse_signature(sig)
   if type(sig) ~= "string" then error("expected a signature string such as \"float*, int\"", 0) end
   local codes, types = {}, {}
   if sig:match("^%s*$") or sig:match("^%s*void%s*$") then return "", types end
   for part in (sig .. ","):gmatch("([^,]*),") do
+    local i = #codes + 1
     local p = part:gsub("^%s+", ""):gsub("%s+$", "")
-    if p == "" then error(("empty parameter %d in the signature %q"):format(#codes + 1, sig), 0) end
-    if p:find("&") then error(("parameter %d is a reference (%s): kernels take values and pointers"):format(#codes + 1, p), 0) end
-    if p:find("[%[%]()<>]") then error(("cannot read parameter %d (%s): use plain C types"):format(#codes + 1, p), 0) end
+    if p == "" then error(("empty parameter %d in the signature %q"):format(i, sig), 0) end
+    if p:find("&") then error(("parameter %d is a reference (%s): kernels take values and pointers"):format(i, p), 0) end
+    if p:find("[%[%]()<>]") then error(("cannot read parameter %d (%s): use plain C types"):format(i, p), 0) end
     local stars = select(2, p:gsub("%*", ""))
-    local before = p:match("^([^*]*)")
+    local const = false
     local words = {}
-    for w in before:gmatch("[%w_:]+") do words[#words + 1] = w end
-    -- a trailing parameter name: the last word of several, when it is not part of the type
-    if stars == 0 and #words > 1 and not type_word[words[#words]] and not scalar[words[#words]] then
+    for w in p:match("^([^*]*)"):gmatch("[%w_:]+") do
+      w = w:gsub("^::", ""):gsub("^std::", "")
+      if w == "const" then const = true end
+      if not qualifier[w] then words[#words + 1] = w end
+    end
+    -- a trailing parameter name: the last of two or more words, when not part of the type
+    if stars == 0 and #words > 1 and not int_word[words[#words]] and not named[words[#words]] then
       table.remove(words)
     end
-    local const = false
-    local base = {}
-    for _, w in ipairs(words) do
-      if w == "const" then const = true
-      elseif w ~= "volatile" and w ~= "struct" and w ~= "__restrict__" and w ~= "restrict" then base[#base + 1] = w end
-    end
-    local name = table.concat(base, " ")
-    if name == "" then error(("cannot read parameter %d (%s)"):format(#codes + 1, p), 0) end
+    if #words == 0 then error(("cannot read parameter %d (%s)"):format(i, p), 0) end
     if stars > 0 then
-      codes[#codes + 1] = const and "q" or "p"
+      codes[i] = const and "q" or "p"
     else
-      codes[#codes + 1] = scalar[name] or "x"
+      codes[i] = int_code(words) or (#words == 1 and named[words[1]]) or "x"
     end
-    types[#types + 1] = p
+    types[i] = p
   end
   return table.concat(codes), types
 end
@@ -137,21 +156,39 @@ M.parse_signature = parse_signature
 local Module = {}
 local state = setmetatable({}, { __mode = "k" }) -- module -> private fields
 
-local function load(mod)
+local function fields(mod, what)
+  local st = state[mod]
+  if not st then error(("cudalua: module:%s: expected a module (call it as m:%s())"):format(what, what), 3) end
+  return st
+end
+
+-- the module loaded on the current device (loaded there on first use: one image serves every
+-- device of its architecture)
+local function load(mod, level)
   local st = state[mod]
   if st.relocatable then
     error(("cudalua: module %s holds relocatable code (relocatable = true, lto = true or an -rdc "
-           .. "object): link it first, cuda.link{...}"):format(st.name), 3)
+           .. "object): link it first, cuda.link{...}"):format(st.name), level + 1)
   end
-  if not st.handle then
-    st.handle = core.module_load(st.image, st.source and "compile for this device's architecture (leave arch unset)"
+  local dev = core.is_available() and core.current_device() or 0
+  local h = st.handles[dev]
+  if not h then
+    local ok, r = pcall(core.module_load, st.image, st.source and "compile for this device's architecture (leave arch unset)"
       or "this image was not built for this device's architecture (build for it, or ship PTX the driver can compile)")
+    if not ok then error(r, level + 1) end
+    h = r
+    st.handles[dev] = h
   end
-  return st.handle
+  return h, dev
 end
 
--- names of the kernels a module has, as m:get takes them
-local function kernel_names(mod)
+local function no_kernel(st, expr, names, level)
+  error(("cudalua: no kernel '%s' in module %s (kernels: %s)"):format(expr, st.name,
+        #names > 0 and table.concat(names, ", ") or "none found"), level + 1)
+end
+
+-- names of the kernels a module has, as m:get takes them (shared: callers copy)
+local function kernel_names(mod, level)
   local st = state[mod]
   if not st.names then
     local names, seen = {}, {}
@@ -160,7 +197,7 @@ local function kernel_names(mod)
     local symbols = {}
     for _, e in pairs(st.info) do if e.symbol then symbols[e.symbol] = true end end
     if not st.listed and st.kind == "fatbin" and not st.relocatable then
-      st.listed = core.module_functions(load(mod)) or {} -- a fatbin's kernels: the driver lists them
+      st.listed = core.module_functions((load(mod, level + 1))) or {} -- a fatbin's: the driver lists them
     end
     for _, n in ipairs(st.listed or {}) do
       if not symbols[n] and n:sub(1, #PROBE_SYMBOL) ~= PROBE_SYMBOL then add(n) end
@@ -172,8 +209,7 @@ local function kernel_names(mod)
 end
 
 -- a C++ kernel asked for by its plain name: the one mangled symbol that spells it
-local function mangled_match(mod, name)
-  local st = state[mod]
+local function mangled_match(st, name)
   local prefix, hit = "_Z" .. #name .. name, nil
   for _, sym in ipairs(st.listed or {}) do
     if sym:sub(1, #prefix) == prefix and sym:sub(#prefix + 1, #prefix + 1):match("[^%d]") then
@@ -184,34 +220,33 @@ local function mangled_match(mod, name)
   return hit
 end
 
+-- what is known of kernel expr of a module with no source: the symbol, and types from its
+-- PTX or its mangled name where they can be read
+local function lookup(st, mod, expr, level)
+  local known = false
+  for _, n in ipairs(kernel_names(mod, level + 1)) do if n == expr then known = true end end
+  local symbol = known and expr or mangled_match(st, expr)
+  if not symbol then return { symbol = expr } end
+  if st.info[symbol] then return st.info[symbol] end   -- types from the PTX
+  local params = M.demangle_function and M.demangle_function(symbol)
+  if params then
+    local ok, codes, types = pcall(M.param_codes, params)
+    if ok then return { symbol = symbol, codes = codes, types = types } end
+  end
+  return { symbol = symbol }   -- the driver's sizes
+end
+
 local function get_kernel(mod, expr, sig, level)
   local st = state[mod]
+  local dev = core.is_available() and core.current_device() or 0
+  local per = st.kernels[dev]
+  if not per then per = {}; st.kernels[dev] = per end
   local cache_key = sig and (expr .. "\0" .. sig) or expr
-  local k = st.kernels[cache_key]
+  local k = per[cache_key]
   if k then return k end
   local info = st.info[expr]
-  local symbol = info and info.symbol
-  if not info and not st.source then
-    symbol = expr
-    local names = kernel_names(mod)
-    local known = false
-    for _, n in ipairs(names) do if n == expr then known = true end end
-    if not known then symbol = mangled_match(mod, expr) or expr end
-    if symbol ~= expr or known then
-      -- a mangled C++ name spells its parameter types
-      local params = M.demangle_function and M.demangle_function(symbol)
-      if params then
-        local ok, codes, types = pcall(M.param_codes, params)
-        if ok then info = { symbol = symbol, codes = codes, types = types } end
-      end
-    end
-    info = info or { symbol = symbol }
-  end
-  if not info then
-    local names = kernel_names(mod)
-    error(("cudalua: no kernel '%s' in module %s (kernels: %s)"):format(expr, st.name,
-          #names > 0 and table.concat(names, ", ") or "none found"), level + 1)
-  end
+  if not info and not st.source then info = lookup(st, mod, expr, level + 1) end
+  if not info then no_kernel(st, expr, kernel_names(mod, level + 1), level + 1) end
   local codes, types = info.codes, info.types
   if sig then
     local ok, c, t = pcall(parse_signature, sig)
@@ -220,39 +255,43 @@ local function get_kernel(mod, expr, sig, level)
   elseif info.error then
     error(("cudalua: kernel '%s': %s"):format(expr, info.error), level + 1)
   end
-  local handle = load(mod)
+  local handle = load(mod, level + 1)
   -- without codes, module_kernel takes the sizes from the driver and fills in types
   local ok, kern = pcall(core.module_kernel, handle, info.symbol, codes, { name = expr, types = types or {}, symbol = info.symbol })
   if not ok then
-    if tostring(kern):find("no kernel '", 1, true) then
-      local names = kernel_names(mod)
-      error(("cudalua: no kernel '%s' in module %s (kernels: %s)"):format(expr, st.name,
-            #names > 0 and table.concat(names, ", ") or "none found"), level + 1)
-    end
-    if sig then error(("%s (signature %q)"):format(kern, sig), level + 1) end
-    error(kern, level + 1)
+    if tostring(kern):find("no kernel '", 1, true) then no_kernel(st, expr, kernel_names(mod, level + 1), level + 1) end
+    error(sig and ("%s (signature %q)"):format(kern, sig) or kern, level + 1)
   end
-  st.kernels[cache_key] = kern
+  per[cache_key] = kern
   return kern
 end
+M.get = get_kernel
 
 function Module.get(mod, expr, sig)
+  fields(mod, "get")
   if type(expr) ~= "string" then error("module:get: expected a kernel name or name expression", 2) end
   if sig ~= nil and type(sig) ~= "string" then
     error("module:get: the signature must be a string such as \"float*, const float*, int\", got " .. type(sig), 2)
   end
-  return get_kernel(mod, expr, sig, 2)
+  local k = get_kernel(mod, expr, sig, 2)
+  return k
 end
 
-function Module.kernels(mod) return kernel_names(mod) end
-function Module.image(mod) return state[mod].image end
-function Module.log(mod) return state[mod].log end
-function Module.kind(mod) return state[mod].kind end
+function Module.kernels(mod)
+  fields(mod, "kernels")
+  local t = {}
+  for i, n in ipairs(kernel_names(mod, 2)) do t[i] = n end
+  return t
+end
+function Module.image(mod) return fields(mod, "image").image end
+function Module.log(mod) return fields(mod, "log").log end
+function Module.kind(mod) return fields(mod, "kind").kind end
 
-local holds = { cubin = "a cubin", fatbin = "a fatbin", ltoir = "LTO-IR", ptx = "PTX" }
+M.holds = { cubin = "a cubin", fatbin = "a fatbin", ltoir = "LTO-IR", ptx = "PTX" }
+local holds = M.holds
 
 function Module.ptx(mod)
-  local st = state[mod]
+  local st = fields(mod, "ptx")
   if st.kind == "ptx" then return st.image end
   if st.ptx then return st.ptx end
   error(("cudalua: module %s has no PTX (it holds %s%s)"):format(st.name, holds[st.kind],
@@ -260,7 +299,7 @@ function Module.ptx(mod)
 end
 
 function Module.cubin(mod)
-  local st = state[mod]
+  local st = fields(mod, "cubin")
   if st.kind == "cubin" then return st.image end
   error(("cudalua: module %s holds %s, not a cubin%s"):format(st.name, holds[st.kind],
         st.kind == "ptx" and " (compile with an sm_ arch, or with arch unset, for one)" or ""), 2)
@@ -270,7 +309,11 @@ local module_mt = {
   __index = function(mod, key)
     local m = Module[key]
     if m then return m end
-    return get_kernel(mod, key, nil, 2)
+    if type(key) ~= "string" then
+      error(("cudalua: modules are indexed by kernel names, got %s"):format(type(key)), 2)
+    end
+    local k = get_kernel(mod, key, nil, 2)
+    return k
   end,
   __newindex = function() error("cudalua: modules are read-only", 2) end,
   __tostring = function(mod) return "cudalua.module<" .. state[mod].name .. ">" end,
@@ -279,10 +322,11 @@ local module_mt = {
 
 -- fields: image, kind ("cubin", "ptx", "fatbin", "ltoir"), log, info ({expr = {symbol=,
 -- codes=, types=, error=}}), name, ptx (a cubin's PTX), arch, relocatable, source (made by
--- cuda.compile), linked, listed (symbol names found in the image)
+-- cuda.compile), linked, listed (symbol names found in the image), link_image (what
+-- cuda.link takes when it is not the image: a module loaded from LTO-IR keeps the LTO-IR)
 function M.new(f)
   local mod = setmetatable({}, module_mt)
-  f.kernels = {}
+  f.kernels, f.handles = {}, {}
   f.info = f.info or {}
   state[mod] = f
   return mod
