@@ -3,6 +3,7 @@
    cuMemAllocAsync/cuMemFreeAsync in C loops and NVRTC compiles, in the same process, context and stream as the
    cudalua side, so that the two take turns within a second: these costs drift by ~15% on the
    GPU machine between runs minutes apart. Bench only; links libcuda and NVRTC. */
+#include <dlfcn.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <cuda.h>
@@ -115,6 +116,62 @@ static int compile(lua_State *L) {
   return 1;
 }
 
+/* peer_copy(dst, dst_dev, src, src_dev, bytes, n, stream): n cuMemcpyPeerAsync on a stream */
+static int peer_copy(lua_State *L) {
+  CUdeviceptr dst = (CUdeviceptr)luaL_checkinteger(L, 1), src = (CUdeviceptr)luaL_checkinteger(L, 3);
+  int dd = (int)luaL_checkinteger(L, 2), sd = (int)luaL_checkinteger(L, 4);
+  size_t bytes = (size_t)luaL_checkinteger(L, 5);
+  lua_Integer n = luaL_checkinteger(L, 6);
+  CUstream s = (CUstream)(uintptr_t)luaL_checkinteger(L, 7);
+  CUdevice a, b;
+  CUcontext ca, cb;
+  if (cuDeviceGet(&a, dd) || cuDeviceGet(&b, sd) || cuDevicePrimaryCtxRetain(&ca, a) || cuDevicePrimaryCtxRetain(&cb, b))
+    return luaL_error(L, "rawloop: no contexts for devices %d and %d", dd, sd);
+  for (lua_Integer i = 0; i < n; i++) {
+    CUresult r = cuMemcpyPeerAsync(dst, ca, src, cb, bytes, s);
+    if (r != CUDA_SUCCESS) return luaL_error(L, "rawloop: cuMemcpyPeerAsync failed (%d)", (int)r);
+  }
+  cuDevicePrimaryCtxRelease(a);
+  cuDevicePrimaryCtxRelease(b);
+  return 0;
+}
+
+/* nccl_all_reduce({comm...}, {send...}, {recv...}, count, n): n groups of one float32 sum
+   all_reduce per communicator (NCCL opened with dlopen: no nccl.h needed) */
+typedef int (*nccl_ar)(const void *, void *, size_t, int, int, void *, CUstream);
+typedef int (*nccl_grp)(void);
+static int nccl_all_reduce(lua_State *L) {
+  static nccl_ar ar;
+  static nccl_grp start, end;
+  if (!ar) {
+    void *h = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+    if (!h) h = dlopen("/usr/lib/x86_64-linux-gnu/libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+    if (!h) return luaL_error(L, "rawloop: no libnccl.so.2");
+    ar = (nccl_ar)dlsym(h, "ncclAllReduce");
+    start = (nccl_grp)dlsym(h, "ncclGroupStart");
+    end = (nccl_grp)dlsym(h, "ncclGroupEnd");
+  }
+  int k = (int)lua_rawlen(L, 1);
+  void *comm[16], *send[16], *recv[16];
+  if (k > 16) return luaL_error(L, "rawloop: at most 16 communicators");
+  for (int i = 0; i < k; i++) {
+    lua_rawgeti(L, 1, i + 1); comm[i] = (void *)(uintptr_t)lua_tointeger(L, -1);
+    lua_rawgeti(L, 2, i + 1); send[i] = (void *)(uintptr_t)lua_tointeger(L, -1);
+    lua_rawgeti(L, 3, i + 1); recv[i] = (void *)(uintptr_t)lua_tointeger(L, -1);
+    lua_pop(L, 3);
+  }
+  size_t count = (size_t)luaL_checkinteger(L, 4);
+  lua_Integer n = luaL_checkinteger(L, 5);
+  for (lua_Integer j = 0; j < n; j++) {
+    start();
+    for (int i = 0; i < k; i++)
+      if (ar(send[i], recv[i], count, 7 /* float32 */, 0 /* sum */, comm[i], NULL))
+        return luaL_error(L, "rawloop: ncclAllReduce failed");
+    if (end()) return luaL_error(L, "rawloop: ncclGroupEnd failed");
+  }
+  return 0;
+}
+
 int luaopen_rawloop(lua_State *L) {
   lua_newtable(L);
   lua_pushcfunction(L, launch);
@@ -127,5 +184,9 @@ int luaopen_rawloop(lua_State *L) {
   lua_setfield(L, -2, "launch_ex");
   lua_pushcfunction(L, launch_coop);
   lua_setfield(L, -2, "launch_coop");
+  lua_pushcfunction(L, peer_copy);
+  lua_setfield(L, -2, "peer_copy");
+  lua_pushcfunction(L, nccl_all_reduce);
+  lua_setfield(L, -2, "nccl_all_reduce");
   return 1;
 }

@@ -32,7 +32,8 @@ if [ -z "$BENCH_REPORT_ONLY" ]; then
     exit 2
   fi
   rm -f "$OUT/raw.txt" "$OUT/core.txt" "$OUT/compare.txt" "$OUT/raw_helpers.txt" \
-        "$OUT/helpers.txt" "$OUT/compare_helpers.txt" "$OUT/raw_b.txt" "$OUT/core_b.txt" "$OUT/cuda_cpp.txt"
+        "$OUT/helpers.txt" "$OUT/compare_helpers.txt" "$OUT/raw_b.txt" "$OUT/core_b.txt" "$OUT/cuda_cpp.txt" \
+        "$OUT/multigpu.txt" "$OUT/nccl_torch.txt"
   for prog in raw raw_helpers; do
     if gcc -O2 -std=gnu11 -Wall -I"$CUDA_DIR/include" bench/$prog.c -o "$OUT/$prog" \
          -L"$CUDA_DIR/lib64" -L"$CUDA_DIR/lib64/stubs" -Wl,-rpath,"$CUDA_DIR/lib64" -lcuda -lnvrtc -lm ||
@@ -45,7 +46,7 @@ if [ -z "$BENCH_REPORT_ONLY" ]; then
   done
   # the raw loops that run inside the cudalua process (bench/core.lua takes turns with them)
   gcc -O2 -shared -fPIC -I"$LUA_INCDIR" -I"$CUDA_DIR/include" bench/rawloop.c -o "$OUT/rawloop.so" \
-      -L"$CUDA_DIR/lib64/stubs" -L"$CUDA_DIR/lib64" -Wl,-rpath,"$CUDA_DIR/lib64" -lcuda -lnvrtc ||
+      -L"$CUDA_DIR/lib64/stubs" -L"$CUDA_DIR/lib64" -Wl,-rpath,"$CUDA_DIR/lib64" -lcuda -lnvrtc -ldl ||
     echo "bench: cannot build bench/rawloop.c" >&2
   # a cache directory of its own, so that no earlier run serves a compile
   rm -rf "$OUT/cache"
@@ -54,6 +55,9 @@ if [ -z "$BENCH_REPORT_ONLY" ]; then
   CUDALUA_CACHE_DIR=$PWD/$OUT/cache step helpers 120 "$LUA" bench/helpers.lua
   rm -rf "$OUT/cache"
   CUDALUA_CACHE_DIR=$PWD/$OUT/cache step cuda_cpp 180 "$LUA" bench/cuda_cpp.lua
+  rm -rf "$OUT/cache"
+  CUDALUA_CACHE_DIR=$PWD/$OUT/cache step multigpu 180 "$LUA" bench/multigpu.lua
+  PYTHONUNBUFFERED=1 step nccl_torch 180 "$PY" bench/nccl_torch.py
   rm -rf "$OUT/cache"
   PYTHONUNBUFFERED=1 step compare 60 "$PY" bench/compare.py
   PYTHONUNBUFFERED=1 step compare_helpers 120 "$PY" bench/compare.py cupy_helpers numba_helpers
@@ -66,10 +70,14 @@ if [ -z "$BENCH_REPORT_ONLY" ]; then
   echo "== all parts ran in $(( $(date +%s) - start )) s" >&2
 fi
 
-for f in raw core compare raw_helpers helpers compare_helpers raw_b core_b cuda_cpp; do touch "$OUT/$f.txt"; done
+for f in raw core compare raw_helpers helpers compare_helpers raw_b core_b cuda_cpp multigpu nccl_torch; do touch "$OUT/$f.txt"; done
 grep -h '^info_\|^#' "$OUT/raw.txt" "$OUT/core.txt" "$OUT/compare.txt" "$OUT/raw_helpers.txt" \
-  "$OUT/helpers.txt" "$OUT/compare_helpers.txt" "$OUT/cuda_cpp.txt"
+  "$OUT/helpers.txt" "$OUT/compare_helpers.txt" "$OUT/cuda_cpp.txt" "$OUT/multigpu.txt" "$OUT/nccl_torch.txt"
 
+# the rows (bench/rows.txt), and the multi-GPU ones where there were two GPUs to measure
+rows=$OUT/rows.txt
+grep -v '^#' bench/rows.txt > "$rows"
+grep -q '^peer_copy' "$OUT/multigpu.txt" && grep -v '^#' bench/rows_multigpu.txt >> "$rows"
 # label | raw C key | cudalua key | CuPy key | Numba key | targets
 # A key "l:name" (or "r:", "p:") takes the number from that side: the base column of a helper row
 # may be a cudalua number (the plain launch forall is held to, say). Targets, ";"-separated:
@@ -107,7 +115,7 @@ BEGIN {
   load(out "/raw.txt", "r:"); load(out "/core.txt", "l:"); load(out "/compare.txt", "p:")
   load(out "/raw_b.txt", "r:"); load(out "/core_b.txt", "l:")
   load(out "/raw_helpers.txt", "r:"); load(out "/helpers.txt", "l:"); load(out "/compare_helpers.txt", "p:")
-  load(out "/cuda_cpp.txt", "l:")
+  load(out "/cuda_cpp.txt", "l:"); load(out "/multigpu.txt", "l:"); load(out "/nccl_torch.txt", "p:")
   printf "\n| %-54s | %10s | %9s | %8s | %9s | %9s |\n", "measurement", "raw C/base", "cudalua", "ratio", "CuPy", "Numba"
   printf "|%s|%s|%s|%s|%s|%s|\n", "--------------------------------------------------------", "------------", "-----------", "----------", "-----------", "-----------"
 }
@@ -151,52 +159,4 @@ END {
   if (broken != "") printf "\nparts that failed:%s\n", broken
   printf "\ntargets: %d passed, %d failed\n", nt - fails, fails
   exit broken != "" ? 2 : fails ? 1 : 0
-}' <<'EOF'
-launch empty, launcher made once (us)|inproc_launch_empty_us|launch_empty_launcher_us|cupy_launch_empty_us|numba_launch_empty_cfg_us|le 1.15
-launch empty, k[cfg]() each time, cfg table made once (us)|inproc_launch_empty_us|launch_empty_cfg_us|-|-|
-launch empty, k[{1,1}]() each time, Lua makes a table (us)|inproc_launch_empty_us|launch_empty_us|cupy_launch_empty_us|numba_launch_empty_us|
-launch 4 args, launcher made once (us)|inproc_launch_four_us|launch_four_launcher_us|cupy_launch_four_us|numba_launch_four_cfg_us|le 1.15
-launch 4 args, k[cfg](...) each time, cfg table made once (us)|inproc_launch_four_us|launch_four_cfg_us|-|-|
-launch 4 args, k[{1,1}](...) each time, Lua makes a table (us)|inproc_launch_four_us|launch_four_us|cupy_launch_four_us|numba_launch_four_us|
-launch empty each time; raw: bench/raw.c, own process (us)|launch_empty_us|launch_empty_us|-|-|
-launch 4 args each time; raw: bench/raw.c, own process (us)|launch_four_us|launch_four_us|-|-|
-H2D 256 MiB pinned (GB/s)|h2d_pinned_gbs|h2d_pinned_gbs|cupy_h2d_pinned_gbs|-|ge 0.95
-D2H 256 MiB pinned (GB/s)|d2h_pinned_gbs|d2h_pinned_gbs|cupy_d2h_pinned_gbs|-|ge 0.95
-H2D 256 MiB pageable; cuda.array steady (GB/s)|h2d_pageable_gbs|h2d_default_gbs|cupy_h2d_pageable_gbs|-|gt 1
-D2H 256 MiB pageable; cuda.array steady (GB/s)|d2h_pageable_gbs|d2h_default_gbs|cupy_d2h_pageable_gbs|-|gt 1
-H2D 256 MiB pageable; cuda.array 1st copy (GB/s)|h2d_pageable_gbs|h2d_default_first_gbs|cupy_h2d_pageable_gbs|-|
-D2H 256 MiB pageable; cuda.array 1st copy (GB/s)|d2h_pageable_gbs|d2h_default_first_gbs|cupy_d2h_pageable_gbs|-|
-alloc+free 1 MiB async; <close> (us)|inproc_alloc_free_us|alloc_free_close_us|cupy_alloc_free_us|numba_alloc_free_us|le 1.5
-alloc+free 1 MiB async; <close>, block cache off (us)|inproc_alloc_free_us|alloc_free_close_nocache_us|-|-|
-alloc+free 1 MiB async; garbage collected (us)|inproc_alloc_free_us|alloc_free_gc_us|cupy_alloc_free_us|numba_alloc_free_us|
-alloc+free <close>; raw: bench/raw.c, own process (us)|alloc_free_us|alloc_free_close_us|-|-|
-cold NVRTC compile, vecadd sm_90 (ms)|inproc_compile_ms|compile_ms|-|-|le 1.1
-cold compile; raw: bench/raw.c, own process (ms)|compile_ms|compile_ms|-|-|
-reduce 2^28 f32 to host, end to end (GB/s)|reduce_f32_gbs|reduce_f32_gbs|cupy_reduce_f32_gbs|numba_reduce_f32_gbs|ge 0.97; cupy ge 1
-reduce 2^28 f32 to host, end to end (us per call)|reduce_f32_call_us|reduce_f32_call_us|cupy_reduce_f32_call_us|numba_reduce_f32_call_us|
-reduce 2^28 f32, kernel only, events (us)|reduce_f32_kernel_us|reduce_f32_kernel_us|cupy_reduce_f32_kernel_us|numba_reduce_f32_kernel_us|
-reduce 2^28 f32, kernel only (GB/s)|reduce_f32_kernel_gbs|reduce_f32_kernel_gbs|cupy_reduce_f32_kernel_gbs|numba_reduce_f32_kernel_gbs|
-reduce 1234 f64 to host (us per call, median)|reduce_small_us|reduce_small_us|cupy_reduce_small_us|numba_reduce_small_us|cupy lt 1
-plain k[{grid, block}](x, n) each time (us)|forall_plain_us|forall_plain_us|cupy_forall_plain_us|numba_forall_plain_us|
-k:forall(n)(x, n) each time; base: plain (us)|l:forall_plain_us|forall_us|-|numba_forall_us|le 1.1
-k:forall(n) launcher made once; base: plain (us)|l:forall_plain_us|forall_launcher_us|-|-|
-RNG states 2^20, after a warm-up (ms)|-|rng_init_ms|-|numba_rng_init_ms|abs le 10
-RNG states 2^20, first call with setup (ms)|-|rng_init_first_ms|-|numba_rng_init_first_ms|
-pi Monte-Carlo, GPU-filling grid (G samples/s)|-|pi_gsamples_s|-|numba_pi_gsamples_s|numba ge 1
-progress.watch on a 0.5 s kernel; base: unpolled (ms)|l:progress_unpolled_ms|progress_polled_ms|-|-|le 1.02
-compile vecadd, cold, cuda.kernel (ms)|compile_ms|compile_cold_ms|-|-|
-compile vecadd, process cache hit (ms)|-|compile_memory_ms|-|-|
-compile vecadd, disk cache hit in a new process (ms)|-|compile_disk_child_ms|-|-|abs le 5
-1000 empty kernels one by one, launcher once (us each)|graph_chain_stream_us|graph_chain_stream_us|cupy_graph_chain_stream_us|-|
-1000-node graph replay (us per node)|graph_replay_us|graph_replay_us|cupy_graph_replay_us|-|le 1.05
-1000-node graph build + instantiate (ms)|graph_build_ms|graph_build_ms|cupy_graph_build_ms|-|le 2
-launch with a cudalua device array, launcher once (us)|-|cai_native_us|-|numba_cai_native_us|
-launch, foreign CAI object; base: device array (us)|l:cai_native_us|cai_foreign_us|-|numba_cai_foreign_us|le 1.2
-launch, CAI object making 4 tables a call; base: device array (us)|l:cai_native_us|cai_foreign_fresh_us|-|-|
-cold compile, <cooperative_groups.h> source; raw: NVRTC, same -I (ms)|inproc_cg_compile_ms|cg_compile_ms|-|-|le 1.1
-cooperative-groups source, disk cache hit in a new process (ms)|-|cg_compile_disk_child_ms|-|-|abs le 5
-cluster launch {8, 32, cluster 2}, launcher once; raw: cuLaunchKernelEx (us)|inproc_launch_cluster_us|launch_cluster_launcher_us|-|-|le 1.15
-cluster launch, k[cfg] each time, cfg kept (us)|inproc_launch_cluster_us|launch_cluster_cfg_us|-|-|
-cooperative launch, launcher once; raw: cuLaunchCooperativeKernel (us)|inproc_launch_coop_us|launch_coop_launcher_us|-|-|le 1.15
-cooperative launch, k[cfg] each time, cfg kept (us)|inproc_launch_coop_us|launch_coop_cfg_us|-|-|
-EOF
+}' "$rows"

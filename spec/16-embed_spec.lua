@@ -149,7 +149,7 @@ check(c_info(worse) == false, "an interface that raises")
   it("pushes a host-made stream that cudalua uses and does not destroy", function()
     expect_ok(script(PRELUDE .. [[
 local s = c_push_stream(0x1234, 1)
-check(tostring(s) == "cudalua.stream<0x1234>", tostring(s))
+check(tostring(s):find("^cudalua%.stream<0x1234[ >]"), tostring(s))   -- " on device 0" with a driver
 check(s:handle() == 0x1234)
 s:close()
 check(tostring(s) == "cudalua.stream<closed>")

@@ -16,6 +16,15 @@ function H.gpu(it, pending)
   end
 end
 
+-- multi(it, pending)("does x", fn): an `it` tagged #multigpu, skipped with fewer than 2 GPUs
+H.ngpus = H.has_gpu and #cuda.gpus or 0
+function H.multigpu(it, pending)
+  return function(name, fn)
+    name = name .. " #multigpu"
+    if H.ngpus >= 2 then it(name, fn) else pending(name .. (" (%d GPU%s here: it needs 2)"):format(H.ngpus, H.ngpus == 1 and "" or "s")) end
+  end
+end
+
 function H.rand_table(n, lo, hi, int)
   lo, hi = lo or -100, hi or 100
   local t = {}

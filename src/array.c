@@ -39,7 +39,7 @@ int cl_is_host(const cl_array *a) { return a->kind != CL_DEVICE && a->kind != CL
 /* the host may touch managed memory only when no kernel runs, unless the device allows it */
 void cl_host_access(lua_State *L, cl_array *a) {
   if (a->kind == CL_MANAGED && !cl_concurrent_managed()) {
-    cl_ctx(L);
+    cl_use_ctx(L, a->mem->ctx);
     cl_wait(L, CL_WAIT_CTX, NULL, "waiting before host access to managed memory");
   }
 }
@@ -85,7 +85,7 @@ cl_array *cl_push_array(lua_State *L, cl_mem *m, size_t offset, int kind, int dt
 }
 
 cl_array *cl_newarray(lua_State *L, int kind, int dt, int ndim, const int64_t *shape,
-                      cl_stream *s, int zero) {
+                      cl_stream *s, int flags) {
   size_t n = 1, isz = cl_dtypes[dt].size;
   for (int i = 0; i < ndim; i++) {
     if (shape[i] && n > ((size_t)1 << 50) / (size_t)shape[i])
@@ -96,7 +96,7 @@ cl_array *cl_newarray(lua_State *L, int kind, int dt, int ndim, const int64_t *s
   if (kind == CL_DEVICE) cl_capture_guard(L, s, 0, "allocating a device array");
   /* the userdata exists before the memory, so an error in between leaks nothing */
   cl_array *a = cl_push_array(L, NULL, 0, kind, dt, ndim, shape);
-  a->mem = cl_mem_new(L, kind, n * isz, s, zero);
+  a->mem = cl_mem_new(L, kind, n * isz, s, flags);
   return a;
 }
 
@@ -188,9 +188,24 @@ static int new_kind(lua_State *L, int kind, const char *where) {
   int ndim = cl_parse_shape(L, 1, shape, where);
   int dt = cl_optdtype(L, 2, CL_F64);
   lua_settop(L, 3);
-  cl_stream *s = kind == CL_DEVICE ? cl_tostream(L, 3, where) : NULL;
+  cl_stream *s = NULL;
+  int flags = kind != CL_DEVICE ? CL_ZERO : 0;
+  if (kind == CL_DEVICE && lua_istable(L, 3)) {   /* {stream =, ipc =} */
+    lua_pushnil(L);
+    while (lua_next(L, 3)) {
+      lua_pop(L, 1);
+      const char *k = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "";
+      if (strcmp(k, "stream") && strcmp(k, "ipc"))
+        return luaL_error(L, "%s: unknown option '%s' (stream, ipc)", where, luaL_tolstring(L, -1, NULL));
+    }
+    lua_getfield(L, 3, "ipc");
+    if (lua_toboolean(L, -1)) flags |= CL_IPC;
+    lua_getfield(L, 3, "stream");
+    s = cl_tostream(L, -1, where);
+    lua_settop(L, 3);
+  } else if (kind == CL_DEVICE) s = cl_tostream(L, 3, where);
   if (kind == CL_DEVICE) cl_capture_guard(L, s, 0, where);
-  cl_newarray(L, kind, dt, ndim, shape, s, kind != CL_DEVICE);
+  cl_newarray(L, kind, dt, ndim, shape, s, flags);
   return 1;
 }
 
@@ -239,7 +254,7 @@ static void get_elem(lua_State *L, cl_array *a, size_t i) {
     cl_pushvalue(L, a->dtype, (char *)cl_hostptr(a) + i * isz);
   } else {   /* one element from the device: slow, synchronous */
     char buf[8];
-    cl_ctx(L);
+    cl_use_ctx(L, a->mem->ctx);
     cl_capture_guard(L, NULL, 1, "reading a device array element");
     if (cl_host_armed(L)) cl_wait(L, CL_WAIT_CTX, NULL, "reading a device array element");
     cl_check(L, cu.cuMemcpyDtoH(buf, cl_devptr(a) + i * isz, isz), "reading a device array element");
@@ -256,7 +271,7 @@ static void set_elem(lua_State *L, cl_array *a, size_t i, int vidx) {
     cl_host_access(L, a);
     memcpy((char *)cl_hostptr(a) + i * isz, buf, isz);
   } else {
-    cl_ctx(L);
+    cl_use_ctx(L, a->mem->ctx);
     cl_capture_guard(L, NULL, 1, "writing a device array element");
     if (cl_host_armed(L)) cl_wait(L, CL_WAIT_CTX, NULL, "writing a device array element");
     cl_check(L, cu.cuMemcpyHtoD(cl_devptr(a) + i * isz, buf, isz), "writing a device array element");
@@ -303,6 +318,11 @@ static int a_index(lua_State *L) {
     if (!strcmp(k, "size")) { lua_pushinteger(L, (lua_Integer)a->size); return 1; }
     if (!strcmp(k, "nbytes")) { lua_pushinteger(L, (lua_Integer)cl_nbytes(a)); return 1; }
     if (!strcmp(k, "itemsize")) { lua_pushinteger(L, cl_dtypes[a->dtype].size); return 1; }
+    if (!strcmp(k, "device")) {   /* nil for host memory every device reaches */
+      int d = a->mem ? cl_mem_device(a->mem) : -1;
+      if (d < 0) lua_pushnil(L); else lua_pushinteger(L, d);
+      return 1;
+    }
   }
   return luaL_error(L, "cudalua: arrays have no field '%s'", luaL_tolstring(L, 2, NULL));
 }
@@ -407,9 +427,8 @@ static int a_advise(lua_State *L) {
                                       "accessed_by_device", "read_mostly", NULL};
   int w = luaL_checkoption(L, 2, NULL, names);
   if (a->kind != CL_MANAGED) return luaL_error(L, "advise: only managed arrays take advice (this is a %s)", cl_kind_names[a->kind]);
-  CUcontext ctx = cl_ctx(L);
-  (void)ctx;
-  CUmemLocation dev = {CU_MEM_LOCATION_TYPE_DEVICE, cl_current_device()};
+  cl_use_ctx(L, a->mem->ctx);
+  CUmemLocation dev = {CU_MEM_LOCATION_TYPE_DEVICE, cl_device_of(a->mem->ctx)};
   CUmemLocation host = {CU_MEM_LOCATION_TYPE_HOST, 0};
   static const CUmem_advise adv[] = {CU_MEM_ADVISE_SET_PREFERRED_LOCATION, CU_MEM_ADVISE_SET_PREFERRED_LOCATION,
                                      CU_MEM_ADVISE_SET_ACCESSED_BY, CU_MEM_ADVISE_SET_ACCESSED_BY,
@@ -469,7 +488,8 @@ static int a_tostring(lua_State *L) {
   return 1;
 }
 
-/* array_info(a) -> size, dtype, kind, device address (0 for pageable): one call for Lua glue */
+/* array_info(a) -> size, dtype, kind, device address (0 for pageable), device id (-1 for host
+   memory every device reaches): one call for Lua glue */
 static int l_array_info(lua_State *L) {
   cl_array *a = cl_toarray(L, 1);
   if (!a) return 0;
@@ -478,7 +498,8 @@ static int l_array_info(lua_State *L) {
   cl_pushdtype(L, a->dtype);
   lua_pushstring(L, cl_kind_names[a->kind]);
   lua_pushinteger(L, a->kind == CL_HOST ? 0 : (lua_Integer)cl_devptr(a));
-  return 4;
+  lua_pushinteger(L, cl_mem_device(a->mem));
+  return 5;
 }
 
 void cl_open_array(lua_State *L) {
@@ -491,7 +512,7 @@ void cl_open_array(lua_State *L) {
     {"array", cl_l_array}, {"zeros", l_zeros}, {"pinned_array", l_pinned_array},
     {"mapped_array", l_mapped_array}, {"managed_array", l_managed_array},
     {"device_array", l_device_array}, {"device_array_like", l_device_array_like},
-    {"to_device", cl_l_to_device}, {"array_info", l_array_info}, {NULL, NULL}};
+    {"to_device", cl_l_to_device}, {"array_info", l_array_info}, {"copy", cl_l_copy}, {NULL, NULL}};
   luaL_newmetatable(L, CL_ARRAY);
   lua_pushvalue(L, -1);
   lua_rawsetp(L, LUA_REGISTRYINDEX, &array_key);

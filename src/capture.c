@@ -3,7 +3,7 @@
    what would break it (the legacy stream, waits) instead of letting the driver invalidate it. */
 #include "cl.h"
 
-void *cl_push_graph(lua_State *L, CUgraph h);   /* graph.c */
+void *cl_push_graph(lua_State *L, CUgraph h, CUcontext ctx);   /* graph.c */
 
 
 static cl_stream *capstream(lua_State *L, const char *where) {
@@ -22,7 +22,7 @@ static int s_begin_capture(lua_State *L) {
     CU_STREAM_CAPTURE_MODE_THREAD_LOCAL, CU_STREAM_CAPTURE_MODE_RELAXED};
   int mode = luaL_checkoption(L, 2, "global", modes);
   if (s->capture_ref) return luaL_error(L, "cudalua: stream:begin_capture: the stream is already capturing");
-  cl_ctx(L);
+  cl_use_ctx(L, s->ctx);
   cl_check(L, cu.cuStreamBeginCapture(s->h, m[mode]), "stream:begin_capture");
   lua_newtable(L);
   s->capture_ref = luaL_ref(L, LUA_REGISTRYINDEX);
@@ -41,7 +41,7 @@ static void end_capture_state(lua_State *L, cl_stream *s) {
 static int s_end_capture(lua_State *L) {
   cl_stream *s = capstream(L, "stream:end_capture");
   if (!s->capture_ref) return luaL_error(L, "cudalua: stream:end_capture: the stream is not capturing");
-  cl_ctx(L);
+  cl_use_ctx(L, s->ctx);
   CUgraph h = NULL;
   CUresult r = cu.cuStreamEndCapture(s->h, &h);
   lua_rawgeti(L, LUA_REGISTRYINDEX, s->capture_ref);
@@ -51,7 +51,7 @@ static int s_end_capture(lua_State *L) {
     if (h) cu.cuGraphDestroy(h);
     return luaL_error(L, "cudalua: stream:end_capture: the capture failed (%s); the stream is usable again", cl_errname(r));
   }
-  cl_push_graph(L, h);
+  cl_push_graph(L, h, s->ctx);
   lua_pushvalue(L, refs);
   lua_setiuservalue(L, -2, 1);
   return 1;
@@ -61,7 +61,7 @@ static int s_is_capturing(lua_State *L) {
   cl_stream *s = cl_stream_of(L, 1, NULL);
   if (!s) { lua_pushboolean(L, 0); return 1; }
   CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
-  cl_ctx(L);
+  cl_use_ctx(L, s->ctx);
   cl_check(L, cu.cuStreamIsCapturing(s->h, &st), "stream:is_capturing");
   lua_pushboolean(L, st != CU_STREAM_CAPTURE_STATUS_NONE);
   return 1;

@@ -39,7 +39,10 @@
   X(cuGraphGetNodes) X(cuGraphInstantiate) X(cuGraphExecDestroy) X(cuGraphLaunch) \
   X(cuGraphUpload) X(cuGraphExecKernelNodeSetParams) X(cuGraphExecMemcpyNodeSetParams) \
   X(cuGraphExecMemsetNodeSetParams) X(cuGraphExecUpdate) X(cuGraphDebugDotPrint) \
-  X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuStreamIsCapturing)
+  X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuStreamIsCapturing) \
+  X(cuMemcpyPeerAsync) X(cuMemcpyPeer) X(cuDeviceCanAccessPeer) X(cuCtxEnablePeerAccess) \
+  X(cuCtxDisablePeerAccess) X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle) X(cuIpcCloseMemHandle) \
+  X(cuIpcGetEventHandle) X(cuIpcOpenEventHandle)
 
 /* entry points of newer drivers: NULL when missing (cuFuncGetParamInfo 12.4, the module
    function listing 12.4, cuFuncGetName 12.3) */
@@ -81,6 +84,14 @@ const char *cl_nvrtc_path(void);
 CUcontext cl_ctx(lua_State *L);    /* raises unless a GPU is usable; makes its context current */
 int cl_device_attr(CUdevice_attribute a);  /* attribute of the current device */
 int cl_current_device(void);
+/* Every object keeps the context of its device, and work on it runs there whatever device is
+   selected. These map contexts and devices (primary contexts, one a device) and switch. */
+int cl_device_of(CUcontext c);                      /* the device's id, -1 if not ours */
+CUcontext cl_device_ctx(lua_State *L, int dev);     /* the device's context (retained once) */
+void cl_use_ctx(lua_State *L, CUcontext c);         /* makes c current (cheap when it is) */
+int cl_peer_enabled(CUcontext from, CUcontext to);  /* kernels in `from` may use `to`'s memory */
+int cl_ndevices(void);                              /* 0 without a driver */
+CUresult cl_sync_all_devices(void);                 /* every context cudalua uses */
 int cl_concurrent_managed(void);   /* host may touch managed memory while kernels run */
 /* raises "cudalua: what: CUDA_ERROR_X (text)" when r is not CUDA_SUCCESS */
 void cl_check(lua_State *L, CUresult r, const char *what);
@@ -112,6 +123,7 @@ typedef struct cl_stream {
   int refs;            /* the Lua object and every memory block that last used it */
   int capture_ref;     /* while capturing: registry ref of the table keeping captured objects alive */
   CUstream h;          /* NULL: the legacy default stream */
+  CUcontext ctx;       /* its device's context */
   int owned;           /* destroy the handle with the last reference */
   int blocking;        /* synchronises with the legacy stream */
 } cl_stream;
@@ -120,6 +132,8 @@ void cl_stream_unref(cl_stream *s);
 /* the stream at idx: nil/0/default stream -> NULL (legacy); raises for other values */
 cl_stream *cl_tostream(lua_State *L, int idx, const char *where);
 cl_stream *cl_stream_of(lua_State *L, int idx, int *is_default);
+/* s (NULL: the legacy stream of ctx) may carry work of context ctx; raises naming both devices */
+void cl_stream_check(lua_State *L, cl_stream *s, CUcontext ctx, const char *where, const char *what);
 void cl_open_stream(lua_State *L);
 
 /* ---- array.c: host and device arrays ---- */
@@ -133,8 +147,10 @@ typedef struct cl_mem {
   size_t bytes;
   CUcontext ctx;
   cl_stream *stream;   /* last stream that used it (NULL with used: legacy) */
-  int used, multi;     /* used by queued work; on more than one stream */
+  int used, multi;     /* used by queued work; on more than one stream (3: by another device) */
   int registered;      /* pageable memory page-locked with cuMemHostRegister */
+  int portable;        /* host-visible memory every device reaches (pinned, mapped, managed) */
+  int ipc;             /* 1: exportable (cuMemAlloc); 2: opened from another process's handle */
   void (*release)(void *ud, CUdeviceptr p);  /* foreign memory */
   void *ud;
   struct cl_mem *next; /* in the list of frees put off (memory.c) */
@@ -152,16 +168,20 @@ cl_array *cl_checkarray(lua_State *L, int idx);   /* raises if not an open array
 size_t cl_nbytes(const cl_array *a);
 CUdeviceptr cl_devptr(const cl_array *a);         /* 0 for pageable host arrays */
 void *cl_hostptr(const cl_array *a);              /* NULL for device arrays */
-cl_mem *cl_mem_new(lua_State *L, int kind, size_t bytes, cl_stream *s, int zero);
+enum { CL_ZERO = 1, CL_IPC = 2 };                 /* cl_mem_new's and cl_newarray's flags */
+cl_mem *cl_mem_new(lua_State *L, int kind, size_t bytes, cl_stream *s, int flags);
+int cl_mem_device(const cl_mem *m);               /* its device, -1 for host memory any reaches */
+/* an array a kernel or copy in context ctx may use: raises naming both devices otherwise */
+void cl_mem_reach(lua_State *L, cl_mem *m, CUcontext ctx, const char *where);
 cl_mem *cl_mem_ref(cl_mem *m);
 void cl_mem_unref(lua_State *L, cl_mem *m);       /* never raises */
-void cl_mem_use(cl_mem *m, cl_stream *s);         /* queued work on s uses m */
+void cl_mem_use(cl_mem *m, cl_stream *s, CUcontext ctx);  /* queued work on s, in ctx, uses m */
 void cl_mem_settle(lua_State *L, cl_mem *m);      /* waits for queued work that uses m */
 void cl_mem_forget_stream(cl_stream *s);          /* s is being destroyed */
 void cl_open_memory(lua_State *L);
 int cl_pageable_prepare(cl_mem *m);               /* page-locks pageable memory for copies */
 cl_array *cl_newarray(lua_State *L, int kind, int dt, int ndim, const int64_t *shape,
-                      cl_stream *s, int zero);
+                      cl_stream *s, int flags);
 void cl_open_array(lua_State *L);
 extern const char *const cl_kind_names[];     /* "array", "pinned_array", ... */
 int cl_is_host(const cl_array *a);                /* memory the CPU can read */
@@ -182,10 +202,12 @@ int cl_l_to_device(lua_State *L);
 int cl_a_copy_to_host(lua_State *L);
 int cl_a_copy_to_device(lua_State *L);
 int cl_a_fill(lua_State *L);
+int cl_l_copy(lua_State *L);
 
 /* ---- compile.c, module.c, launch.c ---- */
 void cl_open_compile(lua_State *L);
 void cl_open_link(lua_State *L);
+void cl_open_ipc(lua_State *L);
 void cl_open_module(lua_State *L);
 void cl_open_launch(lua_State *L);
 void cl_open_random(lua_State *L);

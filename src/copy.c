@@ -25,7 +25,19 @@ void cl_copy(lua_State *L, cl_array *dst, cl_array *src, cl_stream *s, int sync,
     memmove(cl_hostptr(dst), cl_hostptr(src), n);
     return;
   }
-  cl_ctx(L);
+  /* the device side runs the copy: the destination's, else the source's; between two devices
+     it is a peer copy, on the stream's device */
+  CUcontext dctx = cl_is_host(dst) ? NULL : dst->mem->ctx, sctx = cl_is_host(src) ? NULL : src->mem->ctx;
+  CUcontext ctx = dctx ? dctx : sctx;
+  int peer = dctx && sctx && dctx != sctx;
+  if (peer && s) {
+    if (s->ctx != dctx && s->ctx != sctx)
+      luaL_error(L, "cudalua: %s: the stream is on device %d, the arrays on devices %d and %d", where,
+                 cl_device_of(s->ctx), cl_device_of(sctx), cl_device_of(dctx));
+    ctx = s->ctx;
+  } else if (s && !ctx) ctx = s->ctx;   /* host memory at both ends is not here: a host kind reaches any */
+  cl_stream_check(L, s, ctx, where, "arrays");
+  cl_use_ctx(L, ctx);
   cl_capture_guard(L, s, sync || dst->kind == CL_HOST || src->kind == CL_HOST, where);
   int pageable = 0;
   if (dst->kind == CL_HOST) { cl_pageable_prepare(dst->mem); pageable = 1; }
@@ -35,9 +47,14 @@ void cl_copy(lua_State *L, cl_array *dst, cl_array *src, cl_stream *s, int sync,
   CUdeviceptr d = cl_is_host(dst) ? (CUdeviceptr)(uintptr_t)cl_hostptr(dst) : cl_devptr(dst);
   CUdeviceptr p = cl_is_host(src) ? (CUdeviceptr)(uintptr_t)cl_hostptr(src) : cl_devptr(src);
   CUstream h = s ? s->h : NULL;
-  cl_check(L, cu.cuMemcpyAsync(d, p, n, h), where);
-  cl_mem_use(dst->mem, s);
-  cl_mem_use(src->mem, s);
+  if (peer && !s) {
+    /* without a stream: ordered after all work on both devices, finished on return */
+    cl_check(L, cu.cuMemcpyPeer(d, dctx, p, sctx, n), where);
+    return;
+  }
+  cl_check(L, peer ? cu.cuMemcpyPeerAsync(d, dctx, p, sctx, n, h) : cu.cuMemcpyAsync(d, p, n, h), where);
+  cl_mem_use(dst->mem, s, ctx);
+  cl_mem_use(src->mem, s, ctx);
   if (sync || pageable) cl_wait(L, CL_WAIT_STREAM, h, where);
 }
 
@@ -112,6 +129,17 @@ int cl_a_copy_to_device(lua_State *L) {
   return 1;
 }
 
+/* cuda.copy(dst, src [, stream]): any two arrays of one dtype and size, on one device, two
+   devices (a peer copy) or the host; finished on return without a stream */
+int cl_l_copy(lua_State *L) {
+  lua_settop(L, 3);
+  cl_array *dst = cl_checkarray(L, 1), *src = cl_checkarray(L, 2);
+  cl_stream *s = cl_tostream(L, 3, "cuda.copy");
+  cl_copy(L, dst, src, s, s == NULL, "cuda.copy");
+  lua_settop(L, 1);
+  return 1;
+}
+
 int cl_a_fill(lua_State *L) {
   cl_array *a = cl_checkarray(L, 1);
   char v[8];
@@ -128,7 +156,8 @@ int cl_a_fill(lua_State *L) {
     for (size_t i = 0; i < a->size; i++) memcpy(p + i * isz, v, isz);
     return 1;
   }
-  cl_ctx(L);
+  cl_stream_check(L, s, a->mem->ctx, "fill", "array");
+  cl_use_ctx(L, a->mem->ctx);
   cl_capture_guard(L, s, !s, "fill");
   CUdeviceptr d = cl_devptr(a);
   CUstream h = s ? s->h : NULL;
@@ -142,7 +171,7 @@ int cl_a_fill(lua_State *L) {
     if (r == CUDA_SUCCESS) r = cu.cuMemsetD2D32Async(d + 4, 8, w[1], 1, a->size, h);
   }
   cl_check(L, r, "fill");
-  cl_mem_use(a->mem, s);
+  cl_mem_use(a->mem, s, a->mem->ctx);
   if (!s) cl_wait(L, CL_WAIT_STREAM, NULL, "fill");
   return 1;
 }

@@ -20,6 +20,21 @@ static int load_part(lua_State *L) {
   return 1;
 }
 
+int luaopen_cudalua_nccl_core(lua_State *L);   /* nccl.c */
+
+/* require "cudalua.nccl" before require "cudalua": Lua's C searcher finds this in cudalua.so;
+   it loads cudalua, whose preload table has the Lua part */
+CUDALUA_API int luaopen_cudalua_nccl(lua_State *L) {
+  lua_getglobal(L, "require");
+  lua_pushliteral(L, "cudalua");
+  lua_call(L, 1, 0);
+  luaL_getsubtable(L, LUA_REGISTRYINDEX, LUA_PRELOAD_TABLE);
+  lua_getfield(L, -1, "cudalua.nccl");
+  lua_pushliteral(L, "cudalua.nccl");
+  lua_call(L, 1, 1);
+  return 1;
+}
+
 int luaopen_cudalua(lua_State *L) {
   lua_newtable(L);   /* the core: C functions the Lua parts build on */
   int core = lua_gettop(L);
@@ -38,6 +53,8 @@ int luaopen_cudalua(lua_State *L) {
   cl_open_hostfn(L);
   cl_open_graph(L);
   cl_open_interop(L);
+  cl_open_ipc(L);
+  luaopen_cudalua_nccl_core(L); lua_setfield(L, core, "nccl");
   lua_pushstring(L, CUDALUA_VERSION); lua_setfield(L, core, "version");
   /* identifies this build's Lua parts and headers: the compile cache key holds it */
   uint64_t h = 0xcbf29ce484222325ULL;

@@ -232,6 +232,49 @@ CUcontext cl_ctx(lua_State *L) {
 
 int cl_current_device(void) { return tl_dev; }
 
+int cl_ndevices(void) { return cl_driver_load() ? dev_count : 0; }
+
+int cl_device_of(CUcontext c) {
+  for (int d = 0; d < dev_count; d++) if (dev_ctx[d] == c) return d;
+  return -1;
+}
+
+CUcontext cl_device_ctx(lua_State *L, int dev) {
+  need_driver(L);
+  if (dev < 0 || dev >= dev_count) luaL_error(L, "cudalua: device id %d out of range (0..%d)", dev, dev_count - 1);
+  return dev_ctx[dev] ? dev_ctx[dev] : primary(L, dev);
+}
+
+void cl_use_ctx(lua_State *L, CUcontext c) {
+  CUcontext cur = NULL;
+  cu.cuCtxGetCurrent(&cur);
+  if (cur != c) cl_check(L, cu.cuCtxSetCurrent(c), "making a device's context current");
+}
+
+/* peer access cudalua enabled: [from][to], kernels in from's context may use to's memory */
+static unsigned char peer_on[MAXDEV][MAXDEV];
+
+int cl_peer_enabled(CUcontext from, CUcontext to) {
+  int a = cl_device_of(from), b = cl_device_of(to);
+  return a >= 0 && b >= 0 && peer_on[a][b];
+}
+
+/* waits for every device cudalua has a context on (memory a device's kernels used on another
+   device is freed after this); never raises */
+CUresult cl_sync_all_devices(void) {
+  CUcontext cur = NULL;
+  CUresult r = CUDA_SUCCESS;
+  cu.cuCtxGetCurrent(&cur);
+  for (int d = 0; d < dev_count; d++) {
+    if (!dev_ctx[d]) continue;
+    cu.cuCtxSetCurrent(dev_ctx[d]);
+    CUresult r2 = cu.cuCtxSynchronize();
+    if (r == CUDA_SUCCESS) r = r2;
+  }
+  cu.cuCtxSetCurrent(cur);
+  return r;
+}
+
 int cl_device_attr(CUdevice_attribute a) {
   int v = 0; CUdevice dev;
   if (drv_state != 1 || cu.cuDeviceGet(&dev, tl_dev) != CUDA_SUCCESS) return 0;
@@ -310,6 +353,65 @@ static int l_select_device(lua_State *L) {
   tl_dev = (int)d;
   cl_ctx(L);
   return 0;
+}
+
+static int check_device(lua_State *L, int idx) {
+  lua_Integer d = luaL_checkinteger(L, idx);
+  need_driver(L);
+  luaL_argcheck(L, d >= 0 && d < dev_count, idx,
+                lua_pushfstring(L, "device id %d out of range (0..%d)", (int)d, dev_count - 1));
+  return (int)d;
+}
+
+/* can_access_peer(a, b) -> true when device a's kernels can use device b's memory */
+static int l_can_access_peer(lua_State *L) {
+  int a = check_device(L, 1), b = check_device(L, 2), can = 0;
+  if (a == b) { lua_pushboolean(L, 1); return 1; }
+  CUdevice da, db;
+  cl_check(L, cu.cuDeviceGet(&da, a), "cuDeviceGet");
+  cl_check(L, cu.cuDeviceGet(&db, b), "cuDeviceGet");
+  cl_check(L, cu.cuDeviceCanAccessPeer(&can, da, db), "can_access_peer");
+  lua_pushboolean(L, can);
+  return 1;
+}
+
+/* enable_peer_access(a, b): device a's kernels may use device b's memory from now on */
+static int l_enable_peer_access(lua_State *L) {
+  int a = check_device(L, 1), b = check_device(L, 2);
+  if (a == b || peer_on[a][b]) return 0;
+  lua_pushcfunction(L, l_can_access_peer);
+  lua_pushinteger(L, a); lua_pushinteger(L, b);
+  lua_call(L, 2, 1);
+  if (!lua_toboolean(L, -1))
+    return luaL_error(L, "cudalua: enable_peer_access: device %d cannot reach device %d's memory "
+                      "(cuda.can_access_peer(%d, %d) is false); copies between them still work", a, b, a, b);
+  CUcontext ca = cl_device_ctx(L, a), cb = cl_device_ctx(L, b), cur = NULL;
+  cu.cuCtxGetCurrent(&cur);
+  cu.cuCtxSetCurrent(ca);
+  CUresult r = cu.cuCtxEnablePeerAccess(cb, 0);
+  cu.cuCtxSetCurrent(cur);
+  if (r != CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED) cl_check(L, r, "enable_peer_access");
+  peer_on[a][b] = 1;
+  return 0;
+}
+
+/* disable_peer_access(a, b) */
+static int l_disable_peer_access(lua_State *L) {
+  int a = check_device(L, 1), b = check_device(L, 2);
+  if (a == b || !peer_on[a][b]) return 0;
+  CUcontext ca = cl_device_ctx(L, a), cb = cl_device_ctx(L, b), cur = NULL;
+  cu.cuCtxGetCurrent(&cur);
+  cu.cuCtxSetCurrent(ca);
+  CUresult r = cu.cuCtxDisablePeerAccess(cb);
+  cu.cuCtxSetCurrent(cur);
+  if (r != CUDA_ERROR_PEER_ACCESS_NOT_ENABLED) cl_check(L, r, "disable_peer_access");
+  peer_on[a][b] = 0;
+  return 0;
+}
+
+static int l_device_count(lua_State *L) {
+  lua_pushinteger(L, cl_ndevices());
+  return 1;
 }
 
 static int l_current_device(lua_State *L) {
@@ -417,6 +519,8 @@ void cl_open_driver(lua_State *L) {
     {"is_available", l_is_available}, {"driver_error", l_driver_error},
     {"devices", l_devices}, {"select_device", l_select_device},
     {"current_device", l_current_device}, {"synchronize", l_synchronize},
+    {"can_access_peer", l_can_access_peer}, {"enable_peer_access", l_enable_peer_access},
+    {"disable_peer_access", l_disable_peer_access}, {"device_count", l_device_count},
     {"driver_version", l_driver_version}, {"nvrtc_version", l_nvrtc_version}, {"jitlink_version", l_jitlink_version},
     {"mem_info", l_mem_info}, {"nvrtc_identity", l_nvrtc_identity}, {"jitlink_identity", l_jitlink_identity}, {"time", l_time}, {"sleep", l_sleep}, {NULL, NULL}};
   luaL_setfuncs(L, f, 0);

@@ -1,8 +1,10 @@
 /* event.c: CUDA events, for ordering streams and timing. */
+#include <stdio.h>
+#include <string.h>
 #include "cl.h"
 
 #define EVENT_MT "cudalua.event"
-typedef struct { CUevent e; int timing; } levent;
+typedef struct { CUevent e; int timing; CUcontext ctx; } levent;
 
 static levent *checkev(lua_State *L, int idx) {
   levent *ev = luaL_checkudata(L, idx, EVENT_MT);
@@ -12,21 +14,37 @@ static levent *checkev(lua_State *L, int idx) {
 
 CUevent cl_checkevent(lua_State *L, int idx) { return checkev(L, idx)->e; }
 
+/* cuda.event([timing]) or cuda.event{timing =, interprocess =}: on the selected device.
+   An interprocess event (e:ipc_handle(), cuda.open_ipc_event) cannot time. */
 static int l_event(lua_State *L) {
-  int timing = lua_isnoneornil(L, 1) ? 1 : lua_toboolean(L, 1);  /* cuda.event(false): no timing */
-  cl_ctx(L);
+  int timing = 1, ipc = 0;
+  if (lua_istable(L, 1)) {
+    lua_pushnil(L);
+    while (lua_next(L, 1)) {
+      lua_pop(L, 1);
+      const char *k = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "";
+      if (strcmp(k, "timing") && strcmp(k, "interprocess"))
+        return luaL_error(L, "cudalua: cuda.event: unknown option '%s' (timing, interprocess)", luaL_tolstring(L, -1, NULL));
+    }
+    lua_getfield(L, 1, "interprocess"); ipc = lua_toboolean(L, -1);
+    lua_getfield(L, 1, "timing"); timing = lua_isnil(L, -1) ? !ipc : lua_toboolean(L, -1);
+    lua_pop(L, 2);
+    if (ipc && timing) return luaL_error(L, "cudalua: cuda.event: an interprocess event cannot time (timing = false)");
+  } else if (!lua_isnoneornil(L, 1)) timing = lua_toboolean(L, 1);   /* cuda.event(false): no timing */
+  CUcontext ctx = cl_ctx(L);
   levent *ev = lua_newuserdatauv(L, sizeof *ev, 0);
-  ev->e = NULL; ev->timing = timing;
+  ev->e = NULL; ev->timing = timing; ev->ctx = ctx;
   luaL_setmetatable(L, EVENT_MT);
-  cl_check(L, cu.cuEventCreate(&ev->e, timing ? CU_EVENT_DEFAULT : CU_EVENT_DISABLE_TIMING),
-           "cuda.event");
+  unsigned flags = (timing ? CU_EVENT_DEFAULT : CU_EVENT_DISABLE_TIMING) | (ipc ? CU_EVENT_INTERPROCESS : 0);
+  cl_check(L, cu.cuEventCreate(&ev->e, flags), "cuda.event");
   return 1;
 }
 
 static int e_record(lua_State *L) {
   levent *ev = checkev(L, 1);
   cl_stream *s = cl_tostream(L, 2, "event:record");
-  cl_ctx(L);
+  cl_stream_check(L, s, ev->ctx, "event:record", "event");
+  cl_use_ctx(L, ev->ctx);
   cl_capture_guard(L, s, 0, "event:record");
   cl_check(L, cu.cuEventRecord(ev->e, s ? s->h : NULL), "event:record");
   return 0;
@@ -34,7 +52,7 @@ static int e_record(lua_State *L) {
 
 static int e_query(lua_State *L) {
   levent *ev = checkev(L, 1);
-  cl_ctx(L);
+  cl_use_ctx(L, ev->ctx);
   cl_host_service(L);
   CUresult r = cu.cuEventQuery(ev->e);
   cl_host_raise(L);
@@ -46,7 +64,7 @@ static int e_query(lua_State *L) {
 
 static int e_synchronize(lua_State *L) {
   levent *ev = checkev(L, 1);
-  cl_ctx(L);
+  cl_use_ctx(L, ev->ctx);
   cl_wait(L, CL_WAIT_EVENT, ev->e, "event:synchronize");
   return 0;
 }
@@ -55,8 +73,11 @@ static int e_elapsed_time(lua_State *L) {
   levent *a = checkev(L, 1), *b = checkev(L, 2);
   if (!a->timing || !b->timing)
     return luaL_error(L, "cudalua: elapsed_time: an event was created without timing");
+  if (a->ctx != b->ctx)
+    return luaL_error(L, "cudalua: elapsed_time: the events are on devices %d and %d (time on one device)",
+                      cl_device_of(a->ctx), cl_device_of(b->ctx));
   float ms = 0;
-  cl_ctx(L);
+  cl_use_ctx(L, a->ctx);
   CUresult r = cu.cuEventElapsedTime(&ms, a->e, b->e);
   if (r == CUDA_ERROR_NOT_READY)
     return luaL_error(L, "cudalua: elapsed_time: an event has not completed (synchronize it first)");
@@ -64,6 +85,50 @@ static int e_elapsed_time(lua_State *L) {
     return luaL_error(L, "cudalua: elapsed_time: an event was never recorded");
   cl_check(L, r, "elapsed_time");
   lua_pushnumber(L, ms);
+  return 1;
+}
+
+#define IPC_EVENT_TAG "cudalua-ipc-event:"
+
+/* e:ipc_handle() -> a string another process gives cuda.open_ipc_event */
+static int e_ipc_handle(lua_State *L) {
+  levent *ev = checkev(L, 1);
+  CUipcEventHandle h;
+  cl_use_ctx(L, ev->ctx);
+  CUresult r = cu.cuIpcGetEventHandle(&h, ev->e);
+  if (r == CUDA_ERROR_INVALID_VALUE || r == CUDA_ERROR_INVALID_HANDLE)
+    return luaL_error(L, "cudalua: event:ipc_handle: the event was not made with cuda.event{interprocess = true}");
+  cl_check(L, r, "event:ipc_handle");
+  luaL_Buffer b;
+  luaL_buffinit(L, &b);
+  luaL_addstring(&b, IPC_EVENT_TAG);
+  for (size_t i = 0; i < sizeof h.reserved; i++) {
+    char hex[3];
+    snprintf(hex, sizeof hex, "%02x", (unsigned char)h.reserved[i]);
+    luaL_addlstring(&b, hex, 2);
+  }
+  luaL_pushresult(&b);
+  return 1;
+}
+
+/* cuda.open_ipc_event(handle) -> an event of another process, on the selected device */
+static int l_open_ipc_event(lua_State *L) {
+  size_t n;
+  const char *s = luaL_checklstring(L, 1, &n);
+  CUipcEventHandle h;
+  size_t tag = sizeof IPC_EVENT_TAG - 1;
+  if (n != tag + 2 * sizeof h.reserved || strncmp(s, IPC_EVENT_TAG, tag))
+    return luaL_argerror(L, 1, "not an event handle from event:ipc_handle()");
+  for (size_t i = 0; i < sizeof h.reserved; i++) {
+    unsigned v;
+    if (sscanf(s + tag + 2 * i, "%2x", &v) != 1) return luaL_argerror(L, 1, "not an event handle from event:ipc_handle()");
+    h.reserved[i] = (char)v;
+  }
+  CUcontext ctx = cl_ctx(L);
+  levent *ev = lua_newuserdatauv(L, sizeof *ev, 0);
+  ev->e = NULL; ev->timing = 0; ev->ctx = ctx;
+  luaL_setmetatable(L, EVENT_MT);
+  cl_check(L, cu.cuIpcOpenEventHandle(&ev->e, h), "cuda.open_ipc_event");
   return 1;
 }
 
@@ -86,7 +151,7 @@ static int e_tostring(lua_State *L) {
 void cl_open_event(lua_State *L) {
   static const luaL_Reg m[] = {
     {"record", e_record}, {"query", e_query}, {"synchronize", e_synchronize},
-    {"elapsed_time", e_elapsed_time}, {"close", e_close}, {NULL, NULL}};
+    {"elapsed_time", e_elapsed_time}, {"close", e_close}, {"ipc_handle", e_ipc_handle}, {NULL, NULL}};
   luaL_newmetatable(L, EVENT_MT);
   luaL_newlib(L, m);
   lua_setfield(L, -2, "__index");
@@ -96,4 +161,5 @@ void cl_open_event(lua_State *L) {
   lua_pop(L, 1);
   lua_pushcfunction(L, l_event); lua_setfield(L, -2, "event");
   lua_pushcfunction(L, e_elapsed_time); lua_setfield(L, -2, "event_elapsed_time");
+  lua_pushcfunction(L, l_open_ipc_event); lua_setfield(L, -2, "open_ipc_event");
 }

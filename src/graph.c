@@ -12,6 +12,7 @@
 
 typedef struct lgraph {
   CUgraph g;
+  CUcontext ctx;       /* its device's: nodes, instantiation and launches are there */
   int nhost;           /* Lua host nodes, children included: each replay arms them */
   void **calls;        /* host call records this graph owns */
   int ncalls, capcalls;
@@ -131,9 +132,10 @@ static int graph_gc(lua_State *L) {
   return 0;
 }
 
-void *cl_push_graph(lua_State *L, CUgraph h) {
+void *cl_push_graph(lua_State *L, CUgraph h, CUcontext ctx) {
   lgraph *g = lua_newuserdatauv(L, sizeof *g, 1);
   memset(g, 0, sizeof *g);
+  g->ctx = ctx;
   luaL_setmetatable(L, GRAPH_MT);
   lua_newtable(L);
   lua_setiuservalue(L, -2, 1);
@@ -143,10 +145,10 @@ void *cl_push_graph(lua_State *L, CUgraph h) {
 
 /* cuda.graph() */
 static int l_graph(lua_State *L) {
-  cl_ctx(L);
+  CUcontext ctx = cl_ctx(L);
   CUgraph h;
   cl_check(L, cu.cuGraphCreate(&h, 0), "cuda.graph");
-  cl_push_graph(L, h);
+  cl_push_graph(L, h, ctx);
   return 1;
 }
 
@@ -183,10 +185,14 @@ static int g_kernel(lua_State *L) {
   cl_launch c;
   cl_launch_parse(L, 3, &c, CL_CFG_GRAPH, "graph:kernel", "graph:kernel: ");
   memcpy(cfg.g, c.g, sizeof cfg.g); memcpy(cfg.b, c.b, sizeof cfg.b); cfg.shared = c.shared;
+  if (k->ctx != g->ctx)
+    luaL_error(L, "cudalua: graph:kernel: the kernel is on device %d and the graph on device %d (get the "
+               "kernel from its module with device %d selected)", cl_device_of(k->ctx), cl_device_of(g->ctx),
+               cl_device_of(g->ctx));
   int nargs, first = push_args(L, 4, &nargs);
   cl_args A;
-  cl_ctx(L);
   cl_marshal(L, k, 2, first, nargs, &A, 0);
+  cl_use_ctx(L, g->ctx);
   cl_kernel_shared(L, k, 2, c.shared);   /* a function attribute: graph launches use it too */
   CUDA_KERNEL_NODE_PARAMS p;
   kernel_params(&cfg, k, &A, &p);
@@ -231,8 +237,11 @@ static CUdeviceptr copy_addr(lua_State *L, cl_array *a, int idx, const char *whe
   return cl_devptr(a);
 }
 
-static void memcpy_params(lua_State *L, int didx, int sidx, CUDA_MEMCPY3D *p, const char *where) {
+static void memcpy_params(lua_State *L, int didx, int sidx, CUDA_MEMCPY3D *p, const char *where,
+                          CUcontext ctx) {
   cl_array *d = cl_checkarray(L, didx), *s = cl_checkarray(L, sidx);
+  cl_mem_reach(L, d->mem, ctx, where);
+  cl_mem_reach(L, s->mem, ctx, where);
   if (d->dtype != s->dtype)
     luaL_error(L, "cudalua: %s: dtype mismatch (%s into %s)", where, cl_dtypes[s->dtype].name, cl_dtypes[d->dtype].name);
   if (d->size != s->size)
@@ -256,8 +265,9 @@ static int g_memcpy(lua_State *L) {
   lua_settop(L, 4);
   size_t nd;
   CUDA_MEMCPY3D p;
-  CUcontext ctx = cl_ctx(L);
-  memcpy_params(L, 2, 3, &p, "graph:memcpy");
+  CUcontext ctx = g->ctx;
+  cl_use_ctx(L, ctx);
+  memcpy_params(L, 2, 3, &p, "graph:memcpy", ctx);
   CUgraphNode small[SMALL_DEPS];
   CUgraphNode *deps = deps_of(L, 4, g, &nd, "graph:memcpy", small);
   CUgraphNode h;
@@ -269,8 +279,10 @@ static int g_memcpy(lua_State *L) {
 }
 
 /* memset parameters: 1, 2 and 4-byte elements directly; 8-byte ones as two strided halves */
-static int memset_params(lua_State *L, int didx, int vidx, CUDA_MEMSET_NODE_PARAMS p[2], const char *where) {
+static int memset_params(lua_State *L, int didx, int vidx, CUDA_MEMSET_NODE_PARAMS p[2], const char *where,
+                         CUcontext ctx) {
   cl_array *d = cl_checkarray(L, didx);
+  cl_mem_reach(L, d->mem, ctx, where);
   if (d->kind == CL_HOST) luaL_error(L, "cudalua: %s: a pageable host array cannot be set by the GPU; use a pinned or device array", where);
   if (d->readonly) luaL_error(L, "cudalua: %s: destination is read-only", where);
   if (d->size == 0) luaL_error(L, "cudalua: %s: empty array", where);
@@ -299,9 +311,10 @@ static int memset_params(lua_State *L, int didx, int vidx, CUDA_MEMSET_NODE_PARA
 static int g_memset(lua_State *L) {
   lgraph *g = checkgraph(L, 1);
   lua_settop(L, 4);
-  CUcontext ctx = cl_ctx(L);
+  CUcontext ctx = g->ctx;
+  cl_use_ctx(L, ctx);
   CUDA_MEMSET_NODE_PARAMS p[2];
-  int parts = memset_params(L, 2, 3, p, "graph:memset");
+  int parts = memset_params(L, 2, 3, p, "graph:memset", ctx);
   size_t nd;
   CUgraphNode small[SMALL_DEPS];
   CUgraphNode *deps = deps_of(L, 4, g, &nd, "graph:memset", small);
@@ -333,7 +346,7 @@ static int g_host(lua_State *L) {
   g->calls[g->ncalls++] = call;
   CUDA_HOST_NODE_PARAMS p = {cl_host_trampoline(), call};
   CUgraphNode h;
-  cl_ctx(L);
+  cl_use_ctx(L, g->ctx);
   cl_check(L, cu.cuGraphAddHostNode(&h, g->g, deps, nd, &p), "graph:host");
   g->nhost++;
   lnode *n = push_node(L, 1, N_HOST);
@@ -349,7 +362,7 @@ static int g_empty(lua_State *L) {
   CUgraphNode small[SMALL_DEPS];
   CUgraphNode *deps = deps_of(L, 2, g, &nd, "graph:empty", small);
   CUgraphNode h;
-  cl_ctx(L);
+  cl_use_ctx(L, g->ctx);
   cl_check(L, cu.cuGraphAddEmptyNode(&h, g->g, deps, nd), "graph:empty");
   lnode *n = push_node(L, 1, N_EMPTY);
   n->n = h;
@@ -361,12 +374,14 @@ static int g_child(lua_State *L) {
   lgraph *g = checkgraph(L, 1);
   lgraph *c = checkgraph(L, 2);
   if (c == g) return luaL_error(L, "cudalua: graph:child: a graph cannot contain itself");
+  if (c->ctx != g->ctx)
+    return luaL_error(L, "cudalua: graph:child: the graphs are on devices %d and %d", cl_device_of(c->ctx), cl_device_of(g->ctx));
   lua_settop(L, 3);
   size_t nd;
   CUgraphNode small[SMALL_DEPS];
   CUgraphNode *deps = deps_of(L, 3, g, &nd, "graph:child", small);
   CUgraphNode h;
-  cl_ctx(L);
+  cl_use_ctx(L, g->ctx);
   cl_check(L, cu.cuGraphAddChildGraphNode(&h, g->g, deps, nd, c->g), "graph:child");
   g->nhost += c->nhost;
   keep(L, 1, 2);   /* its objects and host calls */
@@ -452,7 +467,7 @@ static int g_add_dependency(lua_State *L) {
   lgraph *g = checkgraph(L, 1);
   lnode *a = checknode(L, 2, g, "graph:add_dependency");
   lnode *b = checknode(L, 3, g, "graph:add_dependency");
-  cl_ctx(L);
+  cl_use_ctx(L, g->ctx);
   if (reaches(b->n, a->n))
     return luaL_error(L, "cudalua: graph:add_dependency: this would make a cycle (the %s node already depends on the %s node)",
                       node_kinds[a->kind], node_kinds[b->kind]);
@@ -467,7 +482,8 @@ static int g_instantiate(lua_State *L) {
   luaL_setmetatable(L, EXEC_MT);
   lua_pushvalue(L, 1); lua_setiuservalue(L, -2, 1);
   lua_newtable(L); lua_setiuservalue(L, -2, 2);
-  e->ctx = cl_ctx(L);
+  e->ctx = g->ctx;
+  cl_use_ctx(L, g->ctx);
   cl_check(L, cu.cuGraphInstantiate(&e->e, g->g, 0), "graph:instantiate");
   e->nhost = g->nhost;
   return 1;
@@ -476,7 +492,7 @@ static int g_instantiate(lua_State *L) {
 static int g_node_count(lua_State *L) {
   lgraph *g = checkgraph(L, 1);
   size_t n = 0;
-  cl_ctx(L);
+  cl_use_ctx(L, g->ctx);
   cl_check(L, cu.cuGraphGetNodes(g->g, NULL, &n), "graph:node_count");
   lua_pushinteger(L, (lua_Integer)n);
   return 1;
@@ -486,7 +502,7 @@ static int g_node_count(lua_State *L) {
 static int g_dot(lua_State *L) {
   lgraph *g = checkgraph(L, 1);
   const char *path = luaL_checkstring(L, 2);
-  cl_ctx(L);
+  cl_use_ctx(L, g->ctx);
   CUresult r = cu.cuGraphDebugDotPrint(g->g, path, CU_GRAPH_DEBUG_DOT_FLAGS_VERBOSE);
   if (r != CUDA_SUCCESS) return luaL_error(L, "cudalua: graph:dot: cannot write '%s' (%s)", path, cl_errname(r));
   return 0;
@@ -527,6 +543,7 @@ static void exec_ctx(lua_State *L, lexec *e, const char *where) {
 static int e_launch(lua_State *L) {
   lexec *e = checkexec(L, 1);
   cl_stream *s = cl_tostream(L, 2, "graph_exec:launch");
+  cl_stream_check(L, s, e->ctx, "graph_exec:launch", "graph");
   exec_ctx(L, e, "graph_exec:launch");
   cl_capture_guard(L, s, 0, "graph_exec:launch");
   /* host nodes armed for a launch into a capture would never run, and waits would hang */
@@ -545,6 +562,7 @@ static int e_launch(lua_State *L) {
 static int e_upload(lua_State *L) {
   lexec *e = checkexec(L, 1);
   cl_stream *s = cl_tostream(L, 2, "graph_exec:upload");
+  cl_stream_check(L, s, e->ctx, "graph_exec:upload", "graph");
   exec_ctx(L, e, "graph_exec:upload");
   cl_check(L, cu.cuGraphUpload(e->e, s ? s->h : NULL), "graph_exec:upload");
   lua_settop(L, 1);
@@ -601,7 +619,7 @@ static int e_set_memcpy(lua_State *L) {
   if (n->kind != N_MEMCPY) return luaL_error(L, "cudalua: graph_exec:set_memcpy: expected a memcpy node, got a %s node", node_kinds[n->kind]);
   CUDA_MEMCPY3D p;
   exec_ctx(L, e, "graph_exec:set_memcpy");
-  memcpy_params(L, 3, 4, &p, "graph_exec:set_memcpy");
+  memcpy_params(L, 3, 4, &p, "graph_exec:set_memcpy", e->ctx);
   cl_check(L, cu.cuGraphExecMemcpyNodeSetParams(e->e, n->n, &p, e->ctx), "graph_exec:set_memcpy");
   exec_keep(L, 1, 3); exec_keep(L, 1, 4);
   lua_settop(L, 1);
@@ -616,7 +634,7 @@ static int e_set_memset(lua_State *L) {
   if (n->kind != N_MEMSET) return luaL_error(L, "cudalua: graph_exec:set_memset: expected a memset node, got a %s node", node_kinds[n->kind]);
   CUDA_MEMSET_NODE_PARAMS p[2];
   exec_ctx(L, e, "graph_exec:set_memset");
-  if (memset_params(L, 3, 4, p, "graph_exec:set_memset") != 1 || n->parts != 1)
+  if (memset_params(L, 3, 4, p, "graph_exec:set_memset", e->ctx) != 1 || n->parts != 1)
     return luaL_error(L, "cudalua: graph_exec:set_memset: 8-byte elements are two memsets; build the graph again");
   cl_check(L, cu.cuGraphExecMemsetNodeSetParams(e->e, n->n, &p[0], e->ctx), "graph_exec:set_memset");
   exec_keep(L, 1, 3);

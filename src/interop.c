@@ -35,6 +35,7 @@ static cl_array *foreign_view(lua_State *L, lua_Integer ptr, int dt, int ndim,
   }
   size_t bytes = n * cl_dtypes[dt].size;
   CUcontext ctx = cl_ctx(L);
+  int portable = 0;
   if (bytes) {
     if (ptr == 0) luaL_error(L, "as_cuda_array: null data pointer for %I bytes", (lua_Integer)bytes);
     CUdeviceptr start = 0;
@@ -49,6 +50,16 @@ static cl_array *foreign_view(lua_State *L, lua_Integer ptr, int dt, int ndim,
       luaL_error(L, "as_cuda_array: the array needs %I bytes from %p but its allocation ends "
                  "%I bytes after it", (lua_Integer)bytes, (void *)(uintptr_t)ptr,
                  (lua_Integer)(start + range - (CUdeviceptr)ptr));
+    /* device memory belongs to its device; pinned and managed memory every device reaches */
+    unsigned type = 0;
+    int ordinal = -1, managed = 0;
+    cu.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)ptr);
+    cu.cuPointerGetAttribute(&managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, (CUdeviceptr)ptr);
+    if (type == CU_MEMORYTYPE_DEVICE && !managed &&
+        cu.cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, (CUdeviceptr)ptr) == CUDA_SUCCESS &&
+        ordinal >= 0 && ordinal < cl_ndevices())
+      ctx = cl_device_ctx(L, ordinal);
+    else portable = 1;
   }
   cl_array *a = cl_push_array(L, NULL, 0, CL_FOREIGN, dt, ndim, shape);
   a->readonly = readonly;
@@ -56,6 +67,7 @@ static cl_array *foreign_view(lua_State *L, lua_Integer ptr, int dt, int ndim,
   cl_mem *m = calloc(1, sizeof *m);
   if (!m) luaL_error(L, "cudalua: out of host memory");
   m->refs = 1; m->kind = CL_FOREIGN; m->dptr = (CUdeviceptr)ptr; m->bytes = bytes; m->ctx = ctx;
+  m->portable = portable;
   a->mem = m;
   return a;
 }

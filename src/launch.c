@@ -38,6 +38,15 @@ static int arg_error(lua_State *L, int kidx, int i, int aidx, const char *msg) {
   return luaL_error(L, "cudalua: kernel '%s' argument %d (%s): %s, got %s", name, i + 1, t, msg, got);
 }
 
+/* an array of another context: host memory every device reaches, or a peer device's memory
+   with peer access on; else an error naming both devices (slow path) */
+static void reach(lua_State *L, cl_kernel *k, int kidx, int i, int idx, cl_mem *m) {
+  if (m->portable || cl_peer_enabled(k->ctx, m->ctx)) return;
+  int a = cl_device_of(m->ctx), b = cl_device_of(k->ctx);
+  arg_error(L, kidx, i, idx, lua_pushfstring(L, "the array is on device %d and the kernel on device %d "
+            "(cuda.enable_peer_access(%d, %d) lets device %d's kernels use device %d's memory)", a, b, b, a, b, a));
+}
+
 int cl_capturing;   /* streams capturing now, in this process (changed atomically: any thread) */
 
 void cl_capture_guard(lua_State *L, cl_stream *s, int waits, const char *where) {
@@ -85,8 +94,7 @@ void cl_marshal(lua_State *L, cl_kernel *k, int kidx, int first, int nargs, cl_a
         A->ntmp++;
         *(CUdeviceptr *)p = 0;
       } else {
-        if (a->mem->ctx != k->ctx && a->kind != CL_FOREIGN)
-          arg_error(L, kidx, i, idx, "expected an array on the kernel's device");
+        if (a->mem->ctx != k->ctx) reach(L, k, kidx, i, idx, a->mem);
         *(CUdeviceptr *)p = cl_devptr(a);
         A->used[A->nused++] = a->mem;
       }
@@ -99,8 +107,7 @@ void cl_marshal(lua_State *L, cl_kernel *k, int kidx, int first, int nargs, cl_a
         if (!a->mem) arg_error(L, kidx, i, idx, "expected an open array");
         if (a->kind == CL_HOST)
           arg_error(L, kidx, i, idx, "expected a device, pinned, mapped or managed array (the parameter's type is not known, so a host array is not copied)");
-        if (a->mem->ctx != k->ctx && a->kind != CL_FOREIGN)
-          arg_error(L, kidx, i, idx, "expected an array on the kernel's device");
+        if (a->mem->ctx != k->ctx) reach(L, k, kidx, i, idx, a->mem);
         *(CUdeviceptr *)p = cl_devptr(a);
         A->used[A->nused++] = a->mem;
       } else if (lua_isinteger(L, idx)) {
@@ -281,6 +288,7 @@ int cl_kernel_launch(lua_State *L, cl_kernel *k, int kidx, int first, const cl_l
   int nargs = lua_gettop(L) - first + 1;
   cl_stream *s = c->s;
   CUstream h = s ? s->h : NULL;
+  if (s && s->ctx != k->ctx) cl_stream_check(L, s, k->ctx, "kernel launch", "kernel");
   cl_marshal(L, k, kidx, first, nargs, &A, 1);
   if (cl_capturing) {
     cl_capture_guard(L, s, A.ntmp > 0, "kernel launch");
@@ -320,7 +328,7 @@ int cl_kernel_launch(lua_State *L, cl_kernel *k, int kidx, int first, const cl_l
     lua_concat(L, lua_gettop(L) - base);
     return lua_error(L);
   }
-  for (int i = 0; i < A.nused; i++) cl_mem_use(A.used[i], s);
+  for (int i = 0; i < A.nused; i++) cl_mem_use(A.used[i], s, k->ctx);
   if (A.ntmp) {
     for (int i = 0; i < A.ntmp; i++) {
       if (!A.tmp[i].d) continue;

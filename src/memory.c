@@ -18,11 +18,13 @@ static void warn(lua_State *L, const char *what, CUresult r) {
   if (L) lua_warning(L, buf, 0);
 }
 
-void cl_mem_use(cl_mem *m, cl_stream *s) {
-  if (m->used && m->stream == s) return;
-  /* another stream: the legacy stream orders blocking streams, not non-blocking ones; never
-     back from 2, that order is still owed */
-  if (m->used)
+void cl_mem_use(cl_mem *m, cl_stream *s, CUcontext ctx) {
+  if (m->used && m->stream == s && ctx == m->ctx) return;
+  /* another stream: the legacy stream orders blocking streams, not non-blocking ones (2);
+     another device's work (3) is waited for on every device. Never back down: that order is
+     still owed */
+  if (ctx != m->ctx) m->multi = 3;
+  else if (m->used && m->multi < 3)
     m->multi = m->multi == 2 || (m->stream && !m->stream->blocking) || (s && !s->blocking) ? 2 : 1;
   cl_stream_ref(s);
   cl_stream_unref(m->stream);
@@ -30,11 +32,21 @@ void cl_mem_use(cl_mem *m, cl_stream *s) {
   m->used = 1;
 }
 
+int cl_mem_device(const cl_mem *m) { return m->portable || m->kind == CL_HOST ? -1 : cl_device_of(m->ctx); }
+
+void cl_mem_reach(lua_State *L, cl_mem *m, CUcontext ctx, const char *where) {
+  if (m->ctx == ctx || m->portable || m->kind == CL_HOST || cl_peer_enabled(ctx, m->ctx)) return;
+  int a = cl_device_of(ctx), b = cl_device_of(m->ctx);
+  luaL_error(L, "cudalua: %s: the array is on device %d and the work on device %d "
+             "(cuda.enable_peer_access(%d, %d) lets device %d use device %d's memory)", where, b, a, a, b, a, b);
+}
+
 /* waits until no queued work uses m; returns a CUDA status, never raises */
 static CUresult settle(lua_State *L, cl_mem *m) {
   if (!m->used) return CUDA_SUCCESS;
-  CUresult r = m->multi ? cl_wait_raw(L, CL_WAIT_CTX, NULL)
-                        : cl_wait_raw(L, CL_WAIT_STREAM, m->stream ? m->stream->h : NULL);
+  CUresult r = m->multi == 3 ? cl_sync_all_devices()
+             : m->multi ? cl_wait_raw(L, CL_WAIT_CTX, NULL)
+             : cl_wait_raw(L, CL_WAIT_STREAM, m->stream ? m->stream->h : NULL);
   if (r == CUDA_SUCCESS) {
     cl_stream_unref(m->stream);
     m->stream = NULL; m->used = 0; m->multi = 0;
@@ -44,7 +56,7 @@ static CUresult settle(lua_State *L, cl_mem *m) {
 
 void cl_mem_settle(lua_State *L, cl_mem *m) {
   if (!m->used) return;
-  cl_ctx(L);
+  cl_use_ctx(L, m->ctx);
   cl_check(L, settle(L, m), "waiting for queued work on an array");
   cl_host_raise(L);
 }
@@ -179,7 +191,9 @@ static void reclaim(lua_State *L) {
 static CUresult alloc_gpu(lua_State *L, cl_mem *m, cl_stream *s, int zero) {
   CUresult r = CUDA_SUCCESS;
   size_t b = m->bytes ? m->bytes : 1;
-  if (m->kind == CL_PINNED || m->kind == CL_MAPPED) {
+  if (m->ipc == 1) {   /* exportable: the stream-ordered pool's memory cannot be shared */
+    r = cu.cuMemAlloc(&m->dptr, b);
+  } else if (m->kind == CL_PINNED || m->kind == CL_MAPPED) {
     r = cu.cuMemHostAlloc(&m->host, b, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP);
     if (r == CUDA_SUCCESS) r = cu.cuMemHostGetDevicePointer(&m->dptr, m->host, 0);
     if (r == CUDA_SUCCESS && zero) memset(m->host, 0, b);
@@ -193,7 +207,7 @@ static CUresult alloc_gpu(lua_State *L, cl_mem *m, cl_stream *s, int zero) {
   } else if (m->bytes) {   /* CL_DEVICE */
     m->dptr = ncache ? cache_get(m->bytes, m->ctx, s) : 0;
     if (!m->dptr) r = cu.cuMemAllocAsync(&m->dptr, m->bytes, s ? s->h : NULL);
-    if (r == CUDA_SUCCESS) cl_mem_use(m, s);
+    if (r == CUDA_SUCCESS) cl_mem_use(m, s, m->ctx);
   }
   if (r != CUDA_SUCCESS && m->host && m->kind != CL_MANAGED) cu.cuMemFreeHost(m->host);
   if (r != CUDA_SUCCESS) { m->host = NULL; m->dptr = 0; }
@@ -217,7 +231,8 @@ static void mem_free(cl_mem *m) {
   nspare++;
 }
 
-cl_mem *cl_mem_new(lua_State *L, int kind, size_t bytes, cl_stream *s, int zero) {
+cl_mem *cl_mem_new(lua_State *L, int kind, size_t bytes, cl_stream *s, int flags) {
+  int zero = flags & CL_ZERO;
   if (kind != CL_HOST) {
     pressure += bytes;
     if (pressure > PRESSURE_LIMIT) collect(L);
@@ -240,7 +255,10 @@ cl_mem *cl_mem_new(lua_State *L, int kind, size_t bytes, cl_stream *s, int zero)
     }
     return m;
   }
-  m->ctx = cl_ctx(L);
+  /* on the stream's device, else the selected one */
+  if (s) { cl_use_ctx(L, s->ctx); m->ctx = s->ctx; } else m->ctx = cl_ctx(L);
+  m->portable = kind == CL_PINNED || kind == CL_MAPPED || kind == CL_MANAGED;
+  m->ipc = kind == CL_DEVICE && (flags & CL_IPC) ? 1 : 0;
   const char *what = kind == CL_PINNED ? "cuda.pinned_array" : kind == CL_MAPPED ? "cuda.mapped_array"
                    : kind == CL_MANAGED ? "cuda.managed_array" : "cuda.device_array";
   CUresult r = alloc_gpu(L, m, s, zero);
@@ -272,7 +290,7 @@ static int frees_by_waiting(const cl_mem *m) {
   if (!m->used) return 0;
   switch (m->kind) {
     case CL_HOST: return m->registered > 0;
-    case CL_DEVICE: return m->multi == 2;
+    case CL_DEVICE: return m->multi >= 2 || m->ipc;
     case CL_FOREIGN: return m->release != NULL;
     default: return 1;
   }
@@ -319,7 +337,7 @@ void cl_mem_unref(lua_State *L, cl_mem *m) {
   /* freed memory no longer counts toward the next collection */
   if (m->kind != CL_FOREIGN) pressure -= m->bytes < pressure ? m->bytes : pressure;
   /* used on one stream (or on blocking ones, which the legacy stream orders): kept for reuse */
-  if (m->kind == CL_DEVICE && m->dptr && m->multi != 2 &&
+  if (m->kind == CL_DEVICE && m->dptr && m->multi < 2 && !m->ipc &&
       cache_put(m->dptr, m->bytes, m->ctx, m->multi ? NULL : m->stream)) {
     cl_stream_unref(m->stream);
     mem_free(m);
@@ -328,11 +346,17 @@ void cl_mem_unref(lua_State *L, cl_mem *m) {
   CUcontext cur = NULL;
   cu.cuCtxGetCurrent(&cur);
   if (cur != m->ctx) cu.cuCtxSetCurrent(m->ctx);
-  if (m->kind == CL_DEVICE) {
+  if (m->kind == CL_DEVICE && m->ipc) {
+    /* shared with other processes: freed (or closed) once nothing here uses it */
+    r = settle(L, m);
+    if (r == CUDA_SUCCESS && m->dptr) r = m->ipc == 1 ? cu.cuMemFree(m->dptr) : cu.cuIpcCloseMemHandle(m->dptr);
+    if (r != CUDA_SUCCESS) warn(L, m->ipc == 1 ? "cuMemFree" : "cuIpcCloseMemHandle", r);
+  } else if (m->kind == CL_DEVICE) {
     if (m->dptr) {
       CUstream h = NULL;
       int idle = 0;
-      if (m->multi == 2) idle = (r = cl_wait_raw(L, CL_WAIT_CTX, NULL)) == CUDA_SUCCESS;  /* non-blocking streams too */
+      if (m->multi == 3) idle = (r = cl_sync_all_devices()) == CUDA_SUCCESS;   /* other devices used it */
+      else if (m->multi == 2) idle = (r = cl_wait_raw(L, CL_WAIT_CTX, NULL)) == CUDA_SUCCESS;  /* non-blocking streams too */
       else if (m->multi) h = CU_STREAM_LEGACY;          /* ordered after every blocking stream */
       else if (m->stream) h = m->stream->h;
       /* once nothing queued uses it, the block may be reused on any stream */

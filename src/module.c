@@ -102,7 +102,7 @@ static int l_module_kernel(lua_State *L) {
   luaL_checktype(L, 4, LUA_TTABLE);
   if (!m->m) return luaL_error(L, "cudalua: module is closed");
   if (nc > CL_MAXPARAMS) return luaL_error(L, "cudalua: kernel '%s' has more than %d parameters", sym, CL_MAXPARAMS);
-  cl_ctx(L);
+  cl_use_ctx(L, m->ctx);
   cl_kernel *k = lua_newuserdatauv(L, sizeof *k, 3);   /* module, info, last launcher */
   memset(k, 0, sizeof *k);
   luaL_setmetatable(L, CL_KERNEL);

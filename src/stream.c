@@ -30,6 +30,19 @@ cl_stream *cl_stream_of(lua_State *L, int idx, int *is_default) {
   return ls->s;
 }
 
+void cl_stream_check(lua_State *L, cl_stream *s, CUcontext ctx, const char *where, const char *what) {
+  if (!s || s->ctx == ctx) return;
+  luaL_error(L, "cudalua: %s: the stream is on device %d and the %s on device %d", where,
+             cl_device_of(s->ctx), what, cl_device_of(ctx));
+}
+
+/* the stream's context made current (the selected device's for the default stream) */
+static CUstream use_stream(lua_State *L, lstream *ls) {
+  if (ls->s) { cl_use_ctx(L, ls->s->ctx); return ls->s->h; }
+  cl_ctx(L);
+  return NULL;
+}
+
 cl_stream *cl_tostream(lua_State *L, int idx, const char *where) {
   int t = lua_type(L, idx);
   if (t == LUA_TNONE || t == LUA_TNIL) return NULL;
@@ -42,7 +55,7 @@ cl_stream *cl_tostream(lua_State *L, int idx, const char *where) {
 
 static int l_stream(lua_State *L) {
   int nonblocking = lua_toboolean(L, 1);   /* cuda.stream(true): does not wait on the legacy stream */
-  cl_ctx(L);
+  CUcontext ctx = cl_ctx(L);
   lstream *ls = lua_newuserdatauv(L, sizeof *ls, 0);
   ls->s = NULL; ls->is_default = 0;
   luaL_setmetatable(L, STREAM_MT);
@@ -50,7 +63,7 @@ static int l_stream(lua_State *L) {
   if (!s) return luaL_error(L, "cudalua: out of host memory");
   CUresult r = cu.cuStreamCreate(&s->h, nonblocking ? CU_STREAM_NON_BLOCKING : CU_STREAM_DEFAULT);
   if (r != CUDA_SUCCESS) { free(s); cl_check(L, r, "cuda.stream"); }
-  s->refs = 1; s->owned = 1; s->blocking = !nonblocking;
+  s->refs = 1; s->owned = 1; s->blocking = !nonblocking; s->ctx = ctx;
   ls->s = s;
   return 1;
 }
@@ -60,19 +73,16 @@ static int l_default_stream(lua_State *L) {
   return 1;
 }
 
-static CUstream handle(lua_State *L) { return checkls(L, 1)->s ? checkls(L, 1)->s->h : NULL; }
-
 static int s_synchronize(lua_State *L) {
-  CUstream h = handle(L);
-  cl_ctx(L);
-  cl_capture_guard(L, checkls(L, 1)->s, 1, "stream:synchronize");
+  lstream *ls = checkls(L, 1);
+  CUstream h = use_stream(L, ls);
+  cl_capture_guard(L, ls->s, 1, "stream:synchronize");
   cl_wait(L, CL_WAIT_STREAM, h, "stream:synchronize");
   return 0;
 }
 
 static int s_query(lua_State *L) {
-  CUstream h = handle(L);
-  cl_ctx(L);
+  CUstream h = use_stream(L, checkls(L, 1));
   cl_host_service(L);   /* a Lua host function on this stream may be what it waits for */
   CUresult r = cu.cuStreamQuery(h);
   cl_host_raise(L);
@@ -84,18 +94,25 @@ static int s_query(lua_State *L) {
 
 CUevent cl_checkevent(lua_State *L, int idx);
 
+/* stream:wait_event(e): the event may be another device's */
 static int s_wait_event(lua_State *L) {
-  CUstream h = handle(L);
+  lstream *ls = checkls(L, 1);
   CUevent e = cl_checkevent(L, 2);
-  cl_ctx(L);
+  CUstream h = use_stream(L, ls);
   cl_check(L, cu.cuStreamWaitEvent(h, e, 0), "stream:wait_event");
   return 0;
 }
 
 static int s_launch_host_func(lua_State *L) {
-  CUstream h = handle(L);
-  cl_ctx(L);
+  CUstream h = use_stream(L, checkls(L, 1));
   return cl_launch_host_func(L, h);
+}
+
+/* stream:device() -> the device id it belongs to (the selected one for the default stream) */
+static int s_device(lua_State *L) {
+  lstream *ls = checkls(L, 1);
+  lua_pushinteger(L, ls->s ? cl_device_of(ls->s->ctx) : cl_current_device());
+  return 1;
 }
 
 static int s_close(lua_State *L) {
@@ -105,7 +122,8 @@ static int s_close(lua_State *L) {
 }
 
 static int s_handle(lua_State *L) {
-  lua_pushinteger(L, (lua_Integer)(uintptr_t)handle(L));
+  lstream *ls = checkls(L, 1);
+  lua_pushinteger(L, (lua_Integer)(uintptr_t)(ls->s ? ls->s->h : NULL));
   return 1;
 }
 
@@ -113,7 +131,8 @@ static int s_tostring(lua_State *L) {
   lstream *ls = luaL_checkudata(L, 1, STREAM_MT);
   if (ls->is_default) lua_pushliteral(L, "cudalua.stream<default>");
   else if (!ls->s) lua_pushliteral(L, "cudalua.stream<closed>");
-  else lua_pushfstring(L, "cudalua.stream<%p>", (void *)ls->s->h);
+  else if (cl_device_of(ls->s->ctx) < 0) lua_pushfstring(L, "cudalua.stream<%p>", (void *)ls->s->h);
+  else lua_pushfstring(L, "cudalua.stream<%p on device %d>", (void *)ls->s->h, cl_device_of(ls->s->ctx));
   return 1;
 }
 
@@ -125,6 +144,9 @@ int cl_push_foreign_stream(lua_State *L, CUstream h, int blocking) {
   cl_stream *s = calloc(1, sizeof *s);
   if (!s) return luaL_error(L, "cudalua: out of host memory");
   s->h = h; s->refs = 1; s->owned = 0; s->blocking = blocking;
+  /* the host program's stream, of the context selected now (the handle is not asked: a host
+     may hand over any value, and the driver does not check handles) */
+  s->ctx = cl_driver_load() ? cl_ctx(L) : NULL;
   ls->s = s;
   return 1;
 }
@@ -139,7 +161,7 @@ static int l_wait_flag(lua_State *L) {
   if ((a->kind != CL_MAPPED && a->kind != CL_PINNED) || a->dtype != CL_U32)
     return luaL_error(L, "wait_flag: needs a mapped uint32 array");
   volatile uint32_t *p = cl_hostptr(a);
-  cl_ctx(L);
+  if (s) cl_use_ctx(L, s->ctx); else cl_ctx(L);
   for (unsigned spins = 1;; spins++) {
     if (*p == want) return 0;
     if ((spins & 1023) == 0) {
@@ -167,6 +189,7 @@ void cl_open_stream(lua_State *L) {
   static const luaL_Reg m[] = {
     {"synchronize", s_synchronize}, {"query", s_query}, {"wait_event", s_wait_event},
     {"close", s_close}, {"handle", s_handle}, {"launch_host_func", s_launch_host_func},
+    {"device", s_device},
     {NULL, NULL}};
   luaL_newmetatable(L, STREAM_MT);
   luaL_newlib(L, m);

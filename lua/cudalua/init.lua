@@ -9,7 +9,9 @@ for _, name in ipairs {
   "time", "sleep", "dtype", "float32", "float64", "int8", "int16", "int32", "int64", "uint8",
   "uint16", "uint32", "uint64", "bool", "float16", "array", "zeros", "pinned_array",
   "mapped_array", "managed_array", "device_array", "device_array_like", "to_device", "stream",
-  "default_stream", "event", "event_elapsed_time", "graph", "block_cache", "empty_cache" } do
+  "default_stream", "event", "event_elapsed_time", "graph", "block_cache", "empty_cache", "copy",
+  "can_access_peer", "enable_peer_access", "disable_peer_access", "open_ipc_array",
+  "open_ipc_event" } do
   cuda[name] = assert(core[name], name)
 end
 cuda.__version = core.version
@@ -60,6 +62,7 @@ function cuda.reduce(expr, opts) return reduce.reduce(cuda, expr, opts) end
 cuda.as_cuda_array = core.as_cuda_array -- src/interop.c
 
 cuda.random = require "cudalua.random"
+cuda.gpus = require "cudalua.gpus"
 cuda.progress = require "cudalua.progress"
 
 return cuda

@@ -4,7 +4,7 @@
 local core = ...
 local M = {}
 
-local init_kernel, matrices
+local init_kernel, matrices = {}, {}   -- per device
 
 local function splitmix(seed)
   -- Lua integers wrap around like uint64 arithmetic
@@ -17,19 +17,21 @@ M.splitmix64 = splitmix
 
 local function cuda() return require "cudalua" end
 
-local function prepare()
-  if not init_kernel then
+-- the kernel and the jump matrices on the selected device dev
+local function prepare(dev)
+  if not init_kernel[dev] then
     local mod = cuda().compile("#include <cudalua/random.cuh>\n", {
       name = "cudalua_random.cu", name_expressions = { "cudalua_xoroshiro128p_init" } })
-    init_kernel = mod:get("cudalua_xoroshiro128p_init")
+    init_kernel[dev] = mod:get("cudalua_xoroshiro128p_init")
   end
-  if not matrices then
+  if not matrices[dev] then
     local bytes = core.xoroshiro_jump_matrices(64)
     local n = #bytes // 8
     local host = cuda().array(n, "int64")
     for i = 1, n do host[i] = string.unpack("<i8", bytes, (i - 1) * 8 + 1) end
-    matrices = cuda().to_device(host)
+    matrices[dev] = cuda().to_device(host)
   end
+  return init_kernel[dev], matrices[dev]
 end
 
 local function check_int(v, what, where)
@@ -52,10 +54,16 @@ function M.init_xoroshiro128p_states(states, seed, subsequence_start, stream)
   subsequence_start = check_int(subsequence_start or 0, "subsequence_start", "init_xoroshiro128p_states")
   local count = n // 2
   if count == 0 then return states end
-  prepare()
-  local block = 256
-  init_kernel[{ (count + block - 1) // block, block, stream }](states, count, splitmix(seed),
-                                                               subsequence_start, matrices)
+  -- on the states' device, whichever is selected
+  local dev, cur = select(5, core.array_info(states)), core.current_device()
+  if dev ~= cur then core.select_device(dev) end
+  local ok, err = pcall(function()
+    local kernel, m = prepare(dev)
+    local block = 256
+    kernel[{ (count + block - 1) // block, block, stream }](states, count, splitmix(seed), subsequence_start, m)
+  end)
+  if dev ~= cur then core.select_device(cur) end
+  if not ok then error(err, 0) end
   return states
 end
 

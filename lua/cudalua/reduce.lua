@@ -28,8 +28,8 @@ local function source(self, ctype)
   }, "\n")
 end
 
--- the kernels for one dtype: aligned (16-byte vector loads) and unaligned
-local function kernels(self, dtype)
+-- the kernels for one dtype on the selected device: aligned (16-byte vector loads) and unaligned
+local function kernels(self, dtype, dev)
   local name = tostring(dtype)
   local ctype = dtype.ctype
   local v = 16 // dtype.itemsize
@@ -39,7 +39,7 @@ local function kernels(self, dtype)
     name = "cudalua_reduce.cu", name_expressions = { aligned, unaligned } })
   if not ok then
     error(("cuda.reduce: the reduction %q does not compile for %s:\n%s"):format(
-      self.expr or self.body, name, tostring(mod)), 3)
+      self.expr or self.body, name, tostring(mod)), 4)
   end
   local sms = core.devices()[core.current_device() + 1].multiprocessors
   local ks = { mod = mod, { k = mod:get(aligned), tile = 32 * v }, { k = mod:get(unaligned), tile = 32 } }
@@ -47,25 +47,29 @@ local function kernels(self, dtype)
     e.max_grid = sms * math.max(1, e.k:max_blocks_per_sm(BLOCK))
     e.one = e.k[{ 1, BLOCK }] -- the launcher for small inputs on the default stream
   end
-  self.kernels[dtype] = ks -- dtypes are unique objects
+  local per = self.kernels[dev] or {}
+  self.kernels[dev] = per
+  per[dtype] = ks -- dtypes are unique objects
   return ks
 end
 
 -- per dtype: a one-element mapped array the kernel writes the host result into (no copy call)
 local outs = {}
--- per stream: scratch for the blocks' values and the ticket counter
-local scratch = setmetatable({}, { __mode = "k" })
+-- per device and stream: scratch for the blocks' values and the ticket counter
+local scratch = {}
 local DEFAULT = {}
 
-local function get_scratch(cuda, stream, bytes)
+local function get_scratch(cuda, stream, bytes, dev)
   local key = stream or DEFAULT
-  local s = scratch[key]
+  local per = scratch[dev]
+  if not per then per = setmetatable({}, { __mode = "k" }); scratch[dev] = per end
+  local s = per[key]
   if not s or s.bytes < bytes then
     local arr = cuda.device_array(bytes // 8 + 1, "uint64", stream)
     local counter = cuda.device_array(1, "uint32", stream)
     counter:fill(0, stream)
     s = { bytes = bytes, partials = arr, counter = counter }
-    scratch[key] = s
+    per[key] = s
   end
   return s
 end
@@ -77,6 +81,54 @@ end
 
 local default_stream
 local flag, seq = nil, 0
+
+-- the reduction itself, with the array's device selected
+local function run(self, arr, n, dtype, kind, ptr, init, stream, res, dev)
+  local cuda = self.cuda
+  if n == 0 then
+    if res then res:slice(1, 1):fill(init, stream); return res end
+    return typed(dtype, init)
+  end
+  local src = arr
+  if kind == "array" then -- pageable host memory: through a device copy
+    src = cuda.to_device(arr, stream)
+    ptr = src:ptr()
+  end
+  local ks = self.kernels[dev] and self.kernels[dev][dtype] or kernels(self, dtype, dev)
+  local e = ptr % 16 == 0 and ks[1] or ks[2]
+  local grid = n // e.tile // (W * UN) -- with several blocks every warp gets UN tiles or more
+  if grid < 1 then grid = 1 elseif grid > e.max_grid then grid = e.max_grid end
+  local out = res
+  if not out then
+    out = outs[dtype]
+    if not out then out = cuda.mapped_array(1, dtype); outs[dtype] = out end
+    flag = flag or cuda.mapped_array(1, "uint32")
+  end
+  if grid == 1 and not stream and not res then
+    -- small input, result to the host: the kernel raises a flag in mapped memory after
+    -- writing the result, and the host spins on it (cheaper than a stream synchronize)
+    seq = seq % 0x3fffffff + 1
+    e.one(src, n, init, 1 | (seq << 1), out, out, flag)
+    core.wait_flag(flag, seq)
+    return out[1]
+  elseif grid == 1 and not stream then
+    e.one(src, n, init, 1, out, out, out)
+  else
+    local partials, counter = out, out
+    if grid > 1 then
+      local s = get_scratch(cuda, stream, grid * dtype.itemsize, dev)
+      partials, counter = s.partials, s.counter
+    end
+    e.k[{ grid, BLOCK, stream }](src, n, init, 1, out, partials, counter)
+  end
+  if res then return res end
+  if stream then stream:synchronize()
+  else
+    default_stream = default_stream or cuda.default_stream()
+    default_stream:synchronize()
+  end
+  return out[1]
+end
 
 function Reducer:__call(arr, opts)
   local cuda = self.cuda
@@ -100,10 +152,10 @@ function Reducer:__call(arr, opts)
       stream = nil
     end
   end
-  local n, dtype, kind, ptr = core.array_info(arr)
+  local n, dtype, kind, ptr, dev = core.array_info(arr)
   if not n and type(getmetatable(arr)) == "table" and getmetatable(arr).__cuda_array_interface then
     arr = cuda.as_cuda_array(arr)
-    n, dtype, kind, ptr = core.array_info(arr)
+    n, dtype, kind, ptr, dev = core.array_info(arr)
   end
   if not n then
     if type(arr) == "table" and getmetatable(arr) == nil then
@@ -124,50 +176,24 @@ function Reducer:__call(arr, opts)
     if rdt ~= dtype then error(("reduce: res has dtype %s, the input %s"):format(rdt, dtype), 2) end
     if rn < 1 then error("reduce: res is empty", 2) end
     if rkind == "array" then error("reduce: res must be a device (or pinned/mapped/managed) array", 2) end
-  end
-  if n == 0 then
-    if res then res:slice(1, 1):fill(init, stream); return res end
-    return typed(dtype, init)
-  end
-  local src = arr
-  if kind == "array" then -- pageable host memory: through a device copy
-    src = cuda.to_device(arr, stream)
-    ptr = src:ptr()
-  end
-  local ks = self.kernels[dtype] or kernels(self, dtype)
-  local e = ptr % 16 == 0 and ks[1] or ks[2]
-  local grid = n // e.tile // (W * UN) -- with several blocks every warp gets UN tiles or more
-  if grid < 1 then grid = 1 elseif grid > e.max_grid then grid = e.max_grid end
-  local out = res
-  if not out then
-    out = outs[dtype]
-    if not out then out = cuda.mapped_array(1, dtype); outs[dtype] = out end
-    flag = flag or cuda.mapped_array(1, "uint32")
-  end
-  if grid == 1 and not stream and not res then
-    -- small input, result to the host: the kernel raises a flag in mapped memory after
-    -- writing the result, and the host spins on it (cheaper than a stream synchronize)
-    seq = seq % 0x3fffffff + 1
-    e.one(src, n, init, 1 | (seq << 1), out, out, flag)
-    core.wait_flag(flag, seq)
-    return out[1]
-  elseif grid == 1 and not stream then
-    e.one(src, n, init, 1, out, out, out)
-  else
-    local partials, counter = out, out
-    if grid > 1 then
-      local s = get_scratch(cuda, stream, grid * dtype.itemsize)
-      partials, counter = s.partials, s.counter
+    local rdev = select(5, core.array_info(res))
+    if rdev >= 0 and dev >= 0 and rdev ~= dev then
+      error(("reduce: res is on device %d and the input on device %d"):format(rdev, dev), 2)
     end
-    e.k[{ grid, BLOCK, stream }](src, n, init, 1, out, partials, counter)
+    if dev < 0 then dev = rdev end
   end
-  if res then return res end
-  if stream then stream:synchronize()
-  else
-    default_stream = default_stream or cuda.default_stream()
-    default_stream:synchronize()
+  -- the work runs on the input's device (a stream given must be that device's)
+  local cur = core.is_available() and core.current_device() or 0
+  if dev < 0 then dev = stream and stream:device() or cur end
+  if dev == cur then
+    local r = run(self, arr, n, dtype, kind, ptr, init, stream, res, dev)
+    return r
   end
-  return out[1]
+  core.select_device(dev)
+  local ok, r = pcall(run, self, arr, n, dtype, kind, ptr, init, stream, res, dev)
+  core.select_device(cur)
+  if not ok then error(r, 0) end
+  return r
 end
 
 function Reducer:__tostring()

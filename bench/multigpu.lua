@@ -1,0 +1,105 @@
+-- multigpu.lua: copies between GPUs and NCCL collectives through cudalua, next to the raw calls
+-- in the same process (bench/rawloop.c): 256 MiB peer copies (cuMemcpyPeerAsync), a 256 MiB
+-- float32 all_reduce (bus bandwidth, as nccl-tests count it: PyTorch's is bench/nccl_torch.py)
+-- and an 8-byte all_reduce (latency). Needs 2 GPUs; prints a "# ..." line otherwise.
+package.cpath = "./?.so;" .. package.cpath
+local cuda = require "cudalua"
+local nccl = require "cudalua.nccl"
+package.path = "bench/?.lua;" .. package.path
+local B = require "common"
+local REPS, now, out, median = B.REPS, B.now, B.out, B.median
+local function section(name, f) B.section("multigpu.lua", name, f) end
+
+local g = cuda.is_available() and #cuda.gpus or 0
+if g < 2 then
+  B.note(("multigpu.lua: %d GPU%s here, the multi-GPU rows need 2"):format(g, g == 1 and "" or "s"))
+  os.exit(0)
+end
+local function sync_all() for d = 0, g - 1 do cuda.gpus[d]:synchronize() end end
+
+-- bodies take turns, each round timed to the end of all work on every GPU
+local function rounds(bodies, count, n)
+  local names, res = {}, {}
+  for k in pairs(bodies) do names[#names + 1] = k; res[k] = {} end
+  table.sort(names)
+  for _, k in ipairs(names) do bodies[k](1) end
+  sync_all()
+  for r = 1, n do
+    for i = 0, #names - 1 do
+      local k = names[(i + r - 1) % #names + 1]
+      sync_all()
+      local t0 = now()
+      bodies[k](count)
+      sync_all()
+      res[k][r] = (now() - t0) / count
+    end
+  end
+  for k, t in pairs(res) do res[k] = median(t) end
+  return res
+end
+
+section("info", function()
+  local d = cuda.devices()
+  print(("info_multigpu %d x %s, peer access 0->1 %s, NCCL %s"):format(g, d[1].name,
+    tostring(cuda.can_access_peer(0, 1)), nccl.is_available() and nccl.version() or "none"))
+end)
+
+section("peer copies", function()
+  local bytes = 256 << 20
+  local d0 = cuda.gpus[0]:run(cuda.device_array, bytes // 4, "float32")
+  local d1 = cuda.gpus[1]:run(cuda.device_array, bytes // 4, "float32")
+  d0:fill(1)
+  local s1 = cuda.gpus[1]:run(cuda.stream)
+  local bodies = { cudalua = function(m) for _ = 1, m do cuda.copy(d1, d0, s1) end end }
+  local rawloop, why = B.rawloop()
+  if rawloop then
+    local p1, p0, h = d1:ptr(), d0:ptr(), s1:handle()
+    bodies.raw = function(m) rawloop.peer_copy(p1, 1, p0, 0, bytes, m, h) end
+  else B.note("no raw loop: " .. why) end
+  local r = rounds(bodies, 4, REPS * 2)
+  out("peer_copy_256MiB_gbs", bytes / r.cudalua / 1e9)
+  if r.raw then out("inproc_peer_copy_256MiB_gbs", bytes / r.raw / 1e9) end
+end)
+collectgarbage()
+
+section("nccl all_reduce", function()
+  local comms = nccl.comm_init_all()
+  local function buffers(n)
+    local send, recv = {}, {}
+    for d = 1, g do
+      send[d] = cuda.gpus[d - 1]:run(cuda.device_array, n, "float32")
+      recv[d] = cuda.gpus[d - 1]:run(cuda.device_array, n, "float32")
+      send[d]:fill(d)
+    end
+    return send, recv
+  end
+  local function all_reduce(send, recv)
+    return function(m)
+      for _ = 1, m do
+        nccl.group(function() for d = 1, g do comms[d]:all_reduce(send[d], recv[d], "sum") end end)
+      end
+    end
+  end
+  -- 256 MiB: bus bandwidth = bytes / time * 2 (n - 1) / n
+  local big = (256 << 20) // 4
+  local bs, br = buffers(big)
+  local t = rounds({ cudalua = all_reduce(bs, br) }, 10, REPS)
+  out("nccl_allreduce_256MiB_busbw_gbs", big * 4 / t.cudalua / 1e9 * 2 * (g - 1) / g)
+  local h = br[1]:copy_to_host()
+  if h[1] ~= g * (g + 1) / 2 then error("all_reduce gave " .. h[1]) end
+  bs, br = nil, nil
+  collectgarbage()
+  -- 8 bytes: latency of one group of all_reduces, against the same calls from C
+  local ss, sr = buffers(2)
+  local bodies = { cudalua = all_reduce(ss, sr) }
+  local rawloop, why = B.rawloop()
+  if rawloop then
+    local hc, hs, hr = {}, {}, {}
+    for d = 1, g do hc[d], hs[d], hr[d] = comms[d]:handle(), ss[d]:ptr(), sr[d]:ptr() end
+    bodies.raw = function(m) rawloop.nccl_all_reduce(hc, hs, hr, 2, m) end
+  else B.note("no raw loop: " .. why) end
+  local r = rounds(bodies, 2000, REPS * 2)
+  out("nccl_allreduce_8B_us", r.cudalua * 1e6)
+  if r.raw then out("inproc_nccl_allreduce_8B_us", r.raw * 1e6) end
+  comms:close()
+end)

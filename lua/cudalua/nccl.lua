@@ -1,0 +1,66 @@
+-- cudalua.nccl: NCCL collectives on cudalua arrays and CUDA Array Interface objects, across the
+-- GPUs of one process (comm_init_all) or one process per GPU, on one machine or many
+-- (comm_init_rank with an id passed around). NCCL is opened at run time (libnccl.so.2:
+-- CUDALUA_NCCL, NCCL_HOME/lib, the loader's path); without it this module still loads and
+-- every call raises saying so.
+--   local nccl = require "cudalua.nccl"
+--   local comms = nccl.comm_init_all()                  -- every GPU, one communicator each
+--   nccl.group(function()
+--     for i, c in ipairs(comms) do c:all_reduce(send[i], recv[i], "sum") end
+--   end)
+local core = ...
+local C = core.nccl
+local M = {}
+
+-- nccl.is_available() -> true | false, why
+function M.is_available()
+  return C.available()
+end
+
+-- nccl.version() -> e.g. 22703 for 2.27.3
+M.version = C.version
+
+-- nccl.unique_id() -> 256 hex characters every rank passes to comm_init_rank
+M.unique_id = C.unique_id
+
+-- nccl.comm_init_rank(nranks, id, rank) -> a communicator on the selected device; blocks until
+-- every rank has joined
+function M.comm_init_rank(nranks, id, rank)
+  if type(id) ~= "string" then error("nccl.comm_init_rank: id must be the string nccl.unique_id() gave, got " .. type(id), 2) end
+  local c = C.comm_init_rank(nranks, id, rank)
+  return c
+end
+
+local Comms = {}
+Comms.__index = Comms
+Comms.__name = "cudalua.nccl_comms"
+function Comms:close() if self[1] then self[1]:close() end end  -- closes them all
+Comms.__close = Comms.close
+
+-- nccl.comm_init_all([devices]) -> a list of communicators, rank i on devices[i] (all GPUs
+-- by default); comms:close() (or <close>) ends them together
+function M.comm_init_all(devices)
+  if devices == nil then
+    devices = {}
+    for i = 0, core.device_count() - 1 do devices[#devices + 1] = i end
+    if #devices == 0 then error("nccl.comm_init_all: " .. tostring(core.driver_error()), 2) end
+  elseif type(devices) ~= "table" then
+    error("nccl.comm_init_all: expected a list of device ids, got " .. type(devices), 2)
+  end
+  local list = C.comm_init_all(devices)
+  return setmetatable(list, Comms)
+end
+
+-- nccl.group(fn, ...): fn's collectives are queued as one group (ncclGroupStart/End); the
+-- group ends even when fn raises, and the error is raised after it
+function M.group(fn, ...)
+  if type(fn) ~= "function" then error("nccl.group: expected a function, got " .. type(fn), 2) end
+  C.group_start()
+  local r = table.pack(pcall(fn, ...))
+  local ok, err = pcall(C.group_end)
+  if not r[1] then error(r[2], 0) end
+  if not ok then error(err, 0) end
+  return table.unpack(r, 2, r.n)
+end
+
+return M

@@ -1,0 +1,90 @@
+/* ipc.c: device memory shared between processes. An array made with
+   cuda.device_array(shape, dtype, {ipc = true}) (cuMemAlloc: the stream-ordered pool's memory
+   cannot be exported) gives a:ipc_handle(), a string another process passes to
+   cuda.open_ipc_array(handle, shape, dtype) to get an array on the same memory. Events do the
+   same in event.c (cuda.event{interprocess = true}). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "cl.h"
+
+#define TAG "cudalua-ipc-mem:"
+
+/* a:ipc_handle() -> "cudalua-ipc-mem:<handle>:<offset>:<bytes>" for this array (a view too) */
+static int a_ipc_handle(lua_State *L) {
+  cl_array *a = cl_checkarray(L, 1);
+  cl_mem *m = a->mem;
+  if (a->kind != CL_DEVICE || m->ipc != 1)
+    return luaL_error(L, "cudalua: ipc_handle: %s", a->kind != CL_DEVICE ? "only device arrays can be shared"
+                      : m->ipc == 2 ? "this array was opened from another process's handle; share that handle"
+                      : "this array's memory comes from the stream-ordered pool, which cannot be shared; "
+                        "make it with cuda.device_array(shape, dtype, {ipc = true})");
+  CUipcMemHandle h;
+  cl_use_ctx(L, m->ctx);
+  cl_check(L, cu.cuIpcGetMemHandle(&h, m->dptr), "ipc_handle");
+  luaL_Buffer b;
+  luaL_buffinit(L, &b);
+  luaL_addstring(&b, TAG);
+  for (size_t i = 0; i < sizeof h.reserved; i++) {
+    char hex[3];
+    snprintf(hex, sizeof hex, "%02x", (unsigned char)h.reserved[i]);
+    luaL_addlstring(&b, hex, 2);
+  }
+  lua_pushfstring(L, ":%I:%I", (lua_Integer)a->offset, (lua_Integer)cl_nbytes(a));
+  luaL_addvalue(&b);
+  luaL_pushresult(&b);
+  return 1;
+}
+
+/* open_ipc_array(handle, shape, dtype) -> a device array on another process's memory, in the
+   selected device's context (another device reaches it through peer access the driver turns
+   on); closed with <close> or by the collector once no queued work uses it */
+static int l_open_ipc_array(lua_State *L) {
+  size_t n;
+  const char *s = luaL_checklstring(L, 1, &n);
+  int64_t shape[CL_MAXDIM];
+  int ndim = cl_parse_shape(L, 2, shape, "cuda.open_ipc_array");
+  int dt = cl_checkdtype(L, 3);
+  CUipcMemHandle h;
+  size_t tag = sizeof TAG - 1, hexn = 2 * sizeof h.reserved;
+  if (n < tag + hexn + 4 || strncmp(s, TAG, tag))
+    return luaL_argerror(L, 1, "not a memory handle from array:ipc_handle()");
+  for (size_t i = 0; i < sizeof h.reserved; i++) {
+    unsigned v;
+    if (sscanf(s + tag + 2 * i, "%2x", &v) != 1) return luaL_argerror(L, 1, "not a memory handle from array:ipc_handle()");
+    h.reserved[i] = (char)v;
+  }
+  long long off = -1, bytes = -1;
+  if (sscanf(s + tag + hexn, ":%lld:%lld", &off, &bytes) != 2 || off < 0 || bytes < 0)
+    return luaL_argerror(L, 1, "not a memory handle from array:ipc_handle()");
+  size_t want = cl_dtypes[dt].size;
+  for (int i = 0; i < ndim; i++) {
+    if (shape[i] && want > ((size_t)1 << 50) / (size_t)shape[i]) return luaL_error(L, "cuda.open_ipc_array: shape too large");
+    want *= (size_t)shape[i];
+  }
+  if (want > (size_t)bytes)
+    return luaL_error(L, "cudalua: cuda.open_ipc_array: the shape and dtype need %I bytes, the handle covers %I",
+                      (lua_Integer)want, (lua_Integer)bytes);
+  CUcontext ctx = cl_ctx(L);
+  cl_array *a = cl_push_array(L, NULL, (size_t)off, CL_DEVICE, dt, ndim, shape);
+  cl_mem *m = calloc(1, sizeof *m);
+  if (!m) return luaL_error(L, "cudalua: out of host memory");
+  CUresult r = cu.cuIpcOpenMemHandle(&m->dptr, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+  if (r != CUDA_SUCCESS) {
+    free(m);
+    if (r == CUDA_ERROR_INVALID_CONTEXT || r == CUDA_ERROR_INVALID_DEVICE)
+      return luaL_error(L, "cudalua: cuda.open_ipc_array: %s (a handle opens in another process, not the one "
+                        "that made it)", cl_errname(r));
+    cl_check(L, r, "cuda.open_ipc_array");
+  }
+  m->refs = 1; m->kind = CL_DEVICE; m->ipc = 2; m->ctx = ctx; m->bytes = (size_t)(off + bytes);
+  a->mem = m;
+  return 1;
+}
+
+void cl_open_ipc(lua_State *L) {
+  lua_getfield(L, LUA_REGISTRYINDEX, CL_ARRAY ".methods");
+  lua_pushcfunction(L, a_ipc_handle); lua_setfield(L, -2, "ipc_handle");
+  lua_pop(L, 1);
+  lua_pushcfunction(L, l_open_ipc_array); lua_setfield(L, -2, "open_ipc_array");
+}

@@ -1,0 +1,489 @@
+/* nccl.c: NCCL collectives on cudalua arrays (require "cudalua.nccl"; the policy is in
+   lua/cudalua/nccl.lua). NCCL is opened with dlopen like the CUDA libraries, so cudalua loads
+   without it and every NCCL call then raises one message saying why. The few types and
+   prototypes used are declared here (NCCL's ABI: nccl.h need not be installed to build). */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "cl.h"
+
+typedef struct ncclComm *ncclComm_t;
+typedef struct { char internal[128]; } ncclUniqueId;
+typedef int ncclResult_t;                       /* ncclSuccess = 0 */
+enum { NCCL_INT8 = 0, NCCL_UINT8 = 1, NCCL_INT32 = 2, NCCL_UINT32 = 3, NCCL_INT64 = 4, NCCL_UINT64 = 5,
+       NCCL_FLOAT16 = 6, NCCL_FLOAT32 = 7, NCCL_FLOAT64 = 8 };
+
+#define NCCL_FUNCS(X) \
+  X(ncclGetVersion, ncclResult_t, (int *)) \
+  X(ncclGetUniqueId, ncclResult_t, (ncclUniqueId *)) \
+  X(ncclCommInitRank, ncclResult_t, (ncclComm_t *, int, ncclUniqueId, int)) \
+  X(ncclCommInitAll, ncclResult_t, (ncclComm_t *, int, const int *)) \
+  X(ncclCommDestroy, ncclResult_t, (ncclComm_t)) \
+  X(ncclCommAbort, ncclResult_t, (ncclComm_t)) \
+  X(ncclCommGetAsyncError, ncclResult_t, (ncclComm_t, ncclResult_t *)) \
+  X(ncclGetErrorString, const char *, (ncclResult_t)) \
+  X(ncclAllReduce, ncclResult_t, (const void *, void *, size_t, int, int, ncclComm_t, CUstream)) \
+  X(ncclBroadcast, ncclResult_t, (const void *, void *, size_t, int, int, ncclComm_t, CUstream)) \
+  X(ncclReduce, ncclResult_t, (const void *, void *, size_t, int, int, int, ncclComm_t, CUstream)) \
+  X(ncclAllGather, ncclResult_t, (const void *, void *, size_t, int, ncclComm_t, CUstream)) \
+  X(ncclReduceScatter, ncclResult_t, (const void *, void *, size_t, int, int, ncclComm_t, CUstream)) \
+  X(ncclSend, ncclResult_t, (const void *, size_t, int, int, ncclComm_t, CUstream)) \
+  X(ncclRecv, ncclResult_t, (void *, size_t, int, int, ncclComm_t, CUstream)) \
+  X(ncclGroupStart, ncclResult_t, (void)) \
+  X(ncclGroupEnd, ncclResult_t, (void))
+/* newer: the last warning (2.13), finalizing before destroy (2.14) */
+#define NCCL_OPTIONAL(X) \
+  X(ncclGetLastError, const char *, (ncclComm_t)) \
+  X(ncclCommFinalize, ncclResult_t, (ncclComm_t))
+
+#define NCCL_MEMBER(name, ret, args) ret (*name) args;
+static struct { NCCL_FUNCS(NCCL_MEMBER) NCCL_OPTIONAL(NCCL_MEMBER) } nc;
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static int state;               /* 0 not tried, 1 ok, -1 failed */
+static char err[1200], path[600];
+
+/* libnccl.so.2: CUDALUA_NCCL names one; else NCCL_HOME/lib, the loader's path, Debian's
+   multiarch folder and CUDA_HOME/lib64 */
+static int nccl_load(void) {
+  pthread_mutex_lock(&lock);
+  if (!state) {
+    void *h = NULL;
+    const char *forced = getenv("CUDALUA_NCCL"), *home = getenv("NCCL_HOME"), *cuda = getenv("CUDA_HOME");
+    if (forced && *forced) {
+      if ((h = dlopen(forced, RTLD_NOW | RTLD_LOCAL))) snprintf(path, sizeof path, "%s", forced);
+      else snprintf(err, sizeof err, "cudalua.nccl: NCCL not found: CUDALUA_NCCL=%s cannot be opened (%s)", forced, dlerror());
+    } else {
+      const char *tries[4] = {NULL, "libnccl.so.2", "/usr/lib/x86_64-linux-gnu/libnccl.so.2", NULL};
+      char b0[600] = "", b3[600] = "";
+      if (home && *home) { snprintf(b0, sizeof b0, "%s/lib/libnccl.so.2", home); tries[0] = b0; }
+      if (cuda && *cuda) { snprintf(b3, sizeof b3, "%s/lib64/libnccl.so.2", cuda); tries[3] = b3; }
+      for (int i = 0; i < 4 && !h; i++)
+        if (tries[i] && (h = dlopen(tries[i], RTLD_NOW | RTLD_LOCAL))) snprintf(path, sizeof path, "%s", tries[i]);
+      if (!h) snprintf(err, sizeof err, "cudalua.nccl: NCCL not found (libnccl.so.2; set NCCL_HOME or LD_LIBRARY_PATH)");
+    }
+    if (h) {
+      const char *missing = NULL;
+#define NCCL_GET(name, ret, args) if (!(*(void **)&nc.name = dlsym(h, #name)) && !missing) missing = #name;
+      NCCL_FUNCS(NCCL_GET)
+#undef NCCL_GET
+#define NCCL_GET_OPT(name, ret, args) *(void **)&nc.name = dlsym(h, #name);
+      NCCL_OPTIONAL(NCCL_GET_OPT)
+#undef NCCL_GET_OPT
+      if (missing) snprintf(err, sizeof err, "cudalua.nccl: %s lacks %s (too old an NCCL)", path, missing);
+      else state = 1;
+    }
+    if (state != 1) state = -1;
+  }
+  int ok = state == 1;
+  pthread_mutex_unlock(&lock);
+  return ok;
+}
+
+static void need(lua_State *L) {
+  if (!nccl_load()) luaL_error(L, "%s", err);
+}
+
+static const char *result_name(ncclResult_t r) {
+  static const char *const names[] = {"ncclSuccess", "ncclUnhandledCudaError", "ncclSystemError",
+    "ncclInternalError", "ncclInvalidArgument", "ncclInvalidUsage", "ncclRemoteError", "ncclInProgress"};
+  return r >= 0 && r < (int)(sizeof names / sizeof names[0]) ? names[r] : "ncclError";
+}
+
+#define COMM_MT "cudalua.nccl_comm"
+typedef struct {
+  ncclComm_t c;                 /* NULL once closed */
+  CUcontext ctx;
+  int rank, size, dev;
+  int in_set;                   /* one of several communicators this process drives */
+} lcomm;
+
+static __thread int group_depth;   /* ncclGroupStart calls not yet ended, on this thread */
+
+/* raises "cudalua.nccl: what: ncclX (text): NCCL's last warning" */
+static void check(lua_State *L, ncclResult_t r, ncclComm_t c, const char *what) {
+  if (r == 0) return;
+  const char *last = c && nc.ncclGetLastError ? nc.ncclGetLastError(c) : NULL;
+  luaL_error(L, "cudalua.nccl: %s: %s (%s)%s%s", what, result_name(r), nc.ncclGetErrorString(r),
+             last && *last ? ": " : "", last && *last ? last : "");
+}
+
+static lcomm *checkcomm(lua_State *L, int idx) {
+  lcomm *c = luaL_checkudata(L, idx, COMM_MT);
+  if (!c->c) luaL_argerror(L, idx, "closed communicator");
+  return c;
+}
+
+static lcomm *push_comm(lua_State *L, ncclComm_t h, CUcontext ctx) {
+  lcomm *c = lua_newuserdatauv(L, sizeof *c, 1);
+  memset(c, 0, sizeof *c);
+  luaL_setmetatable(L, COMM_MT);
+  c->c = h;
+  c->ctx = ctx;
+  return c;
+}
+
+/* ---- library functions ---- */
+
+static int l_available(lua_State *L) {
+  lua_pushboolean(L, nccl_load());
+  if (state == 1) return 1;
+  lua_pushstring(L, err);
+  return 2;
+}
+
+static int l_version(lua_State *L) {
+  need(L);
+  int v = 0;
+  check(L, nc.ncclGetVersion(&v), NULL, "version");
+  lua_pushinteger(L, v);
+  return 1;
+}
+
+/* unique_id() -> 256 hex characters: pass them to every rank (a file, the environment, argv) */
+static int l_unique_id(lua_State *L) {
+  need(L);
+  ncclUniqueId id;
+  check(L, nc.ncclGetUniqueId(&id), NULL, "unique_id");
+  char hex[2 * sizeof id.internal + 1];
+  for (size_t i = 0; i < sizeof id.internal; i++) snprintf(hex + 2 * i, 3, "%02x", (unsigned char)id.internal[i]);
+  lua_pushlstring(L, hex, 2 * sizeof id.internal);
+  return 1;
+}
+
+static void fill_info(lcomm *c, int rank, int size, int dev) { c->rank = rank; c->size = size; c->dev = dev; }
+
+/* comm_init_rank(nranks, id, rank) -> a communicator on the selected device (blocks until every
+   rank has joined) */
+static int l_comm_init_rank(lua_State *L) {
+  lua_Integer n = luaL_checkinteger(L, 1);
+  size_t len;
+  const char *hex = luaL_checklstring(L, 2, &len);
+  lua_Integer rank = luaL_checkinteger(L, 3);
+  luaL_argcheck(L, n >= 1 && n <= 1 << 20, 1, "nranks must be >= 1");
+  luaL_argcheck(L, rank >= 0 && rank < n, 3, lua_pushfstring(L, "rank must be 0..%d", (int)n - 1));
+  ncclUniqueId id;
+  if (len != 2 * sizeof id.internal) return luaL_argerror(L, 2, "not an id from nccl.unique_id() (256 hex characters)");
+  for (size_t i = 0; i < sizeof id.internal; i++) {
+    unsigned v;
+    if (sscanf(hex + 2 * i, "%2x", &v) != 1) return luaL_argerror(L, 2, "not an id from nccl.unique_id() (256 hex characters)");
+    id.internal[i] = (char)v;
+  }
+  need(L);
+  CUcontext ctx = cl_ctx(L);
+  ncclComm_t h = NULL;
+  lcomm *c = push_comm(L, NULL, ctx);
+  check(L, nc.ncclCommInitRank(&h, (int)n, id, (int)rank), NULL, "comm_init_rank");
+  c->c = h;
+  fill_info(c, (int)rank, (int)n, cl_current_device());
+  return 1;
+}
+
+/* comm_init_all({devices}) -> {communicators}, one per device, ranks in that order; their
+   collectives go inside nccl.group (one thread drives them all) */
+static int l_comm_init_all(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  int n = (int)lua_rawlen(L, 1);
+  luaL_argcheck(L, n >= 1 && n <= 64, 1, "a list of 1 to 64 device ids");
+  int devs[64];
+  for (int i = 0; i < n; i++) {
+    lua_rawgeti(L, 1, i + 1);
+    int isint;
+    lua_Integer d = lua_tointegerx(L, -1, &isint);
+    if (!isint || d < 0 || d >= cl_ndevices())
+      return luaL_error(L, "cudalua.nccl: comm_init_all: device %s is not one of this machine's (0..%d)",
+                        luaL_tolstring(L, -1, NULL), cl_ndevices() - 1);
+    devs[i] = (int)d;
+    lua_pop(L, 1);
+    for (int j = 0; j < i; j++)
+      if (devs[j] == devs[i]) return luaL_error(L, "cudalua.nccl: comm_init_all: device %d given twice", devs[i]);
+  }
+  need(L);
+  ncclComm_t h[64] = {0};
+  CUcontext ctx[64];
+  for (int i = 0; i < n; i++) ctx[i] = cl_device_ctx(L, devs[i]);   /* before NCCL's own runtime calls */
+  lua_createtable(L, n, 0);
+  int list = lua_gettop(L);
+  for (int i = 0; i < n; i++) {   /* the objects first: an error after init leaks nothing */
+    push_comm(L, NULL, ctx[i]);
+    lua_pushvalue(L, list); lua_setiuservalue(L, -2, 1);
+    lua_rawseti(L, list, i + 1);
+  }
+  CUcontext cur = NULL;
+  cu.cuCtxGetCurrent(&cur);
+  ncclResult_t r = nc.ncclCommInitAll(h, n, devs);
+  cu.cuCtxSetCurrent(cur);
+  check(L, r, NULL, "comm_init_all");
+  for (int i = 0; i < n; i++) {
+    lua_rawgeti(L, list, i + 1);
+    lcomm *c = lua_touserdata(L, -1);
+    c->c = h[i];
+    c->in_set = n > 1;
+    fill_info(c, i, n, devs[i]);
+    lua_pop(L, 1);
+  }
+  return 1;
+}
+
+static int l_group_start(lua_State *L) {
+  need(L);
+  check(L, nc.ncclGroupStart(), NULL, "group");
+  group_depth++;
+  return 0;
+}
+
+static int l_group_end(lua_State *L) {
+  need(L);
+  if (group_depth <= 0) return luaL_error(L, "cudalua.nccl: group_end without group_start");
+  group_depth--;
+  check(L, nc.ncclGroupEnd(), NULL, "group");
+  return 0;
+}
+
+/* ---- communicators ---- */
+
+/* the NCCL type of a cudalua dtype */
+static int nccl_type(lua_State *L, int dt, const char *where) {
+  switch (dt) {
+    case CL_I8: return NCCL_INT8;
+    case CL_U8: return NCCL_UINT8;
+    case CL_I32: return NCCL_INT32;
+    case CL_U32: return NCCL_UINT32;
+    case CL_I64: return NCCL_INT64;
+    case CL_U64: return NCCL_UINT64;
+    case CL_F16: return NCCL_FLOAT16;
+    case CL_F32: return NCCL_FLOAT32;
+    case CL_F64: return NCCL_FLOAT64;
+  }
+  return luaL_error(L, "cudalua.nccl: %s: NCCL has no %s (int8, uint8, int32, uint32, int64, uint64, "
+                    "float16, float32, float64)", where, cl_dtypes[dt].name);
+}
+
+/* the array at idx, device memory the communicator's device reaches */
+static cl_array *buffer(lua_State *L, lcomm *c, int idx, const char *where) {
+  cl_array *a = cl_checkarray(L, idx);
+  if (a->kind == CL_HOST || a->kind == CL_PINNED || a->kind == CL_MAPPED)
+    luaL_error(L, "cudalua.nccl: %s: NCCL works on device memory, got a %s", where, cl_kind_names[a->kind]);
+  cl_mem_reach(L, a->mem, c->ctx, where);
+  return a;
+}
+
+static int op_of(lua_State *L, int idx) {
+  static const char *const ops[] = {"sum", "prod", "max", "min", "avg", NULL};
+  return luaL_checkoption(L, idx, "sum", ops);
+}
+
+/* what every collective does before it is queued: the context, the stream, the group rule */
+static CUstream prepare(lua_State *L, lcomm *c, int sidx, cl_stream **ps, const char *where) {
+  cl_stream *s = cl_tostream(L, sidx, where);
+  cl_stream_check(L, s, c->ctx, where, "communicator");
+  if (c->in_set && group_depth == 0)
+    luaL_error(L, "cudalua.nccl: %s: this communicator is one of several this process drives "
+               "(comm_init_all): queue their collectives inside nccl.group(function() ... end)", where);
+  cl_use_ctx(L, c->ctx);
+  *ps = s;
+  return s ? s->h : NULL;
+}
+
+static void used(cl_array *a, cl_stream *s, lcomm *c) { if (a) cl_mem_use(a->mem, s, c->ctx); }
+
+static void same(lua_State *L, cl_array *a, cl_array *b, size_t factor_b, size_t factor_a, const char *where) {
+  if (a->dtype != b->dtype)
+    luaL_error(L, "cudalua.nccl: %s: dtype mismatch (%s and %s)", where, cl_dtypes[a->dtype].name, cl_dtypes[b->dtype].name);
+  if (a->size * factor_a != b->size * factor_b)
+    luaL_error(L, "cudalua.nccl: %s: the receiving array needs %I elements, it has %I", where,
+               (lua_Integer)(a->size * factor_a / factor_b), (lua_Integer)b->size);
+}
+
+/* comm:all_reduce(send, recv [, op [, stream]]) */
+static int c_all_reduce(lua_State *L) {
+  lcomm *c = checkcomm(L, 1);
+  const char *w = "all_reduce";
+  cl_array *s = buffer(L, c, 2, w), *r = buffer(L, c, 3, w);
+  same(L, s, r, 1, 1, w);
+  int op = op_of(L, 4), t = nccl_type(L, s->dtype, w);
+  cl_stream *st;
+  CUstream h = prepare(L, c, 5, &st, w);
+  check(L, nc.ncclAllReduce((void *)cl_devptr(s), (void *)cl_devptr(r), s->size, t, op, c->c, h), c->c, w);
+  used(s, st, c); used(r, st, c);
+  return 0;
+}
+
+/* comm:broadcast(send, recv, root [, stream]): send matters on root only */
+static int c_broadcast(lua_State *L) {
+  lcomm *c = checkcomm(L, 1);
+  const char *w = "broadcast";
+  cl_array *s = buffer(L, c, 2, w), *r = buffer(L, c, 3, w);
+  same(L, s, r, 1, 1, w);
+  lua_Integer root = luaL_checkinteger(L, 4);
+  luaL_argcheck(L, root >= 0 && root < c->size, 4, lua_pushfstring(L, "root must be 0..%d", c->size - 1));
+  int t = nccl_type(L, s->dtype, w);
+  cl_stream *st;
+  CUstream h = prepare(L, c, 5, &st, w);
+  check(L, nc.ncclBroadcast((void *)cl_devptr(s), (void *)cl_devptr(r), r->size, t, (int)root, c->c, h), c->c, w);
+  used(s, st, c); used(r, st, c);
+  return 0;
+}
+
+/* comm:reduce(send, recv, op, root [, stream]): recv matters on root only (nil elsewhere) */
+static int c_reduce(lua_State *L) {
+  lcomm *c = checkcomm(L, 1);
+  const char *w = "reduce";
+  cl_array *s = buffer(L, c, 2, w), *r = NULL;
+  int op = op_of(L, 4);
+  lua_Integer root = luaL_checkinteger(L, 5);
+  luaL_argcheck(L, root >= 0 && root < c->size, 5, lua_pushfstring(L, "root must be 0..%d", c->size - 1));
+  if (!lua_isnil(L, 3) || root == c->rank) { r = buffer(L, c, 3, w); same(L, s, r, 1, 1, w); }
+  int t = nccl_type(L, s->dtype, w);
+  cl_stream *st;
+  CUstream h = prepare(L, c, 6, &st, w);
+  check(L, nc.ncclReduce((void *)cl_devptr(s), r ? (void *)cl_devptr(r) : NULL, s->size, t, op, (int)root, c->c, h), c->c, w);
+  used(s, st, c); used(r, st, c);
+  return 0;
+}
+
+/* comm:all_gather(send, recv [, stream]): recv holds every rank's send, in rank order */
+static int c_all_gather(lua_State *L) {
+  lcomm *c = checkcomm(L, 1);
+  const char *w = "all_gather";
+  cl_array *s = buffer(L, c, 2, w), *r = buffer(L, c, 3, w);
+  same(L, s, r, 1, (size_t)c->size, w);
+  int t = nccl_type(L, s->dtype, w);
+  cl_stream *st;
+  CUstream h = prepare(L, c, 4, &st, w);
+  check(L, nc.ncclAllGather((void *)cl_devptr(s), (void *)cl_devptr(r), s->size, t, c->c, h), c->c, w);
+  used(s, st, c); used(r, st, c);
+  return 0;
+}
+
+/* comm:reduce_scatter(send, recv [, op [, stream]]): rank i gets block i of the reduction */
+static int c_reduce_scatter(lua_State *L) {
+  lcomm *c = checkcomm(L, 1);
+  const char *w = "reduce_scatter";
+  cl_array *s = buffer(L, c, 2, w), *r = buffer(L, c, 3, w);
+  same(L, s, r, (size_t)c->size, 1, w);
+  int op = op_of(L, 4), t = nccl_type(L, s->dtype, w);
+  cl_stream *st;
+  CUstream h = prepare(L, c, 5, &st, w);
+  check(L, nc.ncclReduceScatter((void *)cl_devptr(s), (void *)cl_devptr(r), r->size, t, op, c->c, h), c->c, w);
+  used(s, st, c); used(r, st, c);
+  return 0;
+}
+
+/* comm:send(buf, peer [, stream]) and comm:recv(buf, peer [, stream]) */
+static int point(lua_State *L, int recv) {
+  lcomm *c = checkcomm(L, 1);
+  const char *w = recv ? "recv" : "send";
+  cl_array *a = buffer(L, c, 2, w);
+  lua_Integer peer = luaL_checkinteger(L, 3);
+  luaL_argcheck(L, peer >= 0 && peer < c->size, 3, lua_pushfstring(L, "peer must be 0..%d", c->size - 1));
+  int t = nccl_type(L, a->dtype, w);
+  cl_stream *st;
+  CUstream h = prepare(L, c, 4, &st, w);
+  ncclResult_t r = recv ? nc.ncclRecv((void *)cl_devptr(a), a->size, t, (int)peer, c->c, h)
+                        : nc.ncclSend((void *)cl_devptr(a), a->size, t, (int)peer, c->c, h);
+  check(L, r, c->c, w);
+  used(a, st, c);
+  return 0;
+}
+static int c_send(lua_State *L) { return point(L, 0); }
+static int c_recv(lua_State *L) { return point(L, 1); }
+
+static int c_rank(lua_State *L) { lua_pushinteger(L, checkcomm(L, 1)->rank); return 1; }
+static int c_size(lua_State *L) { lua_pushinteger(L, checkcomm(L, 1)->size); return 1; }
+static int c_device(lua_State *L) { lua_pushinteger(L, checkcomm(L, 1)->dev); return 1; }
+static int c_handle(lua_State *L) { lua_pushinteger(L, (lua_Integer)(uintptr_t)checkcomm(L, 1)->c); return 1; }
+
+/* the communicator's asynchronous error, if any: nil when there is none */
+static int c_async_error(lua_State *L) {
+  lcomm *c = checkcomm(L, 1);
+  ncclResult_t e = 0;
+  check(L, nc.ncclCommGetAsyncError(c->c, &e), c->c, "async_error");
+  if (!e) return 0;
+  lua_pushfstring(L, "%s (%s)", result_name(e), nc.ncclGetErrorString(e));
+  return 1;
+}
+
+/* closes the communicators of the list at idx (or the one at idx): a broken one is aborted;
+   healthy ones are finalized (together, in a group: one thread drives them all) and destroyed.
+   Never raises: it runs from __gc too. */
+static void close_comms(lua_State *L, lcomm **cs, int n) {
+  CUcontext cur = NULL;
+  cu.cuCtxGetCurrent(&cur);
+  int healthy = 0;
+  for (int i = 0; i < n; i++) {
+    ncclResult_t e = 0;
+    cu.cuCtxSetCurrent(cs[i]->ctx);
+    if (nc.ncclCommGetAsyncError(cs[i]->c, &e) != 0 || e) { nc.ncclCommAbort(cs[i]->c); cs[i]->c = NULL; }
+    else healthy++;
+  }
+  if (healthy && nc.ncclCommFinalize) {
+    if (n > 1) nc.ncclGroupStart();
+    for (int i = 0; i < n; i++) if (cs[i]->c) { cu.cuCtxSetCurrent(cs[i]->ctx); nc.ncclCommFinalize(cs[i]->c); }
+    if (n > 1) nc.ncclGroupEnd();
+  }
+  for (int i = 0; i < n; i++)
+    if (cs[i]->c) { cu.cuCtxSetCurrent(cs[i]->ctx); nc.ncclCommDestroy(cs[i]->c); cs[i]->c = NULL; }
+  cu.cuCtxSetCurrent(cur);
+  (void)L;
+}
+
+/* comm:close(): a communicator of comm_init_all closes with all the others of its list */
+static int c_close(lua_State *L) {
+  lcomm *c = luaL_checkudata(L, 1, COMM_MT);
+  if (!c->c) return 0;
+  lcomm *cs[64];
+  int n = 0;
+  if (lua_getiuservalue(L, 1, 1) == LUA_TTABLE) {
+    int len = (int)lua_rawlen(L, -1);
+    for (int i = 1; i <= len && n < 64; i++) {
+      lua_rawgeti(L, -1, i);
+      lcomm *o = luaL_testudata(L, -1, COMM_MT);
+      if (o && o->c) cs[n++] = o;
+      lua_pop(L, 1);
+    }
+  } else cs[n++] = c;
+  lua_pop(L, 1);
+  close_comms(L, cs, n);
+  return 0;
+}
+
+/* comm:abort(): ends the communicator now, whatever is queued (after an error) */
+static int c_abort(lua_State *L) {
+  lcomm *c = luaL_checkudata(L, 1, COMM_MT);
+  if (c->c) { nc.ncclCommAbort(c->c); c->c = NULL; }
+  return 0;
+}
+
+static int c_tostring(lua_State *L) {
+  lcomm *c = luaL_checkudata(L, 1, COMM_MT);
+  if (!c->c) lua_pushliteral(L, "cudalua.nccl_comm<closed>");
+  else lua_pushfstring(L, "cudalua.nccl_comm<rank %d of %d, device %d>", c->rank, c->size, c->dev);
+  return 1;
+}
+
+int luaopen_cudalua_nccl_core(lua_State *L) {
+  static const luaL_Reg m[] = {
+    {"all_reduce", c_all_reduce}, {"broadcast", c_broadcast}, {"reduce", c_reduce},
+    {"all_gather", c_all_gather}, {"reduce_scatter", c_reduce_scatter}, {"send", c_send},
+    {"recv", c_recv}, {"rank", c_rank}, {"size", c_size}, {"device", c_device},
+    {"handle", c_handle}, {"async_error", c_async_error}, {"close", c_close}, {"abort", c_abort},
+    {NULL, NULL}};
+  static const luaL_Reg f[] = {
+    {"available", l_available}, {"version", l_version}, {"unique_id", l_unique_id},
+    {"comm_init_rank", l_comm_init_rank}, {"comm_init_all", l_comm_init_all},
+    {"group_start", l_group_start}, {"group_end", l_group_end}, {NULL, NULL}};
+  if (luaL_newmetatable(L, COMM_MT)) {
+    luaL_newlib(L, m);
+    lua_setfield(L, -2, "__index");
+    lua_pushcfunction(L, c_close); lua_setfield(L, -2, "__gc");
+    lua_pushcfunction(L, c_close); lua_setfield(L, -2, "__close");
+    lua_pushcfunction(L, c_tostring); lua_setfield(L, -2, "__tostring");
+  }
+  lua_pop(L, 1);
+  luaL_newlib(L, f);
+  return 1;
+}
