@@ -42,7 +42,7 @@
   X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuStreamIsCapturing) \
   X(cuMemcpyPeerAsync) X(cuMemcpyPeer) X(cuDeviceCanAccessPeer) X(cuCtxEnablePeerAccess) \
   X(cuCtxDisablePeerAccess) X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle) X(cuIpcCloseMemHandle) \
-  X(cuIpcGetEventHandle) X(cuIpcOpenEventHandle)
+  X(cuIpcGetEventHandle) X(cuIpcOpenEventHandle) X(cuMemPoolSetAccess)
 
 /* entry points of newer drivers: NULL when missing (cuFuncGetParamInfo 12.4, the module
    function listing 12.4, cuFuncGetName 12.3) */
@@ -173,6 +173,7 @@ cl_mem *cl_mem_new(lua_State *L, int kind, size_t bytes, cl_stream *s, int flags
 int cl_mem_device(const cl_mem *m);               /* its device, -1 for host memory any reaches */
 /* an array a kernel or copy in context ctx may use: raises naming both devices otherwise */
 void cl_mem_reach(lua_State *L, cl_mem *m, CUcontext ctx, const char *where);
+int cl_mem_reachable(const cl_mem *m, CUcontext ctx);
 cl_mem *cl_mem_ref(cl_mem *m);
 void cl_mem_unref(lua_State *L, cl_mem *m);       /* never raises */
 void cl_mem_use(cl_mem *m, cl_stream *s, CUcontext ctx);  /* queued work on s, in ctx, uses m */

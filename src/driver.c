@@ -375,6 +375,21 @@ static int l_can_access_peer(lua_State *L) {
   return 1;
 }
 
+/* device a's access to the memory of device b's default pool */
+static CUresult pool_access(int a, int b, CUmemAccess_flags flags) {
+  CUdevice db;
+  CUmemoryPool pool;
+  CUresult r = cu.cuDeviceGet(&db, b);
+  if (r == CUDA_SUCCESS) r = cu.cuDeviceGetDefaultMemPool(&pool, db);
+  CUmemAccessDesc d;
+  memset(&d, 0, sizeof d);
+  d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  d.location.id = a;
+  d.flags = flags;
+  if (r == CUDA_SUCCESS) r = cu.cuMemPoolSetAccess(pool, &d, 1);
+  return r;
+}
+
 /* enable_peer_access(a, b): device a's kernels may use device b's memory from now on */
 static int l_enable_peer_access(lua_State *L) {
   int a = check_device(L, 1), b = check_device(L, 2);
@@ -391,6 +406,9 @@ static int l_enable_peer_access(lua_State *L) {
   CUresult r = cu.cuCtxEnablePeerAccess(cb, 0);
   cu.cuCtxSetCurrent(cur);
   if (r != CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED) cl_check(L, r, "enable_peer_access");
+  /* device arrays come from b's stream-ordered pool, which peer access does not cover: its
+     memory is opened to device a as well */
+  cl_check(L, pool_access(a, b, CU_MEM_ACCESS_FLAGS_PROT_READWRITE), "enable_peer_access (memory pool)");
   peer_on[a][b] = 1;
   return 0;
 }
@@ -405,6 +423,7 @@ static int l_disable_peer_access(lua_State *L) {
   CUresult r = cu.cuCtxDisablePeerAccess(cb);
   cu.cuCtxSetCurrent(cur);
   if (r != CUDA_ERROR_PEER_ACCESS_NOT_ENABLED) cl_check(L, r, "disable_peer_access");
+  cl_check(L, pool_access(a, b, CU_MEM_ACCESS_FLAGS_PROT_NONE), "disable_peer_access (memory pool)");
   peer_on[a][b] = 0;
   return 0;
 }

@@ -34,8 +34,12 @@ void cl_mem_use(cl_mem *m, cl_stream *s, CUcontext ctx) {
 
 int cl_mem_device(const cl_mem *m) { return m->portable || m->kind == CL_HOST ? -1 : cl_device_of(m->ctx); }
 
+int cl_mem_reachable(const cl_mem *m, CUcontext ctx) {
+  return m->ctx == ctx || m->portable || m->kind == CL_HOST || cl_peer_enabled(ctx, m->ctx);
+}
+
 void cl_mem_reach(lua_State *L, cl_mem *m, CUcontext ctx, const char *where) {
-  if (m->ctx == ctx || m->portable || m->kind == CL_HOST || cl_peer_enabled(ctx, m->ctx)) return;
+  if (cl_mem_reachable(m, ctx)) return;
   int a = cl_device_of(ctx), b = cl_device_of(m->ctx);
   luaL_error(L, "cudalua: %s: the array is on device %d and the work on device %d "
              "(cuda.enable_peer_access(%d, %d) lets device %d use device %d's memory)", where, b, a, a, b, a, b);

@@ -49,6 +49,7 @@ static char err[1200], path[600];
 /* libnccl.so.2: CUDALUA_NCCL names one; else NCCL_HOME/lib, the loader's path, Debian's
    multiarch folder and CUDA_HOME/lib64 */
 static int nccl_load(void) {
+  if (__atomic_load_n(&state, __ATOMIC_ACQUIRE) == 1) return 1;   /* every collective asks: no lock */
   pthread_mutex_lock(&lock);
   if (!state) {
     void *h = NULL;
@@ -74,7 +75,7 @@ static int nccl_load(void) {
       NCCL_OPTIONAL(NCCL_GET_OPT)
 #undef NCCL_GET_OPT
       if (missing) snprintf(err, sizeof err, "cudalua.nccl: %s lacks %s (too old an NCCL)", path, missing);
-      else state = 1;
+      else __atomic_store_n(&state, 1, __ATOMIC_RELEASE);
     }
     if (state != 1) state = -1;
   }
@@ -235,6 +236,22 @@ static int l_group_start(lua_State *L) {
   return 0;
 }
 
+/* group(fn, ...) -> fn's results: fn's collectives queued as one group; the group ends when
+   fn raises too, and the error is raised after */
+static int l_group(lua_State *L) {
+  if (lua_type(L, 1) != LUA_TFUNCTION) return luaL_error(L, "nccl.group: expected a function, got %s", luaL_typename(L, 1));
+  need(L);
+  int base = lua_gettop(L) - 1;   /* below fn */
+  check(L, nc.ncclGroupStart(), NULL, "group");
+  group_depth++;
+  int st = lua_pcall(L, base, LUA_MULTRET, 0);
+  group_depth--;
+  ncclResult_t r = nc.ncclGroupEnd();
+  if (st != LUA_OK) return lua_error(L);
+  check(L, r, NULL, "group");
+  return lua_gettop(L);
+}
+
 static int l_group_end(lua_State *L) {
   need(L);
   if (group_depth <= 0) return luaL_error(L, "cudalua.nccl: group_end without group_start");
@@ -267,7 +284,9 @@ static cl_array *buffer(lua_State *L, lcomm *c, int idx, const char *where) {
   cl_array *a = cl_checkarray(L, idx);
   if (a->kind == CL_HOST || a->kind == CL_PINNED || a->kind == CL_MAPPED)
     luaL_error(L, "cudalua.nccl: %s: NCCL works on device memory, got a %s", where, cl_kind_names[a->kind]);
-  cl_mem_reach(L, a->mem, c->ctx, where);
+  if (!cl_mem_reachable(a->mem, c->ctx))
+    luaL_error(L, "cudalua.nccl: %s: the array is on device %d and the communicator on device %d", where,
+               cl_device_of(a->mem->ctx), c->dev);
   return a;
 }
 
@@ -283,8 +302,7 @@ static CUstream prepare(lua_State *L, lcomm *c, int sidx, cl_stream **ps, const 
   if (c->in_set && group_depth == 0)
     luaL_error(L, "cudalua.nccl: %s: this communicator is one of several this process drives "
                "(comm_init_all): queue their collectives inside nccl.group(function() ... end)", where);
-  cl_use_ctx(L, c->ctx);
-  *ps = s;
+  *ps = s;   /* NCCL selects the communicator's device itself */
   return s ? s->h : NULL;
 }
 
@@ -475,7 +493,7 @@ int luaopen_cudalua_nccl_core(lua_State *L) {
   static const luaL_Reg f[] = {
     {"available", l_available}, {"version", l_version}, {"unique_id", l_unique_id},
     {"comm_init_rank", l_comm_init_rank}, {"comm_init_all", l_comm_init_all},
-    {"group_start", l_group_start}, {"group_end", l_group_end}, {NULL, NULL}};
+    {"group_start", l_group_start}, {"group_end", l_group_end}, {"group", l_group}, {NULL, NULL}};
   if (luaL_newmetatable(L, COMM_MT)) {
     luaL_newlib(L, m);
     lua_setfield(L, -2, "__index");

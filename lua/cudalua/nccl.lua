@@ -53,14 +53,6 @@ end
 
 -- nccl.group(fn, ...): fn's collectives are queued as one group (ncclGroupStart/End); the
 -- group ends even when fn raises, and the error is raised after it
-function M.group(fn, ...)
-  if type(fn) ~= "function" then error("nccl.group: expected a function, got " .. type(fn), 2) end
-  C.group_start()
-  local r = table.pack(pcall(fn, ...))
-  local ok, err = pcall(C.group_end)
-  if not r[1] then error(r[2], 0) end
-  if not ok then error(err, 0) end
-  return table.unpack(r, 2, r.n)
-end
+M.group = C.group   -- in C: it runs in loops of small collectives
 
 return M
