@@ -354,16 +354,24 @@ local PTXAS_OPTIONS = { "-Xptxas", "--ptxas-options", "-maxrregcount", "--maxrre
   "-ewp", "--extensible-whole-program", "-dlto", "--dlink-time-opt", "-dopt", "--dopt", "-Ofc",
   "--Ofast-compile" }
 
--- the way a cubin is made, as the cache key says it: "nvrtc" (NVRTC's cubin), or nvJitLink's
--- identity (it may assemble NVRTC's PTX again once the variables nothing uses are out:
--- core.ptx_strip says why). Known without loading either library. Bump PIPELINE when
--- ptx_strip or STRIP_MIN changes.
-local PIPELINE = "ptx_strip 2"
-local STRIP_MIN = 64   -- unused variables worth a second assembly
+-- the way a cubin is made, as the cache key says it: "nvrtc" (NVRTC makes it), or nvJitLink's
+-- identity (for a source with headers, it assembles NVRTC's PTX once the variables nothing
+-- uses are out: core.ptx_strip says why). Known without loading either library. Bump PIPELINE
+-- when ptx_strip or has_includes changes.
+local PIPELINE = "ptx_strip 3"
 local function pipeline(opts, options)
   if opts.debug or opts.relocatable or opts.lto or has_option(options, PTXAS_OPTIONS) then return "nvrtc" end
   local id = core.jitlink_identity()
   return id:match(":none$") and "nvrtc" or PIPELINE .. " " .. id
+end
+
+-- does the source take headers beyond cudalua's own (where unused module variables come from)?
+local function has_includes(src, opts, options)
+  if next(opts.headers or {}) or has_option(options, { "-include", "--pre-include" }) then return true end
+  for name in src:gmatch("#%s*include%s*[<\"]([^>\"]+)") do
+    if name:sub(1, 8) ~= "cudalua/" then return true end
+  end
+  return false
 end
 
 -- nvJitLink assembles NVRTC's PTX only when it is at least as new
@@ -427,7 +435,11 @@ local function compile(src, opts)
     error("cuda.compile: lto = true needs an sm_ arch; this device's is newer than NVRTC knows", 3)
   end
   if not output then output = arch:match("^compute_") and "ptx" or "cubin" end
-  table.insert(options, 1, "-arch=" .. arch)
+  -- sources including headers (CCCL, cooperative groups, libcu++...) get the PTX path below;
+  -- others never load nvJitLink
+  local via_ptx = output == "cubin" and way ~= "nvrtc" and has_includes(src, opts, options) and jitlink_usable()
+  table.insert(options, 1, "-arch=" .. (via_ptx and arch:gsub("^sm_", "compute_") or arch))
+  local nvrtc_output = via_ptx and "ptx" or output
   -- the headers: the user's win over cudalua's stand-ins of the same name
   local headers = {}
   for _, h in ipairs(includes.shipped()) do
@@ -450,7 +462,7 @@ local function compile(src, opts)
     return ex
   end
   local function run(list)
-    return core.nvrtc_compile(src .. PROBE_SRC, name, options, headers, exprs_for(list), output)
+    return core.nvrtc_compile(src .. PROBE_SRC, name, options, headers, exprs_for(list), nvrtc_output)
   end
   local image, log, lowered, ptx = run(wanted)
   if not image and #found > 0 and log:find(PROBE, 1, true) then
@@ -478,16 +490,20 @@ local function compile(src, opts)
     local msg = (log or ""):gsub("%s+$", "")
     error(("cuda.compile: %s failed to compile (%s):\n%s"):format(name, lowered, msg), 3)
   end
-  -- a cubin whose PTX holds many variables nothing uses (headers such as libcu++'s: see
-  -- core.ptx_strip) is assembled again from the PTX without them, by nvJitLink: 25 times
-  -- smaller and 30 times faster to load. Kernels without them never load nvJitLink.
-  if output == "cubin" and ptx and way ~= "nvrtc" then
-    local stripped, dropped = core.ptx_strip(ptx)
-    if dropped >= STRIP_MIN and jitlink_usable() then
-      local jopts = { "-arch=" .. arch }
-      if has_option(options, { "-lineinfo", "--generate-line-info" }) then jopts[2] = "-lineinfo" end
-      local cubin, jlog = core.jitlink({ { stripped, name } }, jopts, false)
-      if cubin then image, log, ptx = cubin, log .. jlog, stripped end   -- else NVRTC's own stays
+  if via_ptx then
+    local stripped = core.ptx_strip(image)
+    local jopts = { "-arch=" .. arch }
+    if has_option(options, { "-lineinfo", "--generate-line-info" }) then jopts[2] = "-lineinfo" end
+    local cubin, jlog = core.jitlink({ { stripped, name } }, jopts, false)
+    if cubin then
+      image, log, ptx = cubin, log .. jlog, stripped
+    else
+      -- nvJitLink refused what NVRTC made: NVRTC makes the cubin itself (and says what is wrong)
+      options[1], nvrtc_output = "-arch=" .. arch, "cubin"
+      image, log, lowered, ptx = run(wanted)
+      if not image then
+        error(("cuda.compile: %s failed to compile (%s):\n%s"):format(name, lowered, (log or ""):gsub("%s+$", "")), 3)
+      end
     end
   end
   local info = {}
