@@ -77,7 +77,9 @@ grep -h '^info_\|^#' "$OUT/raw.txt" "$OUT/core.txt" "$OUT/compare.txt" "$OUT/raw
 # the rows (bench/rows.txt), and the multi-GPU ones where there were two GPUs to measure
 rows=$OUT/rows.txt
 grep -v '^#' bench/rows.txt > "$rows"
-grep -q '^peer_copy' "$OUT/multigpu.txt" && grep -v '^#' bench/rows_multigpu.txt >> "$rows"
+grep -v '^#' bench/rows_multigpu.txt | while IFS='|' read -r label rk lk rest; do
+  grep -q "^$lk " "$OUT/multigpu.txt" && printf '%s|%s|%s|%s\n' "$label" "$rk" "$lk" "$rest"
+done >> "$rows"
 # label | raw C key | cudalua key | CuPy key | Numba key | targets
 # A key "l:name" (or "r:", "p:") takes the number from that side: the base column of a helper row
 # may be a cudalua number (the plain launch forall is held to, say). Targets, ";"-separated:

@@ -34,7 +34,7 @@ local s = cuda.stream()
 shared:copy_to_device(host, s)
 local ready = cuda.event { interprocess = true }
 ready:record(s)
-local child_dev = #cuda.gpus > 1 and 1 or 0
+local child_dev = #cuda.gpus > 1 and cuda.can_access_peer(1, 0) and 1 or 0
 local lua = arg[-1] or "lua5.4"
 local cmd = ("%s %s child %d %s %s %d"):format(lua, arg[0], child_dev, shared:ipc_handle(), ready:ipc_handle(), n)
 local ok = os.execute(cmd)

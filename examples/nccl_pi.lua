@@ -8,7 +8,7 @@ local cuda = require "cudalua"
 local nccl = require "cudalua.nccl"
 
 local ok, why = nccl.is_available()
-if not ok then error("nccl_pi: " .. why) end
+if not ok then print("nccl_pi: skipped: " .. why); os.exit(77) end
 
 local SRC = [[
 #include <cudalua/grid.cuh>

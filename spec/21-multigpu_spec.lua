@@ -113,8 +113,12 @@ describe("objects keep their device", function()
     local d1 = cuda.to_device(t1, "int64")
     assert.equal(want1, sum(d1))
     assert.equal(want0, sum(d0))            -- a device-0 array with device 1 selected
+    assert.equal(1, cuda.current_device())  -- and the selection given back
+    C.raises("does not compile", cuda.reduce("a +"), d0)
+    assert.equal(1, cuda.current_device())  -- after an error too
     cuda.select_device(0)
     assert.equal(want1, sum(d1))
+    assert.equal(0, cuda.current_device())
     local r1 = on(1, cuda.device_array, 1, "int64")
     sum(d1, { res = r1 })
     assert.equal(want1, r1:copy_to_host()[1])
@@ -123,6 +127,10 @@ describe("objects keep their device", function()
     local a = on(1, cuda.random.create_xoroshiro128p_states, 1000, { seed = 7 })
     local b = on(0, cuda.random.create_xoroshiro128p_states, 1000, { seed = 7 })
     assert.equal(1, a.device)
+    assert.same(b:copy_to_host():totable(), a:copy_to_host():totable())
+    a:fill(0)
+    cuda.random.init_xoroshiro128p_states(a, 7)   -- device 0 selected, states on device 1
+    assert.equal(0, cuda.current_device())
     assert.same(b:copy_to_host():totable(), a:copy_to_host():totable())
   end)
 
@@ -305,7 +313,20 @@ describe("NCCL across the GPUs of one process", function()
       end
       same(t, part[r], "reduce_scatter rank " .. r - 1 .. ":")
     end
+    -- reduce to rank 1 (recv nil elsewhere)
+    for r = 1, g do recv[r]:fill(0) end
+    nccl.group(function()
+      for r = 1, g do comms[r]:reduce(send[r], r == 2 and recv[r] or nil, "sum", 1) end
+    end)
+    same(expect("sum"), recv[2], "reduce to rank 1:")
+    same((function() local z = {} for i = 1, n do z[i] = 0 end return z end)(), recv[1], "reduce, rank 0 untouched:")
+    -- avg over the ranks
+    nccl.group(function() for r = 1, g do comms[r]:all_reduce(send[r], recv[r], "avg") end end)
+    local avg = expect("sum")
+    for i = 1, n do avg[i] = C.f32(avg[i] / g) end
+    for r = 1, g do same(avg, recv[r], "avg:") end
     -- send/recv: a ring
+    for r = 1, g do recv[r]:fill(0) end
     nccl.group(function()
       for r = 1, g do
         comms[r]:send(send[r], r % g)

@@ -42,7 +42,7 @@
   X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuStreamIsCapturing) \
   X(cuMemcpyPeerAsync) X(cuMemcpyPeer) X(cuDeviceCanAccessPeer) X(cuCtxEnablePeerAccess) \
   X(cuCtxDisablePeerAccess) X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle) X(cuIpcCloseMemHandle) \
-  X(cuIpcGetEventHandle) X(cuIpcOpenEventHandle) X(cuMemPoolSetAccess)
+  X(cuIpcGetEventHandle) X(cuIpcOpenEventHandle) X(cuMemPoolSetAccess) X(cuMemGetAddressRange)
 
 /* entry points of newer drivers: NULL when missing (cuFuncGetParamInfo 12.4, the module
    function listing 12.4, cuFuncGetName 12.3) */
@@ -91,7 +91,7 @@ CUcontext cl_device_ctx(lua_State *L, int dev);     /* the device's context (ret
 void cl_use_ctx(lua_State *L, CUcontext c);         /* makes c current (cheap when it is) */
 int cl_peer_enabled(CUcontext from, CUcontext to);  /* kernels in `from` may use `to`'s memory */
 int cl_ndevices(void);                              /* 0 without a driver */
-CUresult cl_sync_all_devices(void);                 /* every context cudalua uses */
+CUresult cl_sync_all_devices(lua_State *L);         /* every context cudalua uses (runs host functions) */
 int cl_concurrent_managed(void);   /* host may touch managed memory while kernels run */
 /* raises "cudalua: what: CUDA_ERROR_X (text)" when r is not CUDA_SUCCESS */
 void cl_check(lua_State *L, CUresult r, const char *what);
@@ -150,6 +150,7 @@ typedef struct cl_mem {
   int used, multi;     /* used by queued work; on more than one stream (3: by another device) */
   int registered;      /* pageable memory page-locked with cuMemHostRegister */
   int portable;        /* host-visible memory every device reaches (pinned, mapped, managed) */
+  CUcontext use_ctx;   /* the context whose work used it last (with used) */
   int ipc;             /* 1: exportable (cuMemAlloc); 2: opened from another process's handle */
   void (*release)(void *ud, CUdeviceptr p);  /* foreign memory */
   void *ud;
@@ -196,7 +197,7 @@ void cl_open_interop(lua_State *L);
 /* interop.c: a value with __cuda_array_interface at idx is replaced by a view of its memory;
    NULL (stack unchanged) for a value without one; raises for a bad interface */
 cl_array *cl_cai_view(lua_State *L, int idx);
-void cl_wait_cai_stream(lua_State *L, lua_Integer h);   /* an interface's stream field */
+void cl_wait_cai_stream(lua_State *L, lua_Integer h, lua_Integer ptr);   /* an interface's stream field */
 /* copy.c */
 void cl_copy(lua_State *L, cl_array *dst, cl_array *src, cl_stream *s, int sync, const char *where);
 int cl_l_to_device(lua_State *L);
@@ -209,6 +210,9 @@ int cl_l_copy(lua_State *L);
 void cl_open_compile(lua_State *L);
 void cl_open_link(lua_State *L);
 void cl_open_ipc(lua_State *L);
+/* ipc.c: handles as text: n bytes as 2n hex digits, and back (0 unless all are hex digits) */
+void cl_add_hex(luaL_Buffer *b, const void *p, size_t n);
+int cl_hex_decode(const char *s, void *out, size_t n);
 void cl_open_module(lua_State *L);
 void cl_open_launch(lua_State *L);
 void cl_open_random(lua_State *L);

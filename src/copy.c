@@ -48,8 +48,11 @@ void cl_copy(lua_State *L, cl_array *dst, cl_array *src, cl_stream *s, int sync,
   CUdeviceptr p = cl_is_host(src) ? (CUdeviceptr)(uintptr_t)cl_hostptr(src) : cl_devptr(src);
   CUstream h = s ? s->h : NULL;
   if (peer && !s) {
-    /* without a stream: ordered after all work on both devices, finished on return */
+    /* without a stream: ordered after all work on both devices (cuMemcpyPeer), and finished on
+       return: it is queued with the destination device's work, which is waited for */
     cl_check(L, cu.cuMemcpyPeer(d, dctx, p, sctx, n), where);
+    cl_use_ctx(L, dctx);
+    cl_wait(L, CL_WAIT_CTX, NULL, where);
     return;
   }
   cl_check(L, peer ? cu.cuMemcpyPeerAsync(d, dctx, p, sctx, n, h) : cu.cuMemcpyAsync(d, p, n, h), where);

@@ -260,15 +260,16 @@ int cl_peer_enabled(CUcontext from, CUcontext to) {
 }
 
 /* waits for every device cudalua has a context on (memory a device's kernels used on another
-   device is freed after this); never raises */
-CUresult cl_sync_all_devices(void) {
+   device is freed after this), running Lua host functions meanwhile; raises only as
+   cl_wait_raw does inside a host function */
+CUresult cl_sync_all_devices(lua_State *L) {
   CUcontext cur = NULL;
   CUresult r = CUDA_SUCCESS;
   cu.cuCtxGetCurrent(&cur);
   for (int d = 0; d < dev_count; d++) {
     if (!dev_ctx[d]) continue;
     cu.cuCtxSetCurrent(dev_ctx[d]);
-    CUresult r2 = cu.cuCtxSynchronize();
+    CUresult r2 = cl_wait_raw(L, CL_WAIT_CTX, NULL);
     if (r == CUDA_SUCCESS) r = r2;
   }
   cu.cuCtxSetCurrent(cur);
@@ -350,8 +351,9 @@ static int l_select_device(lua_State *L) {
   need_driver(L);
   luaL_argcheck(L, d >= 0 && d < dev_count, 1,
                 lua_pushfstring(L, "device id %d out of range (0..%d)", (int)d, dev_count - 1));
+  CUcontext c = cl_device_ctx(L, (int)d);   /* may raise: the selection stays as it was */
   tl_dev = (int)d;
-  cl_ctx(L);
+  cl_use_ctx(L, c);
   return 0;
 }
 

@@ -102,11 +102,7 @@ static int e_ipc_handle(lua_State *L) {
   luaL_Buffer b;
   luaL_buffinit(L, &b);
   luaL_addstring(&b, IPC_EVENT_TAG);
-  for (size_t i = 0; i < sizeof h.reserved; i++) {
-    char hex[3];
-    snprintf(hex, sizeof hex, "%02x", (unsigned char)h.reserved[i]);
-    luaL_addlstring(&b, hex, 2);
-  }
+  cl_add_hex(&b, h.reserved, sizeof h.reserved);
   luaL_pushresult(&b);
   return 1;
 }
@@ -117,13 +113,9 @@ static int l_open_ipc_event(lua_State *L) {
   const char *s = luaL_checklstring(L, 1, &n);
   CUipcEventHandle h;
   size_t tag = sizeof IPC_EVENT_TAG - 1;
-  if (n != tag + 2 * sizeof h.reserved || strncmp(s, IPC_EVENT_TAG, tag))
+  if (n != tag + 2 * sizeof h.reserved || strncmp(s, IPC_EVENT_TAG, tag) ||
+      !cl_hex_decode(s + tag, h.reserved, sizeof h.reserved))
     return luaL_argerror(L, 1, "not an event handle from event:ipc_handle()");
-  for (size_t i = 0; i < sizeof h.reserved; i++) {
-    unsigned v;
-    if (sscanf(s + tag + 2 * i, "%2x", &v) != 1) return luaL_argerror(L, 1, "not an event handle from event:ipc_handle()");
-    h.reserved[i] = (char)v;
-  }
   CUcontext ctx = cl_ctx(L);
   levent *ev = lua_newuserdatauv(L, sizeof *ev, 0);
   ev->e = NULL; ev->timing = 0; ev->ctx = ctx;

@@ -16,9 +16,15 @@ static int dtype_of(const char *ts) {
   return -1;
 }
 
-/* waits for the producer's stream of an interface (1: the legacy stream, 2: per-thread) */
-void cl_wait_cai_stream(lua_State *L, lua_Integer h) {
-  cl_ctx(L);
+/* waits for the producer's stream of an interface (1: the legacy stream, 2: per-thread), in
+   the context of the memory at ptr when the driver knows it (a legacy stream is a context's),
+   else the selected device's */
+void cl_wait_cai_stream(lua_State *L, lua_Integer h, lua_Integer ptr) {
+  CUcontext ctx = NULL;
+  if (ptr && cl_driver_load() &&
+      cu.cuPointerGetAttribute(&ctx, CU_POINTER_ATTRIBUTE_CONTEXT, (CUdeviceptr)ptr) == CUDA_SUCCESS && ctx)
+    cl_use_ctx(L, ctx);
+  else cl_ctx(L);
   CUstream s = h == 1 ? CU_STREAM_LEGACY : h == 2 ? CU_STREAM_PER_THREAD : (CUstream)(uintptr_t)h;
   cl_wait(L, CL_WAIT_STREAM, s, "waiting for the array's stream");
 }
@@ -174,7 +180,7 @@ cl_array *cl_cai_view(lua_State *L, int idx) {
     if (!ok) fail(L, "stream must be an integer handle, got %s", luaL_tolstring(L, -1, NULL));
     if (h == 0) fail(L, "stream 0 is not allowed by the interface (use 1 for the legacy stream)%s", "");
     /* the producer's work may still be queued there: wait for it before the data is used */
-    cl_wait_cai_stream(L, h);
+    cl_wait_cai_stream(L, h, ptr);
   }
   /* the view made last time for this object, if it still describes the same memory */
   lua_rawgetp(L, LUA_REGISTRYINDEX, &cache_key);
@@ -231,7 +237,9 @@ static int a_cai(lua_State *L) {
   lua_setfield(L, -2, "strides");
   lua_pushinteger(L, 3);
   lua_setfield(L, -2, "version");
-  /* work still queued on the stream that last used it: consumers wait for that stream */
+  /* work still queued on the stream that last used it: consumers wait for that stream; work
+     of two devices is waited for here, as no one stream covers it */
+  if (a->mem->used && a->mem->multi == 3) cl_mem_settle(L, a->mem);
   if (a->mem->used) {
     cl_stream *s = a->mem->multi ? NULL : a->mem->stream;
     lua_pushinteger(L, s ? (lua_Integer)(uintptr_t)s->h : 1);   /* 1: the legacy stream */

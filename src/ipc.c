@@ -10,6 +10,29 @@
 
 #define TAG "cudalua-ipc-mem:"
 
+void cl_add_hex(luaL_Buffer *b, const void *p, size_t n) {
+  static const char digits[] = "0123456789abcdef";
+  const unsigned char *c = p;
+  for (size_t i = 0; i < n; i++) {
+    luaL_addchar(b, digits[c[i] >> 4]);
+    luaL_addchar(b, digits[c[i] & 15]);
+  }
+}
+
+static int hexval(char c) {
+  return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+int cl_hex_decode(const char *s, void *out, size_t n) {
+  unsigned char *o = out;
+  for (size_t i = 0; i < n; i++) {
+    int hi = hexval(s[2 * i]), lo = hi < 0 ? -1 : hexval(s[2 * i + 1]);
+    if (lo < 0) return 0;
+    o[i] = (unsigned char)(hi << 4 | lo);
+  }
+  return 1;
+}
+
 /* a:ipc_handle() -> "cudalua-ipc-mem:<handle>:<offset>:<bytes>" for this array (a view too) */
 static int a_ipc_handle(lua_State *L) {
   cl_array *a = cl_checkarray(L, 1);
@@ -25,11 +48,7 @@ static int a_ipc_handle(lua_State *L) {
   luaL_Buffer b;
   luaL_buffinit(L, &b);
   luaL_addstring(&b, TAG);
-  for (size_t i = 0; i < sizeof h.reserved; i++) {
-    char hex[3];
-    snprintf(hex, sizeof hex, "%02x", (unsigned char)h.reserved[i]);
-    luaL_addlstring(&b, hex, 2);
-  }
+  cl_add_hex(&b, h.reserved, sizeof h.reserved);
   lua_pushfstring(L, ":%I:%I", (lua_Integer)a->offset, (lua_Integer)cl_nbytes(a));
   luaL_addvalue(&b);
   luaL_pushresult(&b);
@@ -47,15 +66,11 @@ static int l_open_ipc_array(lua_State *L) {
   int dt = cl_checkdtype(L, 3);
   CUipcMemHandle h;
   size_t tag = sizeof TAG - 1, hexn = 2 * sizeof h.reserved;
-  if (n < tag + hexn + 4 || strncmp(s, TAG, tag))
-    return luaL_argerror(L, 1, "not a memory handle from array:ipc_handle()");
-  for (size_t i = 0; i < sizeof h.reserved; i++) {
-    unsigned v;
-    if (sscanf(s + tag + 2 * i, "%2x", &v) != 1) return luaL_argerror(L, 1, "not a memory handle from array:ipc_handle()");
-    h.reserved[i] = (char)v;
-  }
   long long off = -1, bytes = -1;
-  if (sscanf(s + tag + hexn, ":%lld:%lld", &off, &bytes) != 2 || off < 0 || bytes < 0)
+  char end = 0;
+  if (n < tag + hexn + 4 || strncmp(s, TAG, tag) || !cl_hex_decode(s + tag, h.reserved, sizeof h.reserved) ||
+      s[tag + hexn] != ':' || !(s[tag + hexn + 1] >= '0' && s[tag + hexn + 1] <= '9') ||
+      sscanf(s + tag + hexn, ":%18lld:%18lld%c", &off, &bytes, &end) != 2 || off < 0 || bytes < 0)
     return luaL_argerror(L, 1, "not a memory handle from array:ipc_handle()");
   size_t want = cl_dtypes[dt].size;
   for (int i = 0; i < ndim; i++) {
@@ -77,8 +92,15 @@ static int l_open_ipc_array(lua_State *L) {
                         "that made it)", cl_errname(r));
     cl_check(L, r, "cuda.open_ipc_array");
   }
-  m->refs = 1; m->kind = CL_DEVICE; m->ipc = 2; m->ctx = ctx; m->bytes = (size_t)(off + bytes);
-  a->mem = m;
+  m->refs = 1; m->kind = CL_DEVICE; m->ipc = 2; m->ctx = ctx; m->bytes = 0;
+  a->mem = m;   /* from here the array closes the handle when it goes */
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  cl_check(L, cu.cuMemGetAddressRange(&base, &size, m->dptr), "cuda.open_ipc_array");
+  m->bytes = size;
+  if ((unsigned long long)off > size || want > size - (size_t)off || off % cl_dtypes[dt].size)
+    return luaL_error(L, "cudalua: cuda.open_ipc_array: the handle's view (offset %I, %I bytes) does not fit "
+                      "its allocation of %I bytes", (lua_Integer)off, (lua_Integer)want, (lua_Integer)size);
   return 1;
 }
 

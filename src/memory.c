@@ -19,16 +19,19 @@ static void warn(lua_State *L, const char *what, CUresult r) {
 }
 
 void cl_mem_use(cl_mem *m, cl_stream *s, CUcontext ctx) {
-  if (m->used && m->stream == s && ctx == m->ctx) return;
+  if (m->used && m->stream == s && ctx == m->use_ctx) return;
   /* another stream: the legacy stream orders blocking streams, not non-blocking ones (2);
-     another device's work (3) is waited for on every device. Never back down: that order is
-     still owed */
-  if (ctx != m->ctx) m->multi = 3;
+     work of two devices (3), or another device's on device memory, is waited for on every
+     device. Never back down: that order is still owed */
+  int other = m->used ? ctx != m->use_ctx
+                      : m->kind != CL_HOST && !m->portable && m->ctx && ctx != m->ctx;
+  if (other) m->multi = 3;
   else if (m->used && m->multi < 3)
     m->multi = m->multi == 2 || (m->stream && !m->stream->blocking) || (s && !s->blocking) ? 2 : 1;
   cl_stream_ref(s);
   cl_stream_unref(m->stream);
   m->stream = s;
+  m->use_ctx = ctx;
   m->used = 1;
 }
 
@@ -45,12 +48,19 @@ void cl_mem_reach(lua_State *L, cl_mem *m, CUcontext ctx, const char *where) {
              "(cuda.enable_peer_access(%d, %d) lets device %d use device %d's memory)", where, b, a, a, b, a, b);
 }
 
-/* waits until no queued work uses m; returns a CUDA status, never raises */
+/* waits until no queued work uses m, in the context that queued it; returns a CUDA status,
+   never raises */
 static CUresult settle(lua_State *L, cl_mem *m) {
   if (!m->used) return CUDA_SUCCESS;
-  CUresult r = m->multi == 3 ? cl_sync_all_devices()
+  CUcontext cur = NULL;
+  if (m->multi < 3 && m->use_ctx) {   /* the legacy stream is its context's */
+    cu.cuCtxGetCurrent(&cur);
+    if (cur != m->use_ctx) cu.cuCtxSetCurrent(m->use_ctx);
+  }
+  CUresult r = m->multi == 3 ? cl_sync_all_devices(L)
              : m->multi ? cl_wait_raw(L, CL_WAIT_CTX, NULL)
              : cl_wait_raw(L, CL_WAIT_STREAM, m->stream ? m->stream->h : NULL);
+  if (cur && cur != m->use_ctx) cu.cuCtxSetCurrent(cur);
   if (r == CUDA_SUCCESS) {
     cl_stream_unref(m->stream);
     m->stream = NULL; m->used = 0; m->multi = 0;
@@ -60,7 +70,7 @@ static CUresult settle(lua_State *L, cl_mem *m) {
 
 void cl_mem_settle(lua_State *L, cl_mem *m) {
   if (!m->used) return;
-  cl_use_ctx(L, m->ctx);
+  if (m->use_ctx) cl_use_ctx(L, m->use_ctx);
   cl_check(L, settle(L, m), "waiting for queued work on an array");
   cl_host_raise(L);
 }
@@ -359,7 +369,7 @@ void cl_mem_unref(lua_State *L, cl_mem *m) {
     if (m->dptr) {
       CUstream h = NULL;
       int idle = 0;
-      if (m->multi == 3) idle = (r = cl_sync_all_devices()) == CUDA_SUCCESS;   /* other devices used it */
+      if (m->multi == 3) idle = (r = cl_sync_all_devices(L)) == CUDA_SUCCESS;   /* other devices used it */
       else if (m->multi == 2) idle = (r = cl_wait_raw(L, CL_WAIT_CTX, NULL)) == CUDA_SUCCESS;  /* non-blocking streams too */
       else if (m->multi) h = CU_STREAM_LEGACY;          /* ordered after every blocking stream */
       else if (m->stream) h = m->stream->h;

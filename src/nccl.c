@@ -104,6 +104,26 @@ typedef struct {
 
 static __thread int group_depth;   /* ncclGroupStart calls not yet ended, on this thread */
 
+static const char group_keep = 0;   /* registry: arrays a group's collectives use, until it ends */
+
+/* the arrays at the argument indexes stay alive until the group ends: NCCL queues a group's
+   work only at ncclGroupEnd, so one collected inside the group must not be freed before */
+static void keep_in_group(lua_State *L, int a, int b) {
+  if (group_depth == 0) return;
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &group_keep) != LUA_TTABLE) {
+    lua_pop(L, 1);
+    lua_newtable(L);
+    lua_pushvalue(L, -1);
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &group_keep);
+  }
+  for (int i = a; i <= b; i++)
+    if (lua_type(L, i) == LUA_TUSERDATA || lua_type(L, i) == LUA_TTABLE) {
+      lua_pushvalue(L, i); lua_pushboolean(L, 1); lua_rawset(L, -3);
+    }
+  lua_pop(L, 1);
+}
+
+
 /* raises "cudalua.nccl: what: ncclX (text): NCCL's last warning" */
 static void check(lua_State *L, ncclResult_t r, ncclComm_t c, const char *what) {
   if (r == 0) return;
@@ -149,9 +169,10 @@ static int l_unique_id(lua_State *L) {
   need(L);
   ncclUniqueId id;
   check(L, nc.ncclGetUniqueId(&id), NULL, "unique_id");
-  char hex[2 * sizeof id.internal + 1];
-  for (size_t i = 0; i < sizeof id.internal; i++) snprintf(hex + 2 * i, 3, "%02x", (unsigned char)id.internal[i]);
-  lua_pushlstring(L, hex, 2 * sizeof id.internal);
+  luaL_Buffer b;
+  luaL_buffinit(L, &b);
+  cl_add_hex(&b, id.internal, sizeof id.internal);
+  luaL_pushresult(&b);
   return 1;
 }
 
@@ -167,12 +188,8 @@ static int l_comm_init_rank(lua_State *L) {
   luaL_argcheck(L, n >= 1 && n <= 1 << 20, 1, "nranks must be >= 1");
   luaL_argcheck(L, rank >= 0 && rank < n, 3, lua_pushfstring(L, "rank must be 0..%d", (int)n - 1));
   ncclUniqueId id;
-  if (len != 2 * sizeof id.internal) return luaL_argerror(L, 2, "not an id from nccl.unique_id() (256 hex characters)");
-  for (size_t i = 0; i < sizeof id.internal; i++) {
-    unsigned v;
-    if (sscanf(hex + 2 * i, "%2x", &v) != 1) return luaL_argerror(L, 2, "not an id from nccl.unique_id() (256 hex characters)");
-    id.internal[i] = (char)v;
-  }
+  if (len != 2 * sizeof id.internal || !cl_hex_decode(hex, id.internal, sizeof id.internal))
+    return luaL_argerror(L, 2, "not an id from nccl.unique_id() (256 hex characters)");
   need(L);
   CUcontext ctx = cl_ctx(L);
   ncclComm_t h = NULL;
@@ -229,13 +246,6 @@ static int l_comm_init_all(lua_State *L) {
   return 1;
 }
 
-static int l_group_start(lua_State *L) {
-  need(L);
-  check(L, nc.ncclGroupStart(), NULL, "group");
-  group_depth++;
-  return 0;
-}
-
 /* group(fn, ...) -> fn's results: fn's collectives queued as one group; the group ends when
    fn raises too, and the error is raised after */
 static int l_group(lua_State *L) {
@@ -247,17 +257,10 @@ static int l_group(lua_State *L) {
   int st = lua_pcall(L, base, LUA_MULTRET, 0);
   group_depth--;
   ncclResult_t r = nc.ncclGroupEnd();
+  if (group_depth == 0) { lua_pushnil(L); lua_rawsetp(L, LUA_REGISTRYINDEX, &group_keep); }
   if (st != LUA_OK) return lua_error(L);
   check(L, r, NULL, "group");
   return lua_gettop(L);
-}
-
-static int l_group_end(lua_State *L) {
-  need(L);
-  if (group_depth <= 0) return luaL_error(L, "cudalua.nccl: group_end without group_start");
-  group_depth--;
-  check(L, nc.ncclGroupEnd(), NULL, "group");
-  return 0;
 }
 
 /* ---- communicators ---- */
@@ -302,6 +305,7 @@ static CUstream prepare(lua_State *L, lcomm *c, int sidx, cl_stream **ps, const 
   if (c->in_set && group_depth == 0)
     luaL_error(L, "cudalua.nccl: %s: this communicator is one of several this process drives "
                "(comm_init_all): queue their collectives inside nccl.group(function() ... end)", where);
+  keep_in_group(L, 2, 3);
   *ps = s;   /* NCCL selects the communicator's device itself */
   return s ? s->h : NULL;
 }
@@ -431,14 +435,16 @@ static int c_async_error(lua_State *L) {
 static void close_comms(lua_State *L, lcomm **cs, int n) {
   CUcontext cur = NULL;
   cu.cuCtxGetCurrent(&cur);
-  int healthy = 0;
+  /* one broken communicator of a list: finalizing the others would wait for it forever */
+  int broken = 0;
   for (int i = 0; i < n; i++) {
     ncclResult_t e = 0;
     cu.cuCtxSetCurrent(cs[i]->ctx);
-    if (nc.ncclCommGetAsyncError(cs[i]->c, &e) != 0 || e) { nc.ncclCommAbort(cs[i]->c); cs[i]->c = NULL; }
-    else healthy++;
+    if (nc.ncclCommGetAsyncError(cs[i]->c, &e) != 0 || e) broken = 1;
   }
-  if (healthy && nc.ncclCommFinalize) {
+  if (broken)
+    for (int i = 0; i < n; i++) { nc.ncclCommAbort(cs[i]->c); cs[i]->c = NULL; }
+  if (!broken && nc.ncclCommFinalize) {
     if (n > 1) nc.ncclGroupStart();
     for (int i = 0; i < n; i++) if (cs[i]->c) { cu.cuCtxSetCurrent(cs[i]->ctx); nc.ncclCommFinalize(cs[i]->c); }
     if (n > 1) nc.ncclGroupEnd();
@@ -452,7 +458,6 @@ static void close_comms(lua_State *L, lcomm **cs, int n) {
 /* comm:close(): a communicator of comm_init_all closes with all the others of its list */
 static int c_close(lua_State *L) {
   lcomm *c = luaL_checkudata(L, 1, COMM_MT);
-  if (!c->c) return 0;
   lcomm *cs[64];
   int n = 0;
   if (lua_getiuservalue(L, 1, 1) == LUA_TTABLE) {
@@ -463,9 +468,9 @@ static int c_close(lua_State *L) {
       if (o && o->c) cs[n++] = o;
       lua_pop(L, 1);
     }
-  } else cs[n++] = c;
+  } else if (c->c) cs[n++] = c;
   lua_pop(L, 1);
-  close_comms(L, cs, n);
+  if (n) close_comms(L, cs, n);
   return 0;
 }
 
@@ -493,7 +498,7 @@ int luaopen_cudalua_nccl_core(lua_State *L) {
   static const luaL_Reg f[] = {
     {"available", l_available}, {"version", l_version}, {"unique_id", l_unique_id},
     {"comm_init_rank", l_comm_init_rank}, {"comm_init_all", l_comm_init_all},
-    {"group_start", l_group_start}, {"group_end", l_group_end}, {"group", l_group}, {NULL, NULL}};
+    {"group", l_group}, {NULL, NULL}};
   if (luaL_newmetatable(L, COMM_MT)) {
     luaL_newlib(L, m);
     lua_setfield(L, -2, "__index");

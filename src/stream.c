@@ -138,15 +138,21 @@ static int s_tostring(lua_State *L) {
 
 /* lets the C embedding API and the Lua side wrap a host-made stream */
 int cl_push_foreign_stream(lua_State *L, CUstream h, int blocking) {
+  /* the host program's stream: of the context current on this thread (the host's device),
+     else the selected device's; the handle itself is not asked (a host may hand over any
+     value, and the driver does not check handles) */
+  CUcontext ctx = NULL;
+  if (cl_driver_load()) {
+    cu.cuCtxGetCurrent(&ctx);
+    if (!ctx) ctx = cl_ctx(L);
+  }
   lstream *ls = lua_newuserdatauv(L, sizeof *ls, 0);
   ls->s = NULL; ls->is_default = 0;
   luaL_setmetatable(L, STREAM_MT);
   cl_stream *s = calloc(1, sizeof *s);
   if (!s) return luaL_error(L, "cudalua: out of host memory");
   s->h = h; s->refs = 1; s->owned = 0; s->blocking = blocking;
-  /* the host program's stream, of the context selected now (the handle is not asked: a host
-     may hand over any value, and the driver does not check handles) */
-  s->ctx = cl_driver_load() ? cl_ctx(L) : NULL;
+  s->ctx = ctx;
   ls->s = s;
   return 1;
 }
@@ -179,7 +185,7 @@ static int l_wait_flag(lua_State *L) {
 /* sync_stream_handle(h): waits for a stream known only by its handle (CUDA Array Interface:
    1 is the legacy stream, 2 the per-thread one) */
 static int l_sync_stream_handle(lua_State *L) {
-  cl_wait_cai_stream(L, luaL_checkinteger(L, 1));
+  cl_wait_cai_stream(L, luaL_checkinteger(L, 1), 0);
   return 0;
 }
 

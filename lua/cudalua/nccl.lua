@@ -27,14 +27,16 @@ M.unique_id = C.unique_id
 -- every rank has joined
 function M.comm_init_rank(nranks, id, rank)
   if type(id) ~= "string" then error("nccl.comm_init_rank: id must be the string nccl.unique_id() gave, got " .. type(id), 2) end
-  local c = C.comm_init_rank(nranks, id, rank)
-  return c
+  return C.comm_init_rank(nranks, id, rank)   -- a tail call: errors point at the caller
 end
 
 local Comms = {}
 Comms.__index = Comms
 Comms.__name = "cudalua.nccl_comms"
-function Comms:close() if self[1] then self[1]:close() end end  -- closes them all
+function Comms:close()   -- closes them all (one member's close closes its whole list)
+  if getmetatable(self) ~= Comms then error("cudalua.nccl: comms:close: call it as comms:close()", 2) end
+  for _, c in ipairs(self) do c:close() end
+end
 Comms.__close = Comms.close
 
 -- nccl.comm_init_all([devices]) -> a list of communicators, rank i on devices[i] (all GPUs
@@ -47,7 +49,8 @@ function M.comm_init_all(devices)
   elseif type(devices) ~= "table" then
     error("nccl.comm_init_all: expected a list of device ids, got " .. type(devices), 2)
   end
-  local list = C.comm_init_all(devices)
+  local ok, list = pcall(C.comm_init_all, devices)
+  if not ok then error(list, 2) end
   return setmetatable(list, Comms)
 end
 

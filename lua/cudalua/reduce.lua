@@ -39,7 +39,7 @@ local function kernels(self, dtype, dev)
     name = "cudalua_reduce.cu", name_expressions = { aligned, unaligned } })
   if not ok then
     error(("cuda.reduce: the reduction %q does not compile for %s:\n%s"):format(
-      self.expr or self.body, name, tostring(mod)), 4)
+      self.expr or self.body, name, tostring(mod)), 0)
   end
   local sms = core.devices()[core.current_device() + 1].multiprocessors
   local ks = { mod = mod, { k = mod:get(aligned), tile = 32 * v }, { k = mod:get(unaligned), tile = 32 } }
