@@ -298,6 +298,14 @@ describe("configuration tables", function()
     C.raises("cudalua: graph:kernel: a graph node has no stream (the graph is launched on one)", g.kernel, g, k,
              { 1, 32, cuda.stream() }, { d })
     C.raises("cudalua: launch: grid given both by name and as entry 1", k.launch, k, { 1, 32, grid = 2 }, d)
+    -- positional entries written as [1] = ... live in the table's hash part, in any order
+    -- with the named ones: each named key is still seen
+    local s = cuda.stream()
+    for i = 1, 40 do
+      local key = "opt" .. i
+      C.raises("unknown key '" .. key .. "'", function() return k[{ [1] = 1, [2] = 32, [key] = true }] end)
+      C.raises("unknown key '" .. key .. "'", function() return k[{ [1] = 1, [2] = 32, [3] = s, [4] = 0, [key] = true }] end)
+    end
   end)
 
   gpu("take names in k[{...}] too, and the tutorial form still reuses its launcher", function()

@@ -244,6 +244,33 @@ describe("peer access and copies between devices", function()
     same(want, y1)
     cuda.disable_peer_access(1, 0)
   end)
+
+  multi("stream-less reads, writes, copies and fills wait for another device's work on the array", function()
+    -- device 1's kernel spins, then adds to a device-0 array through peer access; device 0's
+    -- legacy stream does not order that kernel: each stream-less use must wait for it
+    if not cuda.can_access_peer(1, 0) then pending("no peer access between the GPUs") return end
+    cuda.enable_peer_access(1, 0)
+    local k1 = on(1, K, "spin_then_add")
+    local x = data(64)
+    local function spun(y0) on(1, function() k1[{ 1, 64 }](y0, 1, 64, 200000000) end) end   -- ~0.1 s
+    local y0 = cuda.to_device(x, "float32")
+    spun(y0)
+    assert.equal(x[1] + 1, y0[1], "element read")
+    spun(y0)
+    same((function() local w = {} for i = 1, 64 do w[i] = x[i] + 2 end return w end)(), y0, "copy_to_host")
+    spun(y0)
+    local z0 = cuda.device_array(64, "float32")
+    z0:copy_to_device(y0)
+    same((function() local w = {} for i = 1, 64 do w[i] = x[i] + 3 end return w end)(), z0, "device copy")
+    spun(y0)
+    y0:fill(5)   -- after the kernel's add, not before it
+    same((function() local w = {} for i = 1, 64 do w[i] = 5 end return w end)(), y0, "fill")
+    spun(y0)
+    y0[2] = 7
+    cuda.gpus[1]:synchronize()
+    assert.equal(7, y0[2], "element written after the kernel")
+    cuda.disable_peer_access(1, 0)
+  end)
 end)
 
 describe("NCCL across the GPUs of one process", function()

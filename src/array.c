@@ -256,6 +256,7 @@ static void get_elem(lua_State *L, cl_array *a, size_t i) {
     char buf[8];
     cl_use_ctx(L, a->mem->ctx);
     cl_capture_guard(L, NULL, 1, "reading a device array element");
+    cl_mem_order(L, a->mem, a->mem->ctx, a->mem->ctx);
     if (cl_host_armed(L)) cl_wait(L, CL_WAIT_CTX, NULL, "reading a device array element");
     cl_check(L, cu.cuMemcpyDtoH(buf, cl_devptr(a) + i * isz, isz), "reading a device array element");
     cl_pushvalue(L, a->dtype, buf);
@@ -273,6 +274,7 @@ static void set_elem(lua_State *L, cl_array *a, size_t i, int vidx) {
   } else {
     cl_use_ctx(L, a->mem->ctx);
     cl_capture_guard(L, NULL, 1, "writing a device array element");
+    cl_mem_order(L, a->mem, a->mem->ctx, a->mem->ctx);
     if (cl_host_armed(L)) cl_wait(L, CL_WAIT_CTX, NULL, "writing a device array element");
     cl_check(L, cu.cuMemcpyHtoD(cl_devptr(a) + i * isz, buf, isz), "writing a device array element");
   }

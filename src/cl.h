@@ -179,6 +179,9 @@ cl_mem *cl_mem_ref(cl_mem *m);
 void cl_mem_unref(lua_State *L, cl_mem *m);       /* never raises */
 void cl_mem_use(cl_mem *m, cl_stream *s, CUcontext ctx);  /* queued work on s, in ctx, uses m */
 void cl_mem_settle(lua_State *L, cl_mem *m);      /* waits for queued work that uses m */
+/* before stream-less work on m in context a (current) or b: waits for any other device's work
+   on m, a current again after */
+void cl_mem_order(lua_State *L, cl_mem *m, CUcontext a, CUcontext b);
 void cl_mem_forget_stream(cl_stream *s);          /* s is being destroyed */
 void cl_open_memory(lua_State *L);
 int cl_pageable_prepare(cl_mem *m);               /* page-locks pageable memory for copies */
@@ -224,6 +227,7 @@ void cl_open_graph(lua_State *L);
 /* ---- hostfn.c: Lua host functions, and waits that run them ---- */
 enum { CL_WAIT_STREAM, CL_WAIT_EVENT, CL_WAIT_CTX };
 CUresult cl_wait_raw(lua_State *L, int kind, void *h);
+void cl_wait_check(lua_State *L);   /* raises where no wait may be (in a running host function) */
 void cl_wait(lua_State *L, int kind, void *h, const char *what);  /* raises */
 int cl_host_service(lua_State *L);
 int cl_host_armed(lua_State *L);

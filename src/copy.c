@@ -39,6 +39,10 @@ void cl_copy(lua_State *L, cl_array *dst, cl_array *src, cl_stream *s, int sync,
   cl_stream_check(L, s, ctx, where, "arrays");
   cl_use_ctx(L, ctx);
   cl_capture_guard(L, s, sync || dst->kind == CL_HOST || src->kind == CL_HOST, where);
+  if (!s) {   /* ctx is dctx when both ends are devices */
+    cl_mem_order(L, dst->mem, ctx, sctx ? sctx : ctx);
+    cl_mem_order(L, src->mem, ctx, sctx ? sctx : ctx);
+  }
   int pageable = 0;
   if (dst->kind == CL_HOST) { cl_pageable_prepare(dst->mem); pageable = 1; }
   if (src->kind == CL_HOST) { cl_pageable_prepare(src->mem); pageable = 1; }
@@ -162,6 +166,7 @@ int cl_a_fill(lua_State *L) {
   cl_stream_check(L, s, a->mem->ctx, "fill", "array");
   cl_use_ctx(L, a->mem->ctx);
   cl_capture_guard(L, s, !s, "fill");
+  if (!s) cl_mem_order(L, a->mem, a->mem->ctx, a->mem->ctx);
   CUdeviceptr d = cl_devptr(a);
   CUstream h = s ? s->h : NULL;
   CUresult r;

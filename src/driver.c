@@ -263,6 +263,7 @@ int cl_peer_enabled(CUcontext from, CUcontext to) {
    device is freed after this), running Lua host functions meanwhile; raises only as
    cl_wait_raw does inside a host function */
 CUresult cl_sync_all_devices(lua_State *L) {
+  cl_wait_check(L);   /* before switching: a raise must not leave another context current */
   CUcontext cur = NULL;
   CUresult r = CUDA_SUCCESS;
   cu.cuCtxGetCurrent(&cur);

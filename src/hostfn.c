@@ -135,13 +135,18 @@ static void nap(cl_hostq *q, long us) {
   pthread_mutex_unlock(&q->mu);
 }
 
+/* the stream is stopped at a running host function: waiting for it there would never end */
+void cl_wait_check(lua_State *L) {
+  cl_hostq *q = queue_of(L);
+  if (q && q->running)
+    luaL_error(L, "cudalua: a Lua host function cannot wait for the GPU (synchronize, blocking copies)");
+}
+
 /* Every blocking wait of cudalua goes through here: with no host call pending it is the plain
    driver call; otherwise it runs host calls while it polls. what: for messages. */
 CUresult cl_wait_raw(lua_State *L, int kind, void *h) {
+  cl_wait_check(L);
   cl_hostq *q = queue_of(L);
-  /* the stream is stopped at the host function itself: waiting for it here would never end */
-  if (q && q->running)
-    luaL_error(L, "cudalua: a Lua host function cannot wait for the GPU (synchronize, blocking copies)");
   if (!q || cl_host_armed(L) == 0) {
     if (kind == CL_WAIT_STREAM) return cu.cuStreamSynchronize((CUstream)h);
     if (kind == CL_WAIT_EVENT) return cu.cuEventSynchronize((CUevent)h);

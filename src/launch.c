@@ -496,14 +496,25 @@ static void push_reused_launcher(lua_State *L, int kidx, cl_kernel *k, const cl_
   lua_pushvalue(L, -1); lua_setiuservalue(L, kidx, 3);
 }
 
+/* whether the table at 2 has no keys but 1..n (at most n + 1 steps: a named key such as
+   cooperative may be stored before or after the positional ones) */
+static int positional_only(lua_State *L, int n) {
+  lua_pushnil(L);
+  while (lua_next(L, 2)) {
+    lua_Integer i = lua_isinteger(L, -2) ? lua_tointeger(L, -2) : 0;
+    lua_pop(L, 1);
+    if (i < 1 || i > n) { lua_pop(L, 1); return 0; }
+  }
+  return 1;
+}
+
 /* k[{grid, block [, stream [, shared]], cooperative=, cluster=}] -> launcher */
 int cl_kernel_index(lua_State *L) {
   cl_kernel *k = lua_touserdata(L, 1);
   if (lua_type(L, 2) == LUA_TTABLE) {
     cl_launch c;
     int n = (int)lua_rawlen(L, 2);
-    lua_pushinteger(L, n);
-    if (n >= 2 && n <= 4 && !lua_next(L, 2)) {
+    if (n >= 2 && n <= 4 && positional_only(L, n)) {
       /* {grid, block [, stream [, shared]]} and nothing else: the tutorials' forms, in loops */
       memset(&c, 0, sizeof c);
       int gi, bi;

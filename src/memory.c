@@ -52,6 +52,7 @@ void cl_mem_reach(lua_State *L, cl_mem *m, CUcontext ctx, const char *where) {
    never raises */
 static CUresult settle(lua_State *L, cl_mem *m) {
   if (!m->used) return CUDA_SUCCESS;
+  cl_wait_check(L);   /* before switching: a raise must not leave another context current */
   CUcontext cur = NULL;
   if (m->multi < 3 && m->use_ctx) {   /* the legacy stream is its context's */
     cu.cuCtxGetCurrent(&cur);
@@ -73,6 +74,15 @@ void cl_mem_settle(lua_State *L, cl_mem *m) {
   if (m->use_ctx) cl_use_ctx(L, m->use_ctx);
   cl_check(L, settle(L, m), "waiting for queued work on an array");
   cl_host_raise(L);
+}
+
+/* a context's legacy stream orders its own work, not another device's: stream-less work on m
+   (finished on return, or ordered after all earlier work) first waits for the other device's */
+void cl_mem_order(lua_State *L, cl_mem *m, CUcontext a, CUcontext b) {
+  if (m->used && (m->multi == 3 || (m->use_ctx != a && m->use_ctx != b))) {
+    cl_mem_settle(L, m);
+    cl_use_ctx(L, a);
+  }
 }
 
 int cl_pageable_prepare(cl_mem *m) {
