@@ -77,28 +77,37 @@ function B.per_item(body, count)
 end
 
 -- bodies: name -> function(count) doing count items. Each runs `rounds` times (default
--- 2 * REPS), each time followed by a synchronize; returns name -> the median µs per item. The
--- bodies take turns, in an order that rotates every round, so that a drift of the machine's
--- speed hits them all alike.
-function B.interleaved(bodies, count, rounds)
+-- 2 * REPS), each time followed by sync (default cuda.synchronize); returns name -> the median
+-- µs per item. The bodies take turns, in an order that rotates every round, so that a drift of
+-- the machine's speed hits them all alike.
+function B.interleaved(bodies, count, rounds, sync)
+  sync = sync or cuda.synchronize
   local names, res = {}, {}
   for name in pairs(bodies) do names[#names + 1] = name; res[name] = {} end
   table.sort(names)
   for _, name in ipairs(names) do bodies[name](math.min(1000, count)) end
-  cuda.synchronize()
+  sync()
   for r = 1, rounds or B.REPS * 2 do
     for i = 0, #names - 1 do
       local name = names[(i + r - 1) % #names + 1]
       collectgarbage()
-      cuda.synchronize()
+      sync()
       local t0 = now()
       bodies[name](count)
-      cuda.synchronize()
+      sync()
       res[name][r] = (now() - t0) / count * 1e6
     end
   end
   for _, name in ipairs(names) do res[name] = B.median(res[name]) end
   return res
+end
+
+-- prints B.interleaved's launch timings: raw_x as inproc_launch_x_us, the others as launch_x_us
+function B.out_launches(r)
+  for name, us in pairs(r) do
+    local raw = name:match("^raw_(.*)")
+    B.out(raw and "inproc_launch_" .. raw .. "_us" or "launch_" .. name .. "_us", us)
+  end
 end
 
 return B

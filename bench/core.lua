@@ -64,11 +64,7 @@ section("launches", function()
     B.note(("core.lua: no in-process raw loop (%s)"):format(why))
   end
   -- many short rounds: launch cost drifts within seconds on the GPU machine
-  local r = B.interleaved(bodies, math.max(1, N // 10), REPS * 8)
-  for name, us in pairs(r) do
-    local raw = name:match("^raw_(.*)")
-    out(raw and "inproc_launch_" .. raw .. "_us" or "launch_" .. name .. "_us", us)
-  end
+  B.out_launches(B.interleaved(bodies, math.max(1, N // 10), REPS * 8))
   -- enqueue time alone (before the synchronize), one form after the other
   for _, name in ipairs { "empty", "four" } do
     out("diag_launch_" .. name .. "_enqueue_us", select(2, per_item(bodies[name])))

@@ -125,9 +125,5 @@ section("cluster and cooperative launches", function()
   else
     B.note("no raw launch loop: " .. why)
   end
-  local r = B.interleaved(bodies, math.max(1, N // 10), REPS * 8)
-  for name, us in pairs(r) do
-    local raw = name:match("^raw_(.*)")
-    out(raw and "inproc_launch_" .. raw .. "_us" or "launch_" .. name .. "_us", us)
-  end
+  B.out_launches(B.interleaved(bodies, math.max(1, N // 10), REPS * 8))
 end)

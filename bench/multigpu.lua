@@ -7,7 +7,7 @@ local cuda = require "cudalua"
 local nccl = require "cudalua.nccl"
 package.path = "bench/?.lua;" .. package.path
 local B = require "common"
-local REPS, now, out, median = B.REPS, B.now, B.out, B.median
+local REPS, out = B.REPS, B.out
 local function section(name, f) B.section("multigpu.lua", name, f) end
 
 local g = cuda.is_available() and #cuda.gpus or 0
@@ -17,25 +17,11 @@ if g < 2 then
 end
 local function sync_all() for d = 0, g - 1 do cuda.gpus[d]:synchronize() end end
 
--- bodies take turns, each round timed to the end of all work on every GPU
+-- bodies take turns, each round timed to the end of all work on every GPU: seconds per item
 local function rounds(bodies, count, n)
-  local names, res = {}, {}
-  for k in pairs(bodies) do names[#names + 1] = k; res[k] = {} end
-  table.sort(names)
-  for _, k in ipairs(names) do bodies[k](1) end
-  sync_all()
-  for r = 1, n do
-    for i = 0, #names - 1 do
-      local k = names[(i + r - 1) % #names + 1]
-      sync_all()
-      local t0 = now()
-      bodies[k](count)
-      sync_all()
-      res[k][r] = (now() - t0) / count
-    end
-  end
-  for k, t in pairs(res) do res[k] = median(t) end
-  return res
+  local r = B.interleaved(bodies, count, n, sync_all)
+  for k, us in pairs(r) do r[k] = us / 1e6 end
+  return r
 end
 
 section("info", function()

@@ -173,20 +173,10 @@ static int nccl_all_reduce(lua_State *L) {
 }
 
 int luaopen_rawloop(lua_State *L) {
-  lua_newtable(L);
-  lua_pushcfunction(L, launch);
-  lua_setfield(L, -2, "launch");
-  lua_pushcfunction(L, alloc_free);
-  lua_setfield(L, -2, "alloc_free");
-  lua_pushcfunction(L, compile);
-  lua_setfield(L, -2, "compile");
-  lua_pushcfunction(L, launch_ex);
-  lua_setfield(L, -2, "launch_ex");
-  lua_pushcfunction(L, launch_coop);
-  lua_setfield(L, -2, "launch_coop");
-  lua_pushcfunction(L, peer_copy);
-  lua_setfield(L, -2, "peer_copy");
-  lua_pushcfunction(L, nccl_all_reduce);
-  lua_setfield(L, -2, "nccl_all_reduce");
+  static const luaL_Reg f[] = {
+    {"launch", launch}, {"alloc_free", alloc_free}, {"compile", compile}, {"launch_ex", launch_ex},
+    {"launch_coop", launch_coop}, {"peer_copy", peer_copy}, {"nccl_all_reduce", nccl_all_reduce},
+    {NULL, NULL}};
+  luaL_newlib(L, f);
   return 1;
 }

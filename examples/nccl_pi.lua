@@ -10,20 +10,8 @@ local nccl = require "cudalua.nccl"
 local ok, why = nccl.is_available()
 if not ok then print("nccl_pi: skipped: " .. why); os.exit(77) end
 
-local SRC = [[
-#include <cudalua/grid.cuh>
-#include <cudalua/random.cuh>
-extern "C" __global__ void hits(xoroshiro128p_state *states, unsigned long long *out, int iterations, int n) {
-  int i = grid(1);
-  if (i >= n) return;
-  unsigned long long inside = 0;
-  for (int j = 0; j < iterations; j++) {
-    float x = xoroshiro128p_uniform_float32(states, i), y = xoroshiro128p_uniform_float32(states, i);
-    inside += x * x + y * y <= 1.0f;
-  }
-  out[i] = inside;
-}]]
-local mod = cuda.compile(SRC)
+local src = assert(io.open("examples/nccl/hits.cu")):read("a")
+local mod = cuda.compile(src, { name = "examples/nccl/hits.cu" })
 local sum = cuda.reduce("a + b")
 local g = #cuda.gpus
 local threads, iterations = 132 * 256, 2000

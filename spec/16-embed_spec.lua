@@ -9,12 +9,10 @@ local cuda = H.cuda
 local gpu = H.gpu(it, pending)
 local nogpu = C.nogpu(it, pending)
 
-local function q(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+local q = H.q
 
-local function run(cmd)
-  local p = assert(io.popen(cmd .. " 2>&1"))
-  local out = p:read("a")
-  local ok = p:close()
+local function run(cmd)   -- ok, stdout and stderr together
+  local out, ok = H.run(cmd .. " 2>&1")
   return ok, out
 end
 
@@ -30,8 +28,7 @@ local function build()
   if harness then return harness end
   local ok, out = run("make -s libs")
   assert(ok, "make libs failed:\n" .. out)
-  local _, d = run("mktemp -d")
-  workdir = d:gsub("%s+$", "")
+  workdir = H.tmpdir()
   local inc = os.getenv("LUA_INCDIR")
   if not inc or inc == "" then inc = "/usr/include/lua5.4" end
   -- as the Makefile does: the packed Lua of a GPU machine has only liblua5.4.so.0
@@ -243,5 +240,5 @@ check(d[#t] == 1.5)
 end)
 
 teardown(function()
-  if workdir then os.execute("rm -rf " .. q(workdir)) end
+  if workdir then H.rmrf(workdir) end
 end)

@@ -10,10 +10,8 @@ local LUA = H.LUA
 
 local q = H.q
 
-local function run(cmd)
-  local p = assert(io.popen(cmd .. " 2>&1"))
-  local out = p:read("a")
-  local ok = p:close()
+local function run(cmd)   -- ok, stdout and stderr together
+  local out, ok = H.run(cmd .. " 2>&1")
   return ok, out
 end
 
@@ -28,8 +26,7 @@ end
 local tree, log
 local function install()
   if tree then return tree end
-  local _, d = run("mktemp -d")
-  tree = d:gsub("%s+$", "")
+  tree = H.tmpdir()
   local ok
   ok, log = run(("luarocks --lua-version=5.4 make --tree %s cudalua-scm-1.rockspec"):format(q(tree)))
   assert(ok, "luarocks make failed:\n" .. log)
@@ -107,5 +104,5 @@ print(cuda.is_available(), pcall(cuda.device_array, 4, "float32"))
 end)
 
 teardown(function()
-  if tree then os.execute("rm -rf " .. q(tree)) end
+  if tree then H.rmrf(tree) end
 end)

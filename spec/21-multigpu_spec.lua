@@ -221,55 +221,61 @@ describe("peer access and copies between devices", function()
     C.raises("(device id 99 out of range", cuda.enable_peer_access, 99, 0)
   end)
 
-  multi("memory another device used is not freed before that device is done", function()
-    -- device 1's kernel spins, then reads a device-0 array through peer access; the array is
-    -- dropped meanwhile: the block must stay until the kernel ended
+  -- fn(spin, x) with peer access 1 -> 0 on: spin(y) queues device 1's spin_then_add on y
+  -- (~0.1 s, then y += 1), x is 64 random values
+  local function peer_spin(fn)
     if not cuda.can_access_peer(1, 0) then pending("no peer access between the GPUs") return end
     cuda.enable_peer_access(1, 0)
     local k1 = on(1, K, "spin_then_add")
-    local x = data(64)
-    local y1 = on(1, cuda.to_device, x, "float32")
-    local tmp = on(0, cuda.to_device, x, "float32")
-    on(1, function() k1[{ 1, 64 }](y1, 1, 64, 200000000) end)   -- ~0.1 s
-    assert.equal(0, tmp.device)
-    on(1, function()
-      local k = mod:get("axpy")
-      k[{ 1, 64 }](y1, tmp, 1, 64)   -- queued after the spin, reads device 0's memory
-    end)
-    tmp:close()
-    on(0, function() for _ = 1, 20 do cuda.device_array(64, "float32"):fill(-1e6) end end)
-    cuda.gpus[1]:synchronize()
-    local want = {}
-    for i = 1, 64 do want[i] = x[i] + 1 + x[i] end
-    same(want, y1)
+    fn(function(y) on(1, function() k1[{ 1, 64 }](y, 1, 64, 200000000) end) end, data(64))
     cuda.disable_peer_access(1, 0)
+  end
+  local function plus(x, v) local w = {} for i = 1, #x do w[i] = x[i] + v end return w end
+
+  multi("memory another device used is not freed before that device is done", function()
+    -- device 1's kernel spins, then reads a device-0 array through peer access; the array is
+    -- dropped meanwhile: the block must stay until the kernel ended
+    peer_spin(function(spin, x)
+      local y1 = on(1, cuda.to_device, x, "float32")
+      local tmp = on(0, cuda.to_device, x, "float32")
+      spin(y1)
+      assert.equal(0, tmp.device)
+      on(1, function()
+        local k = mod:get("axpy")
+        k[{ 1, 64 }](y1, tmp, 1, 64)   -- queued after the spin, reads device 0's memory
+      end)
+      tmp:close()
+      on(0, function() for _ = 1, 20 do cuda.device_array(64, "float32"):fill(-1e6) end end)
+      cuda.gpus[1]:synchronize()
+      local want = {}
+      for i = 1, 64 do want[i] = x[i] + 1 + x[i] end
+      same(want, y1)
+    end)
   end)
 
   multi("stream-less reads, writes, copies and fills wait for another device's work on the array", function()
     -- device 1's kernel spins, then adds to a device-0 array through peer access; device 0's
     -- legacy stream does not order that kernel: each stream-less use must wait for it
-    if not cuda.can_access_peer(1, 0) then pending("no peer access between the GPUs") return end
-    cuda.enable_peer_access(1, 0)
-    local k1 = on(1, K, "spin_then_add")
-    local x = data(64)
-    local function spun(y0) on(1, function() k1[{ 1, 64 }](y0, 1, 64, 200000000) end) end   -- ~0.1 s
-    local y0 = cuda.to_device(x, "float32")
-    spun(y0)
-    assert.equal(x[1] + 1, y0[1], "element read")
-    spun(y0)
-    same((function() local w = {} for i = 1, 64 do w[i] = x[i] + 2 end return w end)(), y0, "copy_to_host")
-    spun(y0)
-    local z0 = cuda.device_array(64, "float32")
-    z0:copy_to_device(y0)
-    same((function() local w = {} for i = 1, 64 do w[i] = x[i] + 3 end return w end)(), z0, "device copy")
-    spun(y0)
-    y0:fill(5)   -- after the kernel's add, not before it
-    same((function() local w = {} for i = 1, 64 do w[i] = 5 end return w end)(), y0, "fill")
-    spun(y0)
-    y0[2] = 7
-    cuda.gpus[1]:synchronize()
-    assert.equal(7, y0[2], "element written after the kernel")
-    cuda.disable_peer_access(1, 0)
+    peer_spin(function(spin, x)
+      local y0 = cuda.to_device(x, "float32")
+      spin(y0)
+      assert.equal(x[1] + 1, y0[1], "element read")
+      spin(y0)
+      same(plus(x, 2), y0, "copy_to_host")
+      spin(y0)
+      local z0 = cuda.device_array(64, "float32")
+      z0:copy_to_device(y0)
+      same(plus(x, 3), z0, "device copy")
+      spin(y0)
+      y0:fill(5)   -- after the kernel's add, not before it
+      local fives = {}
+      for i = 1, 64 do fives[i] = 5 end
+      same(fives, y0, "fill")
+      spin(y0)
+      y0[2] = 7
+      cuda.gpus[1]:synchronize()
+      assert.equal(7, y0[2], "element written after the kernel")
+    end)
   end)
 end)
 

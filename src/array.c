@@ -44,6 +44,23 @@ void cl_host_access(lua_State *L, cl_array *a) {
   }
 }
 
+void cl_check_options(lua_State *L, int idx, const char *where, const char *const names[]) {
+  lua_pushnil(L);
+  while (lua_next(L, idx)) {
+    lua_pop(L, 1);
+    const char *k = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+    int i = 0;
+    while (k && names[i] && strcmp(k, names[i])) i++;
+    if (k && names[i]) continue;
+    const char *key = luaL_tolstring(L, -1, NULL);
+    luaL_Buffer b;
+    luaL_buffinit(L, &b);
+    for (i = 0; names[i]; i++) { if (i) luaL_addstring(&b, ", "); luaL_addstring(&b, names[i]); }
+    luaL_pushresult(&b);
+    luaL_error(L, "%s: unknown option '%s' (%s)", where, key, lua_tostring(L, -1));
+  }
+}
+
 /* shape: an integer or a table of 1..8 integers >= 0 */
 int cl_parse_shape(lua_State *L, int idx, int64_t *shape, const char *where) {
   int ndim = 0;
@@ -191,13 +208,8 @@ static int new_kind(lua_State *L, int kind, const char *where) {
   cl_stream *s = NULL;
   int flags = kind != CL_DEVICE ? CL_ZERO : 0;
   if (kind == CL_DEVICE && lua_istable(L, 3)) {   /* {stream =, ipc =} */
-    lua_pushnil(L);
-    while (lua_next(L, 3)) {
-      lua_pop(L, 1);
-      const char *k = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "";
-      if (strcmp(k, "stream") && strcmp(k, "ipc"))
-        return luaL_error(L, "%s: unknown option '%s' (stream, ipc)", where, luaL_tolstring(L, -1, NULL));
-    }
+    static const char *const opts[] = {"stream", "ipc", NULL};
+    cl_check_options(L, 3, where, opts);
     lua_getfield(L, 3, "ipc");
     if (lua_toboolean(L, -1)) flags |= CL_IPC;
     lua_getfield(L, 3, "stream");

@@ -88,13 +88,26 @@ int cl_current_device(void);
    selected. These map contexts and devices (primary contexts, one a device) and switch. */
 int cl_device_of(CUcontext c);                      /* the device's id, -1 if not ours */
 CUcontext cl_device_ctx(lua_State *L, int dev);     /* the device's context (retained once) */
-void cl_use_ctx(lua_State *L, CUcontext c);         /* makes c current (cheap when it is) */
 int cl_peer_enabled(CUcontext from, CUcontext to);  /* kernels in `from` may use `to`'s memory */
 int cl_ndevices(void);                              /* 0 without a driver */
 CUresult cl_sync_all_devices(lua_State *L);         /* every context cudalua uses (runs host functions) */
 int cl_concurrent_managed(void);   /* host may touch managed memory while kernels run */
 /* raises "cudalua: what: CUDA_ERROR_X (text)" when r is not CUDA_SUCCESS */
 void cl_check(lua_State *L, CUresult r, const char *what);
+/* makes c current (cheap when it is: the driver keeps the current context per thread) */
+static inline void cl_use_ctx(lua_State *L, CUcontext c) {
+  CUcontext cur = NULL;
+  cu.cuCtxGetCurrent(&cur);
+  if (cur != c) cl_check(L, cu.cuCtxSetCurrent(c), "making a device's context current");
+}
+/* the same without raising, giving back the context that was current: frees and the like
+   run in their object's context, then cl_ctx_swap(prev) restores the caller's */
+static inline CUcontext cl_ctx_swap(CUcontext c) {
+  CUcontext cur = NULL;
+  cu.cuCtxGetCurrent(&cur);
+  if (cur != c) cu.cuCtxSetCurrent(c);
+  return cur;
+}
 const char *cl_errname(CUresult r);
 void cl_open_driver(lua_State *L); /* registers the system functions in the table on top */
 
@@ -179,8 +192,7 @@ cl_mem *cl_mem_ref(cl_mem *m);
 void cl_mem_unref(lua_State *L, cl_mem *m);       /* never raises */
 void cl_mem_use(cl_mem *m, cl_stream *s, CUcontext ctx);  /* queued work on s, in ctx, uses m */
 void cl_mem_settle(lua_State *L, cl_mem *m);      /* waits for queued work that uses m */
-/* before stream-less work on m in context a (current) or b: waits for any other device's work
-   on m, a current again after */
+/* before stream-less work on m in context a or b: waits for any other device's work on m */
 void cl_mem_order(lua_State *L, cl_mem *m, CUcontext a, CUcontext b);
 void cl_mem_forget_stream(cl_stream *s);          /* s is being destroyed */
 void cl_open_memory(lua_State *L);
@@ -192,6 +204,8 @@ extern const char *const cl_kind_names[];     /* "array", "pinned_array", ... */
 int cl_is_host(const cl_array *a);                /* memory the CPU can read */
 void cl_host_access(lua_State *L, cl_array *a);   /* waits if managed memory needs it */
 int cl_l_array(lua_State *L);                     /* cuda.array */
+/* raises "where: unknown option 'k' (names...)" for a key of the table at idx not in names */
+void cl_check_options(lua_State *L, int idx, const char *where, const char *const names[]);
 int cl_parse_shape(lua_State *L, int idx, int64_t *shape, const char *where);
 cl_array *cl_push_array(lua_State *L, cl_mem *m, size_t offset, int kind, int dt, int ndim,
                         const int64_t *shape);      /* a new array object on m (not referenced) */
@@ -272,7 +286,7 @@ enum { CL_CFG_LAUNCH, CL_CFG_GRAPH, CL_CFG_FORALL };
    (stream, shared, cooperative, cluster) take no grid or block. */
 void cl_launch_parse(lua_State *L, int idx, cl_launch *c, int mode, const char *where,
                      const char *prefix);
-void cl_kernel_ctx(lua_State *L, cl_kernel *k);          /* its context made current */
+#define cl_kernel_ctx(L, k) cl_use_ctx(L, (k)->ctx)        /* its context made current */
 void cl_kernel_occupancy(lua_State *L, cl_kernel *k, size_t shared);   /* fills k->occ_* */
 /* dynamic shared memory over 48 KiB: opts the kernel in (once per size), or raises with the
    device's limit */

@@ -53,9 +53,8 @@ void cl_copy(lua_State *L, cl_array *dst, cl_array *src, cl_stream *s, int sync,
   CUstream h = s ? s->h : NULL;
   if (peer && !s) {
     /* without a stream: ordered after all work on both devices (cuMemcpyPeer), and finished on
-       return: it is queued with the destination device's work, which is waited for */
+       return: it is queued with the destination device's work (ctx, current), which is waited for */
     cl_check(L, cu.cuMemcpyPeer(d, dctx, p, sctx, n), where);
-    cl_use_ctx(L, dctx);
     cl_wait(L, CL_WAIT_CTX, NULL, where);
     return;
   }

@@ -202,7 +202,6 @@ static CUcontext primary(lua_State *L, int d) {
       CUcontext old = NULL;
       cu.cuCtxGetCurrent(&old);
       cu.cuCtxSetCurrent(c);
-      /* keep freed device memory in the pool: allocation in loops stays cheap */
       /* keep freed device memory in the pool, up to an eighth of the device, so allocation
          in loops stays cheap without holding memory other processes need */
       CUmemoryPool pool;
@@ -223,10 +222,8 @@ static CUcontext primary(lua_State *L, int d) {
 
 CUcontext cl_ctx(lua_State *L) {
   need_driver(L);
-  CUcontext want = dev_ctx[tl_dev] ? dev_ctx[tl_dev] : primary(L, tl_dev), cur = NULL;
-  /* cheap: the driver keeps the current context in thread-local storage */
-  cu.cuCtxGetCurrent(&cur);
-  if (cur != want) cl_check(L, cu.cuCtxSetCurrent(want), "making the context current");
+  CUcontext want = dev_ctx[tl_dev] ? dev_ctx[tl_dev] : primary(L, tl_dev);
+  cl_use_ctx(L, want);
   return want;
 }
 
@@ -243,12 +240,6 @@ CUcontext cl_device_ctx(lua_State *L, int dev) {
   need_driver(L);
   if (dev < 0 || dev >= dev_count) luaL_error(L, "cudalua: device id %d out of range (0..%d)", dev, dev_count - 1);
   return dev_ctx[dev] ? dev_ctx[dev] : primary(L, dev);
-}
-
-void cl_use_ctx(lua_State *L, CUcontext c) {
-  CUcontext cur = NULL;
-  cu.cuCtxGetCurrent(&cur);
-  if (cur != c) cl_check(L, cu.cuCtxSetCurrent(c), "making a device's context current");
 }
 
 /* peer access cudalua enabled: [from][to], kernels in from's context may use to's memory */
@@ -347,17 +338,6 @@ static int l_devices(lua_State *L) {
   return 1;
 }
 
-static int l_select_device(lua_State *L) {
-  lua_Integer d = luaL_checkinteger(L, 1);
-  need_driver(L);
-  luaL_argcheck(L, d >= 0 && d < dev_count, 1,
-                lua_pushfstring(L, "device id %d out of range (0..%d)", (int)d, dev_count - 1));
-  CUcontext c = cl_device_ctx(L, (int)d);   /* may raise: the selection stays as it was */
-  tl_dev = (int)d;
-  cl_use_ctx(L, c);
-  return 0;
-}
-
 static int check_device(lua_State *L, int idx) {
   lua_Integer d = luaL_checkinteger(L, idx);
   need_driver(L);
@@ -366,15 +346,29 @@ static int check_device(lua_State *L, int idx) {
   return (int)d;
 }
 
-/* can_access_peer(a, b) -> true when device a's kernels can use device b's memory */
-static int l_can_access_peer(lua_State *L) {
-  int a = check_device(L, 1), b = check_device(L, 2), can = 0;
-  if (a == b) { lua_pushboolean(L, 1); return 1; }
+static int l_select_device(lua_State *L) {
+  int d = check_device(L, 1);
+  CUcontext c = cl_device_ctx(L, d);   /* may raise: the selection stays as it was */
+  tl_dev = d;
+  cl_use_ctx(L, c);
+  return 0;
+}
+
+/* whether device a's kernels can use device b's memory */
+static int can_peer(lua_State *L, int a, int b) {
+  int can = 0;
+  if (a == b) return 1;
   CUdevice da, db;
   cl_check(L, cu.cuDeviceGet(&da, a), "cuDeviceGet");
   cl_check(L, cu.cuDeviceGet(&db, b), "cuDeviceGet");
   cl_check(L, cu.cuDeviceCanAccessPeer(&can, da, db), "can_access_peer");
-  lua_pushboolean(L, can);
+  return can;
+}
+
+/* can_access_peer(a, b) -> true when device a's kernels can use device b's memory */
+static int l_can_access_peer(lua_State *L) {
+  int a = check_device(L, 1), b = check_device(L, 2);
+  lua_pushboolean(L, can_peer(L, a, b));
   return 1;
 }
 
@@ -397,17 +391,13 @@ static CUresult pool_access(int a, int b, CUmemAccess_flags flags) {
 static int l_enable_peer_access(lua_State *L) {
   int a = check_device(L, 1), b = check_device(L, 2);
   if (a == b || peer_on[a][b]) return 0;
-  lua_pushcfunction(L, l_can_access_peer);
-  lua_pushinteger(L, a); lua_pushinteger(L, b);
-  lua_call(L, 2, 1);
-  if (!lua_toboolean(L, -1))
+  if (!can_peer(L, a, b))
     return luaL_error(L, "cudalua: enable_peer_access: device %d cannot reach device %d's memory "
                       "(cuda.can_access_peer(%d, %d) is false); copies between them still work", a, b, a, b);
-  CUcontext ca = cl_device_ctx(L, a), cb = cl_device_ctx(L, b), cur = NULL;
-  cu.cuCtxGetCurrent(&cur);
-  cu.cuCtxSetCurrent(ca);
+  CUcontext ca = cl_device_ctx(L, a), cb = cl_device_ctx(L, b);
+  CUcontext prev = cl_ctx_swap(ca);
   CUresult r = cu.cuCtxEnablePeerAccess(cb, 0);
-  cu.cuCtxSetCurrent(cur);
+  cl_ctx_swap(prev);
   if (r != CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED) cl_check(L, r, "enable_peer_access");
   /* device arrays come from b's stream-ordered pool, which peer access does not cover: its
      memory is opened to device a as well */
@@ -420,11 +410,10 @@ static int l_enable_peer_access(lua_State *L) {
 static int l_disable_peer_access(lua_State *L) {
   int a = check_device(L, 1), b = check_device(L, 2);
   if (a == b || !peer_on[a][b]) return 0;
-  CUcontext ca = cl_device_ctx(L, a), cb = cl_device_ctx(L, b), cur = NULL;
-  cu.cuCtxGetCurrent(&cur);
-  cu.cuCtxSetCurrent(ca);
+  CUcontext ca = cl_device_ctx(L, a), cb = cl_device_ctx(L, b);
+  CUcontext prev = cl_ctx_swap(ca);
   CUresult r = cu.cuCtxDisablePeerAccess(cb);
-  cu.cuCtxSetCurrent(cur);
+  cl_ctx_swap(prev);
   if (r != CUDA_ERROR_PEER_ACCESS_NOT_ENABLED) cl_check(L, r, "disable_peer_access");
   cl_check(L, pool_access(a, b, CU_MEM_ACCESS_FLAGS_PROT_NONE), "disable_peer_access (memory pool)");
   peer_on[a][b] = 0;

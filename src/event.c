@@ -19,13 +19,8 @@ CUevent cl_checkevent(lua_State *L, int idx) { return checkev(L, idx)->e; }
 static int l_event(lua_State *L) {
   int timing = 1, ipc = 0;
   if (lua_istable(L, 1)) {
-    lua_pushnil(L);
-    while (lua_next(L, 1)) {
-      lua_pop(L, 1);
-      const char *k = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "";
-      if (strcmp(k, "timing") && strcmp(k, "interprocess"))
-        return luaL_error(L, "cudalua: cuda.event: unknown option '%s' (timing, interprocess)", luaL_tolstring(L, -1, NULL));
-    }
+    static const char *const opts[] = {"timing", "interprocess", NULL};
+    cl_check_options(L, 1, "cudalua: cuda.event", opts);
     lua_getfield(L, 1, "interprocess"); ipc = lua_toboolean(L, -1);
     lua_getfield(L, 1, "timing"); timing = lua_isnil(L, -1) ? !ipc : lua_toboolean(L, -1);
     lua_pop(L, 2);

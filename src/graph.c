@@ -534,17 +534,11 @@ static int n_index(lua_State *L) {
 /* ---- executable graphs ---- */
 
 /* makes current the context the executable graph was made in */
-static void exec_ctx(lua_State *L, lexec *e, const char *where) {
-  CUcontext cur = NULL;
-  cu.cuCtxGetCurrent(&cur);
-  if (cur != e->ctx) cl_check(L, cu.cuCtxSetCurrent(e->ctx), where);
-}
-
 static int e_launch(lua_State *L) {
   lexec *e = checkexec(L, 1);
   cl_stream *s = cl_tostream(L, 2, "graph_exec:launch");
   cl_stream_check(L, s, e->ctx, "graph_exec:launch", "graph");
-  exec_ctx(L, e, "graph_exec:launch");
+  cl_use_ctx(L, e->ctx);
   cl_capture_guard(L, s, 0, "graph_exec:launch");
   /* host nodes armed for a launch into a capture would never run, and waits would hang */
   if (e->nhost && cl_capturing && s && s->capture_ref)
@@ -563,7 +557,7 @@ static int e_upload(lua_State *L) {
   lexec *e = checkexec(L, 1);
   cl_stream *s = cl_tostream(L, 2, "graph_exec:upload");
   cl_stream_check(L, s, e->ctx, "graph_exec:upload", "graph");
-  exec_ctx(L, e, "graph_exec:upload");
+  cl_use_ctx(L, e->ctx);
   cl_check(L, cu.cuGraphUpload(e->e, s ? s->h : NULL), "graph_exec:upload");
   lua_settop(L, 1);
   return 1;
@@ -602,7 +596,7 @@ static int e_set_args(lua_State *L) {
   cl_args A;
   cl_marshal(L, k, kidx, first, nargs, &A, 0);
   /* after the arguments: a foreign array's view may have made the selected device current */
-  exec_ctx(L, e, "graph_exec:set_args");
+  cl_use_ctx(L, e->ctx);
   CUDA_KERNEL_NODE_PARAMS p;
   kernel_params(n, k, &A, &p);
   cl_check(L, cu.cuGraphExecKernelNodeSetParams(e->e, n->n, &p), "graph_exec:set_args");
@@ -618,7 +612,7 @@ static int e_set_memcpy(lua_State *L) {
   if (n->owner != exec_graph(L, 1)) return luaL_error(L, "cudalua: graph_exec:set_memcpy: the node is not from this executable graph's graph");
   if (n->kind != N_MEMCPY) return luaL_error(L, "cudalua: graph_exec:set_memcpy: expected a memcpy node, got a %s node", node_kinds[n->kind]);
   CUDA_MEMCPY3D p;
-  exec_ctx(L, e, "graph_exec:set_memcpy");
+  cl_use_ctx(L, e->ctx);
   memcpy_params(L, 3, 4, &p, "graph_exec:set_memcpy", e->ctx);
   cl_check(L, cu.cuGraphExecMemcpyNodeSetParams(e->e, n->n, &p, e->ctx), "graph_exec:set_memcpy");
   exec_keep(L, 1, 3); exec_keep(L, 1, 4);
@@ -633,7 +627,7 @@ static int e_set_memset(lua_State *L) {
   if (n->owner != exec_graph(L, 1)) return luaL_error(L, "cudalua: graph_exec:set_memset: the node is not from this executable graph's graph");
   if (n->kind != N_MEMSET) return luaL_error(L, "cudalua: graph_exec:set_memset: expected a memset node, got a %s node", node_kinds[n->kind]);
   CUDA_MEMSET_NODE_PARAMS p[2];
-  exec_ctx(L, e, "graph_exec:set_memset");
+  cl_use_ctx(L, e->ctx);
   if (memset_params(L, 3, 4, p, "graph_exec:set_memset", e->ctx) != 1 || n->parts != 1)
     return luaL_error(L, "cudalua: graph_exec:set_memset: 8-byte elements are two memsets; build the graph again");
   cl_check(L, cu.cuGraphExecMemsetNodeSetParams(e->e, n->n, &p[0], e->ctx), "graph_exec:set_memset");
@@ -648,7 +642,7 @@ static int e_update(lua_State *L) {
   lgraph *g = checkgraph(L, 2);
   CUgraphExecUpdateResultInfo info;
   memset(&info, 0, sizeof info);
-  exec_ctx(L, e, "graph_exec:update");
+  cl_use_ctx(L, e->ctx);
   CUresult r = cu.cuGraphExecUpdate(e->e, g->g, &info);
   if (r == CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE) {
     static const char *why[] = {"ok", "error", "topology changed", "node type changed",
@@ -668,12 +662,10 @@ static int e_update(lua_State *L) {
 static int e_close(lua_State *L) {
   lexec *e = luaL_checkudata(L, 1, EXEC_MT);
   if (e->e) {
-    CUcontext cur = NULL;
-    cu.cuCtxGetCurrent(&cur);
-    if (cur != e->ctx) cu.cuCtxSetCurrent(e->ctx);
+    CUcontext prev = cl_ctx_swap(e->ctx);
     /* a launch still running keeps its resources until it completes */
     cu.cuGraphExecDestroy(e->e);
-    if (cur != e->ctx) cu.cuCtxSetCurrent(cur);
+    cl_ctx_swap(prev);
     e->e = NULL;
   }
   return 0;

@@ -41,10 +41,20 @@ static int arg_error(lua_State *L, int kidx, int i, int aidx, const char *msg) {
 /* an array of another context: host memory every device reaches, or a peer device's memory
    with peer access on; else an error naming both devices (slow path) */
 static void reach(lua_State *L, cl_kernel *k, int kidx, int i, int idx, cl_mem *m) {
-  if (m->portable || cl_peer_enabled(k->ctx, m->ctx)) return;
+  if (cl_mem_reachable(m, k->ctx)) return;
   int a = cl_device_of(m->ctx), b = cl_device_of(k->ctx);
   arg_error(L, kidx, i, idx, lua_pushfstring(L, "the array is on device %d and the kernel on device %d "
             "(cuda.enable_peer_access(%d, %d) lets device %d's kernels use device %d's memory)", a, b, b, a, b, a));
+}
+
+/* the cudalua array at idx, else NULL; by the metatable's address the kernel keeps (no
+   registry lookup: this runs for every array argument of every launch) */
+static cl_array *karray(lua_State *L, const cl_kernel *k, int idx) {
+  cl_array *a = lua_touserdata(L, idx);
+  if (!a || !lua_getmetatable(L, idx)) return NULL;
+  if (lua_topointer(L, -1) != k->array_mt) a = NULL;
+  lua_pop(L, 1);
+  return a;
 }
 
 int cl_capturing;   /* streams capturing now, in this process (changed atomically: any thread) */
@@ -71,11 +81,7 @@ void cl_marshal(lua_State *L, cl_kernel *k, int kidx, int first, int nargs, cl_a
     A->params[i] = p;
     char c = k->ptype[i];
     if (c == 'p' || c == 'q') {
-      cl_array *a = lua_touserdata(L, idx);
-      if (a && lua_getmetatable(L, idx)) {
-        if (lua_topointer(L, -1) != k->array_mt) a = NULL;
-        lua_pop(L, 1);
-      } else a = NULL;
+      cl_array *a = karray(L, k, idx);
       if (!a) {
         /* anything with __cuda_array_interface becomes an array view (src/interop.c) */
         a = cl_cai_view(L, idx);
@@ -101,7 +107,7 @@ void cl_marshal(lua_State *L, cl_kernel *k, int kidx, int first, int nargs, cl_a
       continue;
     }
     if (c == 'U') {   /* .u64 from PTX or 8 bytes of unknown type: an array or an address */
-      cl_array *a = cl_toarray(L, idx);
+      cl_array *a = karray(L, k, idx);
       if (!a && lua_type(L, idx) != LUA_TNUMBER) a = cl_cai_view(L, idx);
       if (a) {
         if (!a->mem) arg_error(L, kidx, i, idx, "expected an open array");
@@ -266,20 +272,19 @@ static const char *launch_hint(lua_State *L, cl_kernel *k, const cl_launch *c, C
                              "and %d bytes of dynamic shared memory)", (lua_Integer)blocks, per * sms, per,
                              sms, (int)threads, (int)c->shared);
   }
-  const unsigned *cl = c->cluster[0] ? c->cluster : k->req_cluster[0] ? k->req_cluster : NULL;
   if (c->cluster[0] && ma < 9)
     return lua_pushfstring(L, "thread block clusters need a device of compute capability 9.0 or newer");
   if (c->cluster[0] && k->binary_version && k->binary_version < 90)
     return lua_pushfstring(L, "the kernel's code is for sm_%d; thread block clusters need sm_90 or newer", k->binary_version);
-  if (cl) {
+  /* a cluster given in the configuration was checked against the grid when it was parsed */
+  const unsigned *cl = k->req_cluster;
+  if (!c->cluster[0] && cl[0])
     for (int d = 0; d < 3; d++)
       if (cl[d] && c->g[d] % cl[d])
-        return lua_pushfstring(L, "the grid {%d, %d, %d} is not a multiple of the cluster {%d, %d, %d}%s",
-                               c->g[0], c->g[1], c->g[2], cl[0], cl[1], cl[2],
-                               cl == k->req_cluster ? " the kernel declares (__cluster_dims__)" : "");
-    if (c->cluster[0] && c->cluster[0] * c->cluster[1] * c->cluster[2] > 8)
-      return "clusters of more than 8 blocks need k:set_attribute(\"non_portable_cluster_size_allowed\", 1) (at most 16 on Hopper)";
-  }
+        return lua_pushfstring(L, "the grid {%d, %d, %d} is not a multiple of the cluster {%d, %d, %d} the kernel "
+                               "declares (__cluster_dims__)", c->g[0], c->g[1], c->g[2], cl[0], cl[1], cl[2]);
+  if (c->cluster[0] && c->cluster[0] * c->cluster[1] * c->cluster[2] > 8)
+    return "clusters of more than 8 blocks need k:set_attribute(\"non_portable_cluster_size_allowed\", 1) (at most 16 on Hopper)";
   return "";
 }
 
@@ -382,19 +387,6 @@ static unsigned shared_named(lua_State *L, int idx, const char *prefix, const ch
 
 static unsigned shared_bytes(lua_State *L, int idx) { return shared_named(L, idx, "", "shared memory size"); }
 
-/* cooperative = true|false and cluster = n | {x, y, z}, the value on top (popped) */
-static void cfg_cooperative(lua_State *L, cl_launch *c, const char *where) {
-  if (!lua_isnil(L, -1) && !lua_isboolean(L, -1))
-    luaL_error(L, "cudalua: %s: cooperative must be a boolean, got %s", where, luaL_typename(L, -1));
-  c->cooperative = lua_toboolean(L, -1);
-  lua_pop(L, 1);
-}
-
-static void cfg_cluster(lua_State *L, cl_launch *c, const char *prefix) {
-  if (!lua_isnil(L, -1)) dims(L, lua_gettop(L), c->cluster, prefix, "cluster");
-  lua_pop(L, 1);
-}
-
 /* a cluster must tile the grid: checked when the configuration is made, not per launch */
 static void cfg_check_cluster(lua_State *L, const cl_launch *c, const char *where) {
   if (!c->cluster[0]) return;
@@ -448,8 +440,12 @@ void cl_launch_parse(lua_State *L, int idx, cl_launch *c, int mode, const char *
         } else c->s = cl_tostream(L, v, mode == CL_CFG_FORALL ? "forall" : "launch configuration");
         break;
       case 3: c->shared = mode == CL_CFG_GRAPH ? shared_named(L, v, prefix, "shared") : shared_bytes(L, v); break;
-      case 4: lua_pushvalue(L, v); cfg_cooperative(L, c, where); break;
-      case 5: lua_pushvalue(L, v); cfg_cluster(L, c, prefix); break;
+      case 4:
+        if (!lua_isboolean(L, v))
+          luaL_error(L, "cudalua: %s: cooperative must be a boolean, got %s", where, luaL_typename(L, v));
+        c->cooperative = lua_toboolean(L, v);
+        break;
+      case 5: dims(L, v, c->cluster, prefix, "cluster"); break;   /* n | {x, y, z} */
     }
     lua_settop(L, v - 1);
   }

@@ -53,15 +53,13 @@ void cl_mem_reach(lua_State *L, cl_mem *m, CUcontext ctx, const char *where) {
 static CUresult settle(lua_State *L, cl_mem *m) {
   if (!m->used) return CUDA_SUCCESS;
   cl_wait_check(L);   /* before switching: a raise must not leave another context current */
-  CUcontext cur = NULL;
-  if (m->multi < 3 && m->use_ctx) {   /* the legacy stream is its context's */
-    cu.cuCtxGetCurrent(&cur);
-    if (cur != m->use_ctx) cu.cuCtxSetCurrent(m->use_ctx);
+  CUresult r;
+  if (m->multi == 3) r = cl_sync_all_devices(L);
+  else {   /* in the context that used it: the legacy stream is a context's */
+    CUcontext prev = m->use_ctx ? cl_ctx_swap(m->use_ctx) : NULL;
+    r = m->multi ? cl_wait_raw(L, CL_WAIT_CTX, NULL) : cl_wait_raw(L, CL_WAIT_STREAM, m->stream ? m->stream->h : NULL);
+    if (prev) cl_ctx_swap(prev);
   }
-  CUresult r = m->multi == 3 ? cl_sync_all_devices(L)
-             : m->multi ? cl_wait_raw(L, CL_WAIT_CTX, NULL)
-             : cl_wait_raw(L, CL_WAIT_STREAM, m->stream ? m->stream->h : NULL);
-  if (cur && cur != m->use_ctx) cu.cuCtxSetCurrent(cur);
   if (r == CUDA_SUCCESS) {
     cl_stream_unref(m->stream);
     m->stream = NULL; m->used = 0; m->multi = 0;
@@ -71,7 +69,6 @@ static CUresult settle(lua_State *L, cl_mem *m) {
 
 void cl_mem_settle(lua_State *L, cl_mem *m) {
   if (!m->used) return;
-  if (m->use_ctx) cl_use_ctx(L, m->use_ctx);
   cl_check(L, settle(L, m), "waiting for queued work on an array");
   cl_host_raise(L);
 }
@@ -79,10 +76,7 @@ void cl_mem_settle(lua_State *L, cl_mem *m) {
 /* a context's legacy stream orders its own work, not another device's: stream-less work on m
    (finished on return, or ordered after all earlier work) first waits for the other device's */
 void cl_mem_order(lua_State *L, cl_mem *m, CUcontext a, CUcontext b) {
-  if (m->used && (m->multi == 3 || (m->use_ctx != a && m->use_ctx != b))) {
-    cl_mem_settle(L, m);
-    cl_use_ctx(L, a);
-  }
+  if (m->used && (m->multi == 3 || (m->use_ctx != a && m->use_ctx != b))) cl_mem_settle(L, m);
 }
 
 int cl_pageable_prepare(cl_mem *m) {
@@ -121,12 +115,10 @@ static pthread_mutex_t cache_mu = PTHREAD_MUTEX_INITIALIZER;
 /* frees cache[i] in stream order (cache_mu held) */
 static void release(int i) {
   block *e = &cache[i];
-  CUcontext cur = NULL;
-  cu.cuCtxGetCurrent(&cur);
-  if (cur != e->ctx) cu.cuCtxSetCurrent(e->ctx);
+  CUcontext prev = cl_ctx_swap(e->ctx);
   CUresult r = cu.cuMemFreeAsync(e->p, e->s ? e->s->h : NULL);
   if (r != CUDA_SUCCESS) warn(NULL, "cuMemFreeAsync", r);
-  if (cur != e->ctx) cu.cuCtxSetCurrent(cur);
+  cl_ctx_swap(prev);
   cached -= e->bytes;
   memmove(e, e + 1, (size_t)(--ncache - i) * sizeof *e);
 }
@@ -367,9 +359,7 @@ void cl_mem_unref(lua_State *L, cl_mem *m) {
     mem_free(m);
     return;
   }
-  CUcontext cur = NULL;
-  cu.cuCtxGetCurrent(&cur);
-  if (cur != m->ctx) cu.cuCtxSetCurrent(m->ctx);
+  CUcontext prev = cl_ctx_swap(m->ctx);
   if (m->kind == CL_DEVICE && m->ipc) {
     /* shared with other processes: freed (or closed) once nothing here uses it */
     r = settle(L, m);
@@ -400,7 +390,7 @@ void cl_mem_unref(lua_State *L, cl_mem *m) {
       r = m->kind == CL_MANAGED ? cu.cuMemFree(m->dptr) : cu.cuMemFreeHost(m->host);
     if (r != CUDA_SUCCESS) warn(L, "freeing host-visible memory", r);
   }
-  if (cur != m->ctx) cu.cuCtxSetCurrent(cur);
+  cl_ctx_swap(prev);
   cl_stream_unref(m->stream);
   mem_free(m);
 }

@@ -19,11 +19,9 @@ static int m_close(lua_State *L) {
   /* kernels keep their module alive through their user value, so this runs only when no
      kernel of it can be launched again; queued launches still finish after unload */
   if (m->m) {
-    CUcontext cur = NULL;
-    cu.cuCtxGetCurrent(&cur);
-    if (cur != m->ctx) cu.cuCtxSetCurrent(m->ctx);
+    CUcontext prev = cl_ctx_swap(m->ctx);
     cu.cuModuleUnload(m->m);
-    if (cur != m->ctx) cu.cuCtxSetCurrent(cur);
+    cl_ctx_swap(prev);
     m->m = NULL;
   }
   return 0;
@@ -59,11 +57,9 @@ static int l_module_functions(lua_State *L) {
   lmodule *m = luaL_checkudata(L, 1, MODULE_MT);
   if (!m->m) return luaL_error(L, "cudalua: module is closed");
   unsigned n = 0;
-  CUcontext cur = NULL;
-  cu.cuCtxGetCurrent(&cur);
-  if (cur != m->ctx) cl_check(L, cu.cuCtxSetCurrent(m->ctx), "making the module's context current");
-  if (!cu.cuModuleGetFunctionCount || !cu.cuModuleEnumerateFunctions || !cu.cuFuncGetName ||
-      cu.cuModuleGetFunctionCount(&n, m->m) != CUDA_SUCCESS) return 0;
+  if (!cu.cuModuleGetFunctionCount || !cu.cuModuleEnumerateFunctions || !cu.cuFuncGetName) return 0;
+  cl_use_ctx(L, m->ctx);
+  if (cu.cuModuleGetFunctionCount(&n, m->m) != CUDA_SUCCESS) return 0;
   CUfunction *f = lua_newuserdatauv(L, sizeof *f * (n ? n : 1), 0);
   if (n) cl_check(L, cu.cuModuleEnumerateFunctions(f, n, m->m), "listing a module's kernels");
   lua_createtable(L, (int)n, 0);
@@ -123,20 +119,18 @@ static int l_module_kernel(lua_State *L) {
       return luaL_error(L, "cudalua: kernel '%s': this driver cannot tell its parameters: give a "
                         "signature, module:get(name, \"float*, int\")", sym);
     size_t po, ps;
-    for (nc = 0; nc <= CL_MAXPARAMS && cu.cuFuncGetParamInfo(k->fn, nc, &po, &ps) == CUDA_SUCCESS; nc++)
-      if (nc < CL_MAXPARAMS) derived[nc] = ps == 8 ? 'U' : 'y';
+    int words = lua_getfield(L, 4, "types") == LUA_TTABLE;   /* the types, said in words for messages */
+    for (nc = 0; nc <= CL_MAXPARAMS && cu.cuFuncGetParamInfo(k->fn, nc, &po, &ps) == CUDA_SUCCESS; nc++) {
+      if (nc == CL_MAXPARAMS) continue;
+      derived[nc] = ps == 8 ? 'U' : 'y';
+      if (!words) continue;
+      if (ps == 8) lua_pushliteral(L, "8 bytes: an array or an integer address");
+      else lua_pushfstring(L, "%d bytes of unknown type", (int)ps);
+      lua_rawseti(L, -2, (int)nc + 1);
+    }
+    lua_pop(L, 1);
     if (nc > CL_MAXPARAMS) return luaL_error(L, "cudalua: kernel '%s' has more than %d parameters", sym, CL_MAXPARAMS);
     codes = derived;
-    /* the types, said in words for messages */
-    lua_getfield(L, 4, "types");
-    if (lua_istable(L, -1))
-      for (size_t i = 0; i < nc; i++) {
-        cu.cuFuncGetParamInfo(k->fn, i, &po, &ps);
-        if (ps == 8) lua_pushliteral(L, "8 bytes: an array or an integer address");
-        else lua_pushfstring(L, "%d bytes of unknown type", (int)ps);
-        lua_rawseti(L, -2, (int)i + 1);
-      }
-    lua_pop(L, 1);
   }
   k->nparams = (int)nc;
   /* the driver knows each parameter's size and offset: check the codes against it */
@@ -184,7 +178,6 @@ cl_kernel *cl_checkkernel(lua_State *L, int idx) {
   return k;
 }
 
-/* the function attributes, by the names k:attributes() and k:set_attribute() use */
 /* the function attributes, by the names k:attributes() and k:set_attribute() use; newer ones
    (cluster attributes: CUDA 11.8) are left out where the driver does not know them */
 enum { RO, RW, RO_NEW, RW_NEW };
@@ -264,24 +257,13 @@ static int k_set_attribute(lua_State *L) {
     v = (int)x;
   }
   CUresult r = cu.cuFuncSetAttribute(k->fn, fattrs[i].a, v);
-  if (r != CUDA_SUCCESS) {
-    const char *es = NULL;
-    cu.cuGetErrorString(r, &es);
-    return luaL_error(L, "cudalua: kernel:set_attribute('%s', %d): %s (%s)", name, v, cl_errname(r), es ? es : "");
-  }
+  if (r != CUDA_SUCCESS) cl_check(L, r, lua_pushfstring(L, "kernel:set_attribute('%s', %d)", name, v));
   if (fattrs[i].a == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES) k->dyn_max = (unsigned)v;
   if (fattrs[i].a == CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH) k->req_cluster[0] = (unsigned)v;
   if (fattrs[i].a == CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT) k->req_cluster[1] = (unsigned)v;
   if (fattrs[i].a == CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH) k->req_cluster[2] = (unsigned)v;
   k->occ_block = 0;   /* occupancy depends on these */
   return 0;
-}
-
-/* makes the kernel's context current (its device's, whichever device is selected) */
-void cl_kernel_ctx(lua_State *L, cl_kernel *k) {
-  CUcontext cur = NULL;
-  cu.cuCtxGetCurrent(&cur);
-  if (cur != k->ctx) cl_check(L, cu.cuCtxSetCurrent(k->ctx), "making the kernel's context current");
 }
 
 /* the occupancy calculator's grid and block for a dynamic shared size, cached per kernel */
@@ -321,9 +303,7 @@ static int k_handle(lua_State *L) {
 
 static int k_tostring(lua_State *L) {
   luaL_checkudata(L, 1, CL_KERNEL);
-  lua_getiuservalue(L, 1, 2);
-  lua_getfield(L, -1, "name");
-  lua_pushfstring(L, "cudalua.kernel<%s>", lua_tostring(L, -1));
+  lua_pushfstring(L, "cudalua.kernel<%s>", cl_kernel_name(L, 1));
   return 1;
 }
 

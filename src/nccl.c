@@ -320,19 +320,24 @@ static void same(lua_State *L, cl_array *a, cl_array *b, size_t factor_b, size_t
                (lua_Integer)(a->size * factor_a / factor_b), (lua_Integer)b->size);
 }
 
-/* comm:all_reduce(send, recv [, op [, stream]]) */
-static int c_all_reduce(lua_State *L) {
+/* comm:all_reduce(send, recv [, op [, stream]]) and comm:reduce_scatter(send, recv [, op
+   [, stream]]): with scatter, rank i gets block i of the reduction */
+static int reduction(lua_State *L, int scatter) {
   lcomm *c = checkcomm(L, 1);
-  const char *w = "all_reduce";
+  const char *w = scatter ? "reduce_scatter" : "all_reduce";
   cl_array *s = buffer(L, c, 2, w), *r = buffer(L, c, 3, w);
-  same(L, s, r, 1, 1, w);
+  same(L, s, r, scatter ? (size_t)c->size : 1, 1, w);
   int op = op_of(L, 4), t = nccl_type(L, s->dtype, w);
   cl_stream *st;
   CUstream h = prepare(L, c, 5, &st, w);
-  check(L, nc.ncclAllReduce((void *)cl_devptr(s), (void *)cl_devptr(r), s->size, t, op, c->c, h), c->c, w);
+  void *sp = (void *)cl_devptr(s), *rp = (void *)cl_devptr(r);
+  check(L, scatter ? nc.ncclReduceScatter(sp, rp, r->size, t, op, c->c, h)
+                   : nc.ncclAllReduce(sp, rp, s->size, t, op, c->c, h), c->c, w);
   used(s, st, c); used(r, st, c);
   return 0;
 }
+static int c_all_reduce(lua_State *L) { return reduction(L, 0); }
+static int c_reduce_scatter(lua_State *L) { return reduction(L, 1); }
 
 /* comm:broadcast(send, recv, root [, stream]): send matters on root only */
 static int c_broadcast(lua_State *L) {
@@ -381,19 +386,6 @@ static int c_all_gather(lua_State *L) {
   return 0;
 }
 
-/* comm:reduce_scatter(send, recv [, op [, stream]]): rank i gets block i of the reduction */
-static int c_reduce_scatter(lua_State *L) {
-  lcomm *c = checkcomm(L, 1);
-  const char *w = "reduce_scatter";
-  cl_array *s = buffer(L, c, 2, w), *r = buffer(L, c, 3, w);
-  same(L, s, r, (size_t)c->size, 1, w);
-  int op = op_of(L, 4), t = nccl_type(L, s->dtype, w);
-  cl_stream *st;
-  CUstream h = prepare(L, c, 5, &st, w);
-  check(L, nc.ncclReduceScatter((void *)cl_devptr(s), (void *)cl_devptr(r), r->size, t, op, c->c, h), c->c, w);
-  used(s, st, c); used(r, st, c);
-  return 0;
-}
 
 /* comm:send(buf, peer [, stream]) and comm:recv(buf, peer [, stream]) */
 static int point(lua_State *L, int recv) {

@@ -37,8 +37,8 @@ void cl_stream_check(lua_State *L, cl_stream *s, CUcontext ctx, const char *wher
 }
 
 /* the stream's context made current (the selected device's for the default stream) */
-static CUstream use_stream(lua_State *L, lstream *ls) {
-  if (ls->s) { cl_use_ctx(L, ls->s->ctx); return ls->s->h; }
+static CUstream use_stream(lua_State *L, cl_stream *s) {
+  if (s) { cl_use_ctx(L, s->ctx); return s->h; }
   cl_ctx(L);
   return NULL;
 }
@@ -75,14 +75,14 @@ static int l_default_stream(lua_State *L) {
 
 static int s_synchronize(lua_State *L) {
   lstream *ls = checkls(L, 1);
-  CUstream h = use_stream(L, ls);
+  CUstream h = use_stream(L, ls->s);
   cl_capture_guard(L, ls->s, 1, "stream:synchronize");
   cl_wait(L, CL_WAIT_STREAM, h, "stream:synchronize");
   return 0;
 }
 
 static int s_query(lua_State *L) {
-  CUstream h = use_stream(L, checkls(L, 1));
+  CUstream h = use_stream(L, checkls(L, 1)->s);
   cl_host_service(L);   /* a Lua host function on this stream may be what it waits for */
   CUresult r = cu.cuStreamQuery(h);
   cl_host_raise(L);
@@ -98,13 +98,13 @@ CUevent cl_checkevent(lua_State *L, int idx);
 static int s_wait_event(lua_State *L) {
   lstream *ls = checkls(L, 1);
   CUevent e = cl_checkevent(L, 2);
-  CUstream h = use_stream(L, ls);
+  CUstream h = use_stream(L, ls->s);
   cl_check(L, cu.cuStreamWaitEvent(h, e, 0), "stream:wait_event");
   return 0;
 }
 
 static int s_launch_host_func(lua_State *L) {
-  CUstream h = use_stream(L, checkls(L, 1));
+  CUstream h = use_stream(L, checkls(L, 1)->s);
   return cl_launch_host_func(L, h);
 }
 
@@ -167,12 +167,12 @@ static int l_wait_flag(lua_State *L) {
   if ((a->kind != CL_MAPPED && a->kind != CL_PINNED) || a->dtype != CL_U32)
     return luaL_error(L, "wait_flag: needs a mapped uint32 array");
   volatile uint32_t *p = cl_hostptr(a);
-  if (s) cl_use_ctx(L, s->ctx); else cl_ctx(L);
+  CUstream h = use_stream(L, s);
   for (unsigned spins = 1;; spins++) {
     if (*p == want) return 0;
     if ((spins & 1023) == 0) {
       cl_host_service(L);
-      CUresult r = cu.cuStreamQuery(s ? s->h : NULL);
+      CUresult r = cu.cuStreamQuery(h);
       if (r == CUDA_SUCCESS) {
         if (*p == want) return 0;
         return luaL_error(L, "wait_flag: the stream finished without storing the value");

@@ -8,24 +8,15 @@ local nccl = require "cudalua.nccl"
 local rank, nranks, idfile = tonumber(arg[1]), tonumber(arg[2]), arg[3]
 if not (rank and nranks and idfile) then error("usage: pi_rank.lua RANK NRANKS IDFILE") end
 cuda.select_device(rank % #cuda.gpus)
-local f = assert(io.open(idfile))
-local id = f:read("a")
-f:close()
-local comm = nccl.comm_init_rank(nranks, id, rank)
+local function read(path)
+  local f = assert(io.open(path))
+  local s = f:read("a")
+  f:close()
+  return s
+end
+local comm = nccl.comm_init_rank(nranks, read(idfile), rank)
 
-local hits = cuda.kernel([[
-#include <cudalua/grid.cuh>
-#include <cudalua/random.cuh>
-extern "C" __global__ void hits(xoroshiro128p_state *states, unsigned long long *out, int iterations, int n) {
-  int i = grid(1);
-  if (i >= n) return;
-  unsigned long long inside = 0;
-  for (int j = 0; j < iterations; j++) {
-    float x = xoroshiro128p_uniform_float32(states, i), y = xoroshiro128p_uniform_float32(states, i);
-    inside += x * x + y * y <= 1.0f;
-  }
-  out[i] = inside;
-}]], "hits")
+local hits = cuda.kernel(read("examples/nccl/hits.cu"), "hits", { name = "examples/nccl/hits.cu" })
 local threads, iterations = 132 * 256, 1000
 local states = cuda.random.create_xoroshiro128p_states(threads, { seed = 7, subsequence_start = rank * threads })
 local per_thread = cuda.device_array(threads, "uint64")

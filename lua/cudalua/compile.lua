@@ -8,7 +8,7 @@ local modules = require "cudalua.module"
 local includes = require "cudalua.headers"
 local M = {}
 
-local PROBE = "__cudalua_sig"
+local PROBE = modules.PROBE
 local PROBE_SRC = '\n#line 1 "cudalua-probe"\ntemplate<typename T> __global__ void ' .. PROBE .. '() {}\n'
 
 ---------------------------------------------------------------------------------------------
@@ -197,15 +197,9 @@ local skip_attr = { __launch_bounds__ = true, __maxnreg__ = true, __cluster_dims
   __noinline__ = true, __forceinline__ = true, static = true, inline = true, void = true,
   __attribute__ = true, __declspec = true }
 
-local function strip_comments(src)
-  src = src:gsub("/%*.-%*/", function(c) return (c:gsub("[^\n]", " ")) end)
-  src = src:gsub("//[^\n]*", "")
-  return src
-end
-
 local function find_kernels(src)
   local names, seen = {}, {}
-  local code = strip_comments(src)
+  local code = modules.strip_comments(src)
   local from = 1
   while true do
     local s, e = code:find("__global__", from, true)
@@ -359,10 +353,17 @@ local PTXAS_OPTIONS = { "-Xptxas", "--ptxas-options", "-maxrregcount", "--maxrre
 -- uses are out: core.ptx_strip says why). Known without loading either library. Bump PIPELINE
 -- when ptx_strip or has_includes changes.
 local PIPELINE = "ptx_strip 3"
+-- a module from a compile's entry (as the disk cache keeps it)
+local function module_of(e, name)
+  return modules.new { image = e.image, kind = e.kind, log = e.log, info = e.info, ptx = e.ptx,
+                       name = name, arch = e.arch, relocatable = e.relocatable, source = true }
+end
+
+local jitlink_id   -- found once a process, as the cache does NVRTC's
 local function pipeline(opts, options)
   if opts.debug or opts.relocatable or opts.lto or has_option(options, PTXAS_OPTIONS) then return "nvrtc" end
-  local id = core.jitlink_identity()
-  return id:match(":none$") and "nvrtc" or PIPELINE .. " " .. id
+  jitlink_id = jitlink_id or core.jitlink_identity()
+  return jitlink_id:match(":none$") and "nvrtc" or PIPELINE .. " " .. jitlink_id
 end
 
 -- does the source take headers beyond cudalua's own (where unused module variables come from)?
@@ -409,8 +410,9 @@ local function compile(src, opts)
   table.sort(user_names)
   local way = pipeline(opts, options)
 
-  local key, mkey
-  local deps = opts.cache ~= false and includes.user_files(src, name, opts.include_dirs or {}, options, opts.headers or {})
+  local key
+  -- options hold include_dirs as -I: the folders are searched once each
+  local deps = opts.cache ~= false and includes.user_files(src, name, options, opts.headers or {})
   if deps then
     local hparts = {}
     for _, k in ipairs(user_names) do hparts[#hparts + 1] = #k .. ":" .. k .. #opts.headers[k] .. ":" .. opts.headers[k] end
@@ -418,14 +420,12 @@ local function compile(src, opts)
                       table.concat(opts.name_expressions or {}, "\0"), tk.id, way, deps, src }
     -- a module serves every device it loads on (compile with arch unset: the key holds the
     -- device's compute capability)
-    mkey = key
-    local mod = cache.get_memory(mkey)
+    local mod = cache.get_memory(key)
     if mod then return mod end
     local e = cache.get_disk(key)
     if e then
-      mod = modules.new { image = e.image, kind = e.kind, log = e.log, info = e.info, ptx = e.ptx,
-                          name = name, arch = e.arch, relocatable = e.relocatable, source = true }
-      cache.put_memory(mkey, mod)
+      mod = module_of(e, name)
+      cache.put_memory(key, mod)
       return mod
     end
     cache.stats.misses = cache.stats.misses + 1
@@ -486,10 +486,11 @@ local function compile(src, opts)
     image, log, lowered, ptx = run(wanted)
     found = {}
   end
-  if not image then
+  local function failed()
     local msg = (log or ""):gsub("%s+$", "")
-    error(("cuda.compile: %s failed to compile (%s):\n%s"):format(name, lowered, msg), 3)
+    error(("cuda.compile: %s failed to compile (%s):\n%s"):format(name, lowered, msg), 4)
   end
+  if not image then failed() end
   if via_ptx then
     local stripped = core.ptx_strip(image)
     local jopts = { "-arch=" .. arch }
@@ -501,9 +502,7 @@ local function compile(src, opts)
       -- nvJitLink refused what NVRTC made: NVRTC makes the cubin itself (and says what is wrong)
       options[1], nvrtc_output = "-arch=" .. arch, "cubin"
       image, log, lowered, ptx = run(wanted)
-      if not image then
-        error(("cuda.compile: %s failed to compile (%s):\n%s"):format(name, lowered, (log or ""):gsub("%s+$", "")), 3)
-      end
+      if not image then failed() end
     end
   end
   local info = {}
@@ -523,10 +522,9 @@ local function compile(src, opts)
   end
   local e = { image = image, kind = output, log = log, info = info, ptx = ptx, arch = arch,
               relocatable = opts.relocatable or opts.lto or false }
-  local mod = modules.new { image = image, kind = output, log = log, info = info, ptx = ptx, name = name,
-                            arch = arch, relocatable = e.relocatable, source = true }
+  local mod = module_of(e, name)
   if key then
-    cache.put_memory(mkey, mod)
+    cache.put_memory(key, mod)
     cache.put_disk(key, e)
   end
   return mod

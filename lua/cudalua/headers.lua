@@ -132,11 +132,12 @@ local function uncacheable(why)
   return nil
 end
 
-local function user_headers(src, name, include_dirs, options, mem)
+-- the user's headers a source includes (through options' -I folders, quoted includes next to
+-- the including file, forced includes, in-memory headers mem), as paths and content hashes
+local function user_headers(src, name, options, mem)
   local opt_dirs, roots = from_options(options)
   if not src:find("#%s*include") and #roots == 0 then return "" end
   local dirs = {}
-  for _, d in ipairs(include_dirs) do dirs[#dirs + 1] = normalize(d) end
   for _, d in ipairs(opt_dirs) do dirs[#dirs + 1] = normalize(d) end
   local tk = toolkit_includes()
   local function in_toolkit(path)

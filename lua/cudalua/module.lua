@@ -7,7 +7,15 @@
 local core = ...
 local M = {}
 
-local PROBE_SYMBOL = "_Z13__cudalua_sig" -- cuda.compile's probe kernels, never listed
+-- cuda.compile's probe kernel template: its instances are never listed
+M.PROBE = "__cudalua_sig"
+local PROBE_SYMBOL = "_Z" .. #M.PROBE .. M.PROBE
+
+-- C and C++ comments blanked (newlines kept: line numbers stay)
+function M.strip_comments(src)
+  src = src:gsub("/%*.-%*/", function(c) return (c:gsub("[^\n]", " ")) end)
+  return (src:gsub("//[^\n]*", ""))
+end
 
 ---------------------------------------------------------------------------------------------
 -- what an image is, from its first bytes
@@ -70,7 +78,7 @@ local ptx_code = { u64 = "U", s64 = "U", b64 = "U", f64 = "d", f32 = "f", u32 = 
 
 local function ptx_entries(ptx)
   local entries = {}
-  local code = ptx:gsub("/%*.-%*/", ""):gsub("//[^\n]*", "")
+  local code = M.strip_comments(ptx)
   for name, after in code:gmatch("%.entry%s+([%w_$.]+)%s*()") do
     local params = code:match("^%b()", after) or "()"
     if name:sub(1, #PROBE_SYMBOL) ~= PROBE_SYMBOL then

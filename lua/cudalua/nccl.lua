@@ -13,9 +13,7 @@ local C = core.nccl
 local M = {}
 
 -- nccl.is_available() -> true | false, why
-function M.is_available()
-  return C.available()
-end
+M.is_available = C.available
 
 -- nccl.version() -> e.g. 22703 for 2.27.3
 M.version = C.version

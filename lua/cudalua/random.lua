@@ -44,9 +44,16 @@ local function check_int(v, what, where)
   return v
 end
 
+-- the states' initialisation, on their device dev (selected)
+local function launch(dev, states, count, seed, sub, stream)
+  local kernel, m = prepare(dev)
+  local block = 256
+  kernel[{ (count + block - 1) // block, block, stream }](states, count, splitmix(seed), sub, m)
+end
+
 -- init_xoroshiro128p_states(states, seed [, subsequence_start [, stream]])
 function M.init_xoroshiro128p_states(states, seed, subsequence_start, stream)
-  local n, dtype, kind = core.array_info(states)
+  local n, dtype, kind, _, dev = core.array_info(states)
   if not n or kind ~= "device_array" or tostring(dtype) ~= "uint64" or states.shape[2] ~= 2 then
     error("init_xoroshiro128p_states: states must be a device array of uint64 with shape {n, 2}", 2)
   end
@@ -55,15 +62,7 @@ function M.init_xoroshiro128p_states(states, seed, subsequence_start, stream)
   local count = n // 2
   if count == 0 then return states end
   -- on the states' device, whichever is selected
-  local dev, cur = select(5, core.array_info(states)), core.current_device()
-  if dev ~= cur then core.select_device(dev) end
-  local ok, err = pcall(function()
-    local kernel, m = prepare(dev)
-    local block = 256
-    kernel[{ (count + block - 1) // block, block, stream }](states, count, splitmix(seed), subsequence_start, m)
-  end)
-  if dev ~= cur then core.select_device(cur) end
-  if not ok then error(err, 0) end
+  require("cudalua.gpus")[dev]:run(launch, dev, states, count, seed, subsequence_start, stream)
   return states
 end
 

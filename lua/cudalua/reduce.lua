@@ -171,12 +171,11 @@ function Reducer:__call(arr, opts)
     end
   end
   if res ~= nil then
-    local rn, rdt, rkind = core.array_info(res)
+    local rn, rdt, rkind, _, rdev = core.array_info(res)
     if not rn then error("reduce: res must be an array, got " .. type(res), 2) end
     if rdt ~= dtype then error(("reduce: res has dtype %s, the input %s"):format(rdt, dtype), 2) end
     if rn < 1 then error("reduce: res is empty", 2) end
     if rkind == "array" then error("reduce: res must be a device (or pinned/mapped/managed) array", 2) end
-    local rdev = select(5, core.array_info(res))
     if rdev >= 0 and dev >= 0 and rdev ~= dev then
       error(("reduce: res is on device %d and the input on device %d"):format(rdev, dev), 2)
     end
@@ -185,14 +184,9 @@ function Reducer:__call(arr, opts)
   -- the work runs on the input's device (a stream given must be that device's)
   local cur = core.is_available() and core.current_device() or 0
   if dev < 0 then dev = stream and stream:device() or cur end
-  if dev == cur then
-    local r = run(self, arr, n, dtype, kind, ptr, init, stream, res, dev)
-    return r
-  end
-  core.select_device(dev)
-  local ok, r = pcall(run, self, arr, n, dtype, kind, ptr, init, stream, res, dev)
-  core.select_device(cur)
-  if not ok then error(r, 0) end
+  local r
+  if dev == cur then r = run(self, arr, n, dtype, kind, ptr, init, stream, res, dev)
+  else r = require("cudalua.gpus")[dev]:run(run, self, arr, n, dtype, kind, ptr, init, stream, res, dev) end
   return r
 end
 
