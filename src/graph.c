@@ -533,7 +533,6 @@ static int n_index(lua_State *L) {
 
 /* ---- executable graphs ---- */
 
-/* makes current the context the executable graph was made in */
 static int e_launch(lua_State *L) {
   lexec *e = checkexec(L, 1);
   cl_stream *s = cl_tostream(L, 2, "graph_exec:launch");
