@@ -190,11 +190,15 @@ describe("get and set", function()
     end
   end)
 
-  it("also take a single flat index", function()
+  it("raise with fewer indices than dimensions; a[i] stays the flat index", function()
     local a = cuda.zeros({ 3, 4 }, "int32")
-    a:set(7, 70)
-    assert.equal(70, a:get(7))
-    assert.equal(70, a:get(2, 3))
+    local v = math.random(1, 1000)
+    a[7] = v
+    assert.equal(v, a:get(2, 3))
+    C.raises("1 index for an array of 2 dimensions (one per dimension)", a.get, a, 7)
+    C.raises("1 index for an array of 2 dimensions (one per dimension)", a.set, a, 7, 1)
+    C.raises("3 indices for an array of 2 dimensions", a.get, a, 1, 2, 3)
+    assert.equal(v, a[7])
   end)
 
   it("reject wrong counts and out-of-range indices", function()

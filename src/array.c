@@ -237,8 +237,10 @@ static int l_device_array_like(lua_State *L) {
 
 /* ---- element access ---- */
 
-static size_t flat_index(lua_State *L, cl_array *a, int first, int n) {
-  if (n == 1) {
+/* a[i] takes one flat (row-major) index on any array; get and set take one index per
+   dimension (flat false), so a forgotten index raises instead of reading another element */
+static size_t flat_index(lua_State *L, cl_array *a, int first, int n, int flat) {
+  if (n == 1 && (flat || a->ndim <= 1)) {
     if (!lua_isinteger(L, first)) luaL_error(L, "cudalua: array index must be an integer, got %s",
                                              lua_type(L, first) == LUA_TNUMBER ? lua_tostring(L, first) : luaL_typename(L, first));
     lua_Integer i = lua_tointeger(L, first);
@@ -247,7 +249,7 @@ static size_t flat_index(lua_State *L, cl_array *a, int first, int n) {
     return (size_t)(i - 1);
   }
   if (n != a->ndim)
-    luaL_error(L, "cudalua: %d indices for an array of %d dimensions", n, a->ndim);
+    luaL_error(L, "cudalua: %d ind%s for an array of %d dimensions (one per dimension)", n, n == 1 ? "ex" : "ices", a->ndim);
   size_t off = 0;
   for (int d = 0; d < n; d++) {
     if (!lua_isinteger(L, first + d)) luaL_error(L, "cudalua: index %d must be an integer", d + 1);
@@ -294,7 +296,7 @@ static void set_elem(lua_State *L, cl_array *a, size_t i, int vidx) {
 
 static int a_get(lua_State *L) {
   cl_array *a = cl_checkarray(L, 1);
-  get_elem(L, a, flat_index(L, a, 2, lua_gettop(L) - 1));
+  get_elem(L, a, flat_index(L, a, 2, lua_gettop(L) - 1, 0));
   return 1;
 }
 
@@ -302,7 +304,7 @@ static int a_set(lua_State *L) {
   cl_array *a = cl_checkarray(L, 1);
   int n = lua_gettop(L) - 2;
   if (n < 1) return luaL_error(L, "cudalua: set needs indices and a value");
-  set_elem(L, a, flat_index(L, a, 2, n), n + 2);
+  set_elem(L, a, flat_index(L, a, 2, n, 0), n + 2);
   return 0;
 }
 
@@ -315,7 +317,7 @@ static int a_index(lua_State *L) {
   cl_array *a = luaL_checkudata(L, 1, CL_ARRAY);
   if (lua_type(L, 2) == LUA_TNUMBER) {
     if (!a->mem) return luaL_error(L, "cudalua: closed array");
-    get_elem(L, a, flat_index(L, a, 2, 1));
+    get_elem(L, a, flat_index(L, a, 2, 1, 1));
     return 1;
   }
   const char *k = lua_tostring(L, 2);
@@ -346,7 +348,7 @@ static int a_newindex(lua_State *L) {
   if (lua_type(L, 2) != LUA_TNUMBER)
     return luaL_error(L, "cudalua: cannot set field '%s' of an array", luaL_tolstring(L, 2, NULL));
   if (!a->mem) return luaL_error(L, "cudalua: closed array");
-  set_elem(L, a, flat_index(L, a, 2, 1), 3);
+  set_elem(L, a, flat_index(L, a, 2, 1, 1), 3);
   return 0;
 }
 

@@ -16,7 +16,7 @@
 #define CL_CUDA_FUNCS(X) \
   X(cuInit) X(cuDriverGetVersion) X(cuGetErrorName) X(cuGetErrorString) \
   X(cuDeviceGet) X(cuDeviceGetCount) X(cuDeviceGetName) X(cuDeviceGetAttribute) \
-  X(cuDeviceTotalMem) X(cuDevicePrimaryCtxRetain) X(cuCtxSetCurrent) X(cuCtxGetCurrent) \
+  X(cuDeviceTotalMem) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease) X(cuCtxSetCurrent) X(cuCtxGetCurrent) \
   X(cuCtxSynchronize) X(cuCtxGetDevice) X(cuMemGetInfo) \
   X(cuMemAlloc) X(cuMemFree) X(cuMemAllocAsync) X(cuMemFreeAsync) \
   X(cuDeviceGetDefaultMemPool) X(cuMemPoolSetAttribute) X(cuMemPoolTrimTo) \
@@ -91,6 +91,7 @@ CUcontext cl_device_ctx(lua_State *L, int dev);     /* the device's context (ret
 int cl_peer_enabled(CUcontext from, CUcontext to);  /* kernels in `from` may use `to`'s memory */
 int cl_ndevices(void);                              /* 0 without a driver */
 CUresult cl_sync_all_devices(lua_State *L);         /* every context cudalua uses (runs host functions) */
+void cl_release_contexts(void);   /* the last state closed: waits, trims pools, releases the primary contexts */
 int cl_concurrent_managed(void);   /* host may touch managed memory while kernels run */
 /* raises "cudalua: what: CUDA_ERROR_X (text)" when r is not CUDA_SUCCESS */
 void cl_check(lua_State *L, CUresult r, const char *what);
@@ -196,6 +197,7 @@ void cl_mem_settle(lua_State *L, cl_mem *m);      /* waits for queued work that 
 void cl_mem_order(lua_State *L, cl_mem *m, CUcontext a, CUcontext b);
 void cl_mem_forget_stream(cl_stream *s);          /* s is being destroyed */
 void cl_open_memory(lua_State *L);
+void cl_mem_release_all(lua_State *L);          /* the last state closed: deferred frees done, block cache emptied */
 int cl_pageable_prepare(cl_mem *m);               /* page-locks pageable memory for copies */
 cl_array *cl_newarray(lua_State *L, int kind, int dt, int ndim, const int64_t *shape,
                       cl_stream *s, int flags);

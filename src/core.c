@@ -1,6 +1,7 @@
 /* core.c: luaopen_cudalua. The C core, the Lua parts (lua/cudalua) and the kernel headers
    (kernels/cudalua) are all inside the one binary, so require "cudalua" finds them wherever
    the library is: source tree, LuaRocks tree or a host program. */
+#include <pthread.h>
 #include <string.h>
 #include "cl.h"
 #include "cudalua.h"
@@ -35,7 +36,43 @@ CUDALUA_API int luaopen_cudalua_nccl(lua_State *L) {
   return 1;
 }
 
+/* Every state that loads cudalua holds a sentinel in its registry, made before any other
+   cudalua object: lua_close runs finalizers newest first, so the sentinel's runs after every
+   array, stream, module and graph of the state is gone. The last state to close empties the
+   process-wide parts (block cache, pools, contexts), so checkers such as compute-sanitizer's
+   leak check find nothing left. */
+static pthread_mutex_t states_mu = PTHREAD_MUTEX_INITIALIZER;
+static int live_states;
+static const char sentinel_key = 0;
+
+static int state_closed(lua_State *L) {
+  pthread_mutex_lock(&states_mu);
+  if (--live_states == 0) {
+    cl_mem_release_all(L);
+    cl_release_contexts();
+  } else {
+    cl_mem_flush_deferred(L);
+  }
+  pthread_mutex_unlock(&states_mu);
+  return 0;
+}
+
+static void hold_sentinel(lua_State *L) {
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &sentinel_key) != LUA_TNIL) { lua_pop(L, 1); return; }
+  lua_pop(L, 1);
+  lua_newuserdatauv(L, 1, 0);
+  lua_createtable(L, 0, 1);
+  lua_pushcfunction(L, state_closed);
+  lua_setfield(L, -2, "__gc");
+  lua_setmetatable(L, -2);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &sentinel_key);
+  pthread_mutex_lock(&states_mu);
+  live_states++;
+  pthread_mutex_unlock(&states_mu);
+}
+
 int luaopen_cudalua(lua_State *L) {
+  hold_sentinel(L);
   lua_newtable(L);   /* the core: C functions the Lua parts build on */
   int core = lua_gettop(L);
   cl_open_driver(L);

@@ -525,6 +525,34 @@ static int l_sleep(lua_State *L) {
   return 0;
 }
 
+/* The last Lua state using cudalua has closed: every object has been freed, so nothing of
+   cudalua's is left on the devices once each has finished its work. The pools give their spare
+   memory back and the primary contexts are released (a host program's runtime keeps its own
+   reference); a state opened later retains them again. */
+void cl_release_contexts(void) {
+  if (drv_state != 1) return;
+  pthread_mutex_lock(&lock);
+  CUcontext cur = NULL;
+  cu.cuCtxGetCurrent(&cur);
+  for (int d = 0; d < dev_count; d++) {
+    if (!dev_ctx[d]) continue;
+    CUdevice dev;
+    CUmemoryPool pool;
+    cu.cuCtxSetCurrent(dev_ctx[d]);
+    cu.cuCtxSynchronize();
+    if (cu.cuDeviceGet(&dev, d) == CUDA_SUCCESS) {
+      if (cu.cuDeviceGetDefaultMemPool(&pool, dev) == CUDA_SUCCESS) cu.cuMemPoolTrimTo(pool, 0);
+      if (cur == dev_ctx[d]) cur = NULL;
+      cu.cuCtxSetCurrent(NULL);
+      cu.cuDevicePrimaryCtxRelease(dev);
+    }
+    dev_ctx[d] = NULL;
+  }
+  memset(peer_on, 0, sizeof peer_on);
+  cu.cuCtxSetCurrent(cur);
+  pthread_mutex_unlock(&lock);
+}
+
 void cl_open_driver(lua_State *L) {
   static const luaL_Reg f[] = {
     {"is_available", l_is_available}, {"driver_error", l_driver_error},

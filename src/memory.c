@@ -394,3 +394,10 @@ void cl_mem_unref(lua_State *L, cl_mem *m) {
   cl_stream_unref(m->stream);
   mem_free(m);
 }
+
+void cl_mem_release_all(lua_State *L) {
+  cl_mem_flush_deferred(L);
+  if (ncache) cache_drop(NULL, 1);
+  while (spare) { cl_mem *m = spare; spare = m->next; free(m); }
+  nspare = 0;
+}

@@ -88,14 +88,19 @@ static int func_attr(CUfunction f, CUfunction_attribute a) {
   return cu.cuFuncGetAttribute(&v, a, f) == CUDA_SUCCESS ? v : 0;
 }
 
-/* module_kernel(module, symbol, codes, info) -> kernel; info = {name=, types={...}}. codes nil:
-   the parameters' sizes come from the driver (U for 8 bytes, y for the others) */
+/* module_kernel(module, symbol, codes, info [, verify]) -> kernel; info = {name=, types={...}}.
+   codes nil: the parameters' sizes come from the driver (U for 8 bytes, y for the others).
+   verify: codes are the user's word (a signature string), so the driver is asked whether the
+   kernel has more parameters than that; codes from the compiler, the PTX or a mangled name are
+   not checked that way, since the question fails when the answer is no and checkers such as
+   compute-sanitizer report every failed call */
 static int l_module_kernel(lua_State *L) {
   lmodule *m = luaL_checkudata(L, 1, MODULE_MT);
   const char *sym = luaL_checkstring(L, 2);
   size_t nc = 0;
   const char *codes = luaL_optlstring(L, 3, NULL, &nc);
   luaL_checktype(L, 4, LUA_TTABLE);
+  int verify = lua_toboolean(L, 5);
   if (!m->m) return luaL_error(L, "cudalua: module is closed");
   if (nc > CL_MAXPARAMS) return luaL_error(L, "cudalua: kernel '%s' has more than %d parameters", sym, CL_MAXPARAMS);
   cl_use_ctx(L, m->ctx);
@@ -156,7 +161,7 @@ static int l_module_kernel(lua_State *L) {
     k->poff[i] = (unsigned short)po;
     off = po + sz;
   }
-  if (have_info) {
+  if (have_info && verify) {
     size_t po, ps;
     if (cu.cuFuncGetParamInfo(k->fn, (int)nc, &po, &ps) == CUDA_SUCCESS)
       return luaL_error(L, "cudalua: kernel '%s': the driver reports more parameters than %d", sym, (int)nc);

@@ -110,19 +110,27 @@ static const char group_keep = 0;   /* registry: arrays a group's collectives us
    work only at ncclGroupEnd, so one collected inside the group must not be freed before */
 static void keep_in_group(lua_State *L, int a, int b) {
   if (group_depth == 0) return;
-  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &group_keep) != LUA_TTABLE) {
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &group_keep) != LUA_TTABLE) {   /* made once, a list */
     lua_pop(L, 1);
     lua_newtable(L);
     lua_pushvalue(L, -1);
     lua_rawsetp(L, LUA_REGISTRYINDEX, &group_keep);
   }
+  lua_Integer n = (lua_Integer)lua_rawlen(L, -1);
   for (int i = a; i <= b; i++)
     if (lua_type(L, i) == LUA_TUSERDATA || lua_type(L, i) == LUA_TTABLE) {
-      lua_pushvalue(L, i); lua_pushboolean(L, 1); lua_rawset(L, -3);
+      lua_pushvalue(L, i); lua_rawseti(L, -2, ++n);
     }
   lua_pop(L, 1);
 }
 
+/* the group has ended: its arrays may go (the list is emptied, not remade: groups come in
+   loops of small collectives) */
+static void release_group(lua_State *L) {
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &group_keep) == LUA_TTABLE)
+    for (lua_Integer i = (lua_Integer)lua_rawlen(L, -1); i > 0; i--) { lua_pushnil(L); lua_rawseti(L, -2, i); }
+  lua_pop(L, 1);
+}
 
 /* raises "cudalua.nccl: what: ncclX (text): NCCL's last warning" */
 static void check(lua_State *L, ncclResult_t r, ncclComm_t c, const char *what) {
@@ -257,7 +265,7 @@ static int l_group(lua_State *L) {
   int st = lua_pcall(L, base, LUA_MULTRET, 0);
   group_depth--;
   ncclResult_t r = nc.ncclGroupEnd();
-  if (group_depth == 0) { lua_pushnil(L); lua_rawsetp(L, LUA_REGISTRYINDEX, &group_keep); }
+  if (group_depth == 0) release_group(L);
   if (st != LUA_OK) return lua_error(L);
   check(L, r, NULL, "group");
   return lua_gettop(L);

@@ -265,7 +265,8 @@ local function get_kernel(mod, expr, sig, level)
   end
   local handle = load(mod, level + 1)
   -- without codes, module_kernel takes the sizes from the driver and fills in types
-  local ok, kern = pcall(core.module_kernel, handle, info.symbol, codes, { name = expr, types = types or {}, symbol = info.symbol })
+  local ok, kern = pcall(core.module_kernel, handle, info.symbol, codes,
+    { name = expr, types = types or {}, symbol = info.symbol }, sig ~= nil)
   if not ok then
     if tostring(kern):find("no kernel '", 1, true) then no_kernel(st, expr, kernel_names(mod, level + 1), level + 1) end
     error(sig and ("%s (signature %q)"):format(kern, sig) or kern, level + 1)

@@ -76,7 +76,7 @@ function M.create_xoroshiro128p_states(n, seed, subsequence_start, stream)
     local o = seed
     for k in pairs(o) do
       if k ~= "seed" and k ~= "subsequence_start" and k ~= "stream" then
-        error(("create_xoroshiro128p_states: unknown option '%s'"):format(tostring(k)), 2)
+        error(("create_xoroshiro128p_states: unknown option '%s' (seed, subsequence_start, stream)"):format(tostring(k)), 2)
       end
     end
     seed, subsequence_start, stream = o.seed, o.subsequence_start, o.stream
