@@ -26,7 +26,7 @@ LUA_LIB ?= $(firstword $(wildcard $(LUA_INCDIR)/../lib/liblua5.4.so.0) -llua5.4)
 # the busted runner under Lua 5.4, whatever `busted` runs by default
 BUSTED = $(LUA) -e "package.path='./?.lua;'..package.path; package.cpath='./?.so;'..package.cpath; require 'busted.runner'({standalone=false})" /dev/null
 
-.PHONY: all test examples bench install clean libs
+.PHONY: all test examples bench install clean libs asan fuzz sanitize
 all: cudalua.so libs
 
 # the C embedding API (src/cudalua.h) as a static and a shared library
@@ -78,6 +78,35 @@ examples: cudalua.so build/embed_host
 
 bench: cudalua.so
 	@LUA_INCDIR=$(LUA_INCDIR) CUDA_DIR=$(CUDA_DIR) sh bench/run.sh $(LUA)
+
+# compute-sanitizer (GPU machine): every example under memcheck with the leak check,
+# racecheck, synccheck and initcheck, as a table (tools/sanitize.sh)
+sanitize: cudalua.so build/embed_host
+	@CUDA_DIR=$(CUDA_DIR) sh tools/sanitize.sh $(LUA)
+
+# tools/fuzz.lua: hostile calls of every public function and method, in child processes
+FUZZ_CASES ?= 20000
+FUZZ_SECONDS ?= 150
+fuzz: cudalua.so
+	@$(LUA) tools/fuzz.lua --cases $(FUZZ_CASES) --seconds $(FUZZ_SECONDS) $(FUZZ_ARGS)
+
+# make asan: everything built again with AddressSanitizer and UBSan, then the specs (the
+# driver-less ones, without a GPU) and the fuzzer run under them; any report fails. ASan's
+# runtime must be in the main program: build/sanlua is a lua5.4 built with the same flags.
+# It ends with `make clean` (the objects are instrumented): run `make` after it.
+SAN_FLAGS = -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+SAN_ENV = ASAN_OPTIONS=detect_leaks=1:exitcode=23 UBSAN_OPTIONS=print_stacktrace=1 \
+  LSAN_OPTIONS=suppressions=$(CURDIR)/tools/lsan.supp:print_suppressions=0 \
+  CUDALUA_SPEC_CFLAGS="$(SAN_FLAGS)"
+build/sanlua: tools/sanlua.c | build
+	$(CC) -O1 -g $(SAN_FLAGS) -I$(LUA_INCDIR) -o $@ $< $(LUA_LIB) -lm -ldl
+
+asan:
+	$(MAKE) -s clean
+	$(MAKE) -s all build/sanlua CFLAGS="-O1 -g $(SAN_FLAGS)" LIBFLAG="-shared -Wl,-z,nodelete"
+	$(SAN_ENV) $(MAKE) -s test LUA=$(CURDIR)/build/sanlua
+	$(SAN_ENV) $(MAKE) -s fuzz LUA=$(CURDIR)/build/sanlua
+	$(MAKE) -s clean
 
 install: cudalua.so libs
 	mkdir -p $(INST_LIBDIR) $(INST_INCDIR)

@@ -56,4 +56,4 @@ print("round trip: " .. tostring(again:copy_to_host()))
 
 local ok = bad == 0 and view:ptr() == t.ptr and sum == 2.5 * rows * cols and again:ptr() == d:ptr()
 print(("array_interface: %d mismatches, %s"):format(bad, ok and "ok" or "WRONG"))
-if not ok then os.exit(1) end
+if not ok then os.exit(1, true) end

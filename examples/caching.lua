@@ -25,7 +25,7 @@ if arg[1] == "--child" then -- a fresh process: the context first, then time the
   cuda.synchronize()
   local _, ms = timed_kernel(source(arg[2]))
   print(("%.3f %d %d"):format(ms, cache.stats.disk_hits, cache.stats.misses))
-  os.exit(0)
+  os.exit(0, true)
 end
 
 cuda.synchronize()
@@ -57,4 +57,4 @@ local z, bad = d_z:copy_to_host(), 0
 for i = 1, n do if math.abs(z[i] - (x[i] + y[i])) > 1e-5 then bad = bad + 1 end end
 print(("caching: %d mismatches"):format(bad))
 local disk_ok = not cache.dir() or (hits == "1" and misses == "0")
-if k1 ~= k2 or bad > 0 or not disk_ok or not ms then os.exit(1) end
+if k1 ~= k2 or bad > 0 or not disk_ok or not ms then os.exit(1, true) end

@@ -24,7 +24,7 @@ print("{" .. table.concat(my_array:totable(), ", ") .. "}")
 for i = 1, #expected do
   if my_array[i] ~= expected[i] then
     io.stderr:write(("increment_by_one: element %d is %d, expected %d\n"):format(i, my_array[i], expected[i]))
-    os.exit(1)
+    os.exit(1, true)
   end
 end
 
@@ -37,7 +37,7 @@ increment_by_one[{(n + 127) // 128, 128}](r, n)
 for i = 1, n do
   if r[i] ~= before[i] + 1 then
     io.stderr:write(("increment_by_one: random element %d is %d, expected %d\n"):format(i, r[i], before[i] + 1))
-    os.exit(1)
+    os.exit(1, true)
   end
 end
 print("increment_by_one: ok")

@@ -23,7 +23,7 @@ if arg[1] == "child" then
   cuda.kernel(SCALE, "scale")[{ (n + 255) // 256, 256, s }](x, 3, n)
   s:synchronize()
   print(("ipc: the second process, on device %d, opened %d floats and scaled them by 3"):format(dev, n))
-  os.exit(0)
+  os.exit(0, true)
 end
 
 local n = 1 << 20

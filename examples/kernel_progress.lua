@@ -22,5 +22,5 @@ for _, kind in ipairs { "managed_array", "mapped_array" } do
   stream:synchronize()
   print(("kernel_progress (%s): counter %d, last seen by the bar %d, expected %d"):format(
     kind, progress[1], seen, total))
-  if progress[1] ~= total or seen ~= total then os.exit(1) end
+  if progress[1] ~= total or seen ~= total then os.exit(1, true) end
 end

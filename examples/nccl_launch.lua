@@ -8,7 +8,7 @@ local cuda = require "cudalua"
 local nccl = require "cudalua.nccl"
 
 local ok, why = nccl.is_available()
-if not ok then print("nccl_launch: skipped: " .. why); os.exit(77) end
+if not ok then print("nccl_launch: skipped: " .. why); os.exit(77, true) end
 local n = #cuda.gpus
 if n < 1 then error("nccl_launch: no GPU") end
 local idfile = os.tmpname()

@@ -8,7 +8,7 @@ local cuda = require "cudalua"
 local nccl = require "cudalua.nccl"
 
 local ok, why = nccl.is_available()
-if not ok then print("nccl_pi: skipped: " .. why); os.exit(77) end
+if not ok then print("nccl_pi: skipped: " .. why); os.exit(77, true) end
 
 local src = assert(io.open("examples/nccl/hits.cu")):read("a")
 local mod = cuda.compile(src, { name = "examples/nccl/hits.cu" })

@@ -44,4 +44,4 @@ ok = ok and math.abs(p1 - math.pi) < 0.01
 local sms = cuda.devices()[cuda.current_device() + 1].multiprocessors
 local p2 = run(sms * 16, 128, 2000, 2)  -- fills the GPU
 ok = ok and math.abs(p2 - math.pi) < 0.01
-if not ok then os.exit(1) end
+if not ok then os.exit(1, true) end

@@ -37,5 +37,5 @@ print(("max %g / %g (CPU %g), int64 sum %d (CPU %d)"):format(gpu_max, host_max, 
 
 if got ~= expect or on_device ~= expect or from_host ~= expect or not unchanged
    or gpu_max ~= cpu_max or host_max ~= cpu_max or isum ~= cpu_sum or math.type(isum) ~= "integer" then
-  os.exit(1)
+  os.exit(1, true)
 end

@@ -37,4 +37,4 @@ for i = 1, N do
   if host[i] ~= 2 * orig[i] + 1 then bad = bad + 1 end
 end
 print(("streams_events: %d elements, %d mismatches"):format(N, bad))
-if bad > 0 then os.exit(1) end
+if bad > 0 then os.exit(1, true) end

@@ -31,4 +31,4 @@ for i = 1, N do
   if math.abs(res[i] - (x[i] + y[i])) > 1e-12 then bad = bad + 1 end
 end
 print(("vecadd: %d blocks x %d threads, %d values, %d mismatches"):format(num_blocks, block_size, N, bad))
-if bad > 0 then os.exit(1) end
+if bad > 0 then os.exit(1, true) end

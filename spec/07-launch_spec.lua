@@ -163,7 +163,7 @@ describe("k[{grid, block}]", function()
     C.raises("cudalua: shared memory size must be an integer >= 0, got -1", function() return k[{ 1, 32, 0, -1 }] end)
   end)
 
-  gpu("reports launches the device refuses", function()
+  gpu("reports launches the device refuses #cudaerror", function()
     local k = K("vecadd")
     local d = cuda.device_array(N, "float32")
     C.raises("cudalua: kernel 'vecadd' launch with grid {1, 1, 1}, block {2048, 1, 1}, shared 0 failed: CUDA_ERROR_INVALID_VALUE",

@@ -35,8 +35,9 @@ local function build()
   local lib = inc .. "/../lib/liblua5.4.so.0"
   local lualib = exists(lib) and (q(lib) .. " -Wl,-rpath," .. q(inc .. "/../lib")) or "-llua5.4"
   harness = workdir .. "/embed_harness"
-  ok, out = run(("cc -std=gnu11 -Wall -I src -I %s -o %s spec/support/embed_harness.c libcudalua.a %s -ldl -lpthread -lm")
-    :format(q(inc), q(harness), lualib))
+  -- CUDALUA_SPEC_CFLAGS: make asan's sanitizer flags (libcudalua.a is instrumented then)
+  ok, out = run(("cc -std=gnu11 -Wall %s -I src -I %s -o %s spec/support/embed_harness.c libcudalua.a %s -ldl -lpthread -lm")
+    :format(os.getenv("CUDALUA_SPEC_CFLAGS") or "", q(inc), q(harness), lualib))
   assert(ok, "building the harness failed:\n" .. out)
   return harness
 end
@@ -226,6 +227,38 @@ check(d[#t] == 1.5)
 ]]):format(lua_list(t)))
     expect_ok(ok, out)
     assert.matches("released 1\n", out, 1, true) -- once, by the end of the state at the latest
+  end)
+
+  gpu("the last state to close frees what cudalua holds and releases every primary context", function()
+    local ok, out = script(PRELUDE .. [[
+local v = math.random(1, 1000) + 0.5
+-- on every device: an array in use, one dropped into the block cache, a module, a stream
+-- with queued work, pinned memory and a graph
+local keep = {}
+for d = 0, #cuda.gpus - 1 do
+  cuda.gpus[d]:run(function()
+    local a = cuda.to_device(cuda.array({ v, v + 1, v + 2 }, "float32"))
+    local dropped = cuda.device_array(4096, "float32")
+    dropped:fill(v)
+    dropped = nil
+    collectgarbage(); collectgarbage()
+    local k = cuda.kernel("extern \"C\" __global__ void inc(float *x) { x[threadIdx.x] += 1; }", "inc")
+    local s = cuda.stream()
+    for _ = 1, 100 do k[{ 1, 3, stream = s }](a) end
+    local g = cuda.graph()
+    g:kernel(k, { 1, 3 }, { a })
+    keep[#keep + 1] = { a, k, s, g:instantiate(), cuda.pinned_array(1000, "float64") }
+  end)
+end
+check(cuda.block_cache() > 0, "nothing went to the block cache")
+-- a second state that comes and goes leaves the devices to the first
+check(c_other_state("local c = require 'cudalua'; local d = c.device_array(1000, 'float32'); d:fill(2); return d:copy_to_host()[1000]") == "2.0")
+local h = keep[1][1]:copy_to_host(keep[1][3])
+keep[1][3]:synchronize()
+check(h[3] == v + 102, "the first state's array after the second closed", h[3])
+]])
+    expect_ok(ok, out)
+    assert.matches("active contexts 0\n", out, 1, true)
   end)
 
   gpu("the embedding example runs in one state and in two states on two threads", function()

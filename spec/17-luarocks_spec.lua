@@ -39,7 +39,8 @@ local function fresh(code)
   local t = install()
   local prog = ("package.cpath = %q .. package.cpath\n%s"):format(t .. "/lib/lua/5.4/?.so;", code)
   local env = ("env -i PATH=%s HOME=%s"):format(q(os.getenv("PATH") or "/usr/bin:/bin"), q(t))
-  for _, v in ipairs { "LD_LIBRARY_PATH", "CUDALUA_LIBCUDA", "CUDA_HOME", "CUDA_PATH", "CUDA_DIR" } do
+  for _, v in ipairs { "LD_LIBRARY_PATH", "CUDALUA_LIBCUDA", "CUDA_HOME", "CUDA_PATH", "CUDA_DIR",
+                       "ASAN_OPTIONS", "LSAN_OPTIONS", "UBSAN_OPTIONS" } do   -- the last: make asan
     local val = os.getenv(v)
     if val and val ~= "" then env = env .. (" %s=%s"):format(v, q(val)) end
   end

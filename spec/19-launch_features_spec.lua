@@ -278,6 +278,11 @@ describe("k:set_attribute", function()
     C.raises("kernel:set_attribute('preferred_shared_memory_carveout'): expected an integer >= -1, got 1.5",
              k.set_attribute, k, "preferred_shared_memory_carveout", 1.5)
     C.raises("invalid option 'fast'", k.set_attribute, k, "cache_config", "fast")
+  end)
+
+  -- #cudaerror: the driver itself refuses (make sanitize leaves such specs out)
+  gpu("misuse the driver refuses comes back with its error #cudaerror", function()
+    local k = K("plain")
     C.raises("kernel:set_attribute('max_dynamic_shared_size_bytes', 1073741824): CUDA_ERROR_INVALID_VALUE",
              k.set_attribute, k, "max_dynamic_shared_size_bytes", 1 << 30)
   end)

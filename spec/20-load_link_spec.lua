@@ -331,7 +331,7 @@ describe("compute-sanitizer", function()
   if sanitizer == "" then sanitizer = CUDA_DIR .. "/bin/compute-sanitizer" end
   local have = os.execute(H.q(sanitizer) .. " --version >/dev/null 2>&1")
   local test = have and gpu or function(name) pending(name .. " (no compute-sanitizer at " .. sanitizer .. ")") end
-  test("names the user's file and line of a planted out-of-bounds write (lineinfo = true)", function()
+  test("names the user's file and line of a planted out-of-bounds write (lineinfo = true) #cudaerror", function()
     local prog = [[package.cpath = "./?.so;" .. package.cpath
       local cuda = require "cudalua"
       local k = cuda.kernel(table.concat({

@@ -50,6 +50,7 @@ static int state_closed(lua_State *L) {
   if (--live_states == 0) {
     cl_mem_release_all(L);
     cl_release_contexts();
+    cl_hostfn_release_closed();
   } else {
     cl_mem_flush_deferred(L);
   }

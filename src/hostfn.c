@@ -25,9 +25,12 @@ typedef struct cl_hostq {
   int armed;                  /* calls queued on streams that have not run yet */
   int closed;                 /* the lua_State is gone: calls return at once */
   int running;                /* a host function is running on the Lua thread now */
+  struct cl_hostq *next;      /* closed queues, freed when the last state closes */
 } cl_hostq;
 
 static const char hostq_key = 0;   /* registry key: looked up on every wait */
+static cl_hostq *closed_queues;
+static pthread_mutex_t closed_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static cl_hostq *queue_of(lua_State *L) {
   lua_rawgetp(L, LUA_REGISTRYINDEX, &hostq_key);
@@ -207,12 +210,29 @@ static int q_gc(lua_State *L) {
   cl_hostq **pq = lua_touserdata(L, 1);
   cl_hostq *q = *pq;
   /* the state is closing: let waiting driver threads go; the queue itself stays (a driver
-     thread may still touch it), a few bytes per closed state */
+     thread may still touch it) until the last state has closed and every device has finished */
   pthread_mutex_lock(&q->mu);
   q->closed = 1;
   pthread_cond_broadcast(&q->cv);
   pthread_mutex_unlock(&q->mu);
+  pthread_mutex_lock(&closed_mu);
+  q->next = closed_queues;
+  closed_queues = q;
+  pthread_mutex_unlock(&closed_mu);
   return 0;
+}
+
+/* after cl_release_contexts: no driver thread runs a trampoline any more */
+void cl_hostfn_release_closed(void) {
+  pthread_mutex_lock(&closed_mu);
+  while (closed_queues) {
+    cl_hostq *q = closed_queues;
+    closed_queues = q->next;
+    pthread_mutex_destroy(&q->mu);
+    pthread_cond_destroy(&q->cv);
+    free(q);
+  }
+  pthread_mutex_unlock(&closed_mu);
 }
 
 void cl_open_hostfn(lua_State *L) {

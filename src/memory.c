@@ -253,6 +253,11 @@ cl_mem *cl_mem_new(lua_State *L, int kind, size_t bytes, cl_stream *s, int flags
     pressure += bytes;
     if (pressure > PRESSURE_LIMIT) collect(L);
   }
+  /* the device first: choosing it may raise (no driver), and nothing is allocated yet */
+  CUcontext ctx = NULL;
+  if (kind != CL_HOST) {
+    if (s) { cl_use_ctx(L, s->ctx); ctx = s->ctx; } else ctx = cl_ctx(L);
+  }
   cl_mem *m = mem_alloc();
   if (!m) { luaL_error(L, "cudalua: out of host memory"); return NULL; }
   m->refs = 1; m->kind = kind; m->bytes = bytes;
@@ -271,8 +276,7 @@ cl_mem *cl_mem_new(lua_State *L, int kind, size_t bytes, cl_stream *s, int flags
     }
     return m;
   }
-  /* on the stream's device, else the selected one */
-  if (s) { cl_use_ctx(L, s->ctx); m->ctx = s->ctx; } else m->ctx = cl_ctx(L);
+  m->ctx = ctx;   /* the stream's device, else the selected one */
   m->portable = kind == CL_PINNED || kind == CL_MAPPED || kind == CL_MANAGED;
   m->ipc = kind == CL_DEVICE && (flags & CL_IPC) ? 1 : 0;
   const char *what = kind == CL_PINNED ? "cuda.pinned_array" : kind == CL_MAPPED ? "cuda.mapped_array"

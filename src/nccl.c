@@ -213,7 +213,7 @@ static int l_comm_init_rank(lua_State *L) {
 static int l_comm_init_all(lua_State *L) {
   luaL_checktype(L, 1, LUA_TTABLE);
   int n = (int)lua_rawlen(L, 1);
-  luaL_argcheck(L, n >= 1 && n <= 64, 1, "a list of 1 to 64 device ids");
+  if (n < 1 || n > 64) return luaL_error(L, "nccl.comm_init_all: expected a list of 1 to 64 device ids, got %d", (int)n);
   int devs[64];
   for (int i = 0; i < n; i++) {
     lua_rawgeti(L, 1, i + 1);

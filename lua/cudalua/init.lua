@@ -30,6 +30,9 @@ cuda.mem_info = core.mem_info
 -- like `numba -s`: what this machine offers; returns true when a GPU is usable
 function cuda.detect(out)
   out = out or io.stdout
+  if not pcall(function() assert(type(out.write) == "function") end) then
+    error("cuda.detect: out must be a file or an object with a write method, got " .. type(out), 2)
+  end
   local v = cuda.versions()
   local ma, mi, path = core.nvrtc_version()
   out:write(("cudalua %s\n"):format(core.version))

@@ -321,11 +321,12 @@ local module_mt = {
     if type(key) ~= "string" then
       error(("cudalua: modules are indexed by kernel names, got %s"):format(type(key)), 2)
     end
+    if not state[mod] then error("cudalua: module.__index: expected a module", 2) end
     local k = get_kernel(mod, key, nil, 2)
     return k
   end,
   __newindex = function() error("cudalua: modules are read-only", 2) end,
-  __tostring = function(mod) return "cudalua.module<" .. state[mod].name .. ">" end,
+  __tostring = function(mod) return "cudalua.module<" .. fields(mod, "__tostring").name .. ">" end,
   __name = "cudalua.module",
 }
 

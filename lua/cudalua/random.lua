@@ -7,6 +7,9 @@ local M = {}
 local init_kernel, matrices = {}, {}   -- per device
 
 local function splitmix(seed)
+  if math.type(seed) ~= "integer" then
+    error("cudalua.random: splitmix64: seed must be an integer, got " .. (math.type(seed) or type(seed)), 2)
+  end
   -- Lua integers wrap around like uint64 arithmetic
   local z = seed + 0x9E3779B97F4A7C15
   z = (z ~ (z >> 30)) * 0xBF58476D1CE4E5B9

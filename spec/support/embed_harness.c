@@ -11,10 +11,13 @@
  *   c_push_stream(handle, blocking)    cudalua_push_stream
  *   c_other_state(code)                -> runs code in a second state of its own, returns its
  *                                         result as a string (or raises its error)
- * After the script, the state is closed and "released N" is printed. */
+ * After the script, the state is closed; "active contexts N" (with a driver: how many devices'
+ * primary contexts are still active, cudalua having released its references) and "released N"
+ * are printed. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dlfcn.h>
 #include <lua.h>
 #include <lauxlib.h>
 #include <lualib.h>
@@ -124,6 +127,18 @@ int main(int argc, char **argv) {
   int status = luaL_dofile(L, argv[1]);
   if (status != LUA_OK) fprintf(stderr, "script error: %s\n", lua_tostring(L, -1));
   lua_close(L);
+  /* the driver as this program sees it, cudalua's state gone (dlopen: no link to libcuda) */
+  void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  int (*count)(int *) = cuda ? (int (*)(int *))dlsym(cuda, "cuDeviceGetCount") : NULL;
+  int (*state)(int, unsigned *, int *) = cuda ? (int (*)(int, unsigned *, int *))dlsym(cuda, "cuDevicePrimaryCtxGetState") : NULL;
+  int n = 0, active = 0;
+  if (count && state && count(&n) == 0) {
+    for (int d = 0; d < n; d++) {
+      unsigned flags; int on = 0;
+      if (state(d, &flags, &on) == 0 && on) active++;
+    }
+    printf("active contexts %d\n", active);
+  }
   printf("released %d\n", released);
   return status == LUA_OK ? 0 : 1;
 }
