@@ -288,6 +288,56 @@ static const char *launch_hint(lua_State *L, cl_kernel *k, const cl_launch *c, C
   return "";
 }
 
+/* raises "cudalua: kernel 'k' launch with grid {..}, block {..}, shared n[, cluster {..}][,
+   cooperative] failed: why", giving back the temporary copies of host arrays first */
+static void launch_error(lua_State *L, cl_kernel *k, int kidx, const cl_launch *c, cl_args *A, CUstream h,
+                         const char *why) {
+  for (int i = 0; i < A->ntmp; i++) if (A->tmp[i].d) cu.cuMemFreeAsync(A->tmp[i].d, h);
+  const char *name = cl_kernel_name(L, kidx);
+  int base = lua_gettop(L);
+  lua_pushfstring(L, "cudalua: kernel '%s' launch with grid {%d, %d, %d}, block {%d, %d, %d}, shared %d",
+                  name, c->g[0], c->g[1], c->g[2], c->b[0], c->b[1], c->b[2], c->shared);
+  if (c->cluster[0]) lua_pushfstring(L, ", cluster {%d, %d, %d}", c->cluster[0], c->cluster[1], c->cluster[2]);
+  if (c->cooperative) lua_pushliteral(L, ", cooperative");
+  lua_pushfstring(L, " failed: %s", why);
+  lua_concat(L, lua_gettop(L) - base);
+  lua_error(L);
+}
+
+/* a cooperative grid larger than can be resident at once is refused before the driver is asked
+   (the driver's refusal is a failed call, which checkers such as compute-sanitizer report): the
+   limit is worked out once per block and shared size. NULL: the launch may go ahead */
+static const char *coop_refusal(lua_State *L, cl_kernel *k, const cl_launch *c) {
+  unsigned threads = c->b[0] * c->b[1] * c->b[2];
+  if (k->coop_threads != threads || k->coop_shared != c->shared) {
+    CUdevice dev;
+    int sms = 0, coop = 0, maxt = 0, per = 0;
+    if (cu.cuCtxGetDevice(&dev) != CUDA_SUCCESS ||
+        cu.cuDeviceGetAttribute(&coop, CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH, dev) != CUDA_SUCCESS ||
+        cu.cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev) != CUDA_SUCCESS ||
+        cu.cuFuncGetAttribute(&maxt, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, k->fn) != CUDA_SUCCESS)
+      return NULL;
+    if (!coop) return "this device does not support cooperative launches";
+    /* a block the kernel cannot run is the driver's to refuse, with its own message */
+    if (threads == 0 || threads > (unsigned)maxt ||
+        cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(&per, k->fn, (int)threads, c->shared) != CUDA_SUCCESS)
+      return NULL;
+    k->coop_threads = threads;
+    k->coop_shared = c->shared;
+    k->coop_max = (unsigned)per * (unsigned)sms;
+  }
+  unsigned long long blocks = (unsigned long long)c->g[0] * c->g[1] * c->g[2];
+  if (blocks <= k->coop_max) return NULL;
+  int sms = 0;
+  CUdevice dev;
+  if (cu.cuCtxGetDevice(&dev) == CUDA_SUCCESS) cu.cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
+  unsigned per = sms ? k->coop_max / (unsigned)sms : 0;
+  return lua_pushfstring(L, "a cooperative grid of %I blocks is more than can be resident at once: "
+                         "at most %d (%d per multiprocessor x %d multiprocessors, for blocks of %d threads "
+                         "and %d bytes of dynamic shared memory)", (lua_Integer)blocks, (int)k->coop_max, (int)per,
+                         sms, (int)threads, (int)c->shared);
+}
+
 int cl_kernel_launch(lua_State *L, cl_kernel *k, int kidx, int first, const cl_launch *c) {
   cl_args A;
   int nargs = lua_gettop(L) - first + 1;
@@ -316,22 +366,18 @@ int cl_kernel_launch(lua_State *L, cl_kernel *k, int kidx, int first, const cl_l
     }
     *(CUdeviceptr *)A.tmp[i].slot = A.tmp[i].d;
   }
+  if (c->cooperative) {
+    const char *why = coop_refusal(L, k, c);
+    if (why) launch_error(L, k, kidx, c, &A, h, why);
+  }
   CUresult r = !c->cooperative && !c->cluster[0]
     ? cu.cuLaunchKernel(k->fn, c->g[0], c->g[1], c->g[2], c->b[0], c->b[1], c->b[2], c->shared, h, A.params, NULL)
     : launch_ex(k, c, h, A.params);
   if (r != CUDA_SUCCESS) {
-    for (int i = 0; i < A.ntmp; i++) if (A.tmp[i].d) cu.cuMemFreeAsync(A.tmp[i].d, h);
     const char *es = NULL;
     cu.cuGetErrorString(r, &es);
-    const char *hint = launch_hint(L, k, c, r), *name = cl_kernel_name(L, kidx);
-    int base = lua_gettop(L);
-    lua_pushfstring(L, "cudalua: kernel '%s' launch with grid {%d, %d, %d}, block {%d, %d, %d}, shared %d",
-                    name, c->g[0], c->g[1], c->g[2], c->b[0], c->b[1], c->b[2], c->shared);
-    if (c->cluster[0]) lua_pushfstring(L, ", cluster {%d, %d, %d}", c->cluster[0], c->cluster[1], c->cluster[2]);
-    if (c->cooperative) lua_pushliteral(L, ", cooperative");
-    lua_pushfstring(L, " failed: %s (%s)%s%s", cl_errname(r), es ? es : "", *hint ? ": " : "", hint);
-    lua_concat(L, lua_gettop(L) - base);
-    return lua_error(L);
+    const char *hint = launch_hint(L, k, c, r);
+    launch_error(L, k, kidx, c, &A, h, lua_pushfstring(L, "%s (%s)%s%s", cl_errname(r), es ? es : "", *hint ? ": " : "", hint));
   }
   for (int i = 0; i < A.nused; i++) cl_mem_use(A.used[i], s, k->ctx);
   if (A.ntmp) {

@@ -237,6 +237,7 @@ static int k_set_attribute(lua_State *L) {
     cl_check(L, cu.cuFuncSetCacheConfig(k->fn, cache_values[c]), "kernel:set_attribute('cache_config')");
     k->cache_config = (unsigned char)c;
     k->occ_block = 0;
+    k->coop_threads = 0;
     return 0;
   }
   size_t i = 0;
@@ -268,6 +269,7 @@ static int k_set_attribute(lua_State *L) {
   if (fattrs[i].a == CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT) k->req_cluster[1] = (unsigned)v;
   if (fattrs[i].a == CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH) k->req_cluster[2] = (unsigned)v;
   k->occ_block = 0;   /* occupancy depends on these */
+  k->coop_threads = 0;
   return 0;
 }
 

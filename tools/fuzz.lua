@@ -105,8 +105,8 @@ extern "C" __global__ void spin(float *x, long long cycles) {
       w.stream = cuda.stream()
       w.closed_stream = cuda.stream(); w.closed_stream:close()
       w.event = cuda.event()
-      w.kernel = w.mod:get("scale")
-      w.spin = w.mod:get("spin")
+      w.kernel = w.mod:get("scale", "float*, float, int")
+      w.spin = w.mod:get("spin", "float*, long long")
       w.launcher = w.kernel[{ 1, 32 }]
       w.graph = cuda.graph()
       w.node = w.graph:kernel(w.kernel, { 1, 32 }, { w.dev, 2.0, 1 })
@@ -224,7 +224,7 @@ extern "C" __global__ void spin(float *x, long long cycles) {
       end,
       function(w)
         local m = cuda.load_module(CUBIN)
-        local k = m:get("spin")
+        local k = m:get("spin", "float*, long long")
         local d = cuda.device_array(64, "float32")
         k[{ 1, 32 }](d, R(1, 1000000))
         m = nil; k = nil; d = nil; collectgarbage(); cuda.synchronize()
