@@ -5,7 +5,8 @@ LUA_INCDIR ?= /usr/include/lua5.4
 CUDA_DIR   ?= /usr/local/cuda
 CC         ?= gcc
 CFLAGS     ?= -O2 -g
-WARN        = -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers
+WERROR     ?=
+WARN        = -Wall -Wextra $(WERROR)
 ALL_CFLAGS  = $(CFLAGS) $(WARN) -fPIC -fvisibility=hidden -std=gnu11 -I$(LUA_INCDIR) -I$(CUDA_DIR)/include -Isrc
 LIBFLAG    ?= -shared
 LIBS        = -ldl -lpthread -lm

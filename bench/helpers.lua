@@ -538,16 +538,16 @@ section("progress", function()
   local expect_ms = 500
   local reads = {} -- mode -> µs of each host read of the counter while the kernel runs
   local function run(steps, mode, ctr)
-    local counter = ctr or counter
-    counter[1] = 0
+    ctr = ctr or counter
+    ctr[1] = 0
     local total = blocks * threads * steps
     local t0 = now()
     e0:record(s)
-    spin[{ blocks, threads, s }](counter, steps, work, sink)
+    spin[{ blocks, threads, s }](ctr, steps, work, sink)
     e1:record(s)
     local seen
     if mode == "watch" then
-      seen = cuda.progress.watch(counter, total, { stream = s, interval = 0.001, out = log, label = "spin" })
+      seen = cuda.progress.watch(ctr, total, { stream = s, interval = 0.001, out = log, label = "spin" })
     elseif mode == "query" then
       while not s:query() do sleep(0.001) end
     elseif mode == "read" or mode == "read10" then
@@ -555,7 +555,7 @@ section("progress", function()
       reads[mode] = rt
       while true do
         local t1 = now()
-        local v = counter[1]
+        local v = ctr[1]
         rt[#rt + 1] = (now() - t1) * 1e6
         if v >= total then break end
         sleep(iv)
@@ -566,8 +566,8 @@ section("progress", function()
     end
     s:synchronize()
     local wall = (now() - t0) * 1e3
-    if counter[1] ~= total or (mode == "watch" and seen ~= total) then
-      note(("helpers.lua: progress counter %s, seen %s, expected %d"):format(counter[1], seen, total))
+    if ctr[1] ~= total or (mode == "watch" and seen ~= total) then
+      note(("helpers.lua: progress counter %s, seen %s, expected %d"):format(ctr[1], seen, total))
     end
     return wall, e0:elapsed_time(e1)
   end

@@ -290,7 +290,7 @@ static const char *launch_hint(lua_State *L, cl_kernel *k, const cl_launch *c, C
 
 /* raises "cudalua: kernel 'k' launch with grid {..}, block {..}, shared n[, cluster {..}][,
    cooperative] failed: why", giving back the temporary copies of host arrays first */
-static void launch_error(lua_State *L, cl_kernel *k, int kidx, const cl_launch *c, cl_args *A, CUstream h,
+static void launch_error(lua_State *L, int kidx, const cl_launch *c, cl_args *A, CUstream h,
                          const char *why) {
   for (int i = 0; i < A->ntmp; i++) if (A->tmp[i].d) cu.cuMemFreeAsync(A->tmp[i].d, h);
   const char *name = cl_kernel_name(L, kidx);
@@ -368,7 +368,7 @@ int cl_kernel_launch(lua_State *L, cl_kernel *k, int kidx, int first, const cl_l
   }
   if (c->cooperative) {
     const char *why = coop_refusal(L, k, c);
-    if (why) launch_error(L, k, kidx, c, &A, h, why);
+    if (why) launch_error(L, kidx, c, &A, h, why);
   }
   CUresult r = !c->cooperative && !c->cluster[0]
     ? cu.cuLaunchKernel(k->fn, c->g[0], c->g[1], c->g[2], c->b[0], c->b[1], c->b[2], c->shared, h, A.params, NULL)
@@ -377,7 +377,7 @@ int cl_kernel_launch(lua_State *L, cl_kernel *k, int kidx, int first, const cl_l
     const char *es = NULL;
     cu.cuGetErrorString(r, &es);
     const char *hint = launch_hint(L, k, c, r);
-    launch_error(L, k, kidx, c, &A, h, lua_pushfstring(L, "%s (%s)%s%s", cl_errname(r), es ? es : "", *hint ? ": " : "", hint));
+    launch_error(L, kidx, c, &A, h, lua_pushfstring(L, "%s (%s)%s%s", cl_errname(r), es ? es : "", *hint ? ": " : "", hint));
   }
   for (int i = 0; i < A.nused; i++) cl_mem_use(A.used[i], s, k->ctx);
   if (A.ntmp) {

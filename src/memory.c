@@ -182,6 +182,7 @@ static int l_block_cache(lua_State *L) {
 
 /* cuda.empty_cache(): frees the cached blocks now (the limit stays) */
 static int l_empty_cache(lua_State *L) {
+  (void)L;
   if (ncache) cache_drop(NULL, 1);
   return 0;
 }

@@ -1,8 +1,8 @@
 -- embed.lua OUT.c LUAFILES... -- KERNELFILES...
 -- Writes a C file holding the Lua parts and the kernel headers as byte arrays (see src/core.c).
 local out = assert(arg[1], "usage: embed.lua OUT.c lua... -- headers...")
-local lua_files, hdr_files, into = {}, {}, nil
-into = lua_files
+local lua_files, hdr_files = {}, {}
+local into = lua_files
 for i = 2, #arg do
   if arg[i] == "--" then into = hdr_files else into[#into + 1] = arg[i] end
 end

@@ -8,8 +8,8 @@
 -- Cases run in child processes, B to a child (a process start costs more than most cases). A
 -- child says which case it starts before it starts it, so a crash, a sanitizer report or a
 -- hang is put on that case, and the rest of its batch runs in a new child. Case ID makes the
--- same call whatever the batch: --case ID replays one alone. With --gpu the world has device arrays, streams, events, graphs and kernels too,
--- and scenario cases free objects while launches, copies, graph replays and host functions
+-- same call whatever the batch: --case ID replays one alone. With --gpu the world has device
+-- arrays, streams, events, graphs and kernels too, and scenario cases free objects while launches, copies, graph replays and host functions
 -- that use them are in flight. Exit status: 0 when no case crashed or hung.
 package.cpath = "./?.so;" .. package.cpath
 

@@ -212,7 +212,7 @@ local function find_kernels(src)
     local is_template = before:sub(decl_start):find("template%s*<") ~= nil
     local pos = e + 1
     while not is_template do
-      local ws, ident, after = code:match("^(%s*)([%a_][%w_]*)%s*()", pos)
+      local ident, after = code:match("^%s*([%a_][%w_]*)%s*()", pos)
       if not ident then break end
       if code:sub(after, after) == "(" then
         if skip_attr[ident] then -- skip its parenthesised arguments
@@ -244,7 +244,8 @@ modules.demangle_function, modules.param_codes = M.demangle_function, param_code
 local cc_of, cap_of = {}, {}
 local function device_cc(level, what)
   if not core.is_available() then
-    error((what or "cuda.compile") .. ": " .. core.driver_error() .. "; give opts.arch (e.g. \"sm_90\") to compile without a GPU", level or 3)
+    error((what or "cuda.compile") .. ": " .. core.driver_error()
+          .. "; give opts.arch (e.g. \"sm_90\") to compile without a GPU", level or 3)
   end
   local dev = core.current_device()
   if not cc_of[dev] then
@@ -267,7 +268,9 @@ local function device_arch(level, what)
     if a == want then arch_of[dev] = "sm_" .. want; return arch_of[dev] end
     if a <= want and a > best then best = a end
   end
-  if best == 0 then error(("%s: NVRTC cannot compile for compute capability %d.%d"):format(what or "cuda.compile", cc[1], cc[2]), level or 3) end
+  if best == 0 then
+    error(("%s: NVRTC cannot compile for compute capability %d.%d"):format(what or "cuda.compile", cc[1], cc[2]), level or 3)
+  end
   arch_of[dev] = "compute_" .. best -- PTX the driver compiles for the newer device
   return arch_of[dev]
 end
@@ -484,7 +487,6 @@ local function compile(src, opts)
     -- again with only the user's name expressions
     wanted = with_user({})
     image, log, lowered, ptx = run(wanted)
-    found = {}
   end
   local function failed()
     local msg = (log or ""):gsub("%s+$", "")

@@ -29,7 +29,7 @@ local advised = setmetatable({}, { __mode = "k" })
 -- watch(counter, total, {stream=, label=, interval=, out=, line_interval=}) -> last count
 function M.watch(counter, total, opts)
   local cuda = require "cudalua"
-  local n, dtype, kind = core.array_info(counter)
+  local n, _, kind = core.array_info(counter)
   if not n then error("progress.watch: counter must be a managed or mapped array, got " .. type(counter), 2) end
   if kind ~= "managed_array" and kind ~= "mapped_array" then
     error("progress.watch: counter must be a managed or mapped array (the host reads it while the kernel runs), got a " .. kind, 2)
@@ -62,7 +62,8 @@ function M.watch(counter, total, opts)
   if kind == "managed_array" then
     local dev = cuda.devices()[cuda.current_device() + 1]
     if not dev.concurrent_managed_access then
-      error("progress.watch: this device cannot share managed memory with the host while a kernel runs; use cuda.mapped_array for the counter", 2)
+      error("progress.watch: this device cannot share managed memory with the host while a kernel runs; "
+            .. "use cuda.mapped_array for the counter", 2)
     end
     if not advised[counter] then
       counter:advise("preferred_device"):advise("accessed_by_host")
@@ -93,16 +94,12 @@ function M.watch(counter, total, opts)
   end
   -- the stream is queried every interval (cheap); the counter is read only when a draw is
   -- due: each host read of managed memory a kernel is updating stalls its atomics a little
-  local v = 0
   while not stream:query() do
     local now = core.time()
-    if now - last_draw >= redraw then
-      v = counter[1]
-      draw(v, false, now)
-    end
+    if now - last_draw >= redraw then draw(counter[1], false, now) end
     if interval > 0 then core.sleep(interval) end
   end
-  v = counter[1]
+  local v = counter[1]
   draw(v, true, core.time())
   if tty then out:write("\n"); out:flush() end
   return v
