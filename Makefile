@@ -27,7 +27,7 @@ LUA_LIB ?= $(firstword $(wildcard $(LUA_INCDIR)/../lib/liblua5.4.so.0) -llua5.4)
 # the busted runner under Lua 5.4, whatever `busted` runs by default
 BUSTED = $(LUA) -e "package.path='./?.lua;'..package.path; package.cpath='./?.so;'..package.cpath; require 'busted.runner'({standalone=false})" /dev/null
 
-.PHONY: all test examples bench install clean libs asan fuzz sanitize
+.PHONY: all test examples bench install clean libs asan fuzz sanitize docs
 all: cudalua.so libs
 
 # the C embedding API (src/cudalua.h) as a static and a shared library
@@ -79,6 +79,11 @@ examples: cudalua.so build/embed_host
 
 bench: cudalua.so
 	@LUA_INCDIR=$(LUA_INCDIR) CUDA_DIR=$(CUDA_DIR) sh bench/run.sh $(LUA)
+
+# the reference: docs/api.lua (LDoc comments) -> docs/html (LDoc) and docs/API.md (checked in)
+docs:
+	cd docs && ldoc -c config.ld . >/dev/null
+	$(LUA) tools/apidoc.lua docs/api.lua docs/API.md
 
 # compute-sanitizer (GPU machine): every example under memcheck with the leak check,
 # racecheck, synccheck and initcheck, as a table (tools/sanitize.sh)

@@ -100,4 +100,5 @@ return setmetatable({}, {
   end,
   __newindex = function() error("cuda.gpus is read-only", 2) end,
   __name = "cudalua.gpus",
+  methods = Gpu,   -- for the reference spec
 })

@@ -342,6 +342,7 @@ function M.new(f)
   return mod
 end
 
+M.methods = Module   -- for the reference spec
 function M.is_module(v) return state[v] ~= nil end
 function M.fields(mod) return state[mod] end
 

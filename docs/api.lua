@@ -1,0 +1,573 @@
+--- cudalua: CUDA for Lua 5.4. The reference of every public function, method, field and option.
+-- This file is documentation only (most of cudalua is C): `make docs` builds HTML from it with
+-- LDoc into docs/html/ and writes docs/API.md, the Markdown form GitHub shows. Indexes are
+-- 1-based on the Lua side, device ids 0-based as CUDA numbers them. Every misuse raises a Lua
+-- error that starts with the function's name and says what is wrong.
+-- @module cudalua
+-- @usage local cuda = require "cudalua"
+
+local cuda = {}
+
+--- System
+-- @section system
+
+--- The version of this build, e.g. "0.2.0".
+cuda.__version = ""
+
+--- True when a driver and at least one GPU are usable; never raises.
+function cuda.is_available() end
+
+--- Why no GPU is usable (nil when one is): "cudalua: no CUDA driver found (libcuda.so.1)"...
+function cuda.driver_error() end
+
+--- Prints the devices, the driver, NVRTC and cudalua versions, like `numba -s`.
+-- @param out a file or an object with a write method (default io.stdout)
+-- @return true when a GPU is usable
+function cuda.detect(out) end
+
+--- One table per device: `id`, `name`, `compute_capability` {major, minor},
+-- `multiprocessors`, `total_memory`, `concurrent_managed_access` and more attributes.
+function cuda.devices() end
+
+--- Selects the device (0-based) new objects are made on, for this thread.
+function cuda.select_device(i) end
+
+--- The selected device (0-based).
+function cuda.current_device() end
+
+
+--- Waits for all work on the selected device, running Lua host functions meanwhile.
+function cuda.synchronize() end
+
+--- `{driver=13000, nvrtc={13,0}, nvjitlink={13,0}, cudalua="0.2.0"}`; missing parts are absent.
+function cuda.versions() end
+
+
+
+
+
+
+--- Free and total bytes of the selected device.
+function cuda.mem_info() end
+
+--- Seconds from a monotonic clock (for timing on the host).
+function cuda.time() end
+
+--- Sleeps for the given seconds.
+function cuda.sleep(seconds) end
+
+--- Whether kernels of device a may use device b's memory once peer access is on.
+function cuda.can_access_peer(a, b) end
+
+--- Lets kernels and copies of device a use device b's memory (and its memory pool).
+function cuda.enable_peer_access(a, b) end
+
+--- Turns peer access from a to b off again.
+function cuda.disable_peer_access(a, b) end
+
+--- Device blocks freed by arrays are kept for reuse up to max_bytes (0 turns the cache off).
+-- @return the bytes cached now, and the limit before the call
+function cuda.block_cache(max_bytes) end
+
+--- Frees the cached device blocks now (the limit stays).
+function cuda.empty_cache() end
+
+--- Element types
+-- @section dtypes
+
+--- Element types, fields of the module (`cuda.float32`...): `float32`, `float64`, `float16`, `int8`, `int16`, `int32`, `int64`,
+-- `uint8`, `uint16`, `uint32`, `uint64`, `bool`. Strings ("float32", "f4", "<f4") are accepted
+-- wherever a dtype is.
+cuda.float32 = nil
+cuda.float64 = nil
+cuda.float16 = nil
+cuda.int8 = nil
+cuda.int16 = nil
+cuda.int32 = nil
+cuda.int64 = nil
+cuda.uint8 = nil
+cuda.uint16 = nil
+cuda.uint32 = nil
+cuda.uint64 = nil
+cuda.bool = nil
+
+--- The dtype a name or a dtype stands for; raises for an unknown name.
+function cuda.dtype(name) end
+
+--- A dtype. Fields: `Dtype.name`, `Dtype.itemsize` (bytes), `Dtype.typestr` (as the CUDA Array
+-- Interface spells it), `Dtype.ctype` (the C type kernels use), `Dtype.is_float`.
+-- @type Dtype
+local Dtype = {}
+Dtype.name = ""
+Dtype.itemsize = 0
+Dtype.typestr = ""
+Dtype.ctype = ""
+Dtype.is_float = false
+
+--- Arrays
+-- @section arrays
+
+--- A pageable host array from a table (nested tables make N-d arrays) or zero-filled of a shape.
+-- @param values a table of numbers, or a shape (integer or {rows, cols, ...})
+-- @param dtype default float64 for shapes, inferred from the values for tables
+function cuda.array(values, dtype) end
+
+--- A zero-filled host array of a shape.
+function cuda.zeros(shape, dtype) end
+
+--- Page-locked host memory: fast and asynchronous copies.
+function cuda.pinned_array(shape, dtype) end
+
+--- Page-locked host memory kernels read and write directly (zero-copy).
+function cuda.mapped_array(shape, dtype) end
+
+--- Unified memory the host and kernels share.
+function cuda.managed_array(shape, dtype) end
+
+--- Uninitialised device memory.
+-- @param shape an integer or {rows, cols, ...}
+-- @param dtype default float64
+-- @param stream a stream, or options `stream` (allocation ordered on it) and `ipc` (memory that
+-- can be shared with other processes through `Array:ipc_handle`)
+function cuda.device_array(shape, dtype, stream) end
+
+--- A device array of another array's shape and dtype.
+function cuda.device_array_like(a, stream) end
+
+--- A device copy of a host array (or of a table, with a dtype).
+function cuda.to_device(a, stream_or_dtype, stream) end
+
+--- Copies src into dst (same dtype and size): host, device and other devices' memory
+-- (peer copies), on a stream or ordered after queued work.
+function cuda.copy(dst, src, stream) end
+
+
+--- Opens device memory another process shared (`Array:ipc_handle`), as an array.
+function cuda.open_ipc_array(handle, shape, dtype) end
+
+--- An array of any kind. Fields: `Array.shape` (a table), `Array.dtype`, `Array.ndim`,
+-- `Array.size` (elements), `Array.nbytes`, `Array.itemsize`, `Array.kind` ("array",
+-- "pinned_array", "mapped_array", "managed_array", "device_array", "foreign"), `Array.device`,
+-- `Array.closed`. `#a` is the number of elements; `a[i]` reads and writes element i in
+-- row-major order (device arrays: one slow copy each); `tostring(a)` shows the values.
+-- Metafields: `__cuda_array_interface` (v3), `__close` (frees it), `__gc`.
+-- @type Array
+local Array = {}
+Array.shape = {}
+Array.dtype = nil
+Array.ndim = 0
+Array.size = 0
+Array.nbytes = 0
+Array.itemsize = 0
+Array.kind = ""
+Array.device = 0
+Array.closed = false
+
+--- Element (i, j, ...), one index per dimension.
+function Array:get(...) end
+
+--- Sets element (i, j, ...) to v, one index per dimension.
+function Array:set(...) end
+
+--- A Lua table of the values (nested for N-d arrays).
+function Array:totable() end
+
+--- Sets every element to v; returns the array.
+function Array:fill(v, stream) end
+
+--- A new host array with the values, or copies into `into` (on a stream: asynchronous).
+function Array:copy_to_host(into, stream) end
+
+--- Copies src (host, device or another device's array) into this array.
+function Array:copy_to_device(src, stream) end
+
+--- Elements first..last (1-based, inclusive) of a 1-d array as a view, no copy.
+function Array:slice(first, last) end
+
+--- The same memory with another shape (same size).
+function Array:reshape(shape) end
+
+--- The same bytes as another dtype (the size must divide evenly).
+function Array:view(dtype) end
+
+--- The device address (an integer).
+function Array:ptr() end
+
+--- Frees the memory now (once queued work that uses it is done); later use raises.
+function Array:close() end
+
+--- cuMemAdvise for managed memory: "read_mostly", "preferred_location", "accessed_by"...
+function Array:advise(advice, device) end
+
+--- A string another process passes to `cuda.open_ipc_array` (arrays made with `ipc = true`).
+function Array:ipc_handle() end
+
+--- Streams and events
+-- @section streams
+
+--- A new stream; `cuda.stream(true)` does not wait on the legacy stream.
+function cuda.stream(non_blocking) end
+
+--- The legacy default stream.
+function cuda.default_stream() end
+
+--- An event; options `timing` (default true) and `interprocess`.
+function cuda.event(opts) end
+
+--- Milliseconds between two recorded events.
+function cuda.event_elapsed_time(e0, e1) end
+
+--- Opens an event another process shared (`Event:ipc_handle`).
+function cuda.open_ipc_event(handle) end
+
+--- A stream of the device it was made on. Metafields `__close`, `__gc`.
+-- @type Stream
+local Stream = {}
+
+--- Waits for the stream's work (running Lua host functions, raising their errors).
+function Stream:synchronize() end
+
+--- True when all its work is done.
+function Stream:query() end
+
+--- Later work on the stream waits for the event.
+function Stream:wait_event(e) end
+
+--- Queues fn (a Lua function) to run on the Lua thread when the stream reaches it.
+function Stream:launch_host_func(fn) end
+
+--- Starts capturing the stream's work into a graph: mode "global", "thread_local" or "relaxed".
+function Stream:begin_capture(mode) end
+
+--- Ends the capture; returns the graph.
+function Stream:end_capture() end
+
+--- True while the stream captures.
+function Stream:is_capturing() end
+
+--- The CUstream handle (an integer).
+function Stream:handle() end
+
+--- The stream's device id.
+function Stream:device() end
+
+--- Destroys the stream once its queued work is done.
+function Stream:close() end
+
+--- An event. Metafields `__close`, `__gc`.
+-- @type Event
+local Event = {}
+
+--- Records the event on a stream (default: the legacy stream).
+function Event:record(stream) end
+
+--- Waits for the event.
+function Event:synchronize() end
+
+--- True when the event has happened.
+function Event:query() end
+
+--- Milliseconds from this event to another.
+function Event:elapsed_time(other) end
+
+--- A string another process passes to `cuda.open_ipc_event` (events made with `interprocess`).
+function Event:ipc_handle() end
+
+--- Destroys the event.
+function Event:close() end
+
+--- Kernels
+-- @section kernels
+
+--- Compiles CUDA C++ with NVRTC; returns a module. Kernel parameter types come from the compiler.
+-- Options (`opts`): `options` (NVRTC options), `name` (file name in messages; relative includes
+-- from its folder), `headers` ({["x.h"] = source}), `include_dirs`, `arch` ("sm_90";
+-- default: the device's), `name_expressions` (templates: {"scale<float>"}), `cache` (false:
+-- no compile cache), `relocatable` (-rdc, for `cuda.link`), `lto`, `debug` (-G -lineinfo),
+-- `lineinfo`.
+function cuda.compile(src, opts) end
+
+--- Compiles src and returns its kernel name (`opts` as `cuda.compile`).
+function cuda.kernel(src, name, opts) end
+
+--- Loads a cubin, fatbin, PTX or LTO-IR (a path or the bytes) built elsewhere.
+-- Options (`opts`): `name`, `arch` (for LTO-IR).
+function cuda.load_module(path_or_bytes, opts) end
+
+--- Links modules made with `relocatable` or `lto`, loaded modules and images into one module
+-- with nvJitLink. Options (`opts`): `name`, `arch`, `options` (nvJitLink options).
+function cuda.link(inputs, opts) end
+
+--- A module: kernels by name (`m.vecadd`) or by `Module:get`.
+-- @type Module
+local Module = {}
+
+--- The kernel named name (or a name expression); sig, a signature such as
+-- "float*, const float*, int", gives the types where the module has none.
+function Module:get(name, sig) end
+
+--- The names of its kernels.
+function Module:kernels() end
+
+--- The image: cubin, PTX, fatbin or LTO-IR bytes.
+function Module:image() end
+
+--- What it holds: "cubin", "ptx", "fatbin" or "ltoir".
+function Module:kind() end
+
+--- The PTX it was made from, where known.
+function Module:ptx() end
+
+--- The cubin, when it holds one.
+function Module:cubin() end
+
+--- The compiler's and linker's log.
+function Module:log() end
+
+--- A kernel. `k[{grid, block [, stream [, shared]]}]` or `k[{grid = , block = , stream = ,
+-- shared = , cooperative = , cluster = }]` gives a `Launcher`; unknown keys raise. A table
+-- config is parsed once when kept. Launch config keys: `grid`, `block` (integers or {x, y, z}),
+-- `stream`, `shared` (dynamic shared bytes; over 48 KiB opted in automatically),
+-- `cooperative` (grid-wide sync; the grid must fit on the device at once), `cluster` ({x, y, z},
+-- Hopper).
+-- @type Kernel
+local Kernel = {}
+
+--- Launches with a config table (keys as above) and the kernel's arguments.
+function Kernel:launch(config, ...) end
+
+--- A launcher for n threads with the occupancy calculator's block size.
+-- Options: `stream`, `shared`, `cooperative`, `cluster`.
+function Kernel:forall(n, opts) end
+
+--- The occupancy calculator's grid and block for a dynamic shared size.
+function Kernel:occupancy(shared) end
+
+--- Blocks of a size that fit on one multiprocessor at once.
+function Kernel:max_blocks_per_sm(block, shared) end
+
+--- Function attributes: registers, local, shared and constant memory, max threads, binary
+-- version and the writable ones.
+function Kernel:attributes() end
+
+--- Sets a writable attribute: "max_dynamic_shared_size_bytes",
+-- "preferred_shared_memory_carveout", "non_portable_cluster_size_allowed", "cache_config"...
+function Kernel:set_attribute(name, value) end
+
+--- Its name, parameter types and symbol.
+function Kernel:info() end
+
+--- The CUfunction handle (an integer).
+function Kernel:handle() end
+
+--- What `k[config]` gives: call it with the kernel's arguments to launch.
+-- @type Launcher
+local Launcher = {}
+
+--- Launches the kernel with these arguments (`launcher(...)`, the `__call` metamethod).
+function Launcher:__call(...) end
+
+--- Helpers
+-- @section helpers
+
+--- Numba's reduce: a reducer for a binary expression of a and b ("a + b", "fmax(a, b)").
+-- Options (`opts`): `init`. The reducer is called as `r(array, opts)` with options `init`,
+-- `res` (a device array: the result stays there) and `stream`; it returns a number.
+function cuda.reduce(expr, opts) end
+
+--- Wraps an object with `__cuda_array_interface` as an array, without a copy.
+function cuda.as_cuda_array(obj) end
+
+--- Numba's xoroshiro128+ generators.
+-- @table random
+cuda.random = {}
+
+--- A device array of n generator states: state i is the seeded state jumped 2^64 draws i times.
+-- Options (`opts`, or positional seed, subsequence_start, stream): `seed`,
+-- `subsequence_start`, `stream`.
+function cuda.random.create_xoroshiro128p_states(n, opts) end
+
+--- Fills existing states again.
+function cuda.random.init_xoroshiro128p_states(states, seed, subsequence_start, stream) end
+
+--- SplitMix64 of an integer seed (how states are seeded).
+function cuda.random.splitmix64(seed) end
+
+--- Progress bars driven by a running kernel.
+-- @table progress
+cuda.progress = {}
+
+--- Polls a managed or mapped counter the kernel bumps until the stream is done; draws a bar
+-- (a terminal) or lines. Options (`opts`): `stream`, `label`, `interval`, `out`,
+-- `line_interval`. Returns the last count.
+function cuda.progress.watch(counter, total, opts) end
+
+--- Graphs
+-- @section graphs
+
+--- An empty graph.
+function cuda.graph() end
+
+--- A CUDA graph. Metafields `__close`, `__gc`. Node functions take an optional list of nodes
+-- they depend on.
+-- @type Graph
+local Graph = {}
+
+--- A kernel node: config as `Kernel:launch` ({grid, block} or keys), args a list.
+function Graph:kernel(k, config, args, deps) end
+
+--- A copy node between host and device arrays.
+function Graph:memcpy(dst, src, deps) end
+
+--- A fill node.
+function Graph:memset(dst, value, deps) end
+
+--- A node that runs a Lua function on the Lua thread.
+function Graph:host(fn, deps) end
+
+--- A node that does nothing (joins dependencies).
+function Graph:empty(deps) end
+
+--- A copy of another graph as one node.
+function Graph:child(other, deps) end
+
+--- Makes node `to` run after node `from`.
+function Graph:add_dependency(from, to) end
+
+--- An executable graph.
+function Graph:instantiate() end
+
+--- The number of nodes.
+function Graph:node_count() end
+
+--- Writes the graph as Graphviz to path.
+function Graph:dot(path) end
+
+--- Destroys the graph.
+function Graph:close() end
+
+--- A graph node. Fields: `GraphNode.kind` ("kernel", "memcpy", ...), `GraphNode.graph`.
+-- @type GraphNode
+local GraphNode = {}
+GraphNode.kind = ""
+GraphNode.graph = nil
+
+--- An executable graph. Metafields `__close`, `__gc`.
+-- @type GraphExec
+local GraphExec = {}
+
+--- Launches it on a stream.
+function GraphExec:launch(stream) end
+
+--- Uploads it to the device ahead of the first launch.
+function GraphExec:upload(stream) end
+
+--- New arguments for a kernel node.
+function GraphExec:set_args(node, args) end
+
+--- New arrays for a memcpy node.
+function GraphExec:set_memcpy(node, dst, src) end
+
+--- A new array or value for a memset node.
+function GraphExec:set_memset(node, dst, value) end
+
+--- Takes the parameters of a graph of the same shape.
+function GraphExec:update(graph) end
+
+--- Destroys it once its launches are done.
+function GraphExec:close() end
+
+--- Many GPUs
+-- @section gpus
+
+--- Numba's `cuda.gpus`: `#cuda.gpus`, `cuda.gpus[i]` (a `Gpu`, 0-based), `cuda.gpus.current`
+-- (the selected device's), `pairs(cuda.gpus)`.
+-- @table gpus
+cuda.gpus = {}
+
+--- One device of `cuda.gpus`.
+-- @type Gpu
+local Gpu = {}
+
+--- Calls fn(...) with this device selected, then selects the previous one again (errors too).
+function Gpu:run(fn, ...) end
+
+--- Selects this device; returns a guard whose `__close` (or `restore`) selects the previous one.
+function Gpu:use() end
+
+--- Waits for all work on this device.
+function Gpu:synchronize() end
+
+--- Its table from `cuda.devices`.
+function Gpu:info() end
+
+--- NCCL (require "cudalua.nccl")
+-- @section nccl
+
+local nccl = {}
+
+--- True when NCCL can be opened; false and why otherwise.
+function nccl.is_available() end
+
+--- NCCL's version as an integer (22703 for 2.27.3).
+function nccl.version() end
+
+--- A unique id (256 hex characters) every rank passes to `nccl.comm_init_rank`.
+function nccl.unique_id() end
+
+--- A communicator on the selected device; blocks until every rank has joined.
+function nccl.comm_init_rank(nranks, id, rank) end
+
+--- One communicator per device of the list (default: every GPU); `comms:close()` ends them.
+function nccl.comm_init_all(devices) end
+
+--- Runs fn(...) with its collectives queued as one group; the group ends when fn raises too.
+function nccl.group(fn, ...) end
+
+--- An NCCL communicator. Ops: "sum", "prod", "max", "min", "avg". Metafields `__close`, `__gc`.
+-- @type Comm
+local Comm = {}
+
+--- All ranks get the reduction of every rank's send.
+function Comm:all_reduce(send, recv, op, stream) end
+
+--- Root's send to every rank's recv.
+function Comm:broadcast(send, recv, root, stream) end
+
+--- The reduction into root's recv.
+function Comm:reduce(send, recv, op, root, stream) end
+
+--- Every rank's send, in rank order, in every recv.
+function Comm:all_gather(send, recv, stream) end
+
+--- Rank i gets block i of the reduction.
+function Comm:reduce_scatter(send, recv, op, stream) end
+
+--- Sends an array to a peer rank.
+function Comm:send(a, peer, stream) end
+
+--- Receives an array from a peer rank.
+function Comm:recv(a, peer, stream) end
+
+--- Its rank.
+function Comm:rank() end
+
+--- The number of ranks.
+function Comm:size() end
+
+--- Its device id.
+function Comm:device() end
+
+--- The ncclComm_t handle (an integer).
+function Comm:handle() end
+
+--- An error NCCL found asynchronously, or nil.
+function Comm:async_error() end
+
+--- Aborts the communicator (after an error).
+function Comm:abort() end
+
+--- Destroys the communicator.
+function Comm:close() end
+
+return cuda

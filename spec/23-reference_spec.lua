@@ -1,0 +1,129 @@
+-- The API reference (docs/API.md, written from docs/api.lua by tools/apidoc.lua) names every
+-- public function, method, field and option key of require "cudalua", and is up to date.
+local H = require "spec.helper"
+local cuda = H.cuda
+local nccl = require "cudalua.nccl"
+local gpu = H.gpu(it, pending)
+
+local REF = assert(H.read("docs/API.md"), "docs/API.md is missing")
+
+-- the reference's entry for a heading text (up to the next heading of any level)
+local function entry(heading)
+  local at = REF:find("`" .. heading, 1, true)
+  if not at then return nil end
+  local stop = REF:find("\n#", at, true) or #REF
+  return REF:sub(at, stop)
+end
+
+local function missing_from(names, where)
+  local miss = {}
+  for _, n in ipairs(names) do
+    if not REF:find(where(n), 1, true) then miss[#miss + 1] = n end
+  end
+  table.sort(miss)
+  return miss
+end
+
+local function keys(t, want)
+  local list = {}
+  for k, v in pairs(t) do
+    if type(k) == "string" and (not want or want(k, v)) then list[#list + 1] = k end
+  end
+  return list
+end
+
+-- the accepted keys an "unknown option 'zz' (a, b, c)" error names
+local function accepted(fn, ...)
+  local ok, e = pcall(fn, ...)
+  assert(not ok, "an unknown option was accepted")
+  local list = tostring(e):match("unknown %a+ '?zz'? [^(]*%(([^)]*)%)")
+  assert(list, "no list of accepted keys in: " .. tostring(e))
+  local out = {}
+  for k in list:gmatch("[%a_]+") do
+    if k ~= "or" then out[#out + 1] = k end
+  end
+  return out
+end
+
+local function options_documented(heading, list)
+  local text = assert(entry(heading), "no entry for " .. heading .. " in docs/API.md")
+  local miss = {}
+  for _, k in ipairs(list) do
+    if not text:find("`" .. k .. "`", 1, true) then miss[#miss + 1] = k end
+  end
+  assert.same({}, miss, heading .. ": option keys missing from its entry")
+end
+
+describe("the API reference (docs/API.md)", function()
+  it("is what tools/apidoc.lua writes from docs/api.lua", function()
+    local tmp = os.tmpname()
+    local out, ok = H.run(("%s tools/apidoc.lua docs/api.lua %s 2>&1"):format(H.LUA, H.q(tmp)))
+    assert(ok, out)
+    local fresh = H.read(tmp)
+    os.remove(tmp)
+    assert(fresh == REF, "docs/API.md is out of date: run make docs")
+  end)
+
+  it("names every function and table of the module", function()
+    local dtypes = {}
+    for _, n in ipairs(keys(cuda, function(_, v) return type(v) == "userdata" end)) do dtypes[#dtypes + 1] = n end
+    assert(#dtypes >= 10, "the dtypes were not found")
+    assert.same({}, missing_from(dtypes, function(n) return "`" .. n .. "`" end), "dtypes")
+    local fns = keys(cuda, function(_, v) return type(v) ~= "userdata" end)
+    assert(#fns > 40)
+    assert.same({}, missing_from(fns, function(n) return "`cuda." .. n end), "cuda.*")
+    assert.same({}, missing_from(keys(cuda.random), function(n) return "`cuda.random." .. n .. "(" end), "cuda.random.*")
+    assert.same({}, missing_from(keys(cuda.progress), function(n) return "`cuda.progress." .. n .. "(" end), "cuda.progress.*")
+    assert.same({}, missing_from(keys(nccl), function(n) return "`nccl." .. n .. "(" end), "nccl.*")
+  end)
+
+  it("names every method and field of each object type", function()
+    local reg = debug.getregistry()
+    local types = {
+      Array = keys(reg["cudalua.array.methods"]), Kernel = keys(reg["cudalua.kernel.methods"]),
+      Stream = keys(reg["cudalua.stream"].__index), Event = keys(reg["cudalua.event"].__index),
+      Graph = keys(reg["cudalua.graph"].__index), GraphExec = keys(reg["cudalua.graph_exec"].__index),
+      Comm = keys(reg["cudalua.nccl_comm"].__index),
+      Module = keys(require("cudalua.module").methods), Gpu = keys(getmetatable(cuda.gpus).methods),
+    }
+    for t, names in pairs(types) do
+      assert(#names > 0, t .. ": no methods found")
+      assert.same({}, missing_from(names, function(n) return "`" .. t .. ":" .. n .. "(" end), t .. " methods")
+    end
+    -- fields read through __index (an array's and a dtype's, without a GPU)
+    local fields = { Array = {}, Dtype = {} }
+    for _, f in ipairs { "shape", "dtype", "ndim", "size", "nbytes", "itemsize", "kind", "device", "closed" } do
+      local ok = pcall(function() return cuda.array({ 1 })[f] end)
+      assert(ok, "array field " .. f)
+      fields.Array[#fields.Array + 1] = f
+    end
+    for _, f in ipairs { "name", "itemsize", "typestr", "ctype", "is_float" } do
+      assert.is_not_nil(cuda.float32[f], "dtype field " .. f)
+      fields.Dtype[#fields.Dtype + 1] = f
+    end
+    for t, names in pairs(fields) do
+      assert.same({}, missing_from(names, function(n) return "`" .. t .. "." .. n .. "`" end), t .. " fields")
+    end
+  end)
+
+  it("names every option key of the functions that take options", function()
+    options_documented("cuda.compile(", accepted(cuda.compile, "x", { zz = 1 }))
+    options_documented("cuda.load_module(", accepted(cuda.load_module, "x", { zz = 1 }))
+    options_documented("cuda.link(", accepted(cuda.link, { "x" }, { zz = 1 }))
+    options_documented("cuda.reduce(", accepted(cuda.reduce, "a + b", { zz = 1 }))
+    options_documented("cuda.reduce(", accepted(cuda.reduce("a + b"), cuda.array({ 1, 2 }), { zz = 1 }))
+    options_documented("cuda.random.create_xoroshiro128p_states(", accepted(cuda.random.create_xoroshiro128p_states, 4, { zz = 1 }))
+    options_documented("cuda.event(", accepted(cuda.event, { zz = 1 }))
+    options_documented("cuda.device_array(", accepted(cuda.device_array, 4, "float32", { zz = 1 }))
+    local watch = H.read("lua/cudalua/progress.lua"):match("unknown option '%%s' %(([^)]*)%)")
+    local list = {}
+    for k in assert(watch, "progress.watch's option list"):gmatch("[%a_]+") do list[#list + 1] = k end
+    options_documented("cuda.progress.watch(", list)
+  end)
+
+  gpu("names every launch configuration and forall option key", function()
+    local k = cuda.kernel('extern "C" __global__ void k(int *x) { }', "k")
+    options_documented("Kernel", accepted(function() return k[{ 1, 1, zz = 1 }] end))
+    options_documented("Kernel:forall(", accepted(k.forall, k, 4, { zz = 1 }))
+  end)
+end)
