@@ -107,3 +107,16 @@ end)
 teardown(function()
   if tree then H.rmrf(tree) end
 end)
+
+describe("the release rockspec", function()
+  it("has the version cuda.__version says", function()
+    local newest
+    for name in H.run("ls rockspecs"):gmatch("[^\n]+") do
+      local v = name:match("^cudalua%-(%d+%.%d+%.%d+)%-%d+%.rockspec$")
+      if v then newest = v end
+    end
+    assert(newest, "no versioned rockspec in rockspecs/")
+    assert.equal(newest, H.cuda.__version)
+    assert.matches("## " .. newest:gsub("%.", "%%."), H.read("CHANGELOG.md"))
+  end)
+end)

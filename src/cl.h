@@ -10,7 +10,7 @@
 #include <nvrtc.h>
 #include <nvJitLink.h>
 
-#define CUDALUA_VERSION "0.1.0"
+#define CUDALUA_VERSION "0.2.0"
 
 /* ---- driver.c: libcuda and NVRTC, opened with dlopen at run time ---- */
 #define CL_CUDA_FUNCS(X) \
