@@ -51,11 +51,12 @@ function M.watch(counter, total, opts)
   if opts.out ~= nil and io.type(opts.out) ~= "file" then
     error("progress.watch: out must be a file open for writing (io.stderr, io.open(...)), got " .. type(opts.out), 2)
   end
-  if opts.line_interval ~= nil and (type(opts.line_interval) ~= "number" or opts.line_interval < 0) then
-    error("progress.watch: line_interval must be seconds >= 0", 2)
+  local function seconds(v) return type(v) == "number" and v >= 0 and v <= 3600 end   -- NaN is not
+  if opts.line_interval ~= nil and not seconds(opts.line_interval) then
+    error("progress.watch: line_interval must be seconds from 0 to 3600", 2)
   end
   local interval = opts.interval or 0.001
-  if type(interval) ~= "number" or interval < 0 then error("progress.watch: interval must be seconds >= 0", 2) end
+  if not seconds(interval) or interval > 10 then error("progress.watch: interval must be seconds from 0 to 10", 2) end
   local out = opts.out or io.stderr
   local label = opts.label and tostring(opts.label) or "progress"
   local stream = opts.stream or cuda.default_stream()
