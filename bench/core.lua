@@ -83,6 +83,16 @@ section("launches", function()
 end)
 collectgarbage()
 
+-- NVTX with no profiler attached: each call is a Lua-to-C call and an empty function
+section("nvtx", function()
+  local mark, push, pop = cuda.nvtx.mark, cuda.nvtx.range_push, cuda.nvtx.range_pop
+  local m_us = per_item(function(m) for _ = 1, m do mark("bench") end end)
+  local pp_us = per_item(function(m) for _ = 1, m do push("bench"); pop() end end)
+  out("nvtx_mark_ns", m_us * 1e3)
+  out("nvtx_push_pop_ns", pp_us * 1e3)
+  out("nvtx_call_ns", math.max(m_us, pp_us / 2) * 1e3)
+end)
+
 ---------------------------------------------------------------------------------------------
 -- 3: 256 MiB copies, each finished before the clock stops (no stream: copies are synchronous)
 local BYTES = 256 << 20

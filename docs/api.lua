@@ -402,6 +402,38 @@ cuda.progress = {}
 -- `line_interval`. Returns the last count.
 function cuda.progress.watch(counter, total, opts) end
 
+--- Profiling
+-- @section profiling
+
+--- NVTX ranges and marks, which Nsight Systems and Nsight Compute show (and Nsight Compute can
+-- filter kernels by: `ncu --nvtx --nvtx-include "name/"`). NVTX v3 finds a profiler through
+-- NVTX_INJECTION64_PATH, which the profilers set; without one each call costs a Lua-to-C call.
+-- @table nvtx
+cuda.nvtx = {}
+
+--- Opens a range on this thread; returns its depth (1 for the outermost).
+function cuda.nvtx.range_push(name) end
+
+--- Closes the innermost range; returns the depth left. Raises when none is open.
+function cuda.nvtx.range_pop() end
+
+--- An instant event.
+function cuda.nvtx.mark(name) end
+
+--- Calls fn(...) inside a range, which ends when fn raises too; returns fn's results.
+function cuda.nvtx.range(name, fn, ...) end
+
+--- Opens a range and returns a guard that closes it: `local _ <close> = cuda.nvtx.scope(name)`
+-- (or `guard:close()`).
+function cuda.nvtx.scope(name) end
+
+--- cuProfilerStart: a profiler told to wait for it (`nsys --capture-range=cudaProfilerApi`,
+-- `ncu --profile-from-start off`) collects from here.
+function cuda.profile_start() end
+
+--- cuProfilerStop: the profiler stops collecting.
+function cuda.profile_stop() end
+
 --- Graphs
 -- @section graphs
 

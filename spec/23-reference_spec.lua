@@ -75,6 +75,7 @@ describe("the API reference (docs/API.md)", function()
     assert.same({}, missing_from(keys(cuda.random), function(n) return "`cuda.random." .. n .. "(" end), "cuda.random.*")
     assert.same({}, missing_from(keys(cuda.progress), function(n) return "`cuda.progress." .. n .. "(" end), "cuda.progress.*")
     assert.same({}, missing_from(keys(nccl), function(n) return "`nccl." .. n .. "(" end), "nccl.*")
+    assert.same({}, missing_from(keys(cuda.nvtx), function(n) return "`cuda.nvtx." .. n .. "(" end), "cuda.nvtx.*")
   end)
 
   it("names every method and field of each object type", function()

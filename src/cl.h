@@ -7,6 +7,7 @@
 #include <lua.h>
 #include <lauxlib.h>
 #include <cuda.h>
+#include <cudaProfiler.h>
 #include <nvrtc.h>
 #include <nvJitLink.h>
 
@@ -47,7 +48,8 @@
 /* entry points of newer drivers: NULL when missing (cuFuncGetParamInfo 12.4, the module
    function listing 12.4, cuFuncGetName 12.3) */
 #define CL_CUDA_OPTIONAL(X) \
-  X(cuFuncGetParamInfo) X(cuModuleGetFunctionCount) X(cuModuleEnumerateFunctions) X(cuFuncGetName)
+  X(cuFuncGetParamInfo) X(cuModuleGetFunctionCount) X(cuModuleEnumerateFunctions) X(cuFuncGetName) \
+  X(cuProfilerStart) X(cuProfilerStop)
 
 #define CL_NVRTC_FUNCS(X) \
   X(nvrtcVersion) X(nvrtcGetErrorString) X(nvrtcCreateProgram) X(nvrtcDestroyProgram) \
@@ -111,6 +113,7 @@ static inline CUcontext cl_ctx_swap(CUcontext c) {
 }
 const char *cl_errname(CUresult r);
 void cl_open_driver(lua_State *L); /* registers the system functions in the table on top */
+void cl_open_nvtx(lua_State *L);   /* nvtx.c: core.nvtx, profile_start/stop */
 
 /* ---- dtype.c: element types ---- */
 enum { CL_F32, CL_F64, CL_I8, CL_I16, CL_I32, CL_I64, CL_U8, CL_U16, CL_U32, CL_U64,

@@ -92,6 +92,7 @@ int luaopen_cudalua(lua_State *L) {
   cl_open_graph(L);
   cl_open_interop(L);
   cl_open_ipc(L);
+  cl_open_nvtx(L);
   luaopen_cudalua_nccl_core(L); lua_setfield(L, core, "nccl");
   lua_pushstring(L, CUDALUA_VERSION); lua_setfield(L, core, "version");
   /* identifies this build's Lua parts and headers: the compile cache key holds it */

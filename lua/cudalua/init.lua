@@ -68,4 +68,30 @@ cuda.random = require "cudalua.random"
 cuda.gpus = require "cudalua.gpus"
 cuda.progress = require "cudalua.progress"
 
+-- NVTX ranges for Nsight Systems and Nsight Compute (src/nvtx.c); no-ops without a profiler
+local nvtx = core.nvtx
+cuda.nvtx = nvtx
+cuda.profile_start, cuda.profile_stop = core.profile_start, core.profile_stop
+
+-- nvtx.range(name, fn, ...) -> fn's results, run inside a range that ends when fn raises too
+function nvtx.range(name, fn, ...)
+  if type(fn) ~= "function" then error("cuda.nvtx.range: expected a function, got " .. type(fn), 2) end
+  nvtx.range_push(name)
+  local r = table.pack(pcall(fn, ...))
+  nvtx.range_pop()
+  if not r[1] then error(r[2], 0) end
+  return table.unpack(r, 2, r.n)
+end
+
+-- local _ <close> = cuda.nvtx.scope(name): a range that ends with the block
+local Scope = { __name = "cudalua.nvtx_scope" }
+Scope.__close = function(s)
+  if not s.done then s.done = true; nvtx.range_pop() end
+end
+Scope.__index = { close = Scope.__close }
+function nvtx.scope(name)
+  nvtx.range_push(name)
+  return setmetatable({}, Scope)
+end
+
 return cuda
