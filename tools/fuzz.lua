@@ -257,6 +257,7 @@ extern "C" __global__ void spin(float *x, long long cycles) {
     if msg:find("attempt to ", 1, true) or msg:find("stack overflow", 1, true) or msg:find("bad argument #%d+ to '%?'")
       or msg:find("C stack", 1, true) then
       if msg:find("fuzz: ", 1, true) then return nil end   -- the fuzzer's own throwing metamethods
+      if msg:find("^tools/fuzz%.lua:%d+: attempt to index") then return nil end   -- an object with no fields
       return msg
     end
     return nil
@@ -297,6 +298,13 @@ extern "C" __global__ void spin(float *x, long long cycles) {
     local args = {}
     nargs = nargs or R(0, 5)
     for i = 1, nargs do args[i] = value(w) end
+    local shown = {}
+    for i = 1, nargs do
+      local v = args[i]
+      local ok, s = pcall(tostring, v)
+      shown[i] = (type(v) == "string" and ("%q"):format(v:sub(1, 24)) or ok and type(s) == "string" and s or type(v)):sub(1, 40)
+    end
+    io.write("L ", id, " ", label, "(", (table.concat(shown, ", "):gsub("%s+", " ")), ")\n"); io.flush()
     local ok, err = pcall(f, table.unpack(args, 1, nargs))
     -- what the case left behind is collected now, not in a later case
     w = nil
@@ -340,15 +348,17 @@ local function sanitizer_report(text)
 end
 
 -- runs cases first..last in one child; returns the id the next child starts at
-local function batch(first, last)
+local function batch(first, last, again)
   local limit = (opts.gpu and 60 or 20) + (last - first + 1) // 20
   local cmd = ("timeout -s KILL %d %s tools/fuzz.lua --child --first %d --last %d --seed %s%s 2>%s"):format(
     limit, q(INTERP), first, last, q(opts.seed), opts.gpu and " --gpu" or "", q(errfile))
   local p = assert(io.popen(cmd))
-  local started, finished, done = nil, first - 1, false
+  local started, finished, done, call = nil, first - 1, false, ""
   for line in p:lines() do
     local s = line:match("^S (%d+)")
-    if s then started = tonumber(s)
+    local l = line:match("^L %d+ (.*)")
+    if l then call = l
+    elseif s then started, call = tonumber(s), ""
     elseif line == "DONE" then done = true
     else
       local id, outcome, msg = line:match("^R (%d+) (%a+) (.*)")
@@ -364,13 +374,18 @@ local function batch(first, last)
   if f then f:close() end
   local report = sanitizer_report(err)
   if how == "exit" and code == 3 and not report then error("fuzz.lua: the fuzzer broke: " .. err) end
+  -- LSan's tracer crashing (its own fault, no report): the batch once more, from where it was
+  if not report and not again and err:find("LeakSanitizer has encountered a fatal error", 1, true) then
+    io.stderr:write("fuzz: LeakSanitizer's tracer failed (not a report): cases ", started or finished + 1, " on run again\n")
+    return batch(started or finished + 1, last, true)
+  end
   if done and code == 0 and not report then return last + 1 end
   -- the case in flight, or (none in flight) the last one: the crash came at the end, in a finalizer
   local culprit = started or finished
   local hung = how == "exit" and (code == 137 or code == 124) and not report
   local what = report or (hung and ("no end after %d s"):format(limit))
     or ("exit %s %s: %s"):format(how, tostring(code), (err:match("[^\n]*%S[^\n]*\n?$") or ""):sub(1, 200))
-  if not started then what = what .. " (after the case, at the child's end)" end
+  if not started then what = what .. " (after the case, at the child's end)" else what = what .. " in " .. call end
   note(hung and "hang" or "crash", culprit, what)
   return math.max(culprit, first) + 1
 end
