@@ -398,7 +398,7 @@ else
   while id <= opts.cases and os.time() - t0 < opts.seconds do
     local b0 = os.time()
     id = batch(id, math.min(opts.cases, id + opts.batch - 1))
-    io.stderr:write(("fuzz: cases to %d, %d s; %d errors, %d accepted, %d unclean, %d crashes, %d hangs\n"):format(
+    io.stderr:write(("  cases to %d, %d s; %d errors, %d accepted, %d unclean, %d crashes, %d hangs\n"):format(
       id - 1, os.time() - b0, tally.error, tally.accepted, tally.unclean, tally.crash, tally.hang))
   end
   opts.ran = id - 1
