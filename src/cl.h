@@ -269,7 +269,8 @@ typedef struct cl_kernel {
   unsigned short psize[CL_MAXPARAMS], poff[CL_MAXPARAMS];
   int occ_block, occ_grid;       /* occupancy cache for shared == occ_shared */
   size_t occ_shared;
-  unsigned coop_threads, coop_shared, coop_max;   /* co-resident blocks for that block and shared size */
+  unsigned coop_threads, coop_shared;   /* the block and shared size coop_per was found for */
+  unsigned coop_per, coop_sms;         /* co-resident blocks per multiprocessor, multiprocessors */
   unsigned dyn_max;              /* dynamic shared memory a launch may ask for without opting in */
   int static_shared, binary_version;
   unsigned req_cluster[3];       /* __cluster_dims__ of the kernel; 0: none */

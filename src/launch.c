@@ -252,26 +252,13 @@ static CUresult launch_ex(cl_kernel *k, const cl_launch *c, CUstream h, void **p
 /* why a launch failed, in words a user can act on, where cudalua can tell (slow path) */
 static const char *launch_hint(lua_State *L, cl_kernel *k, const cl_launch *c, CUresult r) {
   /* only refusals of the configuration; an earlier fault may make any call fail */
-  if (r != CUDA_ERROR_INVALID_VALUE && r != CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE &&
+  if (r != CUDA_ERROR_INVALID_VALUE &&
       r != CUDA_ERROR_INVALID_CLUSTER_SIZE && r != CUDA_ERROR_NOT_SUPPORTED) return "";
+  /* cooperative grids were checked before the launch (coop_refusal) */
   CUdevice dev;
-  int ma = 0, sms = 0, coop = 0;
+  int ma = 0;
   if (cu.cuCtxGetDevice(&dev) != CUDA_SUCCESS ||
-      cu.cuDeviceGetAttribute(&ma, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev) != CUDA_SUCCESS ||
-      cu.cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev) != CUDA_SUCCESS ||
-      cu.cuDeviceGetAttribute(&coop, CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH, dev) != CUDA_SUCCESS) return "";
-  if (c->cooperative && !coop) return "this device does not support cooperative launches";
-  if (r == CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE || (c->cooperative && r == CUDA_ERROR_INVALID_VALUE)) {
-    int per = 0;
-    unsigned threads = c->b[0] * c->b[1] * c->b[2];
-    cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(&per, k->fn, (int)threads, c->shared);
-    unsigned long long blocks = (unsigned long long)c->g[0] * c->g[1] * c->g[2];
-    if (blocks > (unsigned long long)per * sms)
-      return lua_pushfstring(L, "a cooperative grid of %I blocks is more than can be resident at once: "
-                             "at most %d (%d per multiprocessor x %d multiprocessors, for blocks of %d threads "
-                             "and %d bytes of dynamic shared memory)", (lua_Integer)blocks, per * sms, per,
-                             sms, (int)threads, (int)c->shared);
-  }
+      cu.cuDeviceGetAttribute(&ma, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev) != CUDA_SUCCESS) return "";
   if (c->cluster[0] && ma < 9)
     return lua_pushfstring(L, "thread block clusters need a device of compute capability 9.0 or newer");
   if (c->cluster[0] && k->binary_version && k->binary_version < 90)
@@ -324,18 +311,15 @@ static const char *coop_refusal(lua_State *L, cl_kernel *k, const cl_launch *c) 
       return NULL;
     k->coop_threads = threads;
     k->coop_shared = c->shared;
-    k->coop_max = (unsigned)per * (unsigned)sms;
+    k->coop_per = (unsigned)per;
+    k->coop_sms = (unsigned)sms;
   }
-  unsigned long long blocks = (unsigned long long)c->g[0] * c->g[1] * c->g[2];
-  if (blocks <= k->coop_max) return NULL;
-  int sms = 0;
-  CUdevice dev;
-  if (cu.cuCtxGetDevice(&dev) == CUDA_SUCCESS) cu.cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
-  unsigned per = sms ? k->coop_max / (unsigned)sms : 0;
+  unsigned long long blocks = (unsigned long long)c->g[0] * c->g[1] * c->g[2], most = (unsigned long long)k->coop_per * k->coop_sms;
+  if (blocks <= most) return NULL;
   return lua_pushfstring(L, "a cooperative grid of %I blocks is more than can be resident at once: "
-                         "at most %d (%d per multiprocessor x %d multiprocessors, for blocks of %d threads "
-                         "and %d bytes of dynamic shared memory)", (lua_Integer)blocks, (int)k->coop_max, (int)per,
-                         sms, (int)threads, (int)c->shared);
+                         "at most %I (%d per multiprocessor x %d multiprocessors, for blocks of %d threads "
+                         "and %d bytes of dynamic shared memory)", (lua_Integer)blocks, (lua_Integer)most,
+                         (int)k->coop_per, (int)k->coop_sms, (int)threads, (int)c->shared);
 }
 
 int cl_kernel_launch(lua_State *L, cl_kernel *k, int kidx, int first, const cl_launch *c) {

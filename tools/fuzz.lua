@@ -348,7 +348,7 @@ local function sanitizer_report(text)
 end
 
 -- runs cases first..last in one child; returns the id the next child starts at
-local function batch(first, last, again)
+local function batch(first, last)
   local limit = (opts.gpu and 60 or 20) + (last - first + 1) // 20
   local cmd = ("timeout -s KILL %d %s tools/fuzz.lua --child --first %d --last %d --seed %s%s 2>%s"):format(
     limit, q(INTERP), first, last, q(opts.seed), opts.gpu and " --gpu" or "", q(errfile))
@@ -374,11 +374,6 @@ local function batch(first, last, again)
   if f then f:close() end
   local report = sanitizer_report(err)
   if how == "exit" and code == 3 and not report then error("fuzz.lua: the fuzzer broke: " .. err) end
-  -- LSan's tracer crashing (its own fault, no report): the batch once more, from where it was
-  if not report and not again and err:find("LeakSanitizer has encountered a fatal error", 1, true) then
-    io.stderr:write("fuzz: LeakSanitizer's tracer failed (not a report): cases ", started or finished + 1, " on run again\n")
-    return batch(started or finished + 1, last, true)
-  end
   if done and code == 0 and not report then return last + 1 end
   -- the case in flight, or (none in flight) the last one: the crash came at the end, in a finalizer
   local culprit = started or finished
