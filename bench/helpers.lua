@@ -247,8 +247,8 @@ collectgarbage()
 -- grid-stride saxpy launched the usual way (CuPy's ElementwiseKernel: bench/compare.py); each
 -- timed with events over K calls, as GB/s of the three arrays
 section("elementwise", function()
-  local N = 1 << 28
-  local x, y, z = cuda.device_array(N, "float32"), cuda.device_array(N, "float32"), cuda.device_array(N, "float32")
+  local NE = 1 << 28
+  local x, y, z = cuda.device_array(NE, "float32"), cuda.device_array(NE, "float32"), cuda.device_array(NE, "float32")
   x:fill(1.5); y:fill(2)
   local ew = cuda.elementwise("float32 x, float32 y, float32 a", "float32 z", "z = a * x + y", "saxpy")
   local hand = cuda.kernel([[
@@ -260,7 +260,7 @@ extern "C" __global__ void saxpy(const float *x, const float *y, float a, float 
   local hand_cfg = { sms * 16, 256 }
   local bodies = {
     cudalua = function() ew(x, y, 2.0, z) end,
-    hand = function() hand[hand_cfg](x, y, 2.0, z, N) end,
+    hand = function() hand[hand_cfg](x, y, 2.0, z, NE) end,
   }
   local K = 10
   local e0, e1 = cuda.event(), cuda.event()
@@ -276,10 +276,10 @@ extern "C" __global__ void saxpy(const float *x, const float *y, float a, float 
       res[name][#res[name] + 1] = e0:elapsed_time(e1) / K
     end
   end
-  local h = z:slice(N - 3, N):copy_to_host()
+  local h = z:slice(NE - 3, NE):copy_to_host()
   if h[4] ~= 5 then note("helpers.lua: elementwise saxpy gave " .. tostring(h[4])) end
-  out("elementwise_saxpy_gbs", N * 12 / (median(res.cudalua) * 1e-3) / 1e9)
-  out("inproc_saxpy_gbs", N * 12 / (median(res.hand) * 1e-3) / 1e9)
+  out("elementwise_saxpy_gbs", NE * 12 / (median(res.cudalua) * 1e-3) / 1e9)
+  out("inproc_saxpy_gbs", NE * 12 / (median(res.hand) * 1e-3) / 1e9)
 end)
 collectgarbage()
 

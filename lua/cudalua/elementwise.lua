@@ -13,7 +13,9 @@ local RESERVED = { _cl_i = true, _cl_n = true, _cl_j = true, _cl_k = true }
 
 -- "float32 x, float32 y" -> { {dtype=, name=}, ... }
 local function parse_params(s, where, level)
-  if type(s) ~= "string" then error(("%s: parameters must be a string such as \"float32 x, float32 y\", got %s"):format(where, type(s)), level) end
+  if type(s) ~= "string" then
+    error(("%s: parameters must be a string such as \"float32 x, float32 y\", got %s"):format(where, type(s)), level)
+  end
   local list, seen = {}, {}
   if s:match("^%s*$") then return list end
   for part in (s .. ","):gmatch("([^,]*),") do
@@ -193,7 +195,9 @@ function Elementwise.__call(self, ...)
     local v = args[nin + j]
     if v ~= nil then
       if not is_array(v) then error(("%s: output %s must be an array, got %s"):format(where, p.name, type(v)), 2) end
-      if v.dtype.name ~= p.dtype.name then error(("%s: output %s is %s, the parameter %s"):format(where, p.name, tostring(v.dtype), p.dtype.name), 2) end
+      if v.dtype.name ~= p.dtype.name then
+        error(("%s: output %s is %s, the parameter %s"):format(where, p.name, tostring(v.dtype), p.dtype.name), 2)
+      end
       if n and #v ~= n then error(("%s: output %s has %d elements, %s has %d"):format(where, p.name, #v, first, n), 2) end
       n, first = n or #v, first or p.name
       out[j] = v
