@@ -268,6 +268,31 @@ def bench_cupy_helpers():
         sync()
         pool.free_all_blocks()
 
+    def elementwise():
+        saxpy = cp.ElementwiseKernel("float32 x, float32 y, float32 a", "float32 z", "z = a * x + y", "saxpy")
+        x = cp.full(BIG, 1.5, dtype=cp.float32)
+        y = cp.full(BIG, 2, dtype=cp.float32)
+        z = cp.empty(BIG, dtype=cp.float32)
+        a = np.float32(2.0)
+        saxpy(x, y, a, z)
+        sync()
+        e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+        K = 10
+        times = []
+        for _ in range(REPS * 2):
+            e0.record()
+            for _ in range(K):
+                saxpy(x, y, a, z)
+            e1.record()
+            e1.synchronize()
+            times.append(cp.cuda.get_elapsed_time(e0, e1) / K)
+        if float(z[-1]) != 5.0:
+            note(f"cupy: elementwise saxpy gave {float(z[-1])}")
+        out("cupy_elementwise_saxpy_gbs", BIG * 12 / (statistics.median(times) * 1e-3) / 1e9)
+        del x, y, z
+        sync()
+        pool.free_all_blocks()
+
     def reduce_small():
         xs = cp.ones(SMALL, dtype=cp.float64)
         res = []
@@ -333,6 +358,7 @@ def bench_cupy_helpers():
 
     section("cupy reduce 2^28", reduce_big)
     section("cupy reduce 1234", reduce_small)
+    section("cupy elementwise saxpy 2^28", elementwise)
     section("cupy plain launch", plain_launch)
     section("cupy graphs", graphs)
 

@@ -243,6 +243,46 @@ collectgarbage()
 
 ---------------------------------------------------------------------------------------------
 -- 1, 2: reductions to the host
+-- elementwise: saxpy on 2^28 float32 elements, cuda.elementwise against a hand-written CUDA C
+-- grid-stride saxpy launched the usual way (CuPy's ElementwiseKernel: bench/compare.py); each
+-- timed with events over K calls, as GB/s of the three arrays
+section("elementwise", function()
+  local NE = 1 << 28
+  local x, y, z = cuda.device_array(NE, "float32"), cuda.device_array(NE, "float32"), cuda.device_array(NE, "float32")
+  x:fill(1.5); y:fill(2)
+  local ew = cuda.elementwise("float32 x, float32 y, float32 a", "float32 z", "z = a * x + y", "saxpy")
+  local hand = cuda.kernel([[
+extern "C" __global__ void saxpy(const float *x, const float *y, float a, float *z, long long n) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+    z[i] = a * x[i] + y[i];
+}]], "saxpy")
+  local sms = cuda.devices()[cuda.current_device() + 1].multiprocessors
+  local hand_cfg = { sms * 16, 256 }
+  local bodies = {
+    cudalua = function() ew(x, y, 2.0, z) end,
+    hand = function() hand[hand_cfg](x, y, 2.0, z, NE) end,
+  }
+  local K = 10
+  local e0, e1 = cuda.event(), cuda.event()
+  local res = { cudalua = {}, hand = {} }
+  for _, f in pairs(bodies) do f() end
+  cuda.synchronize()
+  for r = 1, REPS * 2 do
+    for _, name in ipairs(r % 2 == 0 and { "cudalua", "hand" } or { "hand", "cudalua" }) do
+      e0:record()
+      for _ = 1, K do bodies[name]() end
+      e1:record()
+      e1:synchronize()
+      res[name][#res[name] + 1] = e0:elapsed_time(e1) / K
+    end
+  end
+  local h = z:slice(NE - 3, NE):copy_to_host()
+  if h[4] ~= 5 then note("helpers.lua: elementwise saxpy gave " .. tostring(h[4])) end
+  out("elementwise_saxpy_gbs", NE * 12 / (median(res.cudalua) * 1e-3) / 1e9)
+  out("inproc_saxpy_gbs", NE * 12 / (median(res.hand) * 1e-3) / 1e9)
+end)
+collectgarbage()
+
 section("reduce", function()
   local sum = cuda.reduce("a + b")
   local BIG = 1 << 28

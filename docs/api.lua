@@ -375,6 +375,17 @@ function Launcher:__call(...) end
 -- `res` (a device array: the result stays there) and `stream`; it returns a number.
 function cuda.reduce(expr, opts) end
 
+--- CuPy's ElementwiseKernel (Numba's @vectorize): a callable running body once per element.
+-- `ew(in1, ..., [out1, ...], [opts])`: inputs given as Lua numbers are broadcast, arrays all
+-- have one size; outputs not given are made (device arrays shaped like the first array input)
+-- and returned. Options: `stream`, `block`. One kernel per dtypes-and-scalars signature, a
+-- grid-stride loop with 16-byte loads and stores when every pointer is aligned.
+-- @param in_params "float32 x, float32 y, float32 a"
+-- @param out_params "float32 z"
+-- @param body C++ statements on the parameters' names: "z = a * x + y"
+-- @param name for messages and the kernel's file name (default "elementwise")
+function cuda.elementwise(in_params, out_params, body, name) end
+
 --- Wraps an object with `__cuda_array_interface` as an array, without a copy.
 function cuda.as_cuda_array(obj) end
 

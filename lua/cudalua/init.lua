@@ -68,6 +68,10 @@ cuda.random = require "cudalua.random"
 cuda.gpus = require "cudalua.gpus"
 cuda.progress = require "cudalua.progress"
 
+-- CuPy's ElementwiseKernel: cuda.elementwise("float32 x, float32 a", "float32 z", "z = a * x")
+local elementwise = require "cudalua.elementwise"
+function cuda.elementwise(ins, outs, body, name) return elementwise.elementwise(cuda, ins, outs, body, name) end
+
 -- NVTX ranges for Nsight Systems and Nsight Compute (src/nvtx.c); no-ops without a profiler
 local nvtx = core.nvtx
 cuda.nvtx = nvtx

@@ -1,0 +1,251 @@
+-- cudalua.elementwise: CuPy's ElementwiseKernel (Numba's @vectorize) for cudalua.
+--   local saxpy = cuda.elementwise("float32 x, float32 y, float32 a", "float32 z", "z = a * x + y")
+--   local z = saxpy(d_x, d_y, 2.5)                 -- z allocated: a device array like d_x
+--   saxpy(d_x, d_y, 2.5, d_z, { stream = s })      -- into d_z, on a stream
+-- Inputs given as Lua numbers are broadcast (passed by value); arrays all have the same number
+-- of elements, and the outputs are allocated like the first array when not given. One kernel
+-- is compiled per dtypes-and-scalars signature (through the compile cache): a grid-stride loop
+-- whose arrays are read and written 16 bytes at a time when every pointer allows it.
+local core = ...
+local M = {}
+
+local RESERVED = { _cl_i = true, _cl_n = true, _cl_j = true, _cl_k = true }
+
+-- "float32 x, float32 y" -> { {dtype=, name=}, ... }
+local function parse_params(s, where, level)
+  if type(s) ~= "string" then
+    error(("%s: parameters must be a string such as \"float32 x, float32 y\", got %s"):format(where, type(s)), level)
+  end
+  local list, seen = {}, {}
+  if s:match("^%s*$") then return list end
+  for part in (s .. ","):gmatch("([^,]*),") do
+    local dt, name = part:match("^%s*([%w_]+)%s+([%a_][%w_]*)%s*$")
+    if not dt then error(("%s: cannot read parameter %q (expected \"dtype name\")"):format(where, part:match("^%s*(.-)%s*$")), level) end
+    local ok, d = pcall(core.dtype, dt)
+    if not ok then error(("%s: parameter %s: unknown dtype %q"):format(where, name, dt), level) end
+    if seen[name] then error(("%s: parameter %s is named twice"):format(where, name), level) end
+    if RESERVED[name] or name:match("^_cl_") then error(("%s: parameter name %s is reserved"):format(where, name), level) end
+    seen[name] = true
+    list[#list + 1] = { dtype = d, name = name }
+  end
+  return list
+end
+
+-- the kernel source for inputs ins (each with .scalar), outputs outs; w: elements a thread
+-- reads per step (1: no vector loads)
+local function source(ins, outs, body, w)
+  local p, fp16 = {}, false
+  for _, v in ipairs(ins) do
+    local ct = v.dtype.ctype
+    if v.dtype.name == "float16" then fp16 = true end
+    p[#p + 1] = v.scalar and ("%s %s_"):format(ct, v.name) or ("const %s *__restrict__ %s_"):format(ct, v.name)
+  end
+  for _, v in ipairs(outs) do
+    if v.dtype.name == "float16" then fp16 = true end
+    p[#p + 1] = ("%s *__restrict__ %s_"):format(v.dtype.ctype, v.name)
+  end
+  p[#p + 1] = "long long _cl_n"
+  local L = {}
+  if fp16 then L[#L + 1] = "#include <cuda_fp16.h>" end
+  -- one element: the body sees every parameter by its name, as a value
+  local function element(read, write)
+    local e = {}
+    for _, v in ipairs(ins) do
+      e[#e + 1] = ("    %s %s = %s;"):format(v.dtype.ctype, v.name, v.scalar and (v.name .. "_") or read(v))
+    end
+    for _, v in ipairs(outs) do e[#e + 1] = ("    %s %s;"):format(v.dtype.ctype, v.name) end
+    e[#e + 1] = "    { " .. body .. "; }"
+    for _, v in ipairs(outs) do e[#e + 1] = "    " .. write(v) .. ";" end
+    return table.concat(e, "\n")
+  end
+  if w > 1 then
+    for _, v in ipairs(ins) do
+      if not v.scalar then
+        L[#L + 1] = ("struct __align__(%d) _cl_v_%s { %s v[%d]; };"):format(v.dtype.itemsize * w, v.name, v.dtype.ctype, w)
+      end
+    end
+    for _, v in ipairs(outs) do
+      L[#L + 1] = ("struct __align__(%d) _cl_v_%s { %s v[%d]; };"):format(v.dtype.itemsize * w, v.name, v.dtype.ctype, w)
+    end
+  end
+  L[#L + 1] = ('extern "C" __global__ void cudalua_elementwise(%s) {'):format(table.concat(p, ", "))
+  L[#L + 1] = "  long long _cl_stride = (long long)gridDim.x * blockDim.x;"
+  L[#L + 1] = "  long long _cl_t = (long long)blockIdx.x * blockDim.x + threadIdx.x;"
+  local tail_from = "0"
+  if w > 1 then
+    L[#L + 1] = ("  for (long long _cl_j = _cl_t; _cl_j < _cl_n / %d; _cl_j += _cl_stride) {"):format(w)
+    for _, v in ipairs(ins) do
+      if not v.scalar then
+        L[#L + 1] = ("    _cl_v_%s _cl_in_%s = reinterpret_cast<const _cl_v_%s *>(%s_)[_cl_j];"):format(v.name, v.name, v.name, v.name)
+      end
+    end
+    for _, v in ipairs(outs) do L[#L + 1] = ("    _cl_v_%s _cl_out_%s;"):format(v.name, v.name) end
+    L[#L + 1] = "    #pragma unroll"
+    L[#L + 1] = ("    for (int _cl_k = 0; _cl_k < %d; _cl_k++) {"):format(w)
+    L[#L + 1] = element(function(v) return ("_cl_in_%s.v[_cl_k]"):format(v.name) end,
+                        function(v) return ("_cl_out_%s.v[_cl_k] = %s"):format(v.name, v.name) end)
+    L[#L + 1] = "    }"
+    for _, v in ipairs(outs) do
+      L[#L + 1] = ("    reinterpret_cast<_cl_v_%s *>(%s_)[_cl_j] = _cl_out_%s;"):format(v.name, v.name, v.name)
+    end
+    L[#L + 1] = "  }"
+    tail_from = ("_cl_n / %d * %d"):format(w, w)
+  end
+  L[#L + 1] = ("  for (long long _cl_i = %s + _cl_t; _cl_i < _cl_n; _cl_i += _cl_stride) {"):format(tail_from)
+  L[#L + 1] = element(function(v) return v.name .. "_[_cl_i]" end,
+                      function(v) return ("%s_[_cl_i] = %s"):format(v.name, v.name) end)
+  L[#L + 1] = "  }"
+  L[#L + 1] = "}"
+  return table.concat(L, "\n")
+end
+M.source = source
+
+local Elementwise = {}
+Elementwise.__index = Elementwise
+Elementwise.__name = "cudalua.elementwise"
+
+local EW_OPTS = { stream = true, block = true }
+local sms_of = {}   -- device -> multiprocessors (cuda.devices() builds every device's table)
+
+-- cuda.elementwise(in_params, out_params, body [, name]) -> a callable
+function M.elementwise(cuda, in_params, out_params, body, name)
+  local where = "cuda.elementwise"
+  local ins = parse_params(in_params, where, 3)
+  local outs = parse_params(out_params, where, 3)
+  if #outs == 0 then error(where .. ": give at least one output parameter", 2) end
+  for _, o in ipairs(outs) do
+    for _, i in ipairs(ins) do
+      if o.name == i.name then error(("%s: %s is both an input and an output"):format(where, o.name), 2) end
+    end
+  end
+  if type(body) ~= "string" or body:match("^%s*$") then error(where .. ": the body must be a string of C++ statements", 2) end
+  if name ~= nil and (type(name) ~= "string" or not name:match("^[%a_][%w_]*$")) then
+    error(where .. ": name must be an identifier", 2)
+  end
+  return setmetatable({ cuda = cuda, ins = ins, outs = outs, body = body, name = name or "elementwise",
+                        kernels = {} }, Elementwise)
+end
+
+-- the kernel for this call's scalars and vector width (compiled once per signature and device)
+local function kernel_for(self, scalars, w)
+  local key = scalars .. "/" .. w .. "/" .. self.cuda.current_device()
+  local k = self.kernels[key]
+  if k then return k end
+  local ins = {}
+  for i, v in ipairs(self.ins) do ins[i] = { dtype = v.dtype, name = v.name, scalar = scalars:sub(i, i) == "s" } end
+  local src = source(ins, self.outs, self.body, w)
+  local ok, mod = pcall(self.cuda.compile, src, { name = self.name .. ".cu" })
+  if not ok then error(("cuda.elementwise: %s does not compile: %s"):format(self.name, tostring(mod)), 4) end
+  k = mod:get("cudalua_elementwise")
+  self.kernels[key] = k
+  return k
+end
+
+local function is_array(v)
+  local ok, n = pcall(core.array_info, v)
+  return ok and n ~= nil
+end
+
+-- ew(in1, in2, ... [, out1, ...] [, opts]) -> the outputs
+function Elementwise.__call(self, ...)
+  local args = table.pack(...)
+  local opts = nil
+  local nin, nout = #self.ins, #self.outs
+  if args.n > 0 and type(args[args.n]) == "table" and not is_array(args[args.n])
+     and getmetatable(args[args.n]) == nil then
+    opts = args[args.n]
+    args.n = args.n - 1
+  end
+  local where = self.name
+  if args.n ~= nin and args.n ~= nin + nout then
+    error(("%s: expected %d inputs%s, got %d arguments"):format(where, nin,
+      (" (and optionally %d outputs)"):format(nout), args.n), 2)
+  end
+  local stream, block = nil, 256
+  for k, v in pairs(opts or {}) do
+    if not EW_OPTS[k] then error(("%s: unknown option '%s' (block, stream)"):format(where, tostring(k)), 2) end
+    if k == "stream" then stream = v end
+    if k == "block" then
+      if math.type(v) ~= "integer" or v < 1 or v > 1024 then error(where .. ": block must be an integer from 1 to 1024", 2) end
+      block = v
+    end
+  end
+  -- inputs: numbers broadcast, arrays all of one size
+  local cuda = self.cuda
+  local n, first, scalars = nil, nil, {}
+  for i, p in ipairs(self.ins) do
+    local v = args[i]
+    if type(v) == "number" or type(v) == "boolean" then
+      scalars[i] = "s"
+    elseif is_array(v) then
+      scalars[i] = "a"
+      local a = v
+      local size = #a
+      if a.dtype.name ~= p.dtype.name then
+        error(("%s: input %s is %s, the parameter %s"):format(where, p.name, tostring(a.dtype), p.dtype.name), 2)
+      end
+      if n and size ~= n then error(("%s: input %s has %d elements, %s has %d"):format(where, p.name, size, first, n), 2) end
+      n, first = n or size, first or p.name
+    else
+      error(("%s: input %s must be a number or an array, got %s"):format(where, p.name, type(v)), 2)
+    end
+  end
+  local out = {}
+  for j, p in ipairs(self.outs) do
+    local v = args[nin + j]
+    if v ~= nil then
+      if not is_array(v) then error(("%s: output %s must be an array, got %s"):format(where, p.name, type(v)), 2) end
+      if v.dtype.name ~= p.dtype.name then
+        error(("%s: output %s is %s, the parameter %s"):format(where, p.name, tostring(v.dtype), p.dtype.name), 2)
+      end
+      if n and #v ~= n then error(("%s: output %s has %d elements, %s has %d"):format(where, p.name, #v, first, n), 2) end
+      n, first = n or #v, first or p.name
+      out[j] = v
+    end
+  end
+  if not n then error(where .. ": no array among the inputs or outputs says how many elements", 2) end
+  local shape_of
+  for i = 1, nin do if scalars[i] == "a" then shape_of = args[i]; break end end
+  for j, p in ipairs(self.outs) do
+    if not out[j] then out[j] = cuda.device_array(shape_of and shape_of.shape or n, p.dtype, stream) end
+  end
+  -- the vector width: 16 bytes of the widest type, when every array's pointer allows it
+  local widest = 1
+  for i, p in ipairs(self.ins) do if scalars[i] == "a" then widest = math.max(widest, p.dtype.itemsize) end end
+  for _, p in ipairs(self.outs) do widest = math.max(widest, p.dtype.itemsize) end
+  local w = 16 // widest
+  local function aligned(v, itemsize)
+    local ok, p = pcall(v.ptr, v)
+    return ok and math.type(p) == "integer" and p % (itemsize * w) == 0
+  end
+  if w > 1 and n >= w * 1024 then
+    for i, p in ipairs(self.ins) do
+      if scalars[i] == "a" and not aligned(args[i], p.dtype.itemsize) then w = 1; break end
+    end
+    if w > 1 then
+      for j, p in ipairs(self.outs) do if not aligned(out[j], p.dtype.itemsize) then w = 1; break end end
+    end
+  else
+    w = 1
+  end
+  local k = kernel_for(self, table.concat(scalars), w)
+  if n > 0 then
+    local dev = cuda.current_device()
+    local sms = sms_of[dev]
+    if not sms then sms = cuda.devices()[dev + 1].multiprocessors; sms_of[dev] = sms end
+    local work = (n + w - 1) // w
+    local grid = math.max(1, math.min((work + block - 1) // block, sms * (2048 // block) * 2))
+    local call = {}
+    for i = 1, nin do call[i] = args[i] end
+    for j = 1, nout do call[nin + j] = out[j] end
+    call[nin + nout + 1] = n
+    k[{ grid, block, stream }](table.unpack(call, 1, nin + nout + 1))
+  end
+  return table.unpack(out, 1, nout)
+end
+
+Elementwise.__tostring = function(self)
+  return ("cudalua.elementwise<%s>"):format(self.name)
+end
+
+return M

@@ -1,0 +1,92 @@
+-- cuda.elementwise (lua/cudalua/elementwise.lua): CuPy's ElementwiseKernel, checked against the
+-- CPU on random data, for every dtype, with scalars broadcast, outputs given or made, streams,
+-- the vector path and the scalar one (a slice whose pointer is not 16-byte aligned).
+local H = require "spec.helper"
+local C = require "spec.check"
+local cuda = H.cuda
+local gpu = H.gpu(it, pending)
+
+local function f32(v) return string.unpack("f", string.pack("f", v)) end
+
+describe("cuda.elementwise", function()
+  it("reads its parameters and refuses bad ones, naming them", function()
+    local ew = cuda.elementwise("float32 x, float32 y, float32 a", "float32 z", "z = a * x + y", "saxpy")
+    assert.matches("cudalua.elementwise<saxpy>", tostring(ew), 1, true)
+    C.raises("cuda.elementwise: parameter x is named twice", cuda.elementwise, "float32 x, int32 x", "float32 z", "z = x")
+    C.raises('cuda.elementwise: parameter z: unknown dtype "floatx"', cuda.elementwise, "float32 x", "floatx z", "z = x")
+    C.raises("cuda.elementwise: x is both an input and an output", cuda.elementwise, "float32 x", "float32 x", "x = 1")
+    C.raises("cuda.elementwise: parameter name _cl_n is reserved", cuda.elementwise, "float32 _cl_n", "float32 z", "z = 1")
+    C.raises('cuda.elementwise: cannot read parameter "float32"', cuda.elementwise, "float32", "float32 z", "z = 1")
+    C.raises("cuda.elementwise: give at least one output parameter", cuda.elementwise, "float32 x", "", "x")
+    C.raises("cuda.elementwise: the body must be a string of C++ statements", cuda.elementwise, "float32 x", "float32 z", "  ")
+    C.raises("cuda.elementwise: parameters must be a string", cuda.elementwise, 5, "float32 z", "z = 1")
+    C.raises("saxpy: expected 3 inputs (and optionally 1 outputs), got 1 arguments", ew, cuda.array({ 1 }, "float32"))
+    C.raises("saxpy: input x must be a number or an array, got string", ew, "1", 2, 3)
+    C.raises("saxpy: no array among the inputs or outputs says how many elements", ew, 1, 2, 3)
+  end)
+
+  gpu("computes saxpy like the CPU, with the output made or given, on a stream", function()
+    local n = 100003
+    local tx, ty = H.rand_table(n), H.rand_table(n)
+    local a = f32(math.random() * 4 - 2)
+    local x, y = cuda.to_device(cuda.array(tx, "float32")), cuda.to_device(cuda.array(ty, "float32"))
+    local ew = cuda.elementwise("float32 x, float32 y, float32 a", "float32 z", "z = a * x + y")
+    local z = ew(x, y, a)
+    assert.equal("device_array", z.kind)
+    assert.equal(n, #z)
+    local h = z:copy_to_host()
+    local s = cuda.stream()
+    local z2 = cuda.device_array(n, "float32")
+    assert.equal(z2, ew(x, y, a, z2, { stream = s }))
+    s:synchronize()
+    local h2 = z2:copy_to_host()
+    for i = 1, n do
+      local want = f32(f32(a * f32(tx[i])) + f32(ty[i]))
+      assert(math.abs(h[i] - want) <= 1e-5 * math.max(1, math.abs(want)), ("element %d: %s, CPU %s"):format(i, h[i], want))
+      assert.equal(h[i], h2[i])
+    end
+  end)
+
+  gpu("takes every dtype, and two outputs", function()
+    for _, dt in ipairs { "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64" } do
+      local n = 5000 + math.random(0, 100)
+      local lo, hi = 1, (dt:match("8$") and 50 or 1000)   -- doubled, still in range
+      local t = H.rand_table(n, lo, hi, true)
+      local x = cuda.to_device(cuda.array(t, dt))
+      local body = dt == "float16" and "y = __hadd(x, x); c = __half2float(x) > 100.0f"
+        or "y = x + x; c = x > 100"
+      local ew = cuda.elementwise(dt .. " x", dt .. " y, bool c", body, "double_" .. dt)
+      local y, c = ew(x)
+      local hy, hc = y:copy_to_host(), c:copy_to_host()
+      for i = 1, n do
+        assert.equal(t[i] * 2, hy[i], dt .. " element " .. i)
+        assert.equal(t[i] > 100, hc[i], dt .. " flag " .. i)
+      end
+    end
+  end)
+
+  gpu("gives the same answer through the vector path and the scalar one", function()
+    local n = 1 << 16
+    local t = H.rand_table(n + 1)
+    local whole = cuda.to_device(cuda.array(t, "float32"))
+    local ew = cuda.elementwise("float32 x, float32 b", "float32 z", "z = x * x - b")
+    local b = f32(math.random())
+    local aligned = ew(whole, b):copy_to_host()                    -- 16-byte aligned: vector loads
+    local off = ew(whole:slice(2, n + 1), b):copy_to_host()        -- 4 bytes in: one element at a time
+    for i = 1, n do
+      assert.equal(f32(f32(t[i]) * f32(t[i]) - b), aligned[i], "aligned " .. i)
+      assert.equal(f32(f32(t[i + 1]) * f32(t[i + 1]) - b), off[i], "offset " .. i)
+    end
+  end)
+
+  gpu("refuses arrays of another dtype or size, naming the parameter", function()
+    local ew = cuda.elementwise("float32 x, float32 y", "float32 z", "z = x + y", "add")
+    local a, b = cuda.device_array(10, "float32"), cuda.device_array(11, "float32")
+    C.raises("add: input y has 11 elements, x has 10", ew, a, b)
+    C.raises("add: input y is float64, the parameter float32", ew, a, cuda.device_array(10, "float64"))
+    C.raises("add: output z has 11 elements, x has 10", ew, a, a, b)
+    C.raises("add: unknown option 'grid' (block, stream)", ew, a, a, { grid = 1 })
+    C.raises("add: block must be an integer from 1 to 1024", ew, a, a, { block = 2048 })
+    C.raises("add does not compile", cuda.elementwise("float32 x", "float32 z", "z = nosuch(x)", "add"), a)
+  end)
+end)
