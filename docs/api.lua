@@ -75,9 +75,14 @@ function cuda.empty_cache() end
 --- Element types
 -- @section dtypes
 
---- Element types, fields of the module (`cuda.float32`...): `float32`, `float64`, `float16`, `int8`, `int16`, `int32`, `int64`,
--- `uint8`, `uint16`, `uint32`, `uint64`, `bool`. Strings ("float32", "f4", "<f4") are accepted
--- wherever a dtype is.
+--- Element types, fields of the module (`cuda.float32`...): `float32`, `float64`, `float16`,
+-- `bfloat16` (`__nv_bfloat16`), `complex64` and `complex128` (cuComplex's layouts), `int8`,
+-- `int16`, `int32`, `int64`, `uint8`, `uint16`, `uint32`, `uint64`, `bool`. Strings ("float32",
+-- "f4", "c8") are accepted wherever a dtype is. A complex element is a pair `{re, im}` on the Lua
+-- side (reads give a new pair; a number stands for `{number, 0}`); in a table given to
+-- `cuda.array`, a pair below the top level is one element. Kernel parameters of type `float2` /
+-- `cuFloatComplex` and `double2` / `cuDoubleComplex` take a pair or a number. Typestrs: `<V2`
+-- (bfloat16), `<c8`, `<c16`.
 cuda.float32 = nil
 cuda.float64 = nil
 cuda.float16 = nil
@@ -95,7 +100,8 @@ cuda.bool = nil
 function cuda.dtype(name) end
 
 --- A dtype. Fields: `Dtype.name`, `Dtype.itemsize` (bytes), `Dtype.typestr` (as the CUDA Array
--- Interface spells it), `Dtype.ctype` (the C type kernels use), `Dtype.is_float`.
+-- Interface spells it), `Dtype.ctype` (the C type kernels use), `Dtype.is_float`,
+-- `Dtype.is_complex`.
 -- @type Dtype
 local Dtype = {}
 Dtype.name = ""
@@ -103,6 +109,7 @@ Dtype.itemsize = 0
 Dtype.typestr = ""
 Dtype.ctype = ""
 Dtype.is_float = false
+Dtype.is_complex = false
 
 --- Arrays
 -- @section arrays

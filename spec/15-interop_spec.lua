@@ -213,11 +213,11 @@ describe("cuda.as_cuda_array", function()
       { "data[1] (the pointer) must be an integer, got 1.5", { data = { 1.5, false } } },
       { "data[1] (the pointer) must be an integer, got nil", { data = {} } },
       { "data[2] (read-only) must be a boolean", { data = { P, "yes" } } },
-      { "unsupported typestr '<c8'", { typestr = "<c8" } },
+      { "unsupported typestr '<c4'", { typestr = "<c4" } },
       { "unsupported typestr '>f4'", { typestr = ">f4" } },
       { "unsupported typestr '<f16'", { typestr = "<f16" } },
       { "unsupported typestr nil", { typestr = false } },
-      { "(supported: <f2 <f4 <f8 |i1 <i2 <i4 <i8 |u1 <u2 <u4 <u8 |b1)", { typestr = "float32" } },
+      { "(supported: <f2 <f4 <f8 |i1 <i2 <i4 <i8 |u1 <u2 <u4 <u8 |b1 <V2 (bfloat16) <c8 <c16)", { typestr = "float32" } },
       { "shape must be a table of integers, got nil", { shape = false } },
       { "shape must be a table of integers, got number", { shape = 12 } },
       { "shape[2] must be an integer, got 1.5", { shape = { 4, 1.5 } } },
@@ -249,9 +249,9 @@ describe("cuda.as_cuda_array", function()
   end)
 
   it("raises the same errors where kernels, copies and reductions take such objects", function()
-    local bad = foreign(desc(4096, { typestr = "<c8" }))
-    C.raises("unsupported typestr '<c8'", cuda.reduce("a + b"), bad)
-    C.raises("unsupported typestr '<c8'", cuda.device_array_like, bad)
+    local bad = foreign(desc(4096, { typestr = "<c4" }))
+    C.raises("unsupported typestr '<c4'", cuda.reduce("a + b"), bad)
+    C.raises("unsupported typestr '<c4'", cuda.device_array_like, bad)
   end)
 
   nogpu("needs the driver to check a well-formed description's pointer", function()

@@ -98,7 +98,7 @@ describe("the API reference (docs/API.md)", function()
       assert(ok, "array field " .. f)
       fields.Array[#fields.Array + 1] = f
     end
-    for _, f in ipairs { "name", "itemsize", "typestr", "ctype", "is_float" } do
+    for _, f in ipairs { "name", "itemsize", "typestr", "ctype", "is_float", "is_complex" } do
       assert.is_not_nil(cuda.float32[f], "dtype field " .. f)
       fields.Dtype[#fields.Dtype + 1] = f
     end

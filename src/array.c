@@ -2,6 +2,7 @@
    Indices are 1-based on the Lua side; a[i] reads the i-th element in row-major order. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <math.h>
 #include <string.h>
 #include "cl.h"
 
@@ -188,6 +189,8 @@ int cl_l_array(lua_State *L) {
     int ndim = table_shape(L, 1, shape);
     if (ndim == 0) { ndim = 1; shape[0] = 0; }
     int dt = lua_isnoneornil(L, 2) ? infer_dtype(L, 1, ndim) : cl_checkdtype(L, 2);
+    /* complex: below the top level, a table of two numbers is one element {re, im} */
+    if (cl_is_complex(dt) && ndim >= 2 && shape[ndim - 1] == 2) ndim--;
     cl_array *a = cl_newarray(L, CL_HOST, dt, ndim, shape, NULL, 0);
     lua_Integer count = 0;
     if (a->size) fill_from(L, 1, dt, 0, ndim, shape, cl_hostptr(a), &count);
@@ -267,7 +270,7 @@ static void get_elem(lua_State *L, cl_array *a, size_t i) {
     cl_host_access(L, a);
     cl_pushvalue(L, a->dtype, (char *)cl_hostptr(a) + i * isz);
   } else {   /* one element from the device: slow, synchronous */
-    char buf[8];
+    char buf[CL_MAXITEM];
     cl_use_ctx(L, a->mem->ctx);
     cl_capture_guard(L, NULL, 1, "reading a device array element");
     cl_mem_order(L, a->mem, a->mem->ctx, a->mem->ctx);
@@ -279,7 +282,7 @@ static void get_elem(lua_State *L, cl_array *a, size_t i) {
 
 static void set_elem(lua_State *L, cl_array *a, size_t i, int vidx) {
   int isz = cl_dtypes[a->dtype].size;
-  char buf[8];
+  char buf[CL_MAXITEM];
   if (a->readonly) luaL_error(L, "cudalua: array is read-only");
   cl_tovalue(L, vidx, a->dtype, buf, "cudalua: array", (lua_Integer)i + 1);
   if (cl_is_host(a)) {
@@ -490,6 +493,14 @@ static int a_tostring(lua_State *L) {
       if (i) luaL_addstring(&b, ", ");
       cl_pushvalue(L, a->dtype, p + i * isz);
       if (lua_isboolean(L, -1)) { int v = lua_toboolean(L, -1); lua_pop(L, 1); luaL_addstring(&b, v ? "true" : "false"); }
+      else if (lua_istable(L, -1)) {   /* complex: "1+2i" */
+        lua_rawgeti(L, -1, 1); lua_rawgeti(L, -2, 2);
+        double re = lua_tonumber(L, -2), im = lua_tonumber(L, -1);
+        lua_pop(L, 3);
+        char num[80];
+        snprintf(num, sizeof num, "%.14g%s%.14gi", re, im < 0 || signbit(im) ? "" : "+", im);
+        luaL_addstring(&b, num);
+      }
       else if (lua_isinteger(L, -1)) luaL_addvalue(&b);
       else {   /* "%.14g": 5 rather than 5.0, as the tutorials print arrays */
         char num[40];

@@ -117,7 +117,9 @@ void cl_open_nvtx(lua_State *L);   /* nvtx.c: core.nvtx, profile_start/stop */
 
 /* ---- dtype.c: element types ---- */
 enum { CL_F32, CL_F64, CL_I8, CL_I16, CL_I32, CL_I64, CL_U8, CL_U16, CL_U32, CL_U64,
-       CL_BOOL, CL_F16, CL_NDTYPE };
+       CL_BOOL, CL_F16, CL_BF16, CL_C64, CL_C128, CL_NDTYPE };
+#define CL_MAXITEM 16   /* the largest element (complex128) */
+#define cl_is_complex(dt) ((dt) == CL_C64 || (dt) == CL_C128)
 typedef struct cl_dtype_info {
   const char *name, *alias;   /* "float32", "f4" */
   int size;
@@ -134,6 +136,8 @@ void cl_tovalue(lua_State *L, int idx, int dt, void *p, const char *where, lua_I
 void cl_pushvalue(lua_State *L, int dt, const void *p);
 float cl_half_to_float(uint16_t h);
 uint16_t cl_float_to_half(float f);
+float cl_bf16_to_float(uint16_t h);
+uint16_t cl_float_to_bf16(float f);
 
 /* ---- stream.c: streams, events ---- */
 typedef struct cl_stream {

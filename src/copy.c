@@ -148,7 +148,7 @@ int cl_l_copy(lua_State *L) {
 
 int cl_a_fill(lua_State *L) {
   cl_array *a = cl_checkarray(L, 1);
-  char v[8];
+  char v[CL_MAXITEM];
   int isz = cl_dtypes[a->dtype].size;
   cl_tovalue(L, 2, a->dtype, v, "fill", 0);
   cl_stream *s = cl_tostream(L, 3, "fill");
@@ -172,10 +172,11 @@ int cl_a_fill(lua_State *L) {
   if (isz == 1) r = cu.cuMemsetD8Async(d, *(uint8_t *)v, a->size, h);
   else if (isz == 2) r = cu.cuMemsetD16Async(d, *(uint16_t *)v, a->size, h);
   else if (isz == 4) r = cu.cuMemsetD32Async(d, *(uint32_t *)v, a->size, h);
-  else {   /* 8-byte elements: the low and the high words as two strided 2-D memsets */
-    uint32_t w[2]; memcpy(w, v, 8);
-    r = cu.cuMemsetD2D32Async(d, 8, w[0], 1, a->size, h);
-    if (r == CUDA_SUCCESS) r = cu.cuMemsetD2D32Async(d + 4, 8, w[1], 1, a->size, h);
+  else {   /* 8 and 16-byte elements: each 4-byte word as a strided 2-D memset */
+    uint32_t w[CL_MAXITEM / 4]; memcpy(w, v, isz);
+    r = CUDA_SUCCESS;
+    for (int k = 0; k < isz / 4 && r == CUDA_SUCCESS; k++)
+      r = cu.cuMemsetD2D32Async(d + 4 * k, isz, w[k], 1, a->size, h);
   }
   cl_check(L, r, "fill");
   cl_mem_use(a->mem, s, a->mem->ctx);

@@ -11,6 +11,10 @@ const cl_dtype_info cl_dtypes[CL_NDTYPE] = {
   {"uint8", "u1", 1, "|u1", "unsigned char"}, {"uint16", "u2", 2, "<u2", "unsigned short"},
   {"uint32", "u4", 4, "<u4", "unsigned int"}, {"uint64", "u8", 8, "<u8", "unsigned long long"},
   {"bool", "b1", 1, "|b1", "bool"},        {"float16", "f2", 2, "<f2", "__half"},
+  /* bfloat16 has no typestr of its own: "<V2" (two raw bytes) is what NumPy's ml_dtypes uses;
+     complex elements are {re, im} pairs of float or double, cuComplex's layout */
+  {"bfloat16", "bf16", 2, "<V2", "__nv_bfloat16"},
+  {"complex64", "c8", 8, "<c8", "cuFloatComplex"}, {"complex128", "c16", 16, "<c16", "cuDoubleComplex"},
 };
 
 #define DTYPE_MT "cudalua.dtype"
@@ -39,6 +43,19 @@ uint16_t cl_float_to_half(float f) {
   }
   uint32_t r = a + 0xfff + ((a >> 13) & 1);          /* round to nearest even */
   return s | (uint16_t)((r - 0x38000000) >> 13);
+}
+
+/* bfloat16 is the top half of a float32, rounded to nearest even */
+float cl_bf16_to_float(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f; memcpy(&f, &u, 4); return f;
+}
+
+uint16_t cl_float_to_bf16(float f) {
+  uint32_t u; memcpy(&u, &f, 4);
+  if ((u & 0x7fffffff) > 0x7f800000) return (uint16_t)((u >> 16) | 0x40);   /* NaN stays NaN */
+  u += 0x7fff + ((u >> 16) & 1);
+  return (uint16_t)(u >> 16);
 }
 
 int cl_checkdtype(lua_State *L, int idx) {
@@ -82,12 +99,41 @@ void cl_tovalue(lua_State *L, int idx, int dt, void *p, const char *where, lua_I
   idx = lua_absindex(L, idx);   /* messages push strings */
   int t = lua_type(L, idx);
   if (dt == CL_BOOL && t == LUA_TBOOLEAN) { *(uint8_t *)p = (uint8_t)lua_toboolean(L, idx); return; }
+  if (cl_is_complex(dt)) {   /* a number (imaginary part 0) or a pair {re, im} */
+    double re = 0, im = 0;
+    if (t == LUA_TNUMBER) re = lua_tonumber(L, idx);
+    else if (t == LUA_TTABLE && lua_rawlen(L, idx) == 2 && lua_rawgeti(L, idx, 1) == LUA_TNUMBER &&
+             lua_rawgeti(L, idx, 2) == LUA_TNUMBER) {
+      re = lua_tonumber(L, -2); im = lua_tonumber(L, -1);
+      lua_pop(L, 2);
+    } else {
+      if (t == LUA_TTABLE) lua_settop(L, idx);
+      luaL_error(L, "%s: expected a number or a pair {re, im} for %s, got %s", at(L, where, index),
+                 cl_dtypes[dt].name, t == LUA_TTABLE ? "another table" : luaL_typename(L, idx));
+    }
+    if (dt == CL_C128) { double v[2] = {re, im}; memcpy(p, v, 16); return; }
+    if ((isfinite(re) && fabs(re) > FLT_MAX) || (isfinite(im) && fabs(im) > FLT_MAX)) {
+      where = at(L, where, index);
+      luaL_error(L, "%s: value {%s, %s} does not fit complex64", where, lua_pushfstring(L, "%f", re),
+                 lua_pushfstring(L, "%f", im));
+    }
+    float v[2] = {(float)re, (float)im};
+    memcpy(p, v, 8);
+    return;
+  }
   if (t != LUA_TNUMBER)
     luaL_error(L, "%s: expected a number for %s, got %s", at(L, where, index), cl_dtypes[dt].name,
                luaL_typename(L, idx));
-  if (dt == CL_F32 || dt == CL_F64 || dt == CL_F16) {
+  if (dt == CL_F32 || dt == CL_F64 || dt == CL_F16 || dt == CL_BF16) {
     double v = lua_tonumber(L, idx);
     if (dt == CL_F64) { *(double *)p = v; return; }
+    if (dt == CL_BF16) {
+      if (isfinite(v) && fabs(v) > FLT_MAX) fit_error(L, idx, dt, where, index);
+      uint16_t b = cl_float_to_bf16((float)v);
+      if (isfinite(v) && (b & 0x7fff) == 0x7f80) fit_error(L, idx, dt, where, index);   /* rounds to inf */
+      memcpy(p, &b, 2);
+      return;
+    }
     double lim = dt == CL_F32 ? FLT_MAX : 65504.0;
     if (isfinite(v) && fabs(v) > lim) fit_error(L, idx, dt, where, index);
     if (dt == CL_F32) *(float *)p = (float)v;
@@ -125,6 +171,16 @@ void cl_pushvalue(lua_State *L, int dt, const void *p) {
     case CL_F32: lua_pushnumber(L, *(const float *)p); break;
     case CL_F64: lua_pushnumber(L, *(const double *)p); break;
     case CL_F16: lua_pushnumber(L, cl_half_to_float(*(const uint16_t *)p)); break;
+    case CL_BF16: { uint16_t b; memcpy(&b, p, 2); lua_pushnumber(L, cl_bf16_to_float(b)); break; }
+    case CL_C64: case CL_C128: {   /* a new pair {re, im} */
+      double re, im;
+      if (dt == CL_C64) { float v[2]; memcpy(v, p, 8); re = v[0]; im = v[1]; }
+      else { double v[2]; memcpy(v, p, 16); re = v[0]; im = v[1]; }
+      lua_createtable(L, 2, 0);
+      lua_pushnumber(L, re); lua_rawseti(L, -2, 1);
+      lua_pushnumber(L, im); lua_rawseti(L, -2, 2);
+      break;
+    }
     case CL_I8: lua_pushinteger(L, *(const int8_t *)p); break;
     case CL_I16: lua_pushinteger(L, *(const int16_t *)p); break;
     case CL_I32: lua_pushinteger(L, *(const int32_t *)p); break;
@@ -155,7 +211,9 @@ static int dt_index(lua_State *L) {
   else if (!strcmp(k, "typestr")) lua_pushstring(L, d->typestr);
   else if (!strcmp(k, "ctype")) lua_pushstring(L, d->ctype);
   else if (!strcmp(k, "is_float"))
-    lua_pushboolean(L, d == &cl_dtypes[CL_F32] || d == &cl_dtypes[CL_F64] || d == &cl_dtypes[CL_F16]);
+    lua_pushboolean(L, d == &cl_dtypes[CL_F32] || d == &cl_dtypes[CL_F64] || d == &cl_dtypes[CL_F16] ||
+                       d == &cl_dtypes[CL_BF16]);
+  else if (!strcmp(k, "is_complex")) lua_pushboolean(L, d == &cl_dtypes[CL_C64] || d == &cl_dtypes[CL_C128]);
   else lua_pushnil(L);
   return 1;
 }

@@ -26,7 +26,7 @@ typedef struct lnode {
   lgraph *owner;
   int kind;
   unsigned g[3], b[3], shared;   /* kernel nodes */
-  int parts;                     /* memset nodes: 2 for 8-byte elements (two driver nodes) */
+  int parts;                     /* memset nodes: one driver node per 4-byte word of 8 and 16-byte elements */
 } lnode;
 
 typedef struct lexec {
@@ -278,18 +278,19 @@ static int g_memcpy(lua_State *L) {
   return 1;
 }
 
-/* memset parameters: 1, 2 and 4-byte elements directly; 8-byte ones as two strided halves */
-static int memset_params(lua_State *L, int didx, int vidx, CUDA_MEMSET_NODE_PARAMS p[2], const char *where,
+/* memset parameters: 1, 2 and 4-byte elements directly; 8 and 16-byte ones as one strided
+   memset per 4-byte word; returns how many (p holds CL_MAXITEM / 4) */
+static int memset_params(lua_State *L, int didx, int vidx, CUDA_MEMSET_NODE_PARAMS *p, const char *where,
                          CUcontext ctx) {
   cl_array *d = cl_checkarray(L, didx);
   cl_mem_reach(L, d->mem, ctx, where);
   if (d->kind == CL_HOST) luaL_error(L, "cudalua: %s: a pageable host array cannot be set by the GPU; use a pinned or device array", where);
   if (d->readonly) luaL_error(L, "cudalua: %s: destination is read-only", where);
   if (d->size == 0) luaL_error(L, "cudalua: %s: empty array", where);
-  char v[8];
+  char v[CL_MAXITEM];
   cl_tovalue(L, vidx, d->dtype, v, where, 0);
   int isz = cl_dtypes[d->dtype].size;
-  memset(p, 0, 2 * sizeof *p);
+  memset(p, 0, CL_MAXITEM / 4 * sizeof *p);
   p[0].dst = cl_devptr(d);
   p[0].height = 1;
   p[0].width = d->size;
@@ -298,11 +299,13 @@ static int memset_params(lua_State *L, int didx, int vidx, CUDA_MEMSET_NODE_PARA
   else if (isz == 2) p[0].value = *(uint16_t *)v;
   else if (isz == 4) p[0].value = *(uint32_t *)v;
   else {
-    uint32_t w[2]; memcpy(w, v, 8);
-    p[0].elementSize = 4; p[0].width = 1; p[0].height = d->size; p[0].pitch = 8; p[0].value = w[0];
-    p[1] = p[0];
-    p[1].dst += 4; p[1].value = w[1];
-    return 2;
+    uint32_t w[CL_MAXITEM / 4]; memcpy(w, v, isz);
+    p[0].elementSize = 4; p[0].width = 1; p[0].height = d->size; p[0].pitch = isz;
+    for (int k = 0; k < isz / 4; k++) {
+      p[k] = p[0];
+      p[k].dst += 4 * k; p[k].value = w[k];
+    }
+    return isz / 4;
   }
   return 1;
 }
@@ -313,14 +316,14 @@ static int g_memset(lua_State *L) {
   lua_settop(L, 4);
   CUcontext ctx = g->ctx;
   cl_use_ctx(L, ctx);
-  CUDA_MEMSET_NODE_PARAMS p[2];
+  CUDA_MEMSET_NODE_PARAMS p[CL_MAXITEM / 4];
   int parts = memset_params(L, 2, 3, p, "graph:memset", ctx);
   size_t nd;
   CUgraphNode small[SMALL_DEPS];
   CUgraphNode *deps = deps_of(L, 4, g, &nd, "graph:memset", small);
   CUgraphNode h;
   cl_check(L, cu.cuGraphAddMemsetNode(&h, g->g, deps, nd, &p[0], ctx), "graph:memset");
-  if (parts == 2) cl_check(L, cu.cuGraphAddMemsetNode(&h, g->g, &h, 1, &p[1], ctx), "graph:memset");
+  for (int k = 1; k < parts; k++) cl_check(L, cu.cuGraphAddMemsetNode(&h, g->g, &h, 1, &p[k], ctx), "graph:memset");
   keep(L, 1, 2);
   lnode *n = push_node(L, 1, N_MEMSET);
   n->n = h;
@@ -625,10 +628,10 @@ static int e_set_memset(lua_State *L) {
   lnode *n = checknode(L, 2, NULL, "graph_exec:set_memset");
   if (n->owner != exec_graph(L, 1)) return luaL_error(L, "cudalua: graph_exec:set_memset: the node is not from this executable graph's graph");
   if (n->kind != N_MEMSET) return luaL_error(L, "cudalua: graph_exec:set_memset: expected a memset node, got a %s node", node_kinds[n->kind]);
-  CUDA_MEMSET_NODE_PARAMS p[2];
+  CUDA_MEMSET_NODE_PARAMS p[CL_MAXITEM / 4];
   cl_use_ctx(L, e->ctx);
   if (memset_params(L, 3, 4, p, "graph_exec:set_memset", e->ctx) != 1 || n->parts != 1)
-    return luaL_error(L, "cudalua: graph_exec:set_memset: 8-byte elements are two memsets; build the graph again");
+    return luaL_error(L, "cudalua: graph_exec:set_memset: 8 and 16-byte elements are several memsets; build the graph again");
   cl_check(L, cu.cuGraphExecMemsetNodeSetParams(e->e, n->n, &p[0], e->ctx), "graph_exec:set_memset");
   exec_keep(L, 1, 3);
   lua_settop(L, 1);

@@ -5,12 +5,12 @@
 #include <string.h>
 #include "cl.h"
 
-/* a 3-character typestr: "<f4", "=f4" (native order, little-endian here) and "<i1" for
-   "|i1" all name one dtype */
+/* a typestr: "<f4", "=f4" (native order, little-endian here) and "<i1" for "|i1" all name
+   one dtype; "<c16" has four characters */
 static int dtype_of(const char *ts) {
   for (int d = 0; d < CL_NDTYPE; d++) {
     const char *t = cl_dtypes[d].typestr;
-    if (ts[1] == t[1] && ts[2] == t[2] && (ts[0] == t[0] || ts[0] == '=' || (t[0] == '|' && ts[0] == '<')))
+    if (!strcmp(ts + 1, t + 1) && (ts[0] == t[0] || ts[0] == '=' || (t[0] == '|' && ts[0] == '<')))
       return d;
   }
   return -1;
@@ -138,9 +138,9 @@ cl_array *cl_cai_view(lua_State *L, int idx) {
   int readonly = lua_toboolean(L, -1);
   size_t tslen = 0;
   const char *ts = lua_getfield(L, cai, "typestr") == LUA_TSTRING ? lua_tolstring(L, -1, &tslen) : NULL;
-  int dt = ts && tslen == 3 ? dtype_of(ts) : -1;
+  int dt = ts && (tslen == 3 || tslen == 4) && strlen(ts) == tslen ? dtype_of(ts) : -1;
   if (dt < 0)
-    fail(L, "unsupported typestr %s (supported: <f2 <f4 <f8 |i1 <i2 <i4 <i8 |u1 <u2 <u4 <u8 |b1)",
+    fail(L, "unsupported typestr %s (supported: <f2 <f4 <f8 |i1 <i2 <i4 <i8 |u1 <u2 <u4 <u8 |b1 <V2 (bfloat16) <c8 <c16)",
          ts ? lua_pushfstring(L, "'%s'", ts) : luaL_tolstring(L, -1, NULL));
   if (lua_getfield(L, cai, "shape") != LUA_TTABLE)
     fail(L, "shape must be a table of integers, got %s", luaL_typename(L, -1));

@@ -136,6 +136,13 @@ void cl_marshal(lua_State *L, cl_kernel *k, int kidx, int first, int nargs, cl_a
       continue;
     }
     if ((c == 'b' || c == 'B') && lua_type(L, idx) == LUA_TBOOLEAN) { *(uint8_t *)p = (uint8_t)lua_toboolean(L, idx); continue; }
+    if (c == 'c' || c == 'C') {   /* cuFloatComplex / cuDoubleComplex: a number or {re, im} */
+      int t = lua_type(L, idx);
+      if (t != LUA_TNUMBER && !(t == LUA_TTABLE && lua_rawlen(L, idx) == 2))
+        arg_error(L, kidx, i, idx, "expected a number or a pair {re, im}");
+      cl_tovalue(L, idx, c == 'c' ? CL_C64 : CL_C128, p, "kernel argument", 0);
+      continue;
+    }
     if (lua_type(L, idx) != LUA_TNUMBER) arg_error(L, kidx, i, idx, "expected a number");
     if (c == 'f') {
       lua_Number v = lua_tonumber(L, idx);

@@ -3,6 +3,7 @@
    signature the user gives), as one code letter each:
      a int8  A uint8  s int16  S uint16  i int32  I uint32  l int64  L uint64
      f float  d double  e __half  E __nv_bfloat16  b bool  p pointer  q pointer to const
+     c float2 (cuFloatComplex)  C double2 (cuDoubleComplex): a number or {re, im} from Lua
      x anything else, passed by value from a string of its exact size
    and, where only PTX types or sizes are known (modules loaded from files):
      U 8 bytes: an array or an integer address (.u64)   W 4-byte integer of either sign (.u32)
@@ -78,7 +79,8 @@ static int code_size(char c) {
     case 'a': case 'A': case 'b': case 'B': return 1;
     case 's': case 'S': case 'e': case 'E': case 'H': return 2;
     case 'i': case 'I': case 'f': case 'W': return 4;
-    case 'l': case 'L': case 'd': case 'p': case 'q': case 'U': return 8;
+    case 'l': case 'L': case 'd': case 'p': case 'q': case 'U': case 'c': return 8;
+    case 'C': return 16;
   }
   return 0;
 }

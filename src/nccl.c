@@ -14,7 +14,7 @@ typedef struct ncclComm *ncclComm_t;
 typedef struct { char internal[128]; } ncclUniqueId;
 typedef int ncclResult_t;                       /* ncclSuccess = 0 */
 enum { NCCL_INT8 = 0, NCCL_UINT8 = 1, NCCL_INT32 = 2, NCCL_UINT32 = 3, NCCL_INT64 = 4, NCCL_UINT64 = 5,
-       NCCL_FLOAT16 = 6, NCCL_FLOAT32 = 7, NCCL_FLOAT64 = 8 };
+       NCCL_FLOAT16 = 6, NCCL_FLOAT32 = 7, NCCL_FLOAT64 = 8, NCCL_BFLOAT16 = 9 };
 
 #define NCCL_FUNCS(X) \
   X(ncclGetVersion, ncclResult_t, (int *)) \
@@ -283,11 +283,12 @@ static int nccl_type(lua_State *L, int dt, const char *where) {
     case CL_I64: return NCCL_INT64;
     case CL_U64: return NCCL_UINT64;
     case CL_F16: return NCCL_FLOAT16;
+    case CL_BF16: return NCCL_BFLOAT16;
     case CL_F32: return NCCL_FLOAT32;
     case CL_F64: return NCCL_FLOAT64;
   }
   return luaL_error(L, "cudalua.nccl: %s: NCCL has no %s (int8, uint8, int32, uint32, int64, uint64, "
-                    "float16, float32, float64)", where, cl_dtypes[dt].name);
+                    "float16, bfloat16, float32, float64)", where, cl_dtypes[dt].name);
 }
 
 /* the array at idx, device memory the communicator's device reaches */

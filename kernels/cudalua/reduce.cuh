@@ -13,7 +13,13 @@ namespace cudalua {
 
 template <typename T>
 __device__ __forceinline__ T shfl_down(T v, int o) {
-  if constexpr (sizeof(T) == 8) {
+  if constexpr (sizeof(T) == 16) {   // complex128: two 8-byte halves
+    unsigned long long u[2];
+    memcpy(u, &v, 16);
+    u[0] = __shfl_down_sync(0xffffffffu, u[0], o);
+    u[1] = __shfl_down_sync(0xffffffffu, u[1], o);
+    memcpy(&v, u, 16);
+  } else if constexpr (sizeof(T) == 8) {
     unsigned long long u;
     memcpy(&u, &v, 8);
     u = __shfl_down_sync(0xffffffffu, u, o);

@@ -20,7 +20,8 @@ local builtin = { v = "void", b = "bool", c = "char", a = "signed char", h = "un
 local code_of = { bool = "b", char = "a", ["signed char"] = "a", ["unsigned char"] = "A",
   short = "s", ["unsigned short"] = "S", int = "i", ["unsigned int"] = "I", long = "l",
   ["unsigned long"] = "L", ["long long"] = "l", ["unsigned long long"] = "L", float = "f",
-  double = "d", __half = "e", _Float16 = "e", __nv_bfloat16 = "E" }
+  double = "d", __half = "e", _Float16 = "e", __nv_bfloat16 = "E",
+  float2 = "c", double2 = "C" }   -- cuFloatComplex and cuDoubleComplex: {re, im} from Lua
 local std_abbrev = { a = "std::allocator", b = "std::basic_string", s = "std::string",
   i = "std::istream", o = "std::ostream", d = "std::iostream" }
 

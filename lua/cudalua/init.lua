@@ -7,7 +7,7 @@ local cuda = {}
 for _, name in ipairs {
   "is_available", "driver_error", "devices", "select_device", "current_device", "synchronize",
   "time", "sleep", "dtype", "float32", "float64", "int8", "int16", "int32", "int64", "uint8",
-  "uint16", "uint32", "uint64", "bool", "float16", "array", "zeros", "pinned_array",
+  "uint16", "uint32", "uint64", "bool", "float16", "bfloat16", "complex64", "complex128", "array", "zeros", "pinned_array",
   "mapped_array", "managed_array", "device_array", "device_array_like", "to_device", "stream",
   "default_stream", "event", "event_elapsed_time", "graph", "block_cache", "empty_cache", "copy",
   "can_access_peer", "enable_peer_access", "disable_peer_access", "open_ipc_array",

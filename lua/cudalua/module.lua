@@ -108,7 +108,8 @@ M.ptx_entries = ptx_entries
 local named = { float = "f", double = "d", bool = "b", __half = "e", half = "e",
   __nv_bfloat16 = "E", nv_bfloat16 = "E", int8_t = "a", uint8_t = "A", int16_t = "s",
   uint16_t = "S", int32_t = "i", uint32_t = "I", int64_t = "l", uint64_t = "L", size_t = "L",
-  ptrdiff_t = "l", intptr_t = "l", uintptr_t = "L", ssize_t = "l" }
+  ptrdiff_t = "l", intptr_t = "l", uintptr_t = "L", ssize_t = "l",
+  float2 = "c", cuFloatComplex = "c", cuComplex = "c", double2 = "C", cuDoubleComplex = "C" }
 local int_word = { signed = true, unsigned = true, short = true, long = true, char = true, int = true }
 local qualifier = { const = true, volatile = true, __restrict__ = true, restrict = true,
   __restrict = true, struct = true, class = true, union = true, enum = true, __grid_constant__ = true }

@@ -13,6 +13,13 @@ local Reducer = {}
 Reducer.__index = Reducer
 Reducer.__name = "cudalua.reducer"
 
+-- the element type the operation sees: complex numbers as cuda::std::complex (the layout of
+-- cuComplex, with the arithmetic operators "a + b" needs)
+local COMPLEX = { complex64 = "cuda::std::complex<float>", complex128 = "cuda::std::complex<double>" }
+local INCLUDE = { __half = "#include <cuda_fp16.h>", __nv_bfloat16 = "#include <cuda_bf16.h>",
+  ["cuda::std::complex<float>"] = "#include <cuda/std/complex>", ["cuda::std::complex<double>"] = "#include <cuda/std/complex>" }
+local function elem_type(dtype) return COMPLEX[dtype.name] or dtype.ctype end
+
 local function source(self, ctype)
   local fn
   if self.expr then
@@ -22,7 +29,7 @@ local function source(self, ctype)
   end
   return table.concat({
     "#include <cudalua/reduce.cuh>",
-    ctype == "__half" and "#include <cuda_fp16.h>" or "",
+    INCLUDE[ctype] or "",
     self.preamble or "",
     "struct cudalua_op { typedef " .. ctype .. " T; " .. fn .. " };",
   }, "\n")
@@ -31,7 +38,7 @@ end
 -- the kernels for one dtype on the selected device: aligned (16-byte vector loads) and unaligned
 local function kernels(self, dtype, dev)
   local name = tostring(dtype)
-  local ctype = dtype.ctype
+  local ctype = elem_type(dtype)
   local v = 16 // dtype.itemsize
   local aligned = ("cudalua::reduce_kernel<%s, cudalua_op, %d, %d>"):format(ctype, v, UN)
   local unaligned = ("cudalua::reduce_kernel<%s, cudalua_op, 1, %d>"):format(ctype, UN)
@@ -75,8 +82,16 @@ local function get_scratch(cuda, stream, bytes, dev)
 end
 
 local function typed(dtype, v)
+  if dtype.is_complex then return type(v) == "table" and { v[1] + 0.0, v[2] + 0.0 } or { v + 0.0, 0.0 } end
   if dtype.is_float then return v + 0.0 end
   return v
+end
+
+-- init as the kernel takes it: complex numbers are structs to the launcher (their bytes)
+local function kernel_init(dtype, v)
+  if not dtype.is_complex then return v end
+  local re, im = table.unpack(typed(dtype, v))
+  return string.pack(dtype.name == "complex64" and "<ff" or "<dd", re, im)
 end
 
 local default_stream
@@ -89,6 +104,7 @@ local function run(self, arr, n, dtype, kind, ptr, init, stream, res, dev)
     if res then res:slice(1, 1):fill(init, stream); return res end
     return typed(dtype, init)
   end
+  init = kernel_init(dtype, init)
   local src = arr
   if kind == "array" then -- pageable host memory: through a device copy
     src = cuda.to_device(arr, stream)
@@ -164,7 +180,11 @@ function Reducer:__call(arr, opts)
     error("reduce: expected an array, got " .. type(arr), 2)
   end
   if init == nil then init = self.init or 0 end
-  if math.type(init) ~= "integer" then
+  if dtype.is_complex then
+    if type(init) ~= "number" and not (type(init) == "table" and type(init[1]) == "number" and type(init[2]) == "number") then
+      error(("reduce: init must be a number or a pair {re, im} for %s, got %s"):format(dtype, type(init)), 2)
+    end
+  elseif math.type(init) ~= "integer" then
     if type(init) ~= "number" then error("reduce: init must be a number, got " .. type(init), 2) end
     if not dtype.is_float then
       error(("reduce: init must be an integer for %s, got %s"):format(dtype, init), 2)
