@@ -386,7 +386,9 @@ function cuda.reduce(expr, opts) end
 -- `ew(in1, ..., [out1, ...], [opts])`: inputs given as Lua numbers are broadcast, arrays all
 -- have one size; outputs not given are made (device arrays shaped like the first array input)
 -- and returned. Options: `stream`, `block`. One kernel per dtypes-and-scalars signature, a
--- grid-stride loop with 16-byte loads and stores when every pointer is aligned.
+-- grid-stride loop with 16-byte loads and stores when every pointer is aligned. Every dtype:
+-- `bfloat16` values are `__nv_bfloat16`, complex ones `cuda::std::complex<float|double>` in the
+-- body (complex scalars are given as pairs `{re, im}` or numbers).
 -- @param in_params "float32 x, float32 y, float32 a"
 -- @param out_params "float32 z"
 -- @param body C++ statements on the parameters' names: "z = a * x + y"

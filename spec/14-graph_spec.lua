@@ -801,6 +801,42 @@ describe("stream:launch_host_func", function()
     assert.equal(N * 4, (cuda.block_cache())) -- the device block, freed after it (to the cache)
   end)
 
+  -- in a child process with a time limit: the failure this guards against is a hang
+  gpu("may drop host-visible memory and modules, whose frees wait for the device: no hang", function()
+    local chunk = os.tmpname()
+    local f = assert(io.open(chunk, "w"))
+    f:write([==[
+package.cpath = "./?.so;" .. package.cpath
+local cuda = require "cudalua"
+local SPIN = [[extern "C" __global__ void spin(float *x, long long c) {
+  long long t0 = clock64(); while (clock64() - t0 < c) {} x[threadIdx.x] += 1; }]]
+local s = cuda.stream()
+local d = cuda.device_array(32, "float32", s)
+d:fill(1, s)
+local spin = cuda.compile(SPIN):get("spin")
+local p, mp, mg = cuda.pinned_array(16, "float32"), cuda.mapped_array(16, "int32"), cuda.managed_array(16, "float32")
+local own = cuda.compile(SPIN .. " // another module") -- dropped inside the host function
+do local _ = cuda.compile(SPIN .. " // garbage"); _ = cuda.pinned_array(8, "float32") end
+spin[{ 1, 32, s }](d, 20000000)
+local ran
+s:launch_host_func(function()
+  p:close(); mp:close(); mg:close()
+  own = nil; collectgarbage(); collectgarbage()
+  ran = true
+end)
+s:synchronize()
+spin[{ 1, 32, s }](d, 1)   -- the stream and the kernel's module still work afterwards
+local v = d:copy_to_host()
+print(ran, p.closed, mp.closed, mg.closed, v[1], v[32])
+]==])
+    f:close()
+    local pipe = assert(io.popen(("timeout 60 %s %s 2>&1; echo rc=$?"):format(H.LUA, chunk)))
+    local out = pipe:read("a")
+    pipe:close()
+    os.remove(chunk)
+    assert.matches("^true\ttrue\ttrue\ttrue\t3%.0\t3%.0\nrc=0\n$", out)
+  end)
+
   gpu("refuses what is not a function, and closed streams", function()
     local s = cuda.stream()
     C.raises("function expected, got number", s.launch_host_func, s, 5)

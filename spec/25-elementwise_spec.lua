@@ -65,6 +65,61 @@ describe("cuda.elementwise", function()
     end
   end)
 
+  it("writes sources NVRTC compiles for bfloat16 and complex, vector path and scalar one", function()
+    local ew = require "cudalua.elementwise"
+    for _, dt in ipairs { "bfloat16", "complex64", "complex128" } do
+      local d = cuda.dtype(dt)
+      for _, w in ipairs { 1, 16 // d.itemsize } do
+        local src = ew.source({ { dtype = d, name = "x" }, { dtype = d, name = "a", scalar = true } },
+          { { dtype = d, name = "z" } }, "z = a * x + x", w)
+        local ok, err = pcall(cuda.compile, src, { arch = "sm_90" })
+        assert(ok, dt .. " w=" .. w .. ": " .. tostring(err))
+      end
+    end
+    local pair = cuda.elementwise("complex64 x, complex64 a", "complex64 z", "z = a * x", "cmul")
+    C.raises("cmul: input x must be a number, a pair {re, im} or an array, got string", pair, "1", { 1, 2 })
+  end)
+
+  gpu("takes bfloat16, and complex64/complex128 with scalars as pairs or numbers", function()
+    local n = 20000 + math.random(0, 100)
+    -- bfloat16: small integers, so that every product and sum is exact in 8 bits
+    local tx, ty = H.rand_table(n, -15, 15, true), H.rand_table(n, -15, 15, true)
+    local a = math.random(-4, 4)
+    local bx, by = cuda.to_device(cuda.array(tx, "bfloat16")), cuda.to_device(cuda.array(ty, "bfloat16"))
+    local axpy = cuda.elementwise("bfloat16 x, bfloat16 y, bfloat16 a", "bfloat16 z", "z = a * x + y", "bf16_axpy")
+    local hz = axpy(bx, by, a):copy_to_host()
+    for i = 1, n do assert.equal(a * tx[i] + ty[i], hz[i], "bfloat16 element " .. i) end
+    -- complex: z = a * x + y and m = |z|^2, integers again for complex64 (exact in float32)
+    for _, dt in ipairs { "complex64", "complex128" } do
+      local exact = dt == "complex64"
+      local function r() return exact and math.random(-20, 20) or math.random() * 40 - 20 end
+      local x, y = {}, {}
+      for i = 1, n do x[i], y[i] = { r(), r() }, { r(), r() } end
+      local ca = { r(), r() }
+      local dx, dy = cuda.to_device(cuda.array(x, dt)), cuda.to_device(cuda.array(y, dt))
+      local k = cuda.elementwise(dt .. " x, " .. dt .. " y, " .. dt .. " a", dt .. " z, float64 m",
+        "z = a * x + y; m = cuda::std::norm(z)", "c_axpy")
+      for _, scalar in ipairs { ca, ca[1] } do   -- a pair, or a number: {number, 0}
+        local sa = type(scalar) == "table" and scalar or { scalar, 0 }
+        local z, m = k(dx, dy, scalar, { stream = cuda.stream() })
+        local hzc, hm = z:copy_to_host(), m:copy_to_host()
+        for i = 1, n do
+          local re = sa[1] * x[i][1] - sa[2] * x[i][2] + y[i][1]
+          local im = sa[1] * x[i][2] + sa[2] * x[i][1] + y[i][2]
+          local got = hzc[i]
+          if exact then
+            assert.same({ re, im }, got, dt .. " element " .. i)
+            assert.equal(re * re + im * im, hm[i], dt .. " norm " .. i)
+          else
+            assert.is_true(math.abs(got[1] - re) < 1e-12 and math.abs(got[2] - im) < 1e-12, dt .. " element " .. i)
+            assert.is_true(math.abs(hm[i] - (re * re + im * im)) < 1e-9, dt .. " norm " .. i)
+          end
+        end
+      end
+      C.raises("c_axpy: input y is float32, the parameter " .. dt, k, dx, cuda.device_array(n, "float32"), 1)
+    end
+  end)
+
   gpu("gives the same answer through the vector path and the scalar one", function()
     local n = 1 << 16
     local t = H.rand_table(n + 1)

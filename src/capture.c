@@ -35,6 +35,7 @@ static void end_capture_state(lua_State *L, cl_stream *s) {
   s->capture_ref = 0;
   __atomic_sub_fetch(&cl_capturing, 1, __ATOMIC_SEQ_CST);
   cl_mem_flush_deferred(L);
+  cl_flush_deferred(L);
 }
 
 /* s:end_capture() -> graph */

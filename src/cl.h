@@ -321,6 +321,11 @@ void cl_marshal(lua_State *L, cl_kernel *k, int kidx, int first, int nargs, cl_a
 extern int cl_capturing;
 void cl_capture_guard(lua_State *L, cl_stream *s, int waits, const char *where);
 void cl_mem_flush_deferred(lua_State *L);
+/* releases that wait for the device (module unloads, NCCL communicators) asked for inside a Lua
+   host function or a capture: run by cl_flush_deferred once neither is under way */
+int cl_must_defer(lua_State *L);
+void cl_defer(void (*fn)(void *), void *arg);
+void cl_flush_deferred(lua_State *L);
 void cl_hostfn_release_closed(void);   /* the last state closed and the devices are idle */
 
 #endif

@@ -47,6 +47,7 @@ static const char sentinel_key = 0;
 
 static int state_closed(lua_State *L) {
   pthread_mutex_lock(&states_mu);
+  cl_flush_deferred(L);
   if (--live_states == 0) {
     cl_mem_release_all(L);
     cl_release_contexts();

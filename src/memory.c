@@ -306,12 +306,13 @@ cl_mem *cl_mem_ref(cl_mem *m) { if (m) m->refs++; return m; }
 static cl_mem *deferred;
 static pthread_mutex_t deferred_mu = PTHREAD_MUTEX_INITIALIZER;
 
-/* would freeing m wait for queued work? */
+/* would freeing m wait for queued work? Not only through settle: cuMemFreeHost, cuMemFree and
+   cuMemHostUnregister wait for the whole device themselves, used or not, and the device is
+   stopped at the host function that would call them */
 static int frees_by_waiting(const cl_mem *m) {
-  if (!m->used) return 0;
   switch (m->kind) {
     case CL_HOST: return m->registered > 0;
-    case CL_DEVICE: return m->multi >= 2 || m->ipc;
+    case CL_DEVICE: return m->ipc || (m->used && m->multi >= 2);
     case CL_FOREIGN: return m->release != NULL;
     default: return 1;
   }

@@ -9,22 +9,36 @@
      U 8 bytes: an array or an integer address (.u64)   W 4-byte integer of either sign (.u32)
      H 2-byte integer (.u16)   B 1-byte integer or boolean (.u8)
      y a parameter of unknown type: a string of its exact size */
+#include <stdlib.h>
 #include <string.h>
 #include "cl.h"
 
 #define MODULE_MT "cudalua.module"
 typedef struct { CUmodule m; CUcontext ctx; } lmodule;
 
+static void unload_now(CUmodule mod, CUcontext ctx) {
+  CUcontext prev = cl_ctx_swap(ctx);
+  cu.cuModuleUnload(mod);
+  cl_ctx_swap(prev);
+}
+
+typedef struct { CUmodule m; CUcontext ctx; } unload;
+static void unload_later(void *arg) {
+  unload *u = arg;
+  unload_now(u->m, u->ctx);
+  free(u);
+}
+
 static int m_close(lua_State *L) {
   lmodule *m = luaL_checkudata(L, 1, MODULE_MT);
   /* kernels keep their module alive through their user value, so this runs only when no
      kernel of it can be launched again; queued launches still finish after unload */
-  if (m->m) {
-    CUcontext prev = cl_ctx_swap(m->ctx);
-    cu.cuModuleUnload(m->m);
-    cl_ctx_swap(prev);
-    m->m = NULL;
-  }
+  if (!m->m) return 0;
+  /* cuModuleUnload waits for the device: not inside a host function or a capture */
+  unload *u = cl_must_defer(L) ? malloc(sizeof *u) : NULL;
+  if (u) { u->m = m->m; u->ctx = m->ctx; cl_defer(unload_later, u); }
+  else unload_now(m->m, m->ctx);
+  m->m = NULL;
   return 0;
 }
 

@@ -456,6 +456,17 @@ static void close_comms(lua_State *L, lcomm **cs, int n) {
   (void)L;
 }
 
+/* communicators dropped inside a host function or a capture: finalizing and destroying them
+   waits for the device, so copies of them are closed later (cl_defer) */
+typedef struct { int n; lcomm c[]; } closing;
+static void close_later(void *arg) {
+  closing *k = arg;
+  lcomm *cs[64];
+  for (int i = 0; i < k->n; i++) cs[i] = &k->c[i];
+  close_comms(NULL, cs, k->n);
+  free(k);
+}
+
 /* comm:close(): a communicator of comm_init_all closes with all the others of its list */
 static int c_close(lua_State *L) {
   lcomm *c = luaL_checkudata(L, 1, COMM_MT);
@@ -471,7 +482,15 @@ static int c_close(lua_State *L) {
     }
   } else if (c->c) cs[n++] = c;
   lua_pop(L, 1);
-  if (n) close_comms(L, cs, n);
+  if (!n) return 0;
+  closing *k = cl_must_defer(L) ? malloc(sizeof *k + n * sizeof(lcomm)) : NULL;
+  if (k) {
+    k->n = n;
+    for (int i = 0; i < n; i++) { k->c[i] = *cs[i]; cs[i]->c = NULL; }
+    cl_defer(close_later, k);
+  } else {
+    close_comms(L, cs, n);
+  }
   return 0;
 }
 

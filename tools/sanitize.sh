@@ -6,8 +6,8 @@
 # Env: SANITIZE_TOOLS (default all four), SANITIZE_EXAMPLES (default examples/*.lua),
 #      SANITIZE_JOBS (runs at once, default a quarter of the CPUs), SANITIZE_TIMEOUT (seconds a
 #      run may take, default 600; one that takes longer shows "timeout"), SANITIZER
-#      (compute-sanitizer, else $CUDA_DIR/bin/compute-sanitizer), SANITIZE_SPECS=1 also runs the
-#      specs (not those tagged #cudaerror, which plant CUDA errors on purpose) under memcheck.
+#      (compute-sanitizer, else $CUDA_DIR/bin/compute-sanitizer), SANITIZE_SPECS=1 also runs each spec
+#      file (not the specs tagged #cudaerror, which plant CUDA errors on purpose) under memcheck.
 # Logs go to build/sanitize/.
 LUA=${1:-lua5.4}
 CUDA_DIR=${CUDA_DIR:-/usr/local/cuda}
@@ -29,8 +29,10 @@ for f in $EXAMPLES; do rows+=("$f|$TOOLS|$LUA $f"); done
 if [ -x build/embed_host ]; then
   for mode in single threads; do rows+=("embed_host $mode|$TOOLS|build/embed_host $mode"); done
 fi
-if [ -n "$SANITIZE_SPECS" ]; then
-  rows+=("specs (make test)|memcheck|$LUA -e \"$BUSTED\" /dev/null -o spec/output.lua --exclude-tags=nogpu,cudaerror spec")
+if [ -n "$SANITIZE_SPECS" ]; then   # a row per spec file, so that they run at once too
+  for f in spec/*_spec.lua; do
+    rows+=("$f|memcheck|env CUDALUA_CACHE_DIR=$PWD/build/sanitize/cache $LUA -e \"$BUSTED\" /dev/null -o spec/output.lua --exclude-tags=nogpu,cudaerror $f")
+  done
 fi
 
 key() { echo "$1" | tr '/ ()' '____'; }

@@ -31,41 +31,64 @@ local function parse_params(s, where, level)
   return list
 end
 
+-- complex elements are cuda::std::complex in the body (with its arithmetic), stored as
+-- cuComplex's float2 / double2, which is also how a scalar comes from Lua ({re, im} or a number)
+local COMPLEX = { complex64 = "cuda::std::complex<float>", complex128 = "cuda::std::complex<double>" }
+local COMPLEX_HELPERS = [[
+#include <cuda/std/complex>
+__device__ __forceinline__ cuda::std::complex<float> _cl_cx(float2 v) { return {v.x, v.y}; }
+__device__ __forceinline__ cuda::std::complex<double> _cl_cx(double2 v) { return {v.x, v.y}; }
+__device__ __forceinline__ float2 _cl_raw(cuda::std::complex<float> v) { return make_float2(v.real(), v.imag()); }
+__device__ __forceinline__ double2 _cl_raw(cuda::std::complex<double> v) { return make_double2(v.real(), v.imag()); }]]
+local INCLUDE = { float16 = "#include <cuda_fp16.h>", bfloat16 = "#include <cuda_bf16.h>",
+  complex64 = COMPLEX_HELPERS, complex128 = COMPLEX_HELPERS }
+M.COMPLEX = COMPLEX
+local STORED = { complex64 = "float2", complex128 = "double2" }   -- cuComplex's layout, a builtin type
+local function ctype(d) return STORED[d.name] or d.ctype end
+
 -- the kernel source for inputs ins (each with .scalar), outputs outs; w: elements a thread
 -- reads per step (1: no vector loads)
 local function source(ins, outs, body, w)
-  local p, fp16 = {}, false
+  local p, inc = {}, {}
   for _, v in ipairs(ins) do
-    local ct = v.dtype.ctype
-    if v.dtype.name == "float16" then fp16 = true end
+    local ct = ctype(v.dtype)
+    inc[v.dtype.name] = true
     p[#p + 1] = v.scalar and ("%s %s_"):format(ct, v.name) or ("const %s *__restrict__ %s_"):format(ct, v.name)
   end
   for _, v in ipairs(outs) do
-    if v.dtype.name == "float16" then fp16 = true end
-    p[#p + 1] = ("%s *__restrict__ %s_"):format(v.dtype.ctype, v.name)
+    inc[v.dtype.name] = true
+    p[#p + 1] = ("%s *__restrict__ %s_"):format(ctype(v.dtype), v.name)
   end
   p[#p + 1] = "long long _cl_n"
-  local L = {}
-  if fp16 then L[#L + 1] = "#include <cuda_fp16.h>" end
+  local L, seen = {}, {}
+  for name in pairs(inc) do
+    local text = INCLUDE[name]
+    if text and not seen[text] then seen[text] = true; L[#L + 1] = text end
+  end
+  table.sort(L)   -- the same source, so the same cache entry, every time
   -- one element: the body sees every parameter by its name, as a value
   local function element(read, write)
     local e = {}
     for _, v in ipairs(ins) do
-      e[#e + 1] = ("    %s %s = %s;"):format(v.dtype.ctype, v.name, v.scalar and (v.name .. "_") or read(v))
+      local x = v.scalar and (v.name .. "_") or read(v)
+      if COMPLEX[v.dtype.name] then x = "_cl_cx(" .. x .. ")" end
+      e[#e + 1] = ("    %s %s = %s;"):format(COMPLEX[v.dtype.name] or ctype(v.dtype), v.name, x)
     end
-    for _, v in ipairs(outs) do e[#e + 1] = ("    %s %s;"):format(v.dtype.ctype, v.name) end
+    for _, v in ipairs(outs) do e[#e + 1] = ("    %s %s;"):format(COMPLEX[v.dtype.name] or ctype(v.dtype), v.name) end
     e[#e + 1] = "    { " .. body .. "; }"
-    for _, v in ipairs(outs) do e[#e + 1] = "    " .. write(v) .. ";" end
+    for _, v in ipairs(outs) do
+      e[#e + 1] = ("    %s = %s;"):format(write(v), COMPLEX[v.dtype.name] and ("_cl_raw(" .. v.name .. ")") or v.name)
+    end
     return table.concat(e, "\n")
   end
   if w > 1 then
     for _, v in ipairs(ins) do
       if not v.scalar then
-        L[#L + 1] = ("struct __align__(%d) _cl_v_%s { %s v[%d]; };"):format(v.dtype.itemsize * w, v.name, v.dtype.ctype, w)
+        L[#L + 1] = ("struct __align__(%d) _cl_v_%s { %s v[%d]; };"):format(v.dtype.itemsize * w, v.name, ctype(v.dtype), w)
       end
     end
     for _, v in ipairs(outs) do
-      L[#L + 1] = ("struct __align__(%d) _cl_v_%s { %s v[%d]; };"):format(v.dtype.itemsize * w, v.name, v.dtype.ctype, w)
+      L[#L + 1] = ("struct __align__(%d) _cl_v_%s { %s v[%d]; };"):format(v.dtype.itemsize * w, v.name, ctype(v.dtype), w)
     end
   end
   L[#L + 1] = ('extern "C" __global__ void cudalua_elementwise(%s) {'):format(table.concat(p, ", "))
@@ -83,7 +106,7 @@ local function source(ins, outs, body, w)
     L[#L + 1] = "    #pragma unroll"
     L[#L + 1] = ("    for (int _cl_k = 0; _cl_k < %d; _cl_k++) {"):format(w)
     L[#L + 1] = element(function(v) return ("_cl_in_%s.v[_cl_k]"):format(v.name) end,
-                        function(v) return ("_cl_out_%s.v[_cl_k] = %s"):format(v.name, v.name) end)
+                        function(v) return ("_cl_out_%s.v[_cl_k]"):format(v.name) end)
     L[#L + 1] = "    }"
     for _, v in ipairs(outs) do
       L[#L + 1] = ("    reinterpret_cast<_cl_v_%s *>(%s_)[_cl_j] = _cl_out_%s;"):format(v.name, v.name, v.name)
@@ -93,7 +116,7 @@ local function source(ins, outs, body, w)
   end
   L[#L + 1] = ("  for (long long _cl_i = %s + _cl_t; _cl_i < _cl_n; _cl_i += _cl_stride) {"):format(tail_from)
   L[#L + 1] = element(function(v) return v.name .. "_[_cl_i]" end,
-                      function(v) return ("%s_[_cl_i] = %s"):format(v.name, v.name) end)
+                      function(v) return v.name .. "_[_cl_i]" end)
   L[#L + 1] = "  }"
   L[#L + 1] = "}"
   return table.concat(L, "\n")
@@ -141,6 +164,10 @@ local function kernel_for(self, scalars, w)
   return k
 end
 
+local function is_pair(v)
+  return type(v) == "table" and getmetatable(v) == nil and rawlen(v) == 2
+end
+
 local function is_array(v)
   local ok, n = pcall(core.array_info, v)
   return ok and n ~= nil
@@ -151,8 +178,9 @@ function Elementwise.__call(self, ...)
   local args = table.pack(...)
   local opts = nil
   local nin, nout = #self.ins, #self.outs
+  -- a trailing plain table is the options, unless it is a {re, im} pair
   if args.n > 0 and type(args[args.n]) == "table" and not is_array(args[args.n])
-     and getmetatable(args[args.n]) == nil then
+     and getmetatable(args[args.n]) == nil and rawlen(args[args.n]) == 0 then
     opts = args[args.n]
     args.n = args.n - 1
   end
@@ -175,7 +203,7 @@ function Elementwise.__call(self, ...)
   local n, first, scalars = nil, nil, {}
   for i, p in ipairs(self.ins) do
     local v = args[i]
-    if type(v) == "number" or type(v) == "boolean" then
+    if type(v) == "number" or type(v) == "boolean" or (COMPLEX[p.dtype.name] and is_pair(v)) then
       scalars[i] = "s"
     elseif is_array(v) then
       scalars[i] = "a"
@@ -187,7 +215,8 @@ function Elementwise.__call(self, ...)
       if n and size ~= n then error(("%s: input %s has %d elements, %s has %d"):format(where, p.name, size, first, n), 2) end
       n, first = n or size, first or p.name
     else
-      error(("%s: input %s must be a number or an array, got %s"):format(where, p.name, type(v)), 2)
+      error(("%s: input %s must be a number%s or an array, got %s"):format(where, p.name,
+        COMPLEX[p.dtype.name] and ", a pair {re, im}" or "", type(v)), 2)
     end
   end
   local out = {}
