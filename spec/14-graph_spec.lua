@@ -419,7 +419,7 @@ describe("cuda.graph", function()
     local gl = cuda.graph()
     local ml = gl:memset(l, 1)
     local el = gl:instantiate()
-    C.raises("cudalua: graph_exec:set_memset: 8-byte elements are two memsets; build the graph again",
+    C.raises("cudalua: graph_exec:set_memset: 8 and 16-byte elements are several memsets; build the graph again",
              el.set_memset, el, ml, l, 2)
   end)
 

@@ -23,6 +23,7 @@ describe("cuda.elementwise", function()
     C.raises("saxpy: expected 3 inputs (and optionally 1 outputs), got 1 arguments", ew, cuda.array({ 1 }, "float32"))
     C.raises("saxpy: input x must be a number or an array, got string", ew, "1", 2, 3)
     C.raises("saxpy: no array among the inputs or outputs says how many elements", ew, 1, 2, 3)
+    C.raises("saxpy: stream must be a cudalua stream, got number", ew, cuda.array({ 1 }, "float32"), 2, 3, { stream = 1 })
   end)
 
   gpu("computes saxpy like the CPU, with the output made or given, on a stream", function()

@@ -14,15 +14,14 @@ typedef struct {
 /* the kernel's name and the C type of parameter i, for messages (slow path only) */
 const char *cl_kernel_name(lua_State *L, int kidx) {
   if (luaL_testudata(L, kidx, LAUNCHER_MT)) { lua_getiuservalue(L, kidx, 1); kidx = lua_gettop(L); }
-  lua_getiuservalue(L, kidx, 2);
+  if (lua_getiuservalue(L, kidx, 2) != LUA_TTABLE) return "?";   /* not a kernel */
   lua_getfield(L, -1, "name");
-  return lua_tostring(L, -1);
+  return lua_isstring(L, -1) ? lua_tostring(L, -1) : "?";
 }
 
 static const char *ptypename(lua_State *L, int kidx, int i) {
   if (luaL_testudata(L, kidx, LAUNCHER_MT)) { lua_getiuservalue(L, kidx, 1); kidx = lua_gettop(L); }
-  lua_getiuservalue(L, kidx, 2);
-  lua_getfield(L, -1, "types");
+  if (lua_getiuservalue(L, kidx, 2) != LUA_TTABLE || lua_getfield(L, -1, "types") != LUA_TTABLE) return "?";
   lua_rawgeti(L, -1, i + 1);
   return lua_isstring(L, -1) ? lua_tostring(L, -1) : "?";
 }
@@ -648,6 +647,8 @@ static int launcher_tostring(lua_State *L) {
 }
 
 static int k_call(lua_State *L) {
+  if (!luaL_testudata(L, 1, CL_KERNEL))
+    return luaL_error(L, "cudalua: kernel call: expected a kernel, got %s", luaL_typename(L, 1));
   return luaL_error(L, "cudalua: kernel '%s' needs a launch configuration: k[{grid, block}](...)",
                     cl_kernel_name(L, 1));
 }

@@ -5,7 +5,8 @@
 # GPU machine only (make sanitize). The runs are mostly host work, so several go at once.
 # Env: SANITIZE_TOOLS (default all four), SANITIZE_EXAMPLES (default examples/*.lua),
 #      SANITIZE_JOBS (runs at once, default a quarter of the CPUs), SANITIZE_TIMEOUT (seconds a
-#      run may take, default 600; one that takes longer shows "timeout"), SANITIZER
+#      run may take, default 600; one that takes longer shows "timeout"), SANITIZE_DEADLINE
+#      (seconds after which no new run starts; those show "not run"), SANITIZER
 #      (compute-sanitizer, else $CUDA_DIR/bin/compute-sanitizer), SANITIZE_SPECS=1 also runs each spec
 #      file (not the specs tagged #cudaerror, which plant CUDA errors on purpose) under memcheck.
 # Logs go to build/sanitize/.
@@ -16,6 +17,7 @@ TOOLS=${SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}
 EXAMPLES=${SANITIZE_EXAMPLES:-$(ls examples/*.lua)}
 JOBS=${SANITIZE_JOBS:-$(( $(nproc) / 4 > 0 ? $(nproc) / 4 : 1 ))}
 LIMIT=${SANITIZE_TIMEOUT:-600}
+DEADLINE=${SANITIZE_DEADLINE:-}
 LOG=build/sanitize
 mkdir -p "$LOG"
 if ! $LUA -e 'package.cpath="./?.so;"..package.cpath; os.exit(require("cudalua").is_available() and 0 or 1)'; then
@@ -60,9 +62,13 @@ one() {
 }
 
 running=0
+start=$SECONDS
 for r in "${rows[@]}"; do
   IFS='|' read -r name tools cmd <<<"$r"
   for t in $tools; do
+    if [ -n "$DEADLINE" ] && [ $((SECONDS - start)) -ge "$DEADLINE" ]; then
+      echo "not run" >"$LOG/$(key "$name").$t.cell"; continue
+    fi
     one "$name" "$t" "$cmd" &
     running=$((running + 1))
     if [ "$running" -ge "$JOBS" ]; then wait -n; running=$((running - 1)); fi

@@ -182,6 +182,7 @@ function Elementwise.__call(self, ...)
   if args.n > 0 and type(args[args.n]) == "table" and not is_array(args[args.n])
      and getmetatable(args[args.n]) == nil and rawlen(args[args.n]) == 0 then
     opts = args[args.n]
+    args[args.n] = nil   -- not an output either
     args.n = args.n - 1
   end
   local where = self.name
@@ -192,7 +193,13 @@ function Elementwise.__call(self, ...)
   local stream, block = nil, 256
   for k, v in pairs(opts or {}) do
     if not EW_OPTS[k] then error(("%s: unknown option '%s' (block, stream)"):format(where, tostring(k)), 2) end
-    if k == "stream" then stream = v end
+    if k == "stream" then
+      local mt = getmetatable(v)
+      if type(mt) ~= "table" or rawget(mt, "__name") ~= "cudalua.stream" then
+        error(("%s: stream must be a cudalua stream, got %s"):format(where, type(v)), 2)
+      end
+      stream = v
+    end
     if k == "block" then
       if math.type(v) ~= "integer" or v < 1 or v > 1024 then error(where .. ": block must be an integer from 1 to 1024", 2) end
       block = v
