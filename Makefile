@@ -1,4 +1,5 @@
-# cudalua: make (build), make test, make examples, make bench (GPU machine), make install.
+# cudalua: make (build), make test, make examples, make bench (GPU machine), make install;
+# make docs, make asan and make fuzz (CI), make sanitize (GPU machine).
 # Builds against the CUDA toolkit's headers only: libcuda and NVRTC are opened at run time.
 LUA        ?= lua5.4
 LUA_INCDIR ?= /usr/include/lua5.4

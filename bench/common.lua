@@ -1,4 +1,4 @@
--- common.lua: what bench/core.lua and bench/helpers.lua share: output lines, medians, sections
+-- common.lua: what the bench/*.lua scripts share: output lines, medians, sections
 -- that fail alone, and the two timing loops.
 -- Env: BENCH_LAUNCHES (default 100000), BENCH_REPS (default 5), BENCH_SECTIONS (a Lua pattern:
 -- only the sections whose names match run)

@@ -59,23 +59,15 @@ section("cg compile", function()
   local count = 0
   local function unique() count = count + 1; return CG_SRC .. ("\n// cold %d %s\n"):format(count, stamp) end
   local rawloop, why = B.rawloop()
-  local t, traw = {}, {}
-  -- a cold compile takes about a second and varies by a tenth from one to the next: more
-  -- rounds than other rows, so that the medians are steady
-  for r = 0, math.max(10, 2 * REPS) do
-    for turn = 1, 2 do
-      local raw = (turn + r) % 2 == 0
-      if raw and not rawloop then break end
-      local src = unique()
-      local t0 = now()
-      if raw then rawloop.compile(src, arch, "-I" .. tk.include, "-I" .. tk.cccl)
-      else cuda.compile(src) end
-      local ms = (now() - t0) * 1e3
-      if r > 0 then table.insert(raw and traw or t, ms) end   -- round 0: warm-up
-    end
+  local bodies = { cudalua = function(m) for _ = 1, m do cuda.compile(unique()) end end }
+  if rawloop then
+    bodies.raw = function(m) for _ = 1, m do rawloop.compile(unique(), arch, "-I" .. tk.include, "-I" .. tk.cccl) end end
   end
-  out("cg_compile_ms", median(t))
-  if rawloop then out("inproc_cg_compile_ms", median(traw)) else B.note("no raw NVRTC loop: " .. why) end
+  -- a cold compile takes about a second and varies by a tenth from one to the next: more
+  -- rounds than other rows, so that the medians are steady (B.interleaved gives µs)
+  local cold = B.interleaved(bodies, 1, math.max(10, 2 * REPS))
+  out("cg_compile_ms", cold.cudalua / 1e3)
+  if rawloop then out("inproc_cg_compile_ms", cold.raw / 1e3) else B.note("no raw NVRTC loop: " .. why) end
 
   -- the disk cache hit, in new processes (the parent wrote the entry)
   local hits, looks, sizes = {}, {}, ""
@@ -105,7 +97,7 @@ section("cluster and cooperative launches", function()
   local k = mod.empty1
   local d = cuda.device_array(32, "int32")
   local rawloop, why = B.rawloop()
-  local sms = cuda.devices()[cuda.current_device() + 1].multiprocessors
+  local sms = cuda.gpus.current:info().multiprocessors
   local ccfg = { 8, 32, cluster = 2 }
   local pcfg = { sms, 32, cooperative = true }
   local bodies = {
@@ -122,7 +114,7 @@ section("cluster and cooperative launches", function()
   }
   if rawloop then
     local h, p = k:handle(), d:ptr()
-    bodies.raw_cluster = function(m) rawloop.launch_ex(h, m, 8, 32, 2, false, p) end
+    bodies.raw_cluster = function(m) rawloop.launch_ex(h, m, 8, 32, 2, p) end
     bodies.raw_coop = function(m) rawloop.launch_coop(h, m, sms, 32, p) end
   else
     B.note("no raw launch loop: " .. why)

@@ -1,8 +1,9 @@
-/* rawloop.c: the raw side of the in-process comparisons (bench/core.lua, bench/cuda_cpp.lua):
-   cuLaunchKernel, cuLaunchKernelEx, cuLaunchCooperativeKernel and
-   cuMemAllocAsync/cuMemFreeAsync in C loops and NVRTC compiles, in the same process, context and stream as the
-   cudalua side, so that the two take turns within a second: these costs drift by ~15% on the
-   GPU machine between runs minutes apart. Bench only; links libcuda and NVRTC. */
+/* rawloop.c: the raw side of the in-process comparisons (bench/core.lua, bench/cuda_cpp.lua,
+   bench/multigpu.lua): cuLaunchKernel, cuLaunchKernelEx, cuLaunchCooperativeKernel,
+   cuMemAllocAsync/cuMemFreeAsync, cuMemcpyPeerAsync and NCCL all_reduce in C loops, and NVRTC
+   compiles, in the same process, context and stream as the cudalua side, so that the two take
+   turns within a second: these costs drift by ~15% on the GPU machine between runs minutes
+   apart. Bench only; links libcuda and NVRTC, opens NCCL with dlopen. */
 #include <dlfcn.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -47,14 +48,14 @@ static int alloc_free(lua_State *L) {
   return 0;
 }
 
-/* launch_ex(handle, n, grid, block, cluster, cooperative, ptr): n launches of f(ptr) through
-   cuLaunchKernelEx with a cluster dimension (cluster > 0) and/or the cooperative attribute */
+/* launch_ex(handle, n, grid, block, cluster, ptr): n launches of f(ptr) through
+   cuLaunchKernelEx with a cluster dimension (cluster > 0) */
 static int launch_ex(lua_State *L) {
   CUfunction f = (CUfunction)(uintptr_t)luaL_checkinteger(L, 1);
   lua_Integer n = luaL_checkinteger(L, 2);
-  CUdeviceptr a = (CUdeviceptr)luaL_checkinteger(L, 7);
+  CUdeviceptr a = (CUdeviceptr)luaL_checkinteger(L, 6);
   void *args[] = {&a};
-  CUlaunchAttribute at[2] = {0};
+  CUlaunchAttribute at[1] = {0};
   CUlaunchConfig c = {0};
   c.gridDimX = (unsigned)luaL_checkinteger(L, 3); c.gridDimY = c.gridDimZ = 1;
   c.blockDimX = (unsigned)luaL_checkinteger(L, 4); c.blockDimY = c.blockDimZ = 1;
@@ -64,11 +65,6 @@ static int launch_ex(lua_State *L) {
     at[c.numAttrs].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
     at[c.numAttrs].value.clusterDim.x = cluster;
     at[c.numAttrs].value.clusterDim.y = at[c.numAttrs].value.clusterDim.z = 1;
-    c.numAttrs++;
-  }
-  if (lua_toboolean(L, 6)) {
-    at[c.numAttrs].id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
-    at[c.numAttrs].value.cooperative = 1;
     c.numAttrs++;
   }
   for (lua_Integer i = 0; i < n; i++) {
@@ -123,16 +119,19 @@ static int peer_copy(lua_State *L) {
   size_t bytes = (size_t)luaL_checkinteger(L, 5);
   lua_Integer n = luaL_checkinteger(L, 6);
   CUstream s = (CUstream)(uintptr_t)luaL_checkinteger(L, 7);
-  CUdevice a, b;
-  CUcontext ca, cb;
-  if (cuDeviceGet(&a, dd) || cuDeviceGet(&b, sd) || cuDevicePrimaryCtxRetain(&ca, a) || cuDevicePrimaryCtxRetain(&cb, b))
-    return luaL_error(L, "rawloop: no contexts for devices %d and %d", dd, sd);
+  /* the primary contexts, retained once for the process (cudalua holds its own) */
+  static CUcontext ctx[16];
+  if (dd < 0 || sd < 0 || dd >= 16 || sd >= 16) return luaL_error(L, "rawloop: device id out of range");
+  for (int k = 0; k < 2; k++) {
+    int d = k ? sd : dd;
+    CUdevice dev;
+    if (!ctx[d] && (cuDeviceGet(&dev, d) || cuDevicePrimaryCtxRetain(&ctx[d], dev)))
+      return luaL_error(L, "rawloop: no context for device %d", d);
+  }
   for (lua_Integer i = 0; i < n; i++) {
-    CUresult r = cuMemcpyPeerAsync(dst, ca, src, cb, bytes, s);
+    CUresult r = cuMemcpyPeerAsync(dst, ctx[dd], src, ctx[sd], bytes, s);
     if (r != CUDA_SUCCESS) return luaL_error(L, "rawloop: cuMemcpyPeerAsync failed (%d)", (int)r);
   }
-  cuDevicePrimaryCtxRelease(a);
-  cuDevicePrimaryCtxRelease(b);
   return 0;
 }
 

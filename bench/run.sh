@@ -1,7 +1,8 @@
 #!/bin/sh
-# bench/run.sh LUA: builds bench/raw.c and bench/raw_helpers.c, runs the raw CUDA baselines,
-# bench/core.lua and bench/helpers.lua (cudalua) and bench/compare.py (CuPy, Numba; its helper
-# part as a second run), then prints one table and checks cudalua's targets.
+# bench/run.sh LUA: builds bench/raw.c, bench/raw_helpers.c and bench/rawloop.c, runs the raw
+# CUDA baselines, bench/core.lua, bench/helpers.lua, bench/cuda_cpp.lua and bench/multigpu.lua
+# (cudalua, with raw loops in the same process), bench/compare.py (CuPy, Numba; its helper part
+# as a second run) and bench/nccl_torch.py, then prints one table and checks cudalua's targets.
 # Run from the repository root (make bench). Needs a GPU. Outputs go to bench/out/.
 # Env: CUDA_DIR (/usr/local/cuda), LUA_INCDIR (/usr/include/lua5.4), PYTHON (python3), BENCH_LAUNCHES, BENCH_REPS,
 #      BENCH_REPORT_ONLY=1 (only print the table from the files already in bench/out/).
@@ -44,7 +45,7 @@ if [ -z "$BENCH_REPORT_ONLY" ]; then
       broken="$broken $prog"
     fi
   done
-  # the raw loops that run inside the cudalua process (bench/core.lua takes turns with them)
+  # the raw loops that run inside the cudalua process (the bench scripts take turns with them)
   gcc -O2 -shared -fPIC -I"$LUA_INCDIR" -I"$CUDA_DIR/include" bench/rawloop.c -o "$OUT/rawloop.so" \
       -L"$CUDA_DIR/lib64/stubs" -L"$CUDA_DIR/lib64" -Wl,-rpath,"$CUDA_DIR/lib64" -lcuda -lnvrtc -ldl ||
     echo "bench: cannot build bench/rawloop.c" >&2

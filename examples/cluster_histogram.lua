@@ -6,7 +6,7 @@
 package.cpath = "./?.so;" .. package.cpath
 local cuda = require "cudalua"
 
-local dev = cuda.devices()[cuda.current_device() + 1]
+local dev = cuda.gpus.current:info()
 if dev.compute_capability[1] < 9 then
   print("cluster_histogram: skipped: clusters need compute capability 9.0; this device has " ..
         table.concat(dev.compute_capability, "."))

@@ -29,7 +29,7 @@ extern "C" __global__ void normalize(float *x, float *partial, int n) {
   for (int i = grid.thread_rank(); i < n; i += grid.size()) x[i] *= inv;
 }]], "normalize")
 
-local dev = cuda.devices()[cuda.current_device() + 1]
+local dev = cuda.gpus.current:info()
 local per_sm = normalize:max_blocks_per_sm(256)
 local blocks = per_sm * dev.multiprocessors
 local n = 1 << 20

@@ -6,7 +6,7 @@ package.cpath = "./?.so;" .. package.cpath
 local cuda = require "cudalua"
 
 local nvcc = (os.getenv("CUDA_DIR") or "/usr/local/cuda") .. "/bin/nvcc"
-local dev = cuda.devices()[cuda.current_device() + 1]
+local dev = cuda.gpus.current:info()
 local arch = ("sm_%d%d"):format(dev.compute_capability[1], dev.compute_capability[2])
 local dir = os.tmpname()
 os.remove(dir)

@@ -804,8 +804,7 @@ describe("stream:launch_host_func", function()
   -- in a child process with a time limit: the failure this guards against is a hang
   gpu("may drop host-visible memory and modules, whose frees wait for the device: no hang", function()
     local chunk = os.tmpname()
-    local f = assert(io.open(chunk, "w"))
-    f:write([==[
+    H.write(chunk, [==[
 package.cpath = "./?.so;" .. package.cpath
 local cuda = require "cudalua"
 local SPIN = [[extern "C" __global__ void spin(float *x, long long c) {
@@ -829,10 +828,7 @@ spin[{ 1, 32, s }](d, 1)   -- the stream and the kernel's module still work afte
 local v = d:copy_to_host()
 print(ran, p.closed, mp.closed, mg.closed, v[1], v[32])
 ]==])
-    f:close()
-    local pipe = assert(io.popen(("timeout 60 %s %s 2>&1; echo rc=$?"):format(H.LUA, chunk)))
-    local out = pipe:read("a")
-    pipe:close()
+    local out = H.run(("timeout 60 %s %s 2>&1; echo rc=$?"):format(H.LUA, chunk))
     os.remove(chunk)
     assert.matches("^true\ttrue\ttrue\ttrue\t3%.0\t3%.0\nrc=0\n$", out)
   end)

@@ -11,10 +11,7 @@ local nogpu = C.nogpu(it, pending)
 
 local q = H.q
 
-local function run(cmd)   -- ok, stdout and stderr together
-  local out, ok = H.run(cmd .. " 2>&1")
-  return ok, out
-end
+local run = H.sh
 
 local function exists(path)
   local f = io.open(path)

@@ -10,10 +10,7 @@ local LUA = H.LUA
 
 local q = H.q
 
-local function run(cmd)   -- ok, stdout and stderr together
-  local out, ok = H.run(cmd .. " 2>&1")
-  return ok, out
-end
+local run = H.sh
 
 local have_luarocks = os.execute("command -v luarocks >/dev/null 2>&1")
 local function with_luarocks(name, fn)

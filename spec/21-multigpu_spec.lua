@@ -317,7 +317,8 @@ describe("NCCL across the GPUs of one process", function()
     for _, op in ipairs { "sum", "max", "min", "prod" } do
       nccl.group(function() for r = 1, g do comms[r]:all_reduce(send[r], recv[r], op) end end)
       for r = 1, g do on(r - 1, cuda.synchronize) end
-      for r = 1, g do same(expect(op), recv[r], op .. " rank " .. r - 1 .. ":") end
+      local want = expect(op)
+      for r = 1, g do same(want, recv[r], op .. " rank " .. r - 1 .. ":") end
     end
     -- broadcast from the last rank
     nccl.group(function() for r = 1, g do comms[r]:broadcast(send[r], recv[r], g - 1) end end)

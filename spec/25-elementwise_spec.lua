@@ -6,7 +6,7 @@ local C = require "spec.check"
 local cuda = H.cuda
 local gpu = H.gpu(it, pending)
 
-local function f32(v) return string.unpack("f", string.pack("f", v)) end
+local f32 = C.f32
 
 describe("cuda.elementwise", function()
   it("reads its parameters and refuses bad ones, naming them", function()

@@ -14,7 +14,7 @@ local function bf16(x)
   u = ((u + 0x7fff + ((u >> 16) & 1)) & 0xffffffff) & 0xffff0000
   return (string.unpack("<f", string.pack("<I4", u)))
 end
-local function f32(x) return (string.unpack("<f", string.pack("<f", x))) end
+local f32 = C.f32
 
 local function rand_pairs(n)
   local t = {}

@@ -57,6 +57,12 @@ function H.run(cmd)
   return out, ok
 end
 
+-- ok, and stdout and stderr together
+function H.sh(cmd)
+  local out, ok = H.run(cmd .. " 2>&1")
+  return ok, out
+end
+
 function H.tmpdir()
   local d = H.run("mktemp -d"):gsub("%s+$", "")
   assert(d ~= "", "mktemp -d failed")

@@ -34,7 +34,6 @@ static void end_capture_state(lua_State *L, cl_stream *s) {
   luaL_unref(L, LUA_REGISTRYINDEX, s->capture_ref);
   s->capture_ref = 0;
   __atomic_sub_fetch(&cl_capturing, 1, __ATOMIC_SEQ_CST);
-  cl_mem_flush_deferred(L);
   cl_flush_deferred(L);
 }
 

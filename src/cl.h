@@ -157,6 +157,17 @@ cl_stream *cl_stream_of(lua_State *L, int idx, int *is_default);
 void cl_stream_check(lua_State *L, cl_stream *s, CUcontext ctx, const char *where, const char *what);
 void cl_open_stream(lua_State *L);
 
+/* releases that would wait for the device (frees, module unloads, NCCL communicators) asked for
+   inside a Lua host function or a capture: the caller fills in fn and keeps the node's memory
+   until fn runs, which cl_flush_deferred does once neither is under way */
+typedef struct cl_deferred {
+  void (*fn)(lua_State *L, struct cl_deferred *d);
+  struct cl_deferred *next;
+} cl_deferred;
+int cl_must_defer(lua_State *L);
+void cl_defer(cl_deferred *d);
+void cl_flush_deferred(lua_State *L);
+
 /* ---- array.c: host and device arrays ---- */
 enum { CL_HOST, CL_PINNED, CL_MAPPED, CL_MANAGED, CL_DEVICE, CL_FOREIGN };
 #define CL_MAXDIM 8
@@ -175,7 +186,8 @@ typedef struct cl_mem {
   int ipc;             /* 1: exportable (cuMemAlloc); 2: opened from another process's handle */
   void (*release)(void *ud, CUdeviceptr p);  /* foreign memory */
   void *ud;
-  struct cl_mem *next; /* in the list of frees put off (memory.c) */
+  struct cl_mem *next; /* in the list of spare records (memory.c) */
+  cl_deferred later;   /* a free put off (memory.c) */
 } cl_mem;
 typedef struct cl_array {
   cl_mem *mem;         /* NULL once closed */
@@ -204,7 +216,7 @@ void cl_mem_settle(lua_State *L, cl_mem *m);      /* waits for queued work that 
 void cl_mem_order(lua_State *L, cl_mem *m, CUcontext a, CUcontext b);
 void cl_mem_forget_stream(cl_stream *s);          /* s is being destroyed */
 void cl_open_memory(lua_State *L);
-void cl_mem_release_all(lua_State *L);          /* the last state closed: deferred frees done, block cache emptied */
+void cl_mem_release_all(void);                  /* the last state closed: block cache emptied */
 int cl_pageable_prepare(cl_mem *m);               /* page-locks pageable memory for copies */
 cl_array *cl_newarray(lua_State *L, int kind, int dt, int ndim, const int64_t *shape,
                       cl_stream *s, int flags);
@@ -320,12 +332,6 @@ void cl_marshal(lua_State *L, cl_kernel *k, int kidx, int first, int nargs, cl_a
 /* stream capture: legacy-stream use and waits are refused while a capture runs */
 extern int cl_capturing;
 void cl_capture_guard(lua_State *L, cl_stream *s, int waits, const char *where);
-void cl_mem_flush_deferred(lua_State *L);
-/* releases that wait for the device (module unloads, NCCL communicators) asked for inside a Lua
-   host function or a capture: run by cl_flush_deferred once neither is under way */
-int cl_must_defer(lua_State *L);
-void cl_defer(void (*fn)(void *), void *arg);
-void cl_flush_deferred(lua_State *L);
 void cl_hostfn_release_closed(void);   /* the last state closed and the devices are idle */
 
 #endif

@@ -49,11 +49,9 @@ static int state_closed(lua_State *L) {
   pthread_mutex_lock(&states_mu);
   cl_flush_deferred(L);
   if (--live_states == 0) {
-    cl_mem_release_all(L);
+    cl_mem_release_all();
     cl_release_contexts();
     cl_hostfn_release_closed();
-  } else {
-    cl_mem_flush_deferred(L);
   }
   pthread_mutex_unlock(&states_mu);
   return 0;

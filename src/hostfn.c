@@ -88,7 +88,7 @@ int cl_host_service(lua_State *L) {
     c = next;
   }
   /* memory and modules the host functions dropped that could not be freed inside them */
-  if (ran && !q->running) { cl_mem_flush_deferred(L); cl_flush_deferred(L); }
+  if (ran && !q->running) cl_flush_deferred(L);
   return ran;
 }
 
@@ -113,19 +113,15 @@ void cl_host_arm(lua_State *L, int n) {
   pthread_mutex_unlock(&q->mu);
 }
 
-/* the releases cl_defer keeps: process-wide, as the capture flag is */
-typedef struct deferred { void (*fn)(void *); void *arg; struct deferred *next; } deferred;
-static deferred *later;
+/* the releases put off: process-wide, as the capture flag is */
+static cl_deferred *later;
 static pthread_mutex_t later_mu = PTHREAD_MUTEX_INITIALIZER;
 
 int cl_must_defer(lua_State *L) {
   return cl_capturing || (L && cl_host_running(L));
 }
 
-void cl_defer(void (*fn)(void *), void *arg) {
-  deferred *d = malloc(sizeof *d);
-  if (!d) { fn(arg); return; }   /* out of memory: better to wait than to leak */
-  d->fn = fn; d->arg = arg;
+void cl_defer(cl_deferred *d) {
   pthread_mutex_lock(&later_mu);
   d->next = later;
   later = d;
@@ -135,12 +131,11 @@ void cl_defer(void (*fn)(void *), void *arg) {
 void cl_flush_deferred(lua_State *L) {
   while (later && !cl_must_defer(L)) {
     pthread_mutex_lock(&later_mu);
-    deferred *d = later;
+    cl_deferred *d = later;
     if (d) later = d->next;
     pthread_mutex_unlock(&later_mu);
     if (!d) break;
-    d->fn(d->arg);
-    free(d);
+    d->fn(L, d);
   }
 }
 

@@ -2,6 +2,7 @@
    views that point into it, remembers the stream that last used it, and is freed in that
    stream's order (device memory) or after that stream is done (host memory), so memory is never
    released while queued work may still use it. */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -299,12 +300,10 @@ cl_mem *cl_mem_new(lua_State *L, int kind, size_t bytes, cl_stream *s, int flags
 
 cl_mem *cl_mem_ref(cl_mem *m) { if (m) m->refs++; return m; }
 
-/* Memory dropped while it cannot be freed now waits in this list: while a stream captures
+/* Memory dropped while it cannot be freed now is put off (cl_defer): while a stream captures
    (a free would be captured, or refused), and inside a Lua host function when freeing it would
-   wait for the GPU (the stream waits for that very function). Flushed at the end of the capture
+   wait for the GPU (the stream waits for that very function). Freed at the end of the capture
    and after the host functions ran. */
-static cl_mem *deferred;
-static pthread_mutex_t deferred_mu = PTHREAD_MUTEX_INITIALIZER;
 
 /* would freeing m wait for queued work? Not only through settle: cuMemFreeHost, cuMemFree and
    cuMemHostUnregister wait for the whole device themselves, used or not, and the device is
@@ -323,25 +322,17 @@ static int must_defer(lua_State *L, const cl_mem *m) {
   return L && frees_by_waiting(m) && cl_host_running(L);
 }
 
-void cl_mem_flush_deferred(lua_State *L) {
-  while (deferred && !cl_capturing && !cl_host_running(L)) {
-    pthread_mutex_lock(&deferred_mu);
-    cl_mem *m = deferred;
-    if (m) { deferred = m->next; m->next = NULL; }
-    pthread_mutex_unlock(&deferred_mu);
-    if (!m) break;
-    m->refs = 1;
-    cl_mem_unref(L, m);
-  }
+static void free_later(lua_State *L, cl_deferred *d) {
+  cl_mem *m = (cl_mem *)((char *)d - offsetof(cl_mem, later));
+  m->refs = 1;
+  cl_mem_unref(L, m);
 }
 
 void cl_mem_unref(lua_State *L, cl_mem *m) {
   if (!m || --m->refs > 0) return;
   if (must_defer(L, m)) {
-    pthread_mutex_lock(&deferred_mu);
-    m->next = deferred;
-    deferred = m;
-    pthread_mutex_unlock(&deferred_mu);
+    m->later.fn = free_later;
+    cl_defer(&m->later);
     return;
   }
   CUresult r = CUDA_SUCCESS;
@@ -401,8 +392,7 @@ void cl_mem_unref(lua_State *L, cl_mem *m) {
   mem_free(m);
 }
 
-void cl_mem_release_all(lua_State *L) {
-  cl_mem_flush_deferred(L);
+void cl_mem_release_all(void) {
   if (ncache) cache_drop(NULL, 1);
   while (spare) { cl_mem *m = spare; spare = m->next; free(m); }
   nspare = 0;

@@ -22,9 +22,10 @@ static void unload_now(CUmodule mod, CUcontext ctx) {
   cl_ctx_swap(prev);
 }
 
-typedef struct { CUmodule m; CUcontext ctx; } unload;
-static void unload_later(void *arg) {
-  unload *u = arg;
+typedef struct { cl_deferred later; CUmodule m; CUcontext ctx; } unload;
+static void unload_later(lua_State *L, cl_deferred *d) {
+  unload *u = (unload *)d;   /* the node comes first */
+  (void)L;
   unload_now(u->m, u->ctx);
   free(u);
 }
@@ -36,7 +37,7 @@ static int m_close(lua_State *L) {
   if (!m->m) return 0;
   /* cuModuleUnload waits for the device: not inside a host function or a capture */
   unload *u = cl_must_defer(L) ? malloc(sizeof *u) : NULL;
-  if (u) { u->m = m->m; u->ctx = m->ctx; cl_defer(unload_later, u); }
+  if (u) { u->later.fn = unload_later; u->m = m->m; u->ctx = m->ctx; cl_defer(&u->later); }
   else unload_now(m->m, m->ctx);
   m->m = NULL;
   return 0;

@@ -458,12 +458,12 @@ static void close_comms(lua_State *L, lcomm **cs, int n) {
 
 /* communicators dropped inside a host function or a capture: finalizing and destroying them
    waits for the device, so copies of them are closed later (cl_defer) */
-typedef struct { int n; lcomm c[]; } closing;
-static void close_later(void *arg) {
-  closing *k = arg;
+typedef struct { cl_deferred later; int n; lcomm c[]; } closing;
+static void close_later(lua_State *L, cl_deferred *d) {
+  closing *k = (closing *)d;   /* the node comes first */
   lcomm *cs[64];
   for (int i = 0; i < k->n; i++) cs[i] = &k->c[i];
-  close_comms(NULL, cs, k->n);
+  close_comms(L, cs, k->n);
   free(k);
 }
 
@@ -485,9 +485,10 @@ static int c_close(lua_State *L) {
   if (!n) return 0;
   closing *k = cl_must_defer(L) ? malloc(sizeof *k + n * sizeof(lcomm)) : NULL;
   if (k) {
+    k->later.fn = close_later;
     k->n = n;
     for (int i = 0; i < n; i++) { k->c[i] = *cs[i]; cs[i]->c = NULL; }
-    cl_defer(close_later, k);
+    cl_defer(&k->later);
   } else {
     close_comms(L, cs, n);
   }

@@ -33,7 +33,6 @@ local function flush_item(item)
     return
   elseif tag == "type" or tag == "table" then
     local name = tag == "table" and ("cuda." .. tagname) or tagname
-    if tag == "table" and tagname == "gpus" then name = "cuda.gpus" end
     emit("### " .. (tag == "type" and "type " or "") .. "`" .. name .. "`"); emit("")
     emit(table.concat(text, " ")); emit("")
     return

@@ -377,7 +377,7 @@ local function batch(first, last)
   if done and code == 0 and not report then return last + 1 end
   -- the case in flight, or (none in flight) the last one: the crash came at the end, in a finalizer
   local culprit = started or finished
-  local hung = how == "exit" and (code == 137 or code == 124) and not report
+  local hung = how == "exit" and code == 137 and not report   -- timeout -s KILL
   local what = report or (hung and ("no end after %d s"):format(limit))
     or ("exit %s %s: %s"):format(how, tostring(code), (err:match("[^\n]*%S[^\n]*\n?$") or ""):sub(1, 200))
   if not started then what = what .. " (after the case, at the child's end)" else what = what .. " in " .. call end

@@ -8,6 +8,14 @@ local modules = require "cudalua.module"
 local includes = require "cudalua.headers"
 local M = {}
 
+-- the type kernel code computes with for a dtype, and the header that declares it: complex
+-- numbers as cuda::std::complex (cuComplex's layout, with the arithmetic), the others as their
+-- C type
+local VALUE = { complex64 = "cuda::std::complex<float>", complex128 = "cuda::std::complex<double>" }
+local HEADER = { float16 = "#include <cuda_fp16.h>", bfloat16 = "#include <cuda_bf16.h>",
+  complex64 = "#include <cuda/std/complex>", complex128 = "#include <cuda/std/complex>" }
+function M.value_type(dtype) return VALUE[dtype.name] or dtype.ctype, HEADER[dtype.name] end
+
 local PROBE = modules.PROBE
 local PROBE_SRC = '\n#line 1 "cudalua-probe"\ntemplate<typename T> __global__ void ' .. PROBE .. '() {}\n'
 

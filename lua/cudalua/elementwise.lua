@@ -7,6 +7,7 @@
 -- is compiled per dtypes-and-scalars signature (through the compile cache): a grid-stride loop
 -- whose arrays are read and written 16 bytes at a time when every pointer allows it.
 local core = ...
+local compile = require "cudalua.compile"
 local M = {}
 
 local RESERVED = { _cl_i = true, _cl_n = true, _cl_j = true, _cl_k = true }
@@ -31,53 +32,53 @@ local function parse_params(s, where, level)
   return list
 end
 
--- complex elements are cuda::std::complex in the body (with its arithmetic), stored as
--- cuComplex's float2 / double2, which is also how a scalar comes from Lua ({re, im} or a number)
-local COMPLEX = { complex64 = "cuda::std::complex<float>", complex128 = "cuda::std::complex<double>" }
-local COMPLEX_HELPERS = [[
-#include <cuda/std/complex>
+-- the body sees values as compile.value_type says (complex: cuda::std::complex); complex
+-- elements are stored as cuComplex's float2 / double2, which is also how a scalar comes from Lua
+-- ({re, im} or a number), and converted on the way in and out
+local STORED = { complex64 = "float2", complex128 = "double2" }
+local CONVERT = [[
 __device__ __forceinline__ cuda::std::complex<float> _cl_cx(float2 v) { return {v.x, v.y}; }
 __device__ __forceinline__ cuda::std::complex<double> _cl_cx(double2 v) { return {v.x, v.y}; }
 __device__ __forceinline__ float2 _cl_raw(cuda::std::complex<float> v) { return make_float2(v.real(), v.imag()); }
 __device__ __forceinline__ double2 _cl_raw(cuda::std::complex<double> v) { return make_double2(v.real(), v.imag()); }]]
-local INCLUDE = { float16 = "#include <cuda_fp16.h>", bfloat16 = "#include <cuda_bf16.h>",
-  complex64 = COMPLEX_HELPERS, complex128 = COMPLEX_HELPERS }
-M.COMPLEX = COMPLEX
-local STORED = { complex64 = "float2", complex128 = "double2" }   -- cuComplex's layout, a builtin type
 local function ctype(d) return STORED[d.name] or d.ctype end
+local function value(d) return (compile.value_type(d)) end
 
 -- the kernel source for inputs ins (each with .scalar), outputs outs; w: elements a thread
 -- reads per step (1: no vector loads)
 local function source(ins, outs, body, w)
-  local p, inc = {}, {}
+  local p, headers, complex = {}, {}, false
+  local function need(d)
+    local _, header = compile.value_type(d)
+    if header then headers[header] = true end
+    complex = complex or STORED[d.name] ~= nil
+  end
   for _, v in ipairs(ins) do
     local ct = ctype(v.dtype)
-    inc[v.dtype.name] = true
+    need(v.dtype)
     p[#p + 1] = v.scalar and ("%s %s_"):format(ct, v.name) or ("const %s *__restrict__ %s_"):format(ct, v.name)
   end
   for _, v in ipairs(outs) do
-    inc[v.dtype.name] = true
+    need(v.dtype)
     p[#p + 1] = ("%s *__restrict__ %s_"):format(ctype(v.dtype), v.name)
   end
   p[#p + 1] = "long long _cl_n"
-  local L, seen = {}, {}
-  for name in pairs(inc) do
-    local text = INCLUDE[name]
-    if text and not seen[text] then seen[text] = true; L[#L + 1] = text end
-  end
+  local L = {}
+  for h in pairs(headers) do L[#L + 1] = h end
   table.sort(L)   -- the same source, so the same cache entry, every time
+  if complex then L[#L + 1] = CONVERT end
   -- one element: the body sees every parameter by its name, as a value
   local function element(read, write)
     local e = {}
     for _, v in ipairs(ins) do
       local x = v.scalar and (v.name .. "_") or read(v)
-      if COMPLEX[v.dtype.name] then x = "_cl_cx(" .. x .. ")" end
-      e[#e + 1] = ("    %s %s = %s;"):format(COMPLEX[v.dtype.name] or ctype(v.dtype), v.name, x)
+      if STORED[v.dtype.name] then x = "_cl_cx(" .. x .. ")" end
+      e[#e + 1] = ("    %s %s = %s;"):format(value(v.dtype), v.name, x)
     end
-    for _, v in ipairs(outs) do e[#e + 1] = ("    %s %s;"):format(COMPLEX[v.dtype.name] or ctype(v.dtype), v.name) end
+    for _, v in ipairs(outs) do e[#e + 1] = ("    %s %s;"):format(value(v.dtype), v.name) end
     e[#e + 1] = "    { " .. body .. "; }"
     for _, v in ipairs(outs) do
-      e[#e + 1] = ("    %s = %s;"):format(write(v), COMPLEX[v.dtype.name] and ("_cl_raw(" .. v.name .. ")") or v.name)
+      e[#e + 1] = ("    %s = %s;"):format(write(v), STORED[v.dtype.name] and ("_cl_raw(" .. v.name .. ")") or v.name)
     end
     return table.concat(e, "\n")
   end
@@ -210,7 +211,7 @@ function Elementwise.__call(self, ...)
   local n, first, scalars = nil, nil, {}
   for i, p in ipairs(self.ins) do
     local v = args[i]
-    if type(v) == "number" or type(v) == "boolean" or (COMPLEX[p.dtype.name] and is_pair(v)) then
+    if type(v) == "number" or type(v) == "boolean" or (STORED[p.dtype.name] and is_pair(v)) then
       scalars[i] = "s"
     elseif is_array(v) then
       scalars[i] = "a"
@@ -223,7 +224,7 @@ function Elementwise.__call(self, ...)
       n, first = n or size, first or p.name
     else
       error(("%s: input %s must be a number%s or an array, got %s"):format(where, p.name,
-        COMPLEX[p.dtype.name] and ", a pair {re, im}" or "", type(v)), 2)
+        STORED[p.dtype.name] and ", a pair {re, im}" or "", type(v)), 2)
     end
   end
   local out = {}

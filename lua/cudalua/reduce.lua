@@ -13,14 +13,9 @@ local Reducer = {}
 Reducer.__index = Reducer
 Reducer.__name = "cudalua.reducer"
 
--- the element type the operation sees: complex numbers as cuda::std::complex (the layout of
--- cuComplex, with the arithmetic operators "a + b" needs)
-local COMPLEX = { complex64 = "cuda::std::complex<float>", complex128 = "cuda::std::complex<double>" }
-local INCLUDE = { __half = "#include <cuda_fp16.h>", __nv_bfloat16 = "#include <cuda_bf16.h>",
-  ["cuda::std::complex<float>"] = "#include <cuda/std/complex>", ["cuda::std::complex<double>"] = "#include <cuda/std/complex>" }
-local function elem_type(dtype) return COMPLEX[dtype.name] or dtype.ctype end
-
-local function source(self, ctype)
+-- the operation sees elements as compile.value_type says (complex: cuda::std::complex, with the
+-- operators "a + b" needs); header: what declares that type
+local function source(self, ctype, header)
   local fn
   if self.expr then
     fn = ("__device__ __forceinline__ T operator()(T a, T b) const { return (%s); }"):format(self.expr)
@@ -29,7 +24,7 @@ local function source(self, ctype)
   end
   return table.concat({
     "#include <cudalua/reduce.cuh>",
-    INCLUDE[ctype] or "",
+    header or "",
     self.preamble or "",
     "struct cudalua_op { typedef " .. ctype .. " T; " .. fn .. " };",
   }, "\n")
@@ -38,11 +33,11 @@ end
 -- the kernels for one dtype on the selected device: aligned (16-byte vector loads) and unaligned
 local function kernels(self, dtype, dev)
   local name = tostring(dtype)
-  local ctype = elem_type(dtype)
+  local ctype, header = compile.value_type(dtype)
   local v = 16 // dtype.itemsize
   local aligned = ("cudalua::reduce_kernel<%s, cudalua_op, %d, %d>"):format(ctype, v, UN)
   local unaligned = ("cudalua::reduce_kernel<%s, cudalua_op, 1, %d>"):format(ctype, UN)
-  local ok, mod = pcall(compile.compile, source(self, ctype), {
+  local ok, mod = pcall(compile.compile, source(self, ctype, header), {
     name = "cudalua_reduce.cu", name_expressions = { aligned, unaligned } })
   if not ok then
     error(("cuda.reduce: the reduction %q does not compile for %s:\n%s"):format(
