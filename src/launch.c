@@ -281,6 +281,25 @@ static const char *launch_hint(lua_State *L, cl_kernel *k, const cl_launch *c, C
   return "";
 }
 
+/* a cluster configuration the driver would refuse, found before it is asked (checkers such as
+   compute-sanitizer report every refused call): NULL when there is nothing to say */
+static const char *cluster_refusal(lua_State *L, cl_kernel *k, const cl_launch *c) {
+  if (k->binary_version && k->binary_version < 90)
+    return lua_pushfstring(L, "the kernel's code is for sm_%d; thread block clusters need sm_90 or newer", k->binary_version);
+  const unsigned *cl = k->req_cluster;
+  if (!c->cluster[0])
+    for (int d = 0; d < 3; d++)
+      if (cl[d] && c->g[d] % cl[d])
+        return lua_pushfstring(L, "the grid {%d, %d, %d} is not a multiple of the cluster {%d, %d, %d} the kernel "
+                               "declares (__cluster_dims__)", c->g[0], c->g[1], c->g[2], cl[0], cl[1], cl[2]);
+  if (c->cluster[0] && c->cluster[0] * c->cluster[1] * c->cluster[2] > 8) {
+    int v = 0;
+    if (cu.cuFuncGetAttribute(&v, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, k->fn) == CUDA_SUCCESS && !v)
+      return "clusters of more than 8 blocks need k:set_attribute(\"non_portable_cluster_size_allowed\", 1) (at most 16 on Hopper)";
+  }
+  return NULL;
+}
+
 /* raises "cudalua: kernel 'k' launch with grid {..}, block {..}, shared n[, cluster {..}][,
    cooperative] failed: why", giving back the temporary copies of host arrays first */
 static void launch_error(lua_State *L, int kidx, const cl_launch *c, cl_args *A, CUstream h,
@@ -358,6 +377,10 @@ int cl_kernel_launch(lua_State *L, cl_kernel *k, int kidx, int first, const cl_l
   }
   if (c->cooperative) {
     const char *why = coop_refusal(L, k, c);
+    if (why) launch_error(L, kidx, c, &A, h, why);
+  }
+  if (c->cluster[0] || k->req_cluster[0]) {
+    const char *why = cluster_refusal(L, k, c);
     if (why) launch_error(L, kidx, c, &A, h, why);
   }
   CUresult r = !c->cooperative && !c->cluster[0]
