@@ -310,7 +310,9 @@ function cuda.link(inputs, opts) end
 local Module = {}
 
 --- The kernel named name (or a name expression); sig, a signature such as
--- "float*, const float*, int", gives the types where the module has none.
+-- "float*, const float*, int", gives the types where the module has none. Its length is
+-- checked against the parameters the image lists (a cubin's or fatbin's ELF attributes, the
+-- PTX), else against the driver's parameter sizes; each size against the driver's.
 function Module:get(name, sig) end
 
 --- The names of its kernels.

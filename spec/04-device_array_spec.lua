@@ -544,7 +544,7 @@ describe("the block cache", function()
     assert.equal(0, (cuda.block_cache()))
   end)
 
-  gpu("is emptied when an allocation runs out of memory", function()
+  gpu("is emptied when an allocation runs out of memory #cudaerror", function()
     local _, limit = cuda.block_cache()
     finally(function() cuda.block_cache(limit) end)
     local free = cuda.mem_info()

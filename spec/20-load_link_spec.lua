@@ -38,7 +38,8 @@ local function nvcc_images()
   local dir = H.tmpdir()
   H.write(dir .. "/k.cu", CU)
   built = { dir = dir }
-  for flag, ext in pairs { ["-cubin"] = "cubin", ["-ptx"] = "ptx", ["-fatbin"] = "fatbin" } do
+  for flag, ext in pairs { ["-cubin"] = "cubin", ["-ptx"] = "ptx", ["-fatbin"] = "fatbin",
+                           ["-fatbin -Xfatbin=-compress-all"] = "zfatbin" } do
     local out = dir .. "/k." .. ext
     local _, ok = H.run(("%s %s -arch=sm_90 %s -o %s 2>&1"):format(H.q(NVCC), flag, H.q(dir .. "/k.cu"), H.q(out)))
     assert(ok, "nvcc " .. flag .. " failed")
@@ -85,6 +86,27 @@ describe("cuda.load_module", function()
     assert.equal("UdUH", e._Z5shiftPddxs.codes)
     assert.equal("xU", e.take_pair.codes)
     assert.equal("8 bytes (.b8[8])", e.take_pair.types[1])
+  end)
+
+  with_nvcc(it, "counts a kernel's parameters from the image: signatures are checked without a GPU", function()
+    local img = nvcc_images()
+    for _, kind in ipairs { "cubin", "fatbin", "ptx" } do
+      local m = cuda.load_module(img[kind])
+      local st = MOD.fields(m)
+      assert.equal(4, MOD.param_count(st, "saxpy", st.info.saxpy and st.info.saxpy.codes), kind)
+      assert.equal(4, MOD.param_count(st, "_Z5shiftPddxs", st.info._Z5shiftPddxs and st.info._Z5shiftPddxs.codes), kind)
+      assert.equal(2, MOD.param_count(st, "take_pair", st.info.take_pair and st.info.take_pair.codes), kind)
+    end
+    for _, kind in ipairs { "cubin", "ptx" } do   -- (the driver lists a fatbin's kernels)
+      local m = cuda.load_module(img[kind])
+      C.raises("cudalua: module:get('saxpy'): the signature \"float, const float*\" has 2 parameters, the kernel 4",
+               m.get, m, "saxpy", "float, const float*")
+      C.raises("the signature \"float, const float*, float*, int, int\" has 5 parameters, the kernel 4",
+               m.get, m, "saxpy", "float, const float*, float*, int, int")
+      C.raises("cudalua: no kernel 'nope' in module", m.get, m, "nope")   -- from the image's list
+    end
+    -- a compressed fatbin does not say: the driver is asked (on a GPU)
+    assert.is_nil(MOD.param_count(MOD.fields(cuda.load_module(img.zfatbin)), "saxpy"))
   end)
 
   it("LTO-IR is linked into a cubin for the arch given", function()
@@ -159,12 +181,18 @@ describe("cuda.load_module", function()
     for i = 1, n do assert.equal(C.f32(2 * C.f32(x[i]) + C.f32(y[i])), h[i]) end
   end)
 
-  with_nvcc(gpu, "misuse: signatures that do not fit the kernel", function()
+  with_nvcc(gpu, "misuse: signatures that do not fit the kernel #cudaerror", function()
     local m = cuda.load_module(nvcc_images().cubin)
     C.raises("cudalua: kernel 'saxpy': parameter 2 is 4 bytes, the driver says 8 (signature \"float, int, float*, int\")",
              m.get, m, "saxpy", "float, int, float*, int")
-    C.raises("the driver reports more parameters than 2", m.get, m, "saxpy", "float, const float*")
-    C.raises("the driver reports fewer parameters than 5", m.get, m, "saxpy", "float, const float*, float*, int, int")
+    C.raises("has 2 parameters, the kernel 4", m.get, m, "saxpy", "float, const float*")
+    local fat = cuda.load_module(nvcc_images().fatbin)
+    C.raises("has 2 parameters, the kernel 4", fat.get, fat, "saxpy", "float, const float*")
+    -- where the image does not say (a compressed fatbin), the driver is asked
+    local z = cuda.load_module(nvcc_images().zfatbin)
+    C.raises("the driver reports more parameters than 2", z.get, z, "saxpy", "float, const float*")
+    C.raises("the driver reports fewer parameters than 5", z.get, z, "saxpy", "float, const float*, float*, int, int")
+    check_saxpy(z:get("saxpy", "float, const float*, float*, int"), math.random() * 4 - 2)
     C.raises("cudalua: module:get('saxpy'): parameter 1 is a reference (float &a)", m.get, m, "saxpy", "float &a, float*, float*, int")
     C.raises("module:get: the signature must be a string", m.get, m, "saxpy", 5)
     C.raises("cudalua: no kernel 'nope' in module", m.get, m, "nope")

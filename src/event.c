@@ -4,7 +4,7 @@
 #include "cl.h"
 
 #define EVENT_MT "cudalua.event"
-typedef struct { CUevent e; int timing; CUcontext ctx; } levent;
+typedef struct { CUevent e; int timing; int ipc; int recorded; CUcontext ctx; } levent;
 
 static levent *checkev(lua_State *L, int idx) {
   levent *ev = luaL_checkudata(L, idx, EVENT_MT);
@@ -28,7 +28,7 @@ static int l_event(lua_State *L) {
   } else if (!lua_isnoneornil(L, 1)) timing = lua_toboolean(L, 1);   /* cuda.event(false): no timing */
   CUcontext ctx = cl_ctx(L);
   levent *ev = lua_newuserdatauv(L, sizeof *ev, 0);
-  ev->e = NULL; ev->timing = timing; ev->ctx = ctx;
+  ev->e = NULL; ev->timing = timing; ev->ipc = ipc; ev->recorded = 0; ev->ctx = ctx;
   luaL_setmetatable(L, EVENT_MT);
   unsigned flags = (timing ? CU_EVENT_DEFAULT : CU_EVENT_DISABLE_TIMING) | (ipc ? CU_EVENT_INTERPROCESS : 0);
   cl_check(L, cu.cuEventCreate(&ev->e, flags), "cuda.event");
@@ -42,6 +42,7 @@ static int e_record(lua_State *L) {
   cl_use_ctx(L, ev->ctx);
   cl_capture_guard(L, s, 0, "event:record");
   cl_check(L, cu.cuEventRecord(ev->e, s ? s->h : NULL), "event:record");
+  ev->recorded = 1;
   return 0;
 }
 
@@ -71,9 +72,14 @@ static int e_elapsed_time(lua_State *L) {
   if (a->ctx != b->ctx)
     return luaL_error(L, "cudalua: elapsed_time: the events are on devices %d and %d (time on one device)",
                       cl_device_of(a->ctx), cl_device_of(b->ctx));
+  /* what the driver would refuse is found first (checkers report every refused call; a
+     query's "not ready" is an answer, not a refusal) */
+  if (!a->recorded || !b->recorded) return luaL_error(L, "cudalua: elapsed_time: an event was never recorded");
   float ms = 0;
   cl_use_ctx(L, a->ctx);
-  CUresult r = cu.cuEventElapsedTime(&ms, a->e, b->e);
+  CUresult r = cu.cuEventQuery(a->e);
+  if (r == CUDA_SUCCESS) r = cu.cuEventQuery(b->e);
+  if (r == CUDA_SUCCESS) r = cu.cuEventElapsedTime(&ms, a->e, b->e);
   if (r == CUDA_ERROR_NOT_READY)
     return luaL_error(L, "cudalua: elapsed_time: an event has not completed (synchronize it first)");
   if (r == CUDA_ERROR_INVALID_HANDLE)
@@ -89,6 +95,9 @@ static int e_elapsed_time(lua_State *L) {
 static int e_ipc_handle(lua_State *L) {
   levent *ev = checkev(L, 1);
   CUipcEventHandle h;
+  /* known here: the driver is not asked to refuse it (checkers report every refusal) */
+  if (!ev->ipc)
+    return luaL_error(L, "cudalua: event:ipc_handle: the event was not made with cuda.event{interprocess = true}");
   cl_use_ctx(L, ev->ctx);
   CUresult r = cu.cuIpcGetEventHandle(&h, ev->e);
   if (r == CUDA_ERROR_INVALID_VALUE || r == CUDA_ERROR_INVALID_HANDLE)
@@ -113,7 +122,7 @@ static int l_open_ipc_event(lua_State *L) {
     return luaL_argerror(L, 1, "not an event handle from event:ipc_handle()");
   CUcontext ctx = cl_ctx(L);
   levent *ev = lua_newuserdatauv(L, sizeof *ev, 0);
-  ev->e = NULL; ev->timing = 0; ev->ctx = ctx;
+  ev->e = NULL; ev->timing = 0; ev->ipc = 1; ev->recorded = 1; ev->ctx = ctx;
   luaL_setmetatable(L, EVENT_MT);
   cl_check(L, cu.cuIpcOpenEventHandle(&ev->e, h), "cuda.open_ipc_event");
   return 1;

@@ -8,6 +8,7 @@
 #include <string.h>
 #include "cl.h"
 
+#define EXPORTED "cudalua.ipc.exported"   /* handles this state made */
 #define TAG "cudalua-ipc-mem:"
 
 void cl_add_hex(luaL_Buffer *b, const void *p, size_t n) {
@@ -45,6 +46,12 @@ static int a_ipc_handle(lua_State *L) {
   CUipcMemHandle h;
   cl_use_ctx(L, m->ctx);
   cl_check(L, cu.cuIpcGetMemHandle(&h, m->dptr), "ipc_handle");
+  /* remembered: opening it in this process is refused without asking the driver */
+  luaL_getsubtable(L, LUA_REGISTRYINDEX, EXPORTED);
+  lua_pushlstring(L, (const char *)h.reserved, sizeof h.reserved);
+  lua_pushboolean(L, 1);
+  lua_rawset(L, -3);
+  lua_pop(L, 1);
   luaL_Buffer b;
   luaL_buffinit(L, &b);
   luaL_addstring(&b, TAG);
@@ -80,6 +87,13 @@ static int l_open_ipc_array(lua_State *L) {
   if (want > (size_t)bytes)
     return luaL_error(L, "cudalua: cuda.open_ipc_array: the shape and dtype need %I bytes, the handle covers %I",
                       (lua_Integer)want, (lua_Integer)bytes);
+  luaL_getsubtable(L, LUA_REGISTRYINDEX, EXPORTED);
+  lua_pushlstring(L, (const char *)h.reserved, sizeof h.reserved);
+  int mine = lua_rawget(L, -2) != LUA_TNIL;
+  lua_pop(L, 2);
+  if (mine)
+    return luaL_error(L, "cudalua: cuda.open_ipc_array: this process made the handle (a handle opens in "
+                      "another process, not the one that made it)");
   CUcontext ctx = cl_ctx(L);
   cl_array *a = cl_push_array(L, NULL, (size_t)off, CL_DEVICE, dt, ndim, shape);
   cl_mem *m = calloc(1, sizeof *m);

@@ -256,7 +256,7 @@ static CUresult launch_ex(cl_kernel *k, const cl_launch *c, CUstream h, void **p
 }
 
 /* why a launch failed, in words a user can act on, where cudalua can tell (slow path) */
-static const char *launch_hint(lua_State *L, cl_kernel *k, const cl_launch *c, CUresult r) {
+static const char *launch_hint(lua_State *L, const cl_launch *c, CUresult r) {
   /* only refusals of the configuration; an earlier fault may make any call fail */
   if (r != CUDA_ERROR_INVALID_VALUE &&
       r != CUDA_ERROR_INVALID_CLUSTER_SIZE && r != CUDA_ERROR_NOT_SUPPORTED) return "";
@@ -265,20 +265,29 @@ static const char *launch_hint(lua_State *L, cl_kernel *k, const cl_launch *c, C
   int ma = 0;
   if (cu.cuCtxGetDevice(&dev) != CUDA_SUCCESS ||
       cu.cuDeviceGetAttribute(&ma, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev) != CUDA_SUCCESS) return "";
+  /* the kernel's own cluster rules were checked before the launch (cluster_refusal) */
   if (c->cluster[0] && ma < 9)
     return lua_pushfstring(L, "thread block clusters need a device of compute capability 9.0 or newer");
-  if (c->cluster[0] && k->binary_version && k->binary_version < 90)
+  return "";
+}
+
+/* a cluster configuration the driver would refuse, found before it is asked (checkers such as
+   compute-sanitizer report every refused call): NULL when there is nothing to say */
+static const char *cluster_refusal(lua_State *L, cl_kernel *k, const cl_launch *c) {
+  if (k->binary_version && k->binary_version < 90)
     return lua_pushfstring(L, "the kernel's code is for sm_%d; thread block clusters need sm_90 or newer", k->binary_version);
-  /* a cluster given in the configuration was checked against the grid when it was parsed */
   const unsigned *cl = k->req_cluster;
-  if (!c->cluster[0] && cl[0])
+  if (!c->cluster[0])
     for (int d = 0; d < 3; d++)
       if (cl[d] && c->g[d] % cl[d])
         return lua_pushfstring(L, "the grid {%d, %d, %d} is not a multiple of the cluster {%d, %d, %d} the kernel "
                                "declares (__cluster_dims__)", c->g[0], c->g[1], c->g[2], cl[0], cl[1], cl[2]);
-  if (c->cluster[0] && c->cluster[0] * c->cluster[1] * c->cluster[2] > 8)
-    return "clusters of more than 8 blocks need k:set_attribute(\"non_portable_cluster_size_allowed\", 1) (at most 16 on Hopper)";
-  return "";
+  if (c->cluster[0] && c->cluster[0] * c->cluster[1] * c->cluster[2] > 8) {
+    int v = 0;
+    if (cu.cuFuncGetAttribute(&v, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, k->fn) == CUDA_SUCCESS && !v)
+      return "clusters of more than 8 blocks need k:set_attribute(\"non_portable_cluster_size_allowed\", 1) (at most 16 on Hopper)";
+  }
+  return NULL;
 }
 
 /* raises "cudalua: kernel 'k' launch with grid {..}, block {..}, shared n[, cluster {..}][,
@@ -360,13 +369,17 @@ int cl_kernel_launch(lua_State *L, cl_kernel *k, int kidx, int first, const cl_l
     const char *why = coop_refusal(L, k, c);
     if (why) launch_error(L, kidx, c, &A, h, why);
   }
+  if (c->cluster[0] || k->req_cluster[0]) {
+    const char *why = cluster_refusal(L, k, c);
+    if (why) launch_error(L, kidx, c, &A, h, why);
+  }
   CUresult r = !c->cooperative && !c->cluster[0]
     ? cu.cuLaunchKernel(k->fn, c->g[0], c->g[1], c->g[2], c->b[0], c->b[1], c->b[2], c->shared, h, A.params, NULL)
     : launch_ex(k, c, h, A.params);
   if (r != CUDA_SUCCESS) {
     const char *es = NULL;
     cu.cuGetErrorString(r, &es);
-    const char *hint = launch_hint(L, k, c, r);
+    const char *hint = launch_hint(L, c, r);
     launch_error(L, kidx, c, &A, h, lua_pushfstring(L, "%s (%s)%s%s", cl_errname(r), es ? es : "", *hint ? ": " : "", hint));
   }
   for (int i = 0; i < A.nused; i++) cl_mem_use(A.used[i], s, k->ctx);

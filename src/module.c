@@ -107,17 +107,19 @@ static int func_attr(CUfunction f, CUfunction_attribute a) {
 
 /* module_kernel(module, symbol, codes, info [, verify]) -> kernel; info = {name=, types={...}}.
    codes nil: the parameters' sizes come from the driver (U for 8 bytes, y for the others).
-   verify: codes are the user's word (a signature string), so the driver is asked whether the
-   kernel has more parameters than that; codes from the compiler, the PTX or a mangled name are
-   not checked that way, since the question fails when the answer is no and checkers such as
-   compute-sanitizer report every failed call */
+   verify true: codes are the user's word (a signature string) and nothing else says how many
+   parameters there are, so the driver is asked whether the kernel has more; an integer: the
+   count the image gives, checked already. Asking past the last parameter fails, and checkers
+   such as compute-sanitizer report every failed call: it is the last resort */
 static int l_module_kernel(lua_State *L) {
   lmodule *m = luaL_checkudata(L, 1, MODULE_MT);
   const char *sym = luaL_checkstring(L, 2);
   size_t nc = 0;
   const char *codes = luaL_optlstring(L, 3, NULL, &nc);
   luaL_checktype(L, 4, LUA_TTABLE);
-  int verify = lua_toboolean(L, 5);
+  lua_Integer known = lua_isinteger(L, 5) ? lua_tointeger(L, 5) : -1;   /* the image's count */
+  int verify = known < 0 && lua_toboolean(L, 5);
+  if (known > CL_MAXPARAMS) return luaL_error(L, "cudalua: kernel '%s' has more than %d parameters", sym, CL_MAXPARAMS);
   if (!m->m) return luaL_error(L, "cudalua: module is closed");
   if (nc > CL_MAXPARAMS) return luaL_error(L, "cudalua: kernel '%s' has more than %d parameters", sym, CL_MAXPARAMS);
   cl_use_ctx(L, m->ctx);
@@ -142,7 +144,8 @@ static int l_module_kernel(lua_State *L) {
                         "signature, module:get(name, \"float*, int\")", sym);
     size_t po, ps;
     int words = lua_getfield(L, 4, "types") == LUA_TTABLE;   /* the types, said in words for messages */
-    for (nc = 0; nc <= CL_MAXPARAMS && cu.cuFuncGetParamInfo(k->fn, nc, &po, &ps) == CUDA_SUCCESS; nc++) {
+    size_t last = known >= 0 ? (size_t)known : CL_MAXPARAMS + 1;   /* known: no asking past it */
+    for (nc = 0; nc < last && cu.cuFuncGetParamInfo(k->fn, nc, &po, &ps) == CUDA_SUCCESS; nc++) {
       if (nc == CL_MAXPARAMS) continue;
       derived[nc] = ps == 8 ? 'U' : 'y';
       if (!words) continue;
@@ -152,6 +155,8 @@ static int l_module_kernel(lua_State *L) {
     }
     lua_pop(L, 1);
     if (nc > CL_MAXPARAMS) return luaL_error(L, "cudalua: kernel '%s' has more than %d parameters", sym, CL_MAXPARAMS);
+    if (known >= 0 && nc != (size_t)known)
+      return luaL_error(L, "cudalua: kernel '%s': the driver reports %d parameters, the image %d", sym, (int)nc, (int)known);
     codes = derived;
   }
   k->nparams = (int)nc;

@@ -38,22 +38,38 @@ local function read_elf(s)
   local etype, machine = string.unpack("<I2I2", s, 17)
   local shoff = string.unpack("<I8", s, 0x28 + 1)
   local shentsize, shnum = string.unpack("<I2I2", s, 0x3A + 1)
-  local info = { relocatable = etype == 1, cuda = machine == 190, kernels = {} }
+  local shstrndx = string.unpack("<I2", s, 0x3E + 1)
+  local info = { relocatable = etype == 1, cuda = machine == 190, kernels = {}, nparams = {} }
   if shentsize < 64 or shoff < 0 or shoff + shnum * shentsize > #s then error("bad section table") end
   local function section(i)
     local o = shoff + i * shentsize + 1
-    local _, typ, _, _, off, size, link, _, _, entsize = string.unpack("<I4I4I8I8I8I8I4I4I8I8", s, o)
-    return typ, off, size, link, entsize
+    local name, typ, _, _, off, size, link, _, _, entsize = string.unpack("<I4I4I8I8I8I8I4I4I8I8", s, o)
+    return typ, off, size, link, entsize, name
   end
+  local _, namesoff, namessize = section(shstrndx < shnum and shstrndx or 0)
+  if namesoff < 0 or namesoff + namessize > #s then namessize = 0 end
   for i = 0, shnum - 1 do
-    local typ, off, size, link, entsize = section(i)
+    local typ, off, size, link, entsize, name = section(i)
+    -- .nv.info.<kernel>: attribute records (format, attribute, 16-bit value or payload size);
+    -- one EIATTR_KPARAM_INFO (0x17) per parameter: the count, without asking the driver
+    local sname = name < namessize and s:match("^[^%z]*", namesoff + name + 1) or ""
+    local kernel = sname:match("^%.nv%.info%.(.+)$")
+    if kernel and off >= 0 and off + size <= #s then
+      local n, o = 0, off
+      while o + 4 <= off + size do
+        local fmt, attr, v = string.unpack("<BBI2", s, o + 1)
+        if fmt == 4 and attr == 0x17 then n = n + 1 end
+        o = o + 4 + (fmt == 4 and v or 0)   -- EIFMT_SVAL: v bytes follow
+      end
+      info.nparams[kernel] = n
+    end
     if typ == 2 and entsize >= 24 and off >= 0 and off + size <= #s and link < shnum then -- SHT_SYMTAB
       local _, stroff, strsize = section(link)
       if stroff < 0 or stroff + strsize > #s then error("bad string table") end
       for o = off, off + size - entsize, entsize do
-        local name, stinfo, other = string.unpack("<I4BB", s, o + 1)
-        if stinfo & 0xf == 2 and other & 0x10 ~= 0 and name < strsize then
-          local sym = s:match("^[^%z]*", stroff + name + 1)
+        local symname, stinfo, other = string.unpack("<I4BB", s, o + 1)
+        if stinfo & 0xf == 2 and other & 0x10 ~= 0 and symname < strsize then
+          local sym = s:match("^[^%z]*", stroff + symname + 1)
           if sym ~= "" and sym:sub(1, #PROBE_SYMBOL) ~= PROBE_SYMBOL then info.kernels[#info.kernels + 1] = sym end
         end
       end
@@ -206,7 +222,8 @@ local function kernel_names(mod, level)
     local symbols = {}
     for _, e in pairs(st.info) do if e.symbol then symbols[e.symbol] = true end end
     if not st.listed and st.kind == "fatbin" and not st.relocatable then
-      st.listed = core.module_functions((load(mod, level + 1))) or {} -- a fatbin's: the driver lists them
+      local listed = core.module_functions((load(mod, level + 1)))   -- a fatbin's: the driver lists them
+      st.listed, st.unlisted = listed or {}, listed == nil
     end
     for _, n in ipairs(st.listed or {}) do
       if not symbols[n] and n:sub(1, #PROBE_SYMBOL) ~= PROBE_SYMBOL then add(n) end
@@ -235,7 +252,11 @@ local function lookup(st, mod, expr, level)
   local known = false
   for _, n in ipairs(kernel_names(mod, level + 1)) do if n == expr then known = true end end
   local symbol = known and expr or mangled_match(st, expr)
-  if not symbol then return { symbol = expr } end
+  if not symbol then
+    -- the image lists every kernel: the driver is not asked for one it does not have
+    if st.listed and not st.unlisted then no_kernel(st, expr, kernel_names(mod, level + 1), level + 1) end
+    return { symbol = expr }
+  end
   if st.info[symbol] then return st.info[symbol] end   -- types from the PTX
   local params = M.demangle_function and M.demangle_function(symbol)
   if params then
@@ -244,6 +265,31 @@ local function lookup(st, mod, expr, level)
   end
   return { symbol = symbol }   -- the driver's sizes
 end
+
+-- how many parameters kernel symbol has, read from the image (a cubin's or a fatbin's ELF
+-- attributes, or the PTX), so that a signature is checked without a failing driver call; nil
+-- when the image does not say (compressed fatbins, for one)
+local function param_count(st, symbol, ptx_codes)
+  if ptx_codes then return #ptx_codes end
+  if not st.nparams then
+    st.nparams = {}
+    if st.kind == "cubin" then
+      local elf = elf_info(st.image)
+      if elf then st.nparams = elf.nparams end
+    elseif st.kind == "fatbin" then   -- every ELF image in the container that can be read
+      local at = 1
+      while true do
+        at = st.image:find("\127ELF\2", at, true)
+        if not at then break end
+        local elf = elf_info(st.image:sub(at))
+        if elf then for k, n in pairs(elf.nparams) do st.nparams[k] = st.nparams[k] or n end end
+        at = at + 5
+      end
+    end
+  end
+  return st.nparams[symbol]
+end
+M.param_count = param_count
 
 local function get_kernel(mod, expr, sig, level)
   local st = state[mod]
@@ -257,17 +303,24 @@ local function get_kernel(mod, expr, sig, level)
   if not info and not st.source then info = lookup(st, mod, expr, level + 1) end
   if not info then no_kernel(st, expr, kernel_names(mod, level + 1), level + 1) end
   local codes, types = info.codes, info.types
+  -- a count the image gives: the driver is then never asked past the last parameter
+  local count = (sig or not codes) and param_count(st, info.symbol, info.codes) or nil
   if sig then
     local ok, c, t = pcall(parse_signature, sig)
     if not ok then error(("cudalua: module:get('%s'): %s"):format(expr, c), level + 1) end
+    if count and count ~= #c then
+      error(("cudalua: module:get('%s'): the signature %q has %d parameters, the kernel %d"):format(
+        expr, sig, #c, count), level + 1)
+    end
     codes, types = c, t
   elseif info.error then
     error(("cudalua: kernel '%s': %s"):format(expr, info.error), level + 1)
   end
   local handle = load(mod, level + 1)
-  -- without codes, module_kernel takes the sizes from the driver and fills in types
+  -- without codes, module_kernel takes the sizes from the driver and fills in types; with a
+  -- signature and no count, it asks the driver whether there are more parameters
   local ok, kern = pcall(core.module_kernel, handle, info.symbol, codes,
-    { name = expr, types = types or {}, symbol = info.symbol }, sig ~= nil)
+    { name = expr, types = types or {}, symbol = info.symbol }, count or sig ~= nil)
   if not ok then
     if tostring(kern):find("no kernel '", 1, true) then no_kernel(st, expr, kernel_names(mod, level + 1), level + 1) end
     error(sig and ("%s (signature %q)"):format(kern, sig) or kern, level + 1)

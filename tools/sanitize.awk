@@ -1,0 +1,16 @@
+# tools/sanitize.awk: reads a compute-sanitizer log; prints "OWN NCCL": the error records that
+# are not NCCL's own, and those that are (an API call NCCL itself made, or a fault in its kernels)
+function finish() { if (inrec) { if (nccl) n_nccl++; else n_own++ } inrec = 0 }
+{ sub(/^[^=]+=========/, "=========") }   # output of the program may lead the line
+/^========= [A-Z]/ {
+  finish()
+  if ($0 ~ /SUMMARY|COMPUTE-SANITIZER|Target application|Saved host|^========= +$/) next
+  inrec = 1; nccl = 0; seenat = 0; seenframe = 0
+  next
+}
+/^=========\s*$/ { finish(); next }
+inrec && /^========= +at / && !seenat { seenat = 1; if ($0 ~ /at (nccl|_Z[0-9]*nccl)/) nccl = 1 }
+inrec && /Host Frame:/ && !seenframe {
+  if ($0 !~ /libcuda\.so|libcudart/) { seenframe = 1; if ($0 ~ /libnccl/) nccl = 1 }
+}
+END { finish(); printf "%d %d\n", n_own, n_nccl }
