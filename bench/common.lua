@@ -13,6 +13,9 @@ local now = B.now
 function B.out(k, v) io.write(("%s %.4f\n"):format(k, v)); io.flush() end
 function B.note(s) io.write("# " .. s .. "\n"); io.flush() end
 
+-- the smallest sample: for times whose noise only adds (a compile on a busy machine)
+function B.min(t) return math.min(table.unpack(t)) end
+
 function B.median(t)
   local s = {}
   for i, v in ipairs(t) do s[i] = v end
@@ -78,10 +81,10 @@ end
 
 -- bodies: name -> function(count) doing count items. Each runs `rounds` times (default
 -- 2 * REPS), each time followed by sync (default cuda.synchronize); returns name -> the median
--- µs per item. The bodies take turns, in an order that rotates every round, so that a drift of
+-- (or stat(samples)) µs per item. The bodies take turns, in an order that rotates every round, so that a drift of
 -- the machine's speed hits them all alike.
-function B.interleaved(bodies, count, rounds, sync)
-  sync = sync or cuda.synchronize
+function B.interleaved(bodies, count, rounds, sync, stat)
+  sync, stat = sync or cuda.synchronize, stat or B.median
   local names, res = {}, {}
   for name in pairs(bodies) do names[#names + 1] = name; res[name] = {} end
   table.sort(names)
@@ -98,7 +101,7 @@ function B.interleaved(bodies, count, rounds, sync)
       res[name][r] = (now() - t0) / count * 1e6
     end
   end
-  for _, name in ipairs(names) do res[name] = B.median(res[name]) end
+  for _, name in ipairs(names) do res[name] = stat(res[name]) end
   return res
 end
 

@@ -79,7 +79,7 @@ describe("cuda.device_array", function()
     C.raises("cuda.device_array: closed stream", cuda.device_array, 3, "float32", s)
   end)
 
-  gpu("reports an allocation the device cannot hold", function()
+  gpu("reports an allocation the device cannot hold #cudaerror", function()
     local _, total = cuda.mem_info()
     C.raises("CUDA_ERROR_OUT_OF_MEMORY", cuda.device_array, total // 4 * 2, "float32")
   end)

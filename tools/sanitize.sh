@@ -9,13 +9,20 @@
 #      (seconds after which no new run starts; those show "not run"), SANITIZER
 #      (compute-sanitizer, else $CUDA_DIR/bin/compute-sanitizer), SANITIZE_SPECS=1 also runs each spec
 #      file (not the specs tagged #cudaerror, which plant CUDA errors on purpose) under memcheck.
-#      SANITIZE_SLOW: rows started first (names as in the table). Records that NCCL's own code
-#      causes are shown apart as "+N nccl" (tools/sanitize.awk). Logs go to build/sanitize/.
+#      SANITIZE_SPEC_FILES: which spec files (default all). SANITIZE_SPLIT: spec files run as one
+#      row per top-level describe (and one for the rest), so that a slow file's parts run at once.
+#      SANITIZE_SLOW: files whose rows start first. SANITIZE_ALONE: files run before the others,
+#      one at a time (they take a share of the free device memory, which the runs beside them
+#      would then miss). Records that NCCL's own code causes are shown apart as "+N nccl"
+#      (tools/sanitize.awk). Logs go to build/sanitize/.
 LUA=${1:-lua5.4}
 CUDA_DIR=${CUDA_DIR:-/usr/local/cuda}
 CS=${SANITIZER:-$(command -v compute-sanitizer || echo "$CUDA_DIR/bin/compute-sanitizer")}
 TOOLS=${SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}
-EXAMPLES=${SANITIZE_EXAMPLES:-$(ls examples/*.lua)}
+EXAMPLES=${SANITIZE_EXAMPLES-$(ls examples/*.lua)}
+SPEC_FILES=${SANITIZE_SPEC_FILES:-$(ls spec/*_spec.lua)}
+SPLIT=${SANITIZE_SPLIT:-"spec/14-graph_spec.lua spec/21-multigpu_spec.lua spec/22-ipc_nccl_spec.lua"}
+ALONE=${SANITIZE_ALONE:-"spec/04-device_array_spec.lua"}
 JOBS=${SANITIZE_JOBS:-$(( $(nproc) / 4 > 0 ? $(nproc) / 4 : 1 ))}
 LIMIT=${SANITIZE_TIMEOUT:-600}
 DEADLINE=${SANITIZE_DEADLINE:-}
@@ -33,10 +40,23 @@ if [ -x build/embed_host ]; then
   for mode in single threads; do rows+=("embed_host $mode|$TOOLS|build/embed_host $mode"); done
 fi
 if [ -n "$SANITIZE_SPECS" ]; then   # a row per spec file, so that they run at once too
-  for f in spec/*_spec.lua; do
+  for f in $SPEC_FILES; do
     # 08 measures memory growth, which the sanitizer's own allocations make meaningless
     case "$f" in *08-leaks*) continue ;; esac
-    rows+=("$f|memcheck|env CUDALUA_CACHE_DIR=$PWD/build/sanitize/cache $LUA -e \"$BUSTED\" /dev/null -o spec/output.lua --exclude-tags=nogpu,cudaerror $f")
+    run="env CUDALUA_CACHE_DIR=$PWD/build/sanitize/cache $LUA -e \"$BUSTED\" /dev/null -o spec/output.lua --exclude-tags=nogpu,cudaerror"
+    case " $SPLIT " in
+      *" $f "*)
+        # busted's --filter takes a Lua pattern of the test's full name, which starts with
+        # its describe's; the names hold no quote or bar
+        rest=""
+        while IFS= read -r d; do
+          pat="^$(printf '%s' "$d" | sed 's/[][^$().%*+?-]/%&/g') "
+          rows+=("$f [$d]|memcheck|$run --filter='$pat' $f")
+          rest="$rest --filter-out='$pat'"
+        done < <(sed -n 's/^describe("\([^"]*\)".*/\1/p' "$f")
+        rows+=("$f [rest]|memcheck|$run$rest $f") ;;
+      *) rows+=("$f|memcheck|$run $f") ;;
+    esac
   done
 fi
 
@@ -73,11 +93,20 @@ one() {
 
 # the slowest runs start first, so that the others fill in around them
 SLOW=${SANITIZE_SLOW:-"spec/14-graph_spec.lua spec/21-multigpu_spec.lua spec/22-ipc_nccl_spec.lua examples/nccl_launch.lua"}
-order=()
-for r in "${rows[@]}"; do case " $SLOW " in *" ${r%%|*} "*) order+=("$r") ;; esac; done
-for r in "${rows[@]}"; do case " $SLOW " in *" ${r%%|*} "*) ;; *) order+=("$r") ;; esac; done
-running=0
+file_of() { local n=${1%%|*}; echo "${n%% \[*}"; }   # a split row's file
+alone=() order=()
+for r in "${rows[@]}"; do case " $ALONE " in *" $(file_of "$r") "*) alone+=("$r") ;; esac; done
+for r in "${rows[@]}"; do
+  case " $ALONE " in *" $(file_of "$r") "*) continue ;; esac
+  case " $SLOW " in *" $(file_of "$r") "*) order+=("$r") ;; esac
+done
+for r in "${rows[@]}"; do case " $ALONE $SLOW " in *" $(file_of "$r") "*) ;; *) order+=("$r") ;; esac; done
 start=$SECONDS
+for r in "${alone[@]}"; do
+  IFS='|' read -r name tools cmd <<<"$r"
+  for t in $tools; do one "$name" "$t" "$cmd"; done
+done
+running=0
 for r in "${order[@]}"; do
   IFS='|' read -r name tools cmd <<<"$r"
   for t in $tools; do
@@ -92,14 +121,14 @@ done
 wait
 
 bad=0
-header=$(printf "%-34s" "program")
+header=$(printf "%-52s" "program")
 for t in $TOOLS; do
   if [ "$t" = memcheck ]; then header="$header $(printf "%-16s" "memcheck/leaked")"; else header="$header $(printf "%-16s" "$t")"; fi
 done
 echo "$header"
 for r in "${rows[@]}"; do
   IFS='|' read -r name tools cmd <<<"$r"
-  line=$(printf "%-34s" "$name")
+  line=$(printf "%-52s" "$name")
   for t in $TOOLS; do
     cell="-"
     case " $tools " in *" $t "*) cell=$(cat "$LOG/$(key "$name").$t.cell" 2>/dev/null || echo "?") ;; esac
