@@ -102,6 +102,7 @@ fuzz: cudalua.so
 # runtime must be in the main program: build/sanlua is a lua5.4 built with the same flags.
 # It ends with `make clean` (the objects are instrumented): run `make` after it.
 SAN_FLAGS = -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+SAN_CFLAGS = -O1 -g $(SAN_FLAGS)
 SAN_ENV = ASAN_OPTIONS=detect_leaks=1:exitcode=23 UBSAN_OPTIONS=print_stacktrace=1 \
   LSAN_OPTIONS=suppressions=$(CURDIR)/tools/lsan.supp:print_suppressions=0:use_tls=0 \
   CUDALUA_SPEC_CFLAGS="$(SAN_FLAGS)"
@@ -110,11 +111,11 @@ SAN_ENV = ASAN_OPTIONS=detect_leaks=1:exitcode=23 UBSAN_OPTIONS=print_stacktrace
 # 11", "DTLS ... at 0x980"): use_tls=0 leaves thread-local storage out of the scan (lsan.supp
 # then names glibc's thread-specific blocks).
 build/sanlua: tools/sanlua.c | build
-	$(CC) -O1 -g $(SAN_FLAGS) -I$(LUA_INCDIR) -o $@ $< $(LUA_LIB) -lm -ldl
+	$(CC) $(SAN_CFLAGS) -I$(LUA_INCDIR) -o $@ $< $(LUA_LIB) -lm -ldl
 
 asan:
 	$(MAKE) -s clean
-	$(MAKE) -s all build/sanlua CFLAGS="-O1 -g $(SAN_FLAGS)" LIBFLAG="-shared -Wl,-z,nodelete"
+	$(MAKE) -s all build/sanlua CFLAGS="$(SAN_CFLAGS)" LIBFLAG="-shared -Wl,-z,nodelete"
 	$(SAN_ENV) $(MAKE) -s test LUA=$(CURDIR)/build/sanlua
 	$(SAN_ENV) $(MAKE) -s fuzz LUA=$(CURDIR)/build/sanlua
 	$(MAKE) -s clean

@@ -17,12 +17,7 @@ if g < 2 then
 end
 local function sync_all() for d = 0, g - 1 do cuda.gpus[d]:synchronize() end end
 
--- bodies take turns, each round timed to the end of all work on every GPU: seconds per item
-local function rounds(bodies, count, n)
-  local r = B.interleaved(bodies, count, n, sync_all)
-  for k, us in pairs(r) do r[k] = us / 1e6 end
-  return r
-end
+-- B.interleaved with sync_all: each round timed to the end of all work on every GPU (µs per item)
 
 section("info", function()
   local d = cuda.devices()
@@ -47,9 +42,9 @@ section("peer copies", function()
     local p1, p0, h = d1:ptr(), d0:ptr(), s1:handle()
     bodies.raw = function(m) rawloop.peer_copy(p1, 1, p0, 0, bytes, m, h) end
   else B.note("no raw loop: " .. why) end
-  local r = rounds(bodies, 4, REPS * 2)
-  out("peer_copy_256MiB_gbs", bytes / r.cudalua / 1e9)
-  if r.raw then out("inproc_peer_copy_256MiB_gbs", bytes / r.raw / 1e9) end
+  local r = B.interleaved(bodies, 4, REPS * 2, sync_all)
+  out("peer_copy_256MiB_gbs", bytes / r.cudalua / 1e3)   -- bytes per µs / 1e3: GB/s
+  if r.raw then out("inproc_peer_copy_256MiB_gbs", bytes / r.raw / 1e3) end
 end)
 collectgarbage()
 
@@ -73,8 +68,8 @@ section("nccl all_reduce", function()
   -- 256 MiB: bus bandwidth = bytes / time * 2 (n - 1) / n
   local big = (256 << 20) // 4
   local bs, br = buffers(big)
-  local t = rounds({ cudalua = all_reduce(bs, br) }, 10, REPS)
-  out("nccl_allreduce_256MiB_busbw_gbs", big * 4 / t.cudalua / 1e9 * 2 * (g - 1) / g)
+  local t = B.interleaved({ cudalua = all_reduce(bs, br) }, 10, REPS, sync_all)
+  out("nccl_allreduce_256MiB_busbw_gbs", big * 4 / t.cudalua / 1e3 * 2 * (g - 1) / g)
   local h = br[1]:copy_to_host()
   if h[1] ~= g * (g + 1) / 2 then error("all_reduce gave " .. h[1]) end
   bs, br = nil, nil
@@ -88,8 +83,8 @@ section("nccl all_reduce", function()
     for d = 1, g do hc[d], hs[d], hr[d] = comms[d]:handle(), ss[d]:ptr(), sr[d]:ptr() end
     bodies.raw = function(m) rawloop.nccl_all_reduce(hc, hs, hr, 2, m) end
   else B.note("no raw loop: " .. why) end
-  local r = rounds(bodies, 2000, REPS * 2)
-  out("nccl_allreduce_8B_us", r.cudalua * 1e6)
-  if r.raw then out("inproc_nccl_allreduce_8B_us", r.raw * 1e6) end
+  local r = B.interleaved(bodies, 2000, REPS * 2, sync_all)
+  out("nccl_allreduce_8B_us", r.cudalua)
+  if r.raw then out("inproc_nccl_allreduce_8B_us", r.raw) end
   comms:close()
 end)

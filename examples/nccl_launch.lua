@@ -35,7 +35,6 @@ for r = 0, n - 1 do
   io.write(out)
 end
 os.remove(idfile)
-if #totals ~= n then bad = bad + 1 end
 for i = 1, #totals do
   if totals[i] <= 0 or totals[i] ~= totals[1] or sums[i] ~= totals[1] then bad = bad + 1 end
 end

@@ -43,9 +43,7 @@ end
 local function script(src)
   local exe = build()
   local path = workdir .. "/script.lua"
-  local f = assert(io.open(path, "w"))
-  f:write(src)
-  f:close()
+  H.write(path, src)
   return run(q(exe) .. " " .. q(path))
 end
 

@@ -97,13 +97,16 @@ int cl_host_running(lua_State *L) {
   return q && q->running;
 }
 
-int cl_host_armed(lua_State *L) {
-  cl_hostq *q = queue_of(L);
-  if (!q) return 0;
+static int armed(cl_hostq *q) {
   pthread_mutex_lock(&q->mu);
   int a = q->armed;
   pthread_mutex_unlock(&q->mu);
   return a;
+}
+
+int cl_host_armed(lua_State *L) {
+  cl_hostq *q = queue_of(L);
+  return q ? armed(q) : 0;
 }
 
 void cl_host_arm(lua_State *L, int n) {
@@ -165,18 +168,19 @@ static void nap(cl_hostq *q, long us) {
 }
 
 /* the stream is stopped at a running host function: waiting for it there would never end */
-void cl_wait_check(lua_State *L) {
-  cl_hostq *q = queue_of(L);
+static void refuse_if_running(lua_State *L, const cl_hostq *q) {
   if (q && q->running)
     luaL_error(L, "cudalua: a Lua host function cannot wait for the GPU (synchronize, blocking copies)");
 }
 
+void cl_wait_check(lua_State *L) { refuse_if_running(L, queue_of(L)); }
+
 /* Every blocking wait of cudalua goes through here: with no host call pending it is the plain
    driver call; otherwise it runs host calls while it polls. what: for messages. */
 CUresult cl_wait_raw(lua_State *L, int kind, void *h) {
-  cl_wait_check(L);
   cl_hostq *q = queue_of(L);
-  if (!q || cl_host_armed(L) == 0) {
+  refuse_if_running(L, q);
+  if (!q || armed(q) == 0) {
     if (kind == CL_WAIT_STREAM) return cu.cuStreamSynchronize((CUstream)h);
     if (kind == CL_WAIT_EVENT) return cu.cuEventSynchronize((CUevent)h);
     return cu.cuCtxSynchronize();
@@ -186,7 +190,7 @@ CUresult cl_wait_raw(lua_State *L, int kind, void *h) {
     CUresult r;
     if (kind == CL_WAIT_STREAM) r = cu.cuStreamQuery((CUstream)h);
     else if (kind == CL_WAIT_EVENT) r = cu.cuEventQuery((CUevent)h);
-    else r = cl_host_armed(L) ? CUDA_ERROR_NOT_READY : cu.cuCtxSynchronize();
+    else r = armed(q) ? CUDA_ERROR_NOT_READY : cu.cuCtxSynchronize();
     if (r != CUDA_ERROR_NOT_READY) return r;
     nap(q, 200);
   }

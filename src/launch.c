@@ -155,9 +155,7 @@ void cl_marshal(lua_State *L, cl_kernel *k, int kidx, int first, int nargs, cl_a
       double lim = c == 'e' ? 65504.0 : 3.3895313892515355e38;
       if (v == v && v - v == 0 && (v > lim || v < -lim)) arg_error(L, kidx, i, idx, "value out of range");
       float f = (float)v;
-      uint32_t u; memcpy(&u, &f, 4);
-      /* bfloat16 is the top half of a float, rounded to nearest even */
-      *(uint16_t *)p = c == 'e' ? cl_float_to_half(f) : (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+      *(uint16_t *)p = c == 'e' ? cl_float_to_half(f) : cl_float_to_bf16(f);
       continue;
     }
     int isint;
@@ -260,15 +258,21 @@ static const char *launch_hint(lua_State *L, const cl_launch *c, CUresult r) {
   /* only refusals of the configuration; an earlier fault may make any call fail */
   if (r != CUDA_ERROR_INVALID_VALUE &&
       r != CUDA_ERROR_INVALID_CLUSTER_SIZE && r != CUDA_ERROR_NOT_SUPPORTED) return "";
-  /* cooperative grids were checked before the launch (coop_refusal) */
+  /* cooperative grids and the kernel's own cluster rules were checked before the launch */
+  if (!c->cluster[0]) return "";
   CUdevice dev;
   int ma = 0;
   if (cu.cuCtxGetDevice(&dev) != CUDA_SUCCESS ||
       cu.cuDeviceGetAttribute(&ma, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev) != CUDA_SUCCESS) return "";
-  /* the kernel's own cluster rules were checked before the launch (cluster_refusal) */
-  if (c->cluster[0] && ma < 9)
+  if (ma < 9)
     return lua_pushfstring(L, "thread block clusters need a device of compute capability 9.0 or newer");
   return "";
+}
+
+/* does the cluster tile the grid? (a 0 in the cluster: no cluster in that dimension) */
+static int tiles(const unsigned g[3], const unsigned cl[3]) {
+  for (int d = 0; d < 3; d++) if (cl[d] && g[d] % cl[d]) return 0;
+  return 1;
 }
 
 /* a cluster configuration the driver would refuse, found before it is asked (checkers such as
@@ -277,11 +281,9 @@ static const char *cluster_refusal(lua_State *L, cl_kernel *k, const cl_launch *
   if (k->binary_version && k->binary_version < 90)
     return lua_pushfstring(L, "the kernel's code is for sm_%d; thread block clusters need sm_90 or newer", k->binary_version);
   const unsigned *cl = k->req_cluster;
-  if (!c->cluster[0])
-    for (int d = 0; d < 3; d++)
-      if (cl[d] && c->g[d] % cl[d])
-        return lua_pushfstring(L, "the grid {%d, %d, %d} is not a multiple of the cluster {%d, %d, %d} the kernel "
-                               "declares (__cluster_dims__)", c->g[0], c->g[1], c->g[2], cl[0], cl[1], cl[2]);
+  if (!c->cluster[0] && !tiles(c->g, cl))
+    return lua_pushfstring(L, "the grid {%d, %d, %d} is not a multiple of the cluster {%d, %d, %d} the kernel "
+                           "declares (__cluster_dims__)", c->g[0], c->g[1], c->g[2], cl[0], cl[1], cl[2]);
   if (c->cluster[0] && c->cluster[0] * c->cluster[1] * c->cluster[2] > 8) {
     int v = 0;
     if (cu.cuFuncGetAttribute(&v, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, k->fn) == CUDA_SUCCESS && !v)
@@ -351,6 +353,15 @@ int cl_kernel_launch(lua_State *L, cl_kernel *k, int kidx, int first, const cl_l
   /* after the arguments: a foreign array's view may have made the selected device current */
   cl_kernel_ctx(L, k);
   if (c->shared > k->dyn_max) cl_kernel_shared(L, k, kidx, c->shared);
+  /* refusals first: they need none of the temporary copies below */
+  if (c->cooperative) {
+    const char *why = coop_refusal(L, k, c);
+    if (why) launch_error(L, kidx, c, &A, h, why);
+  }
+  if (c->cluster[0] || k->req_cluster[0]) {
+    const char *why = cluster_refusal(L, k, c);
+    if (why) launch_error(L, kidx, c, &A, h, why);
+  }
   for (int i = 0; i < A.ntmp; i++) {
     size_t n = cl_nbytes(A.tmp[i].a);
     if (!n) continue;
@@ -364,14 +375,6 @@ int cl_kernel_launch(lua_State *L, cl_kernel *k, int kidx, int first, const cl_l
       cl_check(L, r, "temporary device copy of a host array argument");
     }
     *(CUdeviceptr *)A.tmp[i].slot = A.tmp[i].d;
-  }
-  if (c->cooperative) {
-    const char *why = coop_refusal(L, k, c);
-    if (why) launch_error(L, kidx, c, &A, h, why);
-  }
-  if (c->cluster[0] || k->req_cluster[0]) {
-    const char *why = cluster_refusal(L, k, c);
-    if (why) launch_error(L, kidx, c, &A, h, why);
   }
   CUresult r = !c->cooperative && !c->cluster[0]
     ? cu.cuLaunchKernel(k->fn, c->g[0], c->g[1], c->g[2], c->b[0], c->b[1], c->b[2], c->shared, h, A.params, NULL)
@@ -438,11 +441,9 @@ static unsigned shared_bytes(lua_State *L, int idx) { return shared_named(L, idx
 
 /* a cluster must tile the grid: checked when the configuration is made, not per launch */
 static void cfg_check_cluster(lua_State *L, const cl_launch *c, const char *where) {
-  if (!c->cluster[0]) return;
-  for (int d = 0; d < 3; d++)
-    if (c->g[d] % c->cluster[d])
-      luaL_error(L, "cudalua: %s: the grid {%d, %d, %d} is not a multiple of the cluster {%d, %d, %d}",
-                 where, c->g[0], c->g[1], c->g[2], c->cluster[0], c->cluster[1], c->cluster[2]);
+  if (c->cluster[0] && !tiles(c->g, c->cluster))
+    luaL_error(L, "cudalua: %s: the grid {%d, %d, %d} is not a multiple of the cluster {%d, %d, %d}",
+               where, c->g[0], c->g[1], c->g[2], c->cluster[0], c->cluster[1], c->cluster[2]);
 }
 
 static const char *const cfg_keys[] = {"grid", "block", "stream", "shared", "cooperative", "cluster", NULL};

@@ -53,10 +53,10 @@ void cl_mem_reach(lua_State *L, cl_mem *m, CUcontext ctx, const char *where) {
    never raises */
 static CUresult settle(lua_State *L, cl_mem *m) {
   if (!m->used) return CUDA_SUCCESS;
-  cl_wait_check(L);   /* before switching: a raise must not leave another context current */
   CUresult r;
-  if (m->multi == 3) r = cl_sync_all_devices(L);
+  if (m->multi == 3) r = cl_sync_all_devices(L);   /* checks for a running host function itself */
   else {   /* in the context that used it: the legacy stream is a context's */
+    cl_wait_check(L);   /* before switching: a raise must not leave another context current */
     CUcontext prev = m->use_ctx ? cl_ctx_swap(m->use_ctx) : NULL;
     r = m->multi ? cl_wait_raw(L, CL_WAIT_CTX, NULL) : cl_wait_raw(L, CL_WAIT_STREAM, m->stream ? m->stream->h : NULL);
     if (prev) cl_ctx_swap(prev);

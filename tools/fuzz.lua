@@ -13,7 +13,7 @@
 -- that use them are in flight. Exit status: 0 when no case crashed or hung.
 package.cpath = "./?.so;" .. package.cpath
 
-local opts = { cases = 20000, seconds = 120, seed = 1, batch = 400, gpu = false }
+local opts = { cases = 20000, seconds = 120, seed = 1, gpu = false }
 do
   local i = 1
   while arg[i] do
@@ -22,7 +22,6 @@ do
     elseif a == "--child" then opts.child = true; i = i + 1
     elseif a:match("^%-%-") and arg[i + 1] then
       opts[a:sub(3)] = tonumber(arg[i + 1]) or arg[i + 1]
-      if a == "--batch" then opts.batch_given = true end
       i = i + 2
     else error("fuzz.lua: unknown argument " .. a) end
   end
@@ -391,7 +390,7 @@ if opts.case then
   batch(tonumber(opts.case), tonumber(opts.case))
 else
   local t0, id = os.time(), 1
-  if opts.gpu and not opts.batch_given then opts.batch = 50 end
+  opts.batch = opts.batch or (opts.gpu and 50 or 400)   -- GPU cases take longer
   while id <= opts.cases and os.time() - t0 < opts.seconds do
     local b0 = os.time()
     id = batch(id, math.min(opts.cases, id + opts.batch - 1))

@@ -21,7 +21,8 @@ CS=${SANITIZER:-$(command -v compute-sanitizer || echo "$CUDA_DIR/bin/compute-sa
 TOOLS=${SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}
 EXAMPLES=${SANITIZE_EXAMPLES-$(ls examples/*.lua)}
 SPEC_FILES=${SANITIZE_SPEC_FILES:-$(ls spec/*_spec.lua)}
-SPLIT=${SANITIZE_SPLIT:-"spec/14-graph_spec.lua spec/21-multigpu_spec.lua spec/22-ipc_nccl_spec.lua"}
+SLOW_SPECS="spec/14-graph_spec.lua spec/21-multigpu_spec.lua spec/22-ipc_nccl_spec.lua"
+SPLIT=${SANITIZE_SPLIT:-$SLOW_SPECS}
 ALONE=${SANITIZE_ALONE:-"spec/04-device_array_spec.lua"}
 JOBS=${SANITIZE_JOBS:-$(( $(nproc) / 4 > 0 ? $(nproc) / 4 : 1 ))}
 LIMIT=${SANITIZE_TIMEOUT:-600}
@@ -92,15 +93,14 @@ one() {
 }
 
 # the slowest runs start first, so that the others fill in around them
-SLOW=${SANITIZE_SLOW:-"spec/14-graph_spec.lua spec/21-multigpu_spec.lua spec/22-ipc_nccl_spec.lua examples/nccl_launch.lua"}
-file_of() { local n=${1%%|*}; echo "${n%% \[*}"; }   # a split row's file
-alone=() order=()
-for r in "${rows[@]}"; do case " $ALONE " in *" $(file_of "$r") "*) alone+=("$r") ;; esac; done
+SLOW=${SANITIZE_SLOW:-"$SLOW_SPECS examples/nccl_launch.lua"}
+alone=() slow=() rest=()
 for r in "${rows[@]}"; do
-  case " $ALONE " in *" $(file_of "$r") "*) continue ;; esac
-  case " $SLOW " in *" $(file_of "$r") "*) order+=("$r") ;; esac
+  n=${r%%|*}; f=" ${n%% \[*} "   # a split row's file
+  case " $ALONE " in *"$f"*) alone+=("$r"); continue ;; esac
+  case " $SLOW " in *"$f"*) slow+=("$r") ;; *) rest+=("$r") ;; esac
 done
-for r in "${rows[@]}"; do case " $ALONE $SLOW " in *" $(file_of "$r") "*) ;; *) order+=("$r") ;; esac; done
+order=("${slow[@]}" "${rest[@]}")
 start=$SECONDS
 for r in "${alone[@]}"; do
   IFS='|' read -r name tools cmd <<<"$r"

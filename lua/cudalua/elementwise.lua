@@ -10,8 +10,6 @@ local core = ...
 local compile = require "cudalua.compile"
 local M = {}
 
-local RESERVED = { _cl_i = true, _cl_n = true, _cl_j = true, _cl_k = true }
-
 -- "float32 x, float32 y" -> { {dtype=, name=}, ... }
 local function parse_params(s, where, level)
   if type(s) ~= "string" then
@@ -25,9 +23,9 @@ local function parse_params(s, where, level)
     local ok, d = pcall(core.dtype, dt)
     if not ok then error(("%s: parameter %s: unknown dtype %q"):format(where, name, dt), level) end
     if seen[name] then error(("%s: parameter %s is named twice"):format(where, name), level) end
-    if RESERVED[name] or name:match("^_cl_") then error(("%s: parameter name %s is reserved"):format(where, name), level) end
+    if name:match("^_cl_") then error(("%s: parameter name %s is reserved"):format(where, name), level) end
     seen[name] = true
-    list[#list + 1] = { dtype = d, name = name }
+    list[#list + 1] = { dtype = d, name = name, itemsize = d.itemsize, complex = d.is_complex }
   end
   return list
 end
@@ -129,6 +127,7 @@ Elementwise.__index = Elementwise
 Elementwise.__name = "cudalua.elementwise"
 
 local EW_OPTS = { stream = true, block = true }
+local NO_OPTS = {}   -- a call without options makes no table
 local sms_of = {}   -- device -> multiprocessors (cuda.devices() builds every device's table)
 
 -- cuda.elementwise(in_params, out_params, body [, name]) -> a callable
@@ -151,8 +150,8 @@ function M.elementwise(cuda, in_params, out_params, body, name)
 end
 
 -- the kernel for this call's scalars and vector width (compiled once per signature and device)
-local function kernel_for(self, scalars, w)
-  local key = scalars .. "/" .. w .. "/" .. self.cuda.current_device()
+local function kernel_for(self, scalars, w, dev)
+  local key = scalars .. "/" .. w .. "/" .. dev
   local k = self.kernels[key]
   if k then return k end
   local ins = {}
@@ -169,9 +168,11 @@ local function is_pair(v)
   return type(v) == "table" and getmetatable(v) == nil and rawlen(v) == 2
 end
 
-local function is_array(v)
-  local ok, n = pcall(core.array_info, v)
-  return ok and n ~= nil
+-- an open array's size, dtype and device address (nil for a pageable host array); nil for
+-- anything else
+local function array_of(v)
+  local ok, n, dt, kind, ptr = pcall(core.array_info, v)
+  if ok and n then return n, dt, kind ~= "array" and ptr or nil end
 end
 
 -- ew(in1, in2, ... [, out1, ...] [, opts]) -> the outputs
@@ -180,8 +181,8 @@ function Elementwise.__call(self, ...)
   local opts = nil
   local nin, nout = #self.ins, #self.outs
   -- a trailing plain table is the options, unless it is a {re, im} pair
-  if args.n > 0 and type(args[args.n]) == "table" and not is_array(args[args.n])
-     and getmetatable(args[args.n]) == nil and rawlen(args[args.n]) == 0 then
+  if args.n > 0 and type(args[args.n]) == "table" and getmetatable(args[args.n]) == nil
+     and rawlen(args[args.n]) == 0 then
     opts = args[args.n]
     args[args.n] = nil   -- not an output either
     args.n = args.n - 1
@@ -192,7 +193,7 @@ function Elementwise.__call(self, ...)
       (" (and optionally %d outputs)"):format(nout), args.n), 2)
   end
   local stream, block = nil, 256
-  for k, v in pairs(opts or {}) do
+  for k, v in pairs(opts or NO_OPTS) do
     if not EW_OPTS[k] then error(("%s: unknown option '%s' (block, stream)"):format(where, tostring(k)), 2) end
     if k == "stream" then
       local mt = getmetatable(v)
@@ -208,36 +209,38 @@ function Elementwise.__call(self, ...)
   end
   -- inputs: numbers broadcast, arrays all of one size
   local cuda = self.cuda
-  local n, first, scalars = nil, nil, {}
+  -- ptrs: each array's device address, for the alignment check below
+  local n, first, scalars, ptrs = nil, nil, {}, {}
   for i, p in ipairs(self.ins) do
     local v = args[i]
-    if type(v) == "number" or type(v) == "boolean" or (STORED[p.dtype.name] and is_pair(v)) then
+    if type(v) == "number" or type(v) == "boolean" or (p.complex and is_pair(v)) then
       scalars[i] = "s"
-    elseif is_array(v) then
-      scalars[i] = "a"
-      local a = v
-      local size = #a
-      if a.dtype.name ~= p.dtype.name then
-        error(("%s: input %s is %s, the parameter %s"):format(where, p.name, tostring(a.dtype), p.dtype.name), 2)
+    else
+      local size, dt, ptr = array_of(v)
+      if not size then
+        error(("%s: input %s must be a number%s or an array, got %s"):format(where, p.name,
+          p.complex and ", a pair {re, im}" or "", type(v)), 2)
+      end
+      scalars[i], ptrs[i] = "a", ptr
+      if dt ~= p.dtype then
+        error(("%s: input %s is %s, the parameter %s"):format(where, p.name, tostring(dt), p.dtype.name), 2)
       end
       if n and size ~= n then error(("%s: input %s has %d elements, %s has %d"):format(where, p.name, size, first, n), 2) end
       n, first = n or size, first or p.name
-    else
-      error(("%s: input %s must be a number%s or an array, got %s"):format(where, p.name,
-        STORED[p.dtype.name] and ", a pair {re, im}" or "", type(v)), 2)
     end
   end
-  local out = {}
+  local out, out_ptrs = {}, {}
   for j, p in ipairs(self.outs) do
     local v = args[nin + j]
     if v ~= nil then
-      if not is_array(v) then error(("%s: output %s must be an array, got %s"):format(where, p.name, type(v)), 2) end
-      if v.dtype.name ~= p.dtype.name then
-        error(("%s: output %s is %s, the parameter %s"):format(where, p.name, tostring(v.dtype), p.dtype.name), 2)
+      local size, dt, ptr = array_of(v)
+      if not size then error(("%s: output %s must be an array, got %s"):format(where, p.name, type(v)), 2) end
+      if dt ~= p.dtype then
+        error(("%s: output %s is %s, the parameter %s"):format(where, p.name, tostring(dt), p.dtype.name), 2)
       end
-      if n and #v ~= n then error(("%s: output %s has %d elements, %s has %d"):format(where, p.name, #v, first, n), 2) end
-      n, first = n or #v, first or p.name
-      out[j] = v
+      if n and size ~= n then error(("%s: output %s has %d elements, %s has %d"):format(where, p.name, size, first, n), 2) end
+      n, first = n or size, first or p.name
+      out[j], out_ptrs[j] = v, ptr or false
     end
   end
   if not n then error(where .. ": no array among the inputs or outputs says how many elements", 2) end
@@ -246,37 +249,38 @@ function Elementwise.__call(self, ...)
   for j, p in ipairs(self.outs) do
     if not out[j] then out[j] = cuda.device_array(shape_of and shape_of.shape or n, p.dtype, stream) end
   end
-  -- the vector width: 16 bytes of the widest type, when every array's pointer allows it
+  -- the vector width: 16 bytes of the widest type, when every array's pointer allows it (a
+  -- pageable host array has none: copied for the launch, it gets no vector loads)
   local widest = 1
-  for i, p in ipairs(self.ins) do if scalars[i] == "a" then widest = math.max(widest, p.dtype.itemsize) end end
-  for _, p in ipairs(self.outs) do widest = math.max(widest, p.dtype.itemsize) end
+  for i, p in ipairs(self.ins) do if scalars[i] == "a" then widest = math.max(widest, p.itemsize) end end
+  for _, p in ipairs(self.outs) do widest = math.max(widest, p.itemsize) end
   local w = 16 // widest
-  local function aligned(v, itemsize)
-    local ok, p = pcall(v.ptr, v)
-    return ok and math.type(p) == "integer" and p % (itemsize * w) == 0
-  end
+  local function aligned(ptr, itemsize) return ptr and ptr % (itemsize * w) == 0 end
   if w > 1 and n >= w * 1024 then
     for i, p in ipairs(self.ins) do
-      if scalars[i] == "a" and not aligned(args[i], p.dtype.itemsize) then w = 1; break end
+      if scalars[i] == "a" and not aligned(ptrs[i], p.itemsize) then w = 1; break end
     end
     if w > 1 then
-      for j, p in ipairs(self.outs) do if not aligned(out[j], p.dtype.itemsize) then w = 1; break end end
+      for j, p in ipairs(self.outs) do
+        -- false: given, without a device address; nil: allocated above
+        local ptr = out_ptrs[j]
+        if ptr == nil then ptr = out[j]:ptr() end
+        if not aligned(ptr, p.itemsize) then w = 1; break end
+      end
     end
   else
     w = 1
   end
-  local k = kernel_for(self, table.concat(scalars), w)
+  local dev = cuda.current_device()
+  local k = kernel_for(self, table.concat(scalars), w, dev)
   if n > 0 then
-    local dev = cuda.current_device()
     local sms = sms_of[dev]
     if not sms then sms = cuda.devices()[dev + 1].multiprocessors; sms_of[dev] = sms end
     local work = (n + w - 1) // w
     local grid = math.max(1, math.min((work + block - 1) // block, sms * (2048 // block) * 2))
-    local call = {}
-    for i = 1, nin do call[i] = args[i] end
-    for j = 1, nout do call[nin + j] = out[j] end
-    call[nin + nout + 1] = n
-    k[{ grid, block, stream }](table.unpack(call, 1, nin + nout + 1))
+    for j = 1, nout do args[nin + j] = out[j] end
+    args[nin + nout + 1] = n
+    k[{ grid, block, stream }](table.unpack(args, 1, nin + nout + 1))
   end
   return table.unpack(out, 1, nout)
 end

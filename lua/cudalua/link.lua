@@ -72,7 +72,7 @@ function M.load_module(v, opts)
     if not elf or not elf.cuda then
       error(("cuda.load_module: %s is an ELF file but not a CUDA cubin (a host object? build with nvcc -cubin or -fatbin)"):format(name), 2)
     end
-    f.listed, f.relocatable = elf.kernels, elf.relocatable
+    f.listed, f.relocatable, f.nparams = elf.kernels, elf.relocatable, elf.nparams   -- read once
   elseif f.kind == "ptx" then
     f.info = modules.ptx_entries(f.image)
     f.listed = {}
@@ -119,7 +119,8 @@ function M.link(inputs, opts)
   local cubin, log = jitlink(list, arch, lto, opts.options, "cuda.link", 3)
   local elf = modules.elf_info(cubin) or { kernels = {} }
   return modules.new { image = cubin, kind = "cubin", log = log, info = info, arch = arch,
-                       name = opts.name or "<linked>", linked = true, listed = elf.kernels }
+                       name = opts.name or "<linked>", linked = true, listed = elf.kernels,
+                       nparams = elf.nparams }
 end
 
 return M
