@@ -39,6 +39,12 @@ function cuda.current_device() end
 --- Waits for all work on the selected device, running Lua host functions meanwhile.
 function cuda.synchronize() end
 
+--- True when launches return only once their work has run: with `CUDA_LAUNCH_BLOCKING=1`,
+-- and under compute-sanitizer. Lua host functions then run before the next work queued behind
+-- them (a launch, copy, fill, graph launch or collective), not at the next wait; false without
+-- a driver.
+function cuda.launches_block() end
+
 --- `{driver=13000, nvrtc={13,0}, nvjitlink={13,0}, cudalua="0.2.0"}`; missing parts are absent.
 function cuda.versions() end
 

@@ -17,7 +17,9 @@ f:write(nccl.unique_id())
 f:close()
 local lua = arg[-1] or "lua5.4"
 -- a rank that dies leaves the others waiting in comm_init_rank: a time limit ends them
-local limit = os.execute("command -v timeout >/dev/null 2>&1") and "timeout 300 " or ""
+-- (CUDALUA_WORKER_LIMIT seconds, default 300; a run under compute-sanitizer needs longer)
+local seconds = math.tointeger(tonumber(os.getenv("CUDALUA_WORKER_LIMIT") or 300)) or 300
+local limit = os.execute("command -v timeout >/dev/null 2>&1") and ("timeout %d "):format(seconds) or ""
 local workers = {}
 for r = 0, n - 1 do
   workers[r] = io.popen(("%s%s examples/nccl/pi_rank.lua %d %d %s 2>&1"):format(limit, lua, r, n, idfile))
@@ -25,7 +27,8 @@ end
 local totals, sums, bad = {}, {}, 0
 for r = 0, n - 1 do
   local out = workers[r]:read("a")
-  local done = workers[r]:close()
+  local done, _, code = workers[r]:close()
+  if code == 124 then out = out .. ("rank %d: ended by the %d s time limit\n"):format(r, seconds) end
   local rank, total, gathered, pi = out:match("rank (%d+): total (%d+), sum of gathered counts (%d+), pi ~ (%S+)")
   if not done or not rank then bad = bad + 1
   else

@@ -35,6 +35,23 @@ describe("cuda.is_available", function()
   end)
 end)
 
+describe("cuda.launches_block", function()
+  nogpu("is false without a driver", function()
+    assert.is_false(cuda.launches_block())
+  end)
+
+  gpu("is true with CUDA_LAUNCH_BLOCKING=1 or under compute-sanitizer, else false", function()
+    local got = cuda.launches_block()   -- first: cuInit loads a sanitizer's library
+    local f = assert(io.open("/proc/self/maps"))
+    local maps = f:read("a")
+    f:close()
+    assert.equal(os.getenv("CUDA_LAUNCH_BLOCKING") == "1" or maps:find("sanitizer", 1, true) ~= nil, got)
+    local out = H.run(("CUDA_LAUNCH_BLOCKING=1 %s -e 'package.cpath = \"./?.so;\" .. package.cpath; " ..
+                       "print(require(\"cudalua\").launches_block())' 2>&1"):format(H.LUA))
+    assert.equal("true\n", out)
+  end)
+end)
+
 describe("cuda.versions", function()
   it("gives the NVRTC version and cudalua's own", function()
     local v = cuda.versions()

@@ -273,6 +273,14 @@ void *cl_hostcall_new(lua_State *L, int fidx, int oneshot);
 void cl_hostcall_free(lua_State *L, void *call);
 CUhostFn cl_host_trampoline(void);
 int cl_launch_host_func(lua_State *L, CUstream h);
+/* launches that return only once their work has run (CUDA_LAUNCH_BLOCKING=1, compute-sanitizer):
+   work queued behind a Lua host function that has not run would wait for it while it waits for
+   this thread, so such work first waits for the host functions (set when the driver loads) */
+extern int cl_launch_blocks;
+void cl_host_before_enqueue(lua_State *L, const char *what);
+#define CL_BEFORE_ENQUEUE(L, what) do { if (cl_launch_blocks) cl_host_before_enqueue(L, what); } while (0)
+void cl_host_park(lua_State *L);     /* around a driver call that may run host functions itself */
+void cl_host_unpark(lua_State *L);
 
 #define CL_MAXPARAMS 64
 typedef struct cl_kernel {

@@ -51,6 +51,7 @@ void cl_copy(lua_State *L, cl_array *dst, cl_array *src, cl_stream *s, int sync,
   CUdeviceptr d = cl_is_host(dst) ? (CUdeviceptr)(uintptr_t)cl_hostptr(dst) : cl_devptr(dst);
   CUdeviceptr p = cl_is_host(src) ? (CUdeviceptr)(uintptr_t)cl_hostptr(src) : cl_devptr(src);
   CUstream h = s ? s->h : NULL;
+  CL_BEFORE_ENQUEUE(L, where);
   if (peer && !s) {
     /* without a stream: ordered after all work on both devices (cuMemcpyPeer), and finished on
        return: it is queued with the destination device's work (ctx, current), which is waited for */
@@ -168,6 +169,7 @@ int cl_a_fill(lua_State *L) {
   if (!s) cl_mem_order(L, a->mem, a->mem->ctx, a->mem->ctx);
   CUdeviceptr d = cl_devptr(a);
   CUstream h = s ? s->h : NULL;
+  CL_BEFORE_ENQUEUE(L, "fill");
   CUresult r;
   if (isz == 1) r = cu.cuMemsetD8Async(d, *(uint8_t *)v, a->size, h);
   else if (isz == 2) r = cu.cuMemsetD16Async(d, *(uint16_t *)v, a->size, h);

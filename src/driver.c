@@ -2,6 +2,7 @@
    Nothing links against the CUDA libraries, so the module loads on machines without them. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <link.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +22,19 @@ static char drv_err[256];
 static CUcontext dev_ctx[MAXDEV];  /* primary contexts, retained once per process */
 static int dev_count = -1;
 static __thread int tl_dev;          /* the device this thread selected, like the runtime */
+
+static int is_sanitizer(struct dl_phdr_info *info, size_t size, void *data) {
+  (void)size; (void)data;
+  return info->dlpi_name && strstr(info->dlpi_name, "sanitizer") != NULL;
+}
+
+/* do launches return only once their work has run? With CUDA_LAUNCH_BLOCKING=1, and under
+   compute-sanitizer, whose library cuInit loads into the process */
+static int launches_block(void) {
+  const char *b = getenv("CUDA_LAUNCH_BLOCKING");
+  if (b && b[0] == '1') return 1;
+  return dl_iterate_phdr(is_sanitizer, NULL) != 0;
+}
 
 int cl_driver_load(void) {
   if (__atomic_load_n(&drv_state, __ATOMIC_ACQUIRE) == 1) return 1;   /* the common case, no lock */
@@ -62,7 +76,10 @@ int cl_driver_load(void) {
         if (dev_count <= 0) {
           snprintf(drv_err, sizeof drv_err, "cudalua: no CUDA device");
           drv_state = -1;
-        } else __atomic_store_n(&drv_state, 1, __ATOMIC_RELEASE);
+        } else {
+          cl_launch_blocks = launches_block();
+          __atomic_store_n(&drv_state, 1, __ATOMIC_RELEASE);
+        }
       }
     }
   }
@@ -286,6 +303,12 @@ int cl_concurrent_managed(void) {
 
 static int l_is_available(lua_State *L) {
   lua_pushboolean(L, cl_driver_load());
+  return 1;
+}
+
+/* cuda.launches_block(): do launches return only once their work has run? */
+static int l_launches_block(lua_State *L) {
+  lua_pushboolean(L, cl_driver_load() && cl_launch_blocks);
   return 1;
 }
 
@@ -555,7 +578,7 @@ void cl_release_contexts(void) {
 
 void cl_open_driver(lua_State *L) {
   static const luaL_Reg f[] = {
-    {"is_available", l_is_available}, {"driver_error", l_driver_error},
+    {"is_available", l_is_available}, {"driver_error", l_driver_error}, {"launches_block", l_launches_block},
     {"devices", l_devices}, {"select_device", l_select_device},
     {"current_device", l_current_device}, {"synchronize", l_synchronize},
     {"can_access_peer", l_can_access_peer}, {"enable_peer_access", l_enable_peer_access},

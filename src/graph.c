@@ -2,6 +2,8 @@
    empty, child) with dependencies; stream capture turns queued work into a graph. A graph
    keeps every Lua object its nodes use (arrays, kernels, host functions, child graphs) in its
    user value, and an executable graph keeps its graph, so nothing a replay touches is freed. */
+#include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "cl.h"
@@ -505,6 +507,10 @@ static int g_node_count(lua_State *L) {
 static int g_dot(lua_State *L) {
   lgraph *g = checkgraph(L, 1);
   const char *path = luaL_checkstring(L, 2);
+  /* a path that cannot be written is said here, with the reason, not as a refused driver call */
+  FILE *f = fopen(path, "w");
+  if (!f) return luaL_error(L, "cudalua: graph:dot: cannot write '%s' (%s)", path, strerror(errno));
+  fclose(f);
   cl_use_ctx(L, g->ctx);
   CUresult r = cu.cuGraphDebugDotPrint(g->g, path, CU_GRAPH_DEBUG_DOT_FLAGS_VERBOSE);
   if (r != CUDA_SUCCESS) return luaL_error(L, "cudalua: graph:dot: cannot write '%s' (%s)", path, cl_errname(r));
@@ -545,8 +551,12 @@ static int e_launch(lua_State *L) {
   /* host nodes armed for a launch into a capture would never run, and waits would hang */
   if (e->nhost && cl_capturing && s && s->capture_ref)
     return luaL_error(L, "cudalua: graph_exec:launch: a graph with Lua host functions cannot be launched into a stream capture");
+  CL_BEFORE_ENQUEUE(L, "graph_exec:launch");   /* before this launch's own host nodes are armed */
   if (e->nhost) cl_host_arm(L, e->nhost);
+  int park = e->nhost && cl_launch_blocks;
+  if (park) cl_host_park(L);
   CUresult r = cu.cuGraphLaunch(e->e, s ? s->h : NULL);
+  if (park) cl_host_unpark(L);
   if (r != CUDA_SUCCESS) {
     if (e->nhost) cl_host_arm(L, -e->nhost);
     cl_check(L, r, "graph_exec:launch");

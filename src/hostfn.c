@@ -25,6 +25,10 @@ typedef struct cl_hostq {
   int armed;                  /* calls queued on streams that have not run yet */
   int closed;                 /* the lua_State is gone: calls return at once */
   int running;                /* a host function is running on the Lua thread now */
+  lua_State *parked;          /* where launches block: the Lua thread waits in a driver call
+                                 that may wait for a host function, which runs on the driver's
+                                 thread instead (the Lua thread touches nothing meanwhile) */
+  int borrowed;               /* a host function runs on the driver's thread now */
   struct cl_hostq *next;      /* closed queues, freed when the last state closes */
 } cl_hostq;
 
@@ -39,11 +43,20 @@ static cl_hostq *queue_of(lua_State *L) {
   return pq ? *pq : NULL;
 }
 
+static void run_one(lua_State *L, cl_hostq *q, cl_hostcall *c);
+
 static void CUDA_CB trampoline(void *ud) {
   cl_hostcall *c = ud;
   cl_hostq *q = c->q;
   pthread_mutex_lock(&q->mu);
-  if (!q->closed) {
+  if (!q->closed && q->parked) {
+    lua_State *L = q->parked;
+    q->borrowed = 1;
+    pthread_mutex_unlock(&q->mu);
+    run_one(L, q, c);
+    pthread_mutex_lock(&q->mu);
+    q->borrowed = 0;
+  } else if (!q->closed) {
     c->done = 0;
     c->next = NULL;
     if (q->tail) q->tail->next = c; else q->head = c;
@@ -58,7 +71,22 @@ static void CUDA_CB trampoline(void *ud) {
   if (oneshot) free(c);
 }
 
-/* runs the queued calls; their errors are kept in the registry list "cudalua.hosterrors" */
+/* runs one call; its error is kept in the registry list "cudalua.hosterrors" */
+static void run_one(lua_State *L, cl_hostq *q, cl_hostcall *c) {
+  lua_rawgeti(L, LUA_REGISTRYINDEX, c->ref);
+  q->running++;
+  int st = lua_pcall(L, 0, 0, 0);
+  q->running--;
+  if (st != LUA_OK) {
+    luaL_getsubtable(L, LUA_REGISTRYINDEX, "cudalua.hosterrors");
+    lua_insert(L, -2);
+    lua_rawseti(L, -2, (lua_Integer)lua_rawlen(L, -2) + 1);
+    lua_pop(L, 1);
+  }
+  if (c->oneshot) luaL_unref(L, LUA_REGISTRYINDEX, c->ref);
+}
+
+/* runs the queued calls */
 int cl_host_service(lua_State *L) {
   cl_hostq *q = queue_of(L);
   if (!q) return 0;
@@ -69,17 +97,7 @@ int cl_host_service(lua_State *L) {
   int ran = 0;
   while (c) {
     cl_hostcall *next = c->next;
-    lua_rawgeti(L, LUA_REGISTRYINDEX, c->ref);
-    q->running++;
-    int st = lua_pcall(L, 0, 0, 0);
-    q->running--;
-    if (st != LUA_OK) {
-      luaL_getsubtable(L, LUA_REGISTRYINDEX, "cudalua.hosterrors");
-      lua_insert(L, -2);
-      lua_rawseti(L, -2, (lua_Integer)lua_rawlen(L, -2) + 1);
-      lua_pop(L, 1);
-    }
-    if (c->oneshot) luaL_unref(L, LUA_REGISTRYINDEX, c->ref);
+    run_one(L, q, c);
     pthread_mutex_lock(&q->mu);
     c->done = 1;   /* after this the driver's thread may free a one-shot call */
     pthread_cond_broadcast(&q->cv);
@@ -222,12 +240,44 @@ void cl_hostcall_free(lua_State *L, void *call) {
 
 CUhostFn cl_host_trampoline(void) { return trampoline; }
 
+int cl_launch_blocks;
+
+void cl_host_before_enqueue(lua_State *L, const char *what) {
+  /* inside a host function or a capture no wait may be; nothing armed: nothing to wait for */
+  if (cl_capturing || cl_host_running(L) || !cl_host_armed(L)) return;
+  /* a host function's error is left for the next wait, as without blocking launches */
+  cl_check(L, cl_wait_raw(L, CL_WAIT_CTX, NULL), what);
+}
+
+/* around a driver call that queues host functions where launches block: the call may return
+   only once they have run, so they run on the driver's thread while this one waits in it */
+void cl_host_park(lua_State *L) {
+  cl_hostq *q = queue_of(L);
+  if (!q || q->running) return;   /* inside a host function: the Lua thread is not parked */
+  pthread_mutex_lock(&q->mu);
+  q->parked = L;
+  pthread_mutex_unlock(&q->mu);
+}
+
+void cl_host_unpark(lua_State *L) {
+  cl_hostq *q = queue_of(L);
+  if (!q) return;
+  pthread_mutex_lock(&q->mu);
+  q->parked = NULL;
+  while (q->borrowed) pthread_cond_wait(&q->cv, &q->mu);   /* L is the driver thread's until then */
+  pthread_mutex_unlock(&q->mu);
+  if (!q->running) cl_flush_deferred(L);
+}
+
 /* stream:launch_host_func(fn) */
 int cl_launch_host_func(lua_State *L, CUstream h) {
   luaL_checktype(L, 2, LUA_TFUNCTION);
+  CL_BEFORE_ENQUEUE(L, "stream:launch_host_func");
   cl_hostcall *c = cl_hostcall_new(L, 2, 1);
   cl_host_arm(L, 1);
+  if (cl_launch_blocks) cl_host_park(L);
   CUresult r = cu.cuLaunchHostFunc(h, trampoline, c);
+  if (cl_launch_blocks) cl_host_unpark(L);
   if (r != CUDA_SUCCESS) {
     cl_host_arm(L, -1);
     cl_hostcall_free(L, c);

@@ -362,6 +362,7 @@ int cl_kernel_launch(lua_State *L, cl_kernel *k, int kidx, int first, const cl_l
     const char *why = cluster_refusal(L, k, c);
     if (why) launch_error(L, kidx, c, &A, h, why);
   }
+  CL_BEFORE_ENQUEUE(L, "kernel launch");
   for (int i = 0; i < A.ntmp; i++) {
     size_t n = cl_nbytes(A.tmp[i].a);
     if (!n) continue;

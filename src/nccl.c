@@ -315,6 +315,7 @@ static CUstream prepare(lua_State *L, lcomm *c, int sidx, cl_stream **ps, const 
     luaL_error(L, "cudalua.nccl: %s: this communicator is one of several this process drives "
                "(comm_init_all): queue their collectives inside nccl.group(function() ... end)", where);
   keep_in_group(L, 2, 3);
+  CL_BEFORE_ENQUEUE(L, where);
   *ps = s;   /* NCCL selects the communicator's device itself */
   return s ? s->h : NULL;
 }

@@ -5,7 +5,7 @@ local core = ...
 local cuda = {}
 
 for _, name in ipairs {
-  "is_available", "driver_error", "devices", "select_device", "current_device", "synchronize",
+  "is_available", "driver_error", "launches_block", "devices", "select_device", "current_device", "synchronize",
   "time", "sleep", "dtype", "float32", "float64", "int8", "int16", "int32", "int64", "uint8",
   "uint16", "uint32", "uint64", "bool", "float16", "bfloat16", "complex64", "complex128", "array", "zeros", "pinned_array",
   "mapped_array", "managed_array", "device_array", "device_array_like", "to_device", "stream",
