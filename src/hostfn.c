@@ -49,6 +49,8 @@ static void CUDA_CB trampoline(void *ud) {
   cl_hostcall *c = ud;
   cl_hostq *q = c->q;
   pthread_mutex_lock(&q->mu);
+  /* the driver has a thread per context: one at a time runs Lua */
+  while (q->borrowed && q->parked && !q->closed) pthread_cond_wait(&q->cv, &q->mu);
   if (!q->closed && q->parked) {
     lua_State *L = q->parked;
     q->borrowed = 1;
