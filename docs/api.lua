@@ -40,9 +40,8 @@ function cuda.current_device() end
 function cuda.synchronize() end
 
 --- True when launches return only once their work has run: with `CUDA_LAUNCH_BLOCKING=1`,
--- and under compute-sanitizer. Lua host functions then run before the next work queued behind
--- them (a launch, copy, fill, graph launch or collective), not at the next wait; false without
--- a driver.
+-- and under compute-sanitizer. Lua host functions then run before `launch_host_func` or the
+-- graph launch that queued them returns, not at the next wait; false without a driver.
 function cuda.launches_block() end
 
 --- `{driver=13000, nvrtc={13,0}, nvjitlink={13,0}, cudalua="0.2.0"}`; missing parts are absent.

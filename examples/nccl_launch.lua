@@ -20,9 +20,12 @@ local lua = arg[-1] or "lua5.4"
 -- (CUDALUA_WORKER_LIMIT seconds, default 300; a run under compute-sanitizer needs longer)
 local seconds = math.tointeger(tonumber(os.getenv("CUDALUA_WORKER_LIMIT") or 300)) or 300
 local limit = os.execute("command -v timeout >/dev/null 2>&1") and ("timeout %d "):format(seconds) or ""
+-- CUDALUA_WORKER_WRAP: a command each worker runs under (make sanitize: a compute-sanitizer per rank)
+local wrap = os.getenv("CUDALUA_WORKER_WRAP") or ""
+if wrap ~= "" then wrap = wrap .. " " end
 local workers = {}
 for r = 0, n - 1 do
-  workers[r] = io.popen(("%s%s examples/nccl/pi_rank.lua %d %d %s 2>&1"):format(limit, lua, r, n, idfile))
+  workers[r] = io.popen(("%s%s%s examples/nccl/pi_rank.lua %d %d %s 2>&1"):format(limit, wrap, lua, r, n, idfile))
 end
 local totals, sums, bad = {}, {}, 0
 for r = 0, n - 1 do

@@ -412,9 +412,11 @@ describe("NCCL with one process per GPU", function()
       io.write(("rank %d of %d: %d %d\n"):format(comm:rank(), comm:size(), h[1], h[2]))
       comm:close()]]
     local n = #cuda.gpus
+    -- make sanitize runs each rank under a compute-sanitizer of its own (CUDALUA_WORKER_WRAP)
+    local wrap = os.getenv("CUDALUA_WORKER_WRAP") or ""
     local procs = {}
     for r = 0, n - 1 do
-      procs[r] = io.popen(("RANK=%d NRANKS=%d NCCL_ID=%s %s -e %s 2>&1"):format(r, n, id, H.LUA, H.q(prog)))
+      procs[r] = io.popen(("RANK=%d NRANKS=%d NCCL_ID=%s %s %s -e %s 2>&1"):format(r, n, id, wrap, H.LUA, H.q(prog)))
     end
     local total = n * (n + 1) // 2
     for r = 0, n - 1 do

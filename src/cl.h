@@ -279,6 +279,7 @@ int cl_launch_host_func(lua_State *L, CUstream h);
 extern int cl_launch_blocks;
 void cl_host_before_enqueue(lua_State *L, const char *what);
 #define CL_BEFORE_ENQUEUE(L, what) do { if (cl_launch_blocks) cl_host_before_enqueue(L, what); } while (0)
+void cl_host_after_enqueue(lua_State *L, CUstream h, const char *what);   /* launches block */
 void cl_host_park(lua_State *L);     /* around a driver call that may run host functions itself */
 void cl_host_unpark(lua_State *L);
 

@@ -561,6 +561,7 @@ static int e_launch(lua_State *L) {
     if (e->nhost) cl_host_arm(L, -e->nhost);
     cl_check(L, r, "graph_exec:launch");
   }
+  if (park) cl_host_after_enqueue(L, s ? s->h : NULL, "graph_exec:launch");
   lua_settop(L, 1);
   return 1;
 }

@@ -251,6 +251,15 @@ void cl_host_before_enqueue(lua_State *L, const char *what) {
   cl_check(L, cl_wait_raw(L, CL_WAIT_CTX, NULL), what);
 }
 
+/* where launches block, so does queueing a host function: it runs on this thread before the
+   call returns, and nothing is left pending for a driver call that waits for the device by
+   itself (under compute-sanitizer the launch after a pending host function hung in the driver
+   before it was queued). Its error is left for the next wait, as without blocking launches. */
+void cl_host_after_enqueue(lua_State *L, CUstream h, const char *what) {
+  if (cl_capturing || cl_host_running(L) || !cl_host_armed(L)) return;
+  cl_check(L, cl_wait_raw(L, CL_WAIT_STREAM, h), what);
+}
+
 /* around a driver call that queues host functions where launches block: the call may return
    only once they have run, so they run on the driver's thread while this one waits in it */
 void cl_host_park(lua_State *L) {
@@ -285,6 +294,7 @@ int cl_launch_host_func(lua_State *L, CUstream h) {
     cl_hostcall_free(L, c);
     cl_check(L, r, "stream:launch_host_func");
   }
+  if (cl_launch_blocks) cl_host_after_enqueue(L, h, "stream:launch_host_func");
   return 0;
 }
 

@@ -6,6 +6,8 @@ function finish() { if (inrec) { if (nccl) n_nccl++; else n_own++ } inrec = 0 }
   finish()
   if ($0 ~ /SUMMARY|COMPUTE-SANITIZER|Target application|Saved host|^========= +$/) next
   inrec = 1; nccl = 0; seenat = 0; seenframe = 0
+  # cudalua calls only the driver API: a failed runtime API call is NCCL's (it links the runtime)
+  if ($0 ~ /on CUDA API call to cuda[A-Z]/) nccl = 1
   next
 }
 /^=========\s*$/ { finish(); next }
