@@ -41,7 +41,7 @@ end
 local ok = true
 local p1 = run(24, 64, 10000, 1)  -- the tutorial's size
 ok = ok and math.abs(p1 - math.pi) < 0.01
-local sms = cuda.devices()[cuda.current_device() + 1].multiprocessors
+local sms = cuda.gpus.current:info().multiprocessors
 local p2 = run(sms * 16, 128, 2000, 2)  -- fills the GPU
 ok = ok and math.abs(p2 - math.pi) < 0.01
 if not ok then os.exit(1, true) end

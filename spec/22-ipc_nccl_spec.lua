@@ -8,14 +8,8 @@ local cuda = H.cuda
 local gpu = H.gpu(it, pending)
 local nccl = require "cudalua.nccl"
 
--- runs Lua code in a child process (the parent's handles in its environment); returns its
--- output and whether it succeeded
-local function child(code, env)
-  local vars = {}
-  for k, v in pairs(env or {}) do vars[#vars + 1] = k .. "=" .. H.q(v) end
-  local prog = 'package.cpath = "./?.so;" .. package.cpath\nlocal cuda = require "cudalua"\n' .. code
-  return H.run(("env %s %s -e %s 2>&1"):format(table.concat(vars, " "), H.LUA, H.q(prog)))
-end
+-- a child process, the parent's handles in its environment
+local child = H.child
 
 describe("device memory shared between processes", function()
   it("misuse without a GPU: handles are checked before anything else", function()

@@ -40,7 +40,8 @@ end
 
 -- processes and files, for the specs that run children:
 --   H.LUA (this interpreter), H.q(s) (shell-quoted), H.run(cmd) -> output, ok,
---   H.tmpdir(), H.rmrf(path), H.write(path, data), H.read(path) -> data or nil
+--   H.tmpdir(), H.rmrf(path), H.write(path, data), H.read(path) -> data or nil,
+--   H.child(code, env, wrap) -> output, ok
 H.LUA = "lua5.4"
 if arg then
   local i = 0
@@ -83,6 +84,16 @@ function H.read(path)
   local d = f:read("a")
   f:close()
   return d
+end
+
+-- H.child(code [, env [, wrap]]) -> output, ok: Lua code run in a child process with cudalua
+-- loaded as `cuda`, stdout and stderr together; env: variables for it; wrap: a command it runs
+-- under ("timeout 60")
+function H.child(code, env, wrap)
+  local vars = {}
+  for k, v in pairs(env or {}) do vars[#vars + 1] = k .. "=" .. H.q(v) end
+  local prog = 'package.cpath = "./?.so;" .. package.cpath\nlocal cuda = require "cudalua"\n' .. code
+  return H.run(("env %s %s %s -e %s 2>&1"):format(table.concat(vars, " "), wrap or "", H.LUA, H.q(prog)))
 end
 
 -- the error raised by fn(...), or nil if it did not raise

@@ -491,16 +491,16 @@ static int a_tostring(lua_State *L) {
     for (size_t i = 0; i < a->size; i++) {
       if (a->size > 10 && i == 5) { luaL_addstring(&b, ", ..."); i = a->size - 5; }
       if (i) luaL_addstring(&b, ", ");
+      if (cl_is_complex(a->dtype)) {   /* "1+2i" */
+        double re, im;
+        char num[80];
+        cl_complex_parts(a->dtype, p + i * isz, &re, &im);
+        snprintf(num, sizeof num, "%.14g%s%.14gi", re, signbit(im) ? "" : "+", im);
+        luaL_addstring(&b, num);
+        continue;
+      }
       cl_pushvalue(L, a->dtype, p + i * isz);
       if (lua_isboolean(L, -1)) { int v = lua_toboolean(L, -1); lua_pop(L, 1); luaL_addstring(&b, v ? "true" : "false"); }
-      else if (lua_istable(L, -1)) {   /* complex: "1+2i" */
-        lua_rawgeti(L, -1, 1); lua_rawgeti(L, -2, 2);
-        double re = lua_tonumber(L, -2), im = lua_tonumber(L, -1);
-        lua_pop(L, 3);
-        char num[80];
-        snprintf(num, sizeof num, "%.14g%s%.14gi", re, im < 0 || signbit(im) ? "" : "+", im);
-        luaL_addstring(&b, num);
-      }
       else if (lua_isinteger(L, -1)) luaL_addvalue(&b);
       else {   /* "%.14g": 5 rather than 5.0, as the tutorials print arrays */
         char num[40];

@@ -107,7 +107,6 @@ void cl_tovalue(lua_State *L, int idx, int dt, void *p, const char *where, lua_I
       re = lua_tonumber(L, -2); im = lua_tonumber(L, -1);
       lua_pop(L, 2);
     } else {
-      if (t == LUA_TTABLE) lua_settop(L, idx);
       luaL_error(L, "%s: expected a number or a pair {re, im} for %s, got %s", at(L, where, index),
                  cl_dtypes[dt].name, t == LUA_TTABLE ? "another table" : luaL_typename(L, idx));
     }
@@ -166,6 +165,12 @@ void cl_tovalue(lua_State *L, int idx, int dt, void *p, const char *where, lua_I
   }
 }
 
+/* a complex element's two parts */
+void cl_complex_parts(int dt, const void *p, double *re, double *im) {
+  if (dt == CL_C64) { float v[2]; memcpy(v, p, 8); *re = v[0]; *im = v[1]; }
+  else { double v[2]; memcpy(v, p, 16); *re = v[0]; *im = v[1]; }
+}
+
 void cl_pushvalue(lua_State *L, int dt, const void *p) {
   switch (dt) {
     case CL_F32: lua_pushnumber(L, *(const float *)p); break;
@@ -174,8 +179,7 @@ void cl_pushvalue(lua_State *L, int dt, const void *p) {
     case CL_BF16: { uint16_t b; memcpy(&b, p, 2); lua_pushnumber(L, cl_bf16_to_float(b)); break; }
     case CL_C64: case CL_C128: {   /* a new pair {re, im} */
       double re, im;
-      if (dt == CL_C64) { float v[2]; memcpy(v, p, 8); re = v[0]; im = v[1]; }
-      else { double v[2]; memcpy(v, p, 16); re = v[0]; im = v[1]; }
+      cl_complex_parts(dt, p, &re, &im);
       lua_createtable(L, 2, 0);
       lua_pushnumber(L, re); lua_rawseti(L, -2, 1);
       lua_pushnumber(L, im); lua_rawseti(L, -2, 2);
@@ -213,7 +217,7 @@ static int dt_index(lua_State *L) {
   else if (!strcmp(k, "is_float"))
     lua_pushboolean(L, d == &cl_dtypes[CL_F32] || d == &cl_dtypes[CL_F64] || d == &cl_dtypes[CL_F16] ||
                        d == &cl_dtypes[CL_BF16]);
-  else if (!strcmp(k, "is_complex")) lua_pushboolean(L, d == &cl_dtypes[CL_C64] || d == &cl_dtypes[CL_C128]);
+  else if (!strcmp(k, "is_complex")) lua_pushboolean(L, cl_is_complex((int)(d - cl_dtypes)));
   else lua_pushnil(L);
   return 1;
 }

@@ -553,15 +553,14 @@ static int e_launch(lua_State *L) {
     return luaL_error(L, "cudalua: graph_exec:launch: a graph with Lua host functions cannot be launched into a stream capture");
   CL_BEFORE_ENQUEUE(L, "graph_exec:launch");   /* before this launch's own host nodes are armed */
   if (e->nhost) cl_host_arm(L, e->nhost);
-  int park = e->nhost && cl_launch_blocks;
-  if (park) cl_host_park(L);
+  if (e->nhost) cl_host_park(L);   /* host functions queued earlier are not this launch's */
   CUresult r = cu.cuGraphLaunch(e->e, s ? s->h : NULL);
-  if (park) cl_host_unpark(L);
+  if (e->nhost) cl_host_unpark(L);
   if (r != CUDA_SUCCESS) {
     if (e->nhost) cl_host_arm(L, -e->nhost);
     cl_check(L, r, "graph_exec:launch");
   }
-  if (park) cl_host_after_enqueue(L, s ? s->h : NULL, "graph_exec:launch");
+  if (e->nhost) cl_host_after_enqueue(L, s ? s->h : NULL, "graph_exec:launch");
   lua_settop(L, 1);
   return 1;
 }

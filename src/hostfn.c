@@ -152,7 +152,8 @@ void cl_defer(cl_deferred *d) {
 }
 
 void cl_flush_deferred(lua_State *L) {
-  while (later && !cl_must_defer(L)) {
+  if (L && cl_host_running(L)) return;   /* nothing this loop runs starts a host function */
+  while (later && !cl_capturing) {
     pthread_mutex_lock(&later_mu);
     cl_deferred *d = later;
     if (d) later = d->next;
@@ -196,9 +197,8 @@ static void refuse_if_running(lua_State *L, const cl_hostq *q) {
 void cl_wait_check(lua_State *L) { refuse_if_running(L, queue_of(L)); }
 
 /* Every blocking wait of cudalua goes through here: with no host call pending it is the plain
-   driver call; otherwise it runs host calls while it polls. what: for messages. */
-CUresult cl_wait_raw(lua_State *L, int kind, void *h) {
-  cl_hostq *q = queue_of(L);
+   driver call; otherwise it runs host calls while it polls. q: L's queue. */
+static CUresult wait_q(lua_State *L, cl_hostq *q, int kind, void *h) {
   refuse_if_running(L, q);
   if (!q || armed(q) == 0) {
     if (kind == CL_WAIT_STREAM) return cu.cuStreamSynchronize((CUstream)h);
@@ -215,6 +215,8 @@ CUresult cl_wait_raw(lua_State *L, int kind, void *h) {
     nap(q, 200);
   }
 }
+
+CUresult cl_wait_raw(lua_State *L, int kind, void *h) { return wait_q(L, queue_of(L), kind, h); }
 
 void cl_wait(lua_State *L, int kind, void *h, const char *what) {
   CUresult r = cl_wait_raw(L, kind, h);
@@ -244,11 +246,18 @@ CUhostFn cl_host_trampoline(void) { return trampoline; }
 
 int cl_launch_blocks;
 
+/* L's queue when it has armed calls this thread may wait for now: inside a host function or a
+   capture no wait may be; nothing armed, nothing to wait for */
+static cl_hostq *waitable(lua_State *L) {
+  if (cl_capturing) return NULL;
+  cl_hostq *q = queue_of(L);
+  return q && !q->running && armed(q) ? q : NULL;
+}
+
 void cl_host_before_enqueue(lua_State *L, const char *what) {
-  /* inside a host function or a capture no wait may be; nothing armed: nothing to wait for */
-  if (cl_capturing || cl_host_running(L) || !cl_host_armed(L)) return;
+  cl_hostq *q = waitable(L);
   /* a host function's error is left for the next wait, as without blocking launches */
-  cl_check(L, cl_wait_raw(L, CL_WAIT_CTX, NULL), what);
+  if (q) cl_check(L, wait_q(L, q, CL_WAIT_CTX, NULL), what);
 }
 
 /* where launches block, so does queueing a host function: it runs on this thread before the
@@ -256,13 +265,14 @@ void cl_host_before_enqueue(lua_State *L, const char *what) {
    itself (under compute-sanitizer the launch after a pending host function hung in the driver
    before it was queued). Its error is left for the next wait, as without blocking launches. */
 void cl_host_after_enqueue(lua_State *L, CUstream h, const char *what) {
-  if (cl_capturing || cl_host_running(L) || !cl_host_armed(L)) return;
-  cl_check(L, cl_wait_raw(L, CL_WAIT_STREAM, h), what);
+  cl_hostq *q = cl_launch_blocks ? waitable(L) : NULL;
+  if (q) cl_check(L, wait_q(L, q, CL_WAIT_STREAM, h), what);
 }
 
 /* around a driver call that queues host functions where launches block: the call may return
    only once they have run, so they run on the driver's thread while this one waits in it */
 void cl_host_park(lua_State *L) {
+  if (!cl_launch_blocks) return;
   cl_hostq *q = queue_of(L);
   if (!q || q->running) return;   /* inside a host function: the Lua thread is not parked */
   pthread_mutex_lock(&q->mu);
@@ -271,6 +281,7 @@ void cl_host_park(lua_State *L) {
 }
 
 void cl_host_unpark(lua_State *L) {
+  if (!cl_launch_blocks) return;
   cl_hostq *q = queue_of(L);
   if (!q) return;
   pthread_mutex_lock(&q->mu);
@@ -286,15 +297,15 @@ int cl_launch_host_func(lua_State *L, CUstream h) {
   CL_BEFORE_ENQUEUE(L, "stream:launch_host_func");
   cl_hostcall *c = cl_hostcall_new(L, 2, 1);
   cl_host_arm(L, 1);
-  if (cl_launch_blocks) cl_host_park(L);
+  cl_host_park(L);
   CUresult r = cu.cuLaunchHostFunc(h, trampoline, c);
-  if (cl_launch_blocks) cl_host_unpark(L);
+  cl_host_unpark(L);
   if (r != CUDA_SUCCESS) {
     cl_host_arm(L, -1);
     cl_hostcall_free(L, c);
     cl_check(L, r, "stream:launch_host_func");
   }
-  if (cl_launch_blocks) cl_host_after_enqueue(L, h, "stream:launch_host_func");
+  cl_host_after_enqueue(L, h, "stream:launch_host_func");
   return 0;
 }
 

@@ -137,6 +137,7 @@ static int l_module_kernel(lua_State *L) {
   lua_pop(L, 1);
   int have_info = cu.cuFuncGetParamInfo != NULL;
   char derived[CL_MAXPARAMS];
+  size_t dpo[CL_MAXPARAMS], dps[CL_MAXPARAMS];   /* what the counting learned: not asked again */
   if (!codes) {
     /* no types known: count the parameters by asking for each until the driver says no */
     if (!have_info)
@@ -148,6 +149,7 @@ static int l_module_kernel(lua_State *L) {
     for (nc = 0; nc < last && cu.cuFuncGetParamInfo(k->fn, nc, &po, &ps) == CUDA_SUCCESS; nc++) {
       if (nc == CL_MAXPARAMS) continue;
       derived[nc] = ps == 8 ? 'U' : 'y';
+      dpo[nc] = po; dps[nc] = ps;
       if (!words) continue;
       if (ps == 8) lua_pushliteral(L, "8 bytes: an array or an integer address");
       else lua_pushfstring(L, "%d bytes of unknown type", (int)ps);
@@ -167,7 +169,8 @@ static int l_module_kernel(lua_State *L) {
     k->ptype[i] = codes[i];
     int sz = code_size(codes[i]);
     if (have_info) {
-      if (cu.cuFuncGetParamInfo(k->fn, i, &po, &ps) != CUDA_SUCCESS)
+      if (codes == derived) { po = dpo[i]; ps = dps[i]; }
+      else if (cu.cuFuncGetParamInfo(k->fn, i, &po, &ps) != CUDA_SUCCESS)
         return luaL_error(L, "cudalua: kernel '%s': the driver reports fewer parameters than %d", sym, (int)nc);
       if (sz && (size_t)sz != ps)
         return luaL_error(L, "cudalua: kernel '%s': parameter %d is %d bytes, the driver says %d",

@@ -7,8 +7,6 @@ local out = {}
 local function emit(s) out[#out + 1] = s end
 
 local block = nil   -- the comment lines collected for the next item
-local lines = {}
-for line in io.lines(src) do lines[#lines + 1] = line end
 
 local function flush_item(item)
   if not block then return end
@@ -48,7 +46,7 @@ local function flush_item(item)
   if #params + #returns > 0 then emit("") end
 end
 
-for _, line in ipairs(lines) do
+for line in io.lines(src) do
   local first = line:match("^%-%-%-%s?(.*)$")
   local more = line:match("^%-%-%s?(.*)$")
   if first then

@@ -89,7 +89,7 @@ one() {
   esac
   # --error-exitcode: the sanitizer's verdict; examples that skip (77) are still checked
   eval "$wrap timeout -k 10 $LIMIT \"$CS\" --tool $tool $extra --print-limit 1000000 $procs --error-exitcode 9 $cmd" >"$base.log" 2>&1
-  local rc=$? errs leak="" nccl=0 own
+  local rc=$? errs leak="" nccl=0
   # every process's summary counts (a wrapped rank prints its own)
   errs=$(grep -aE "ERROR SUMMARY: [0-9]+ error" "$base.log" | grep -v "not printed" | sed -E 's/.*ERROR SUMMARY: ([0-9]+) error.*/\1/' | awk '{ s += $1; n++ } END { if (n) print s }')
   [ -z "$errs" ] && errs=$(grep -aE "RACECHECK SUMMARY: [0-9]+ hazard" "$base.log" | sed -E 's/.*\(([0-9]+) error.*/\1/' | awk '{ s += $1; n++ } END { if (n) print s }')
@@ -97,7 +97,7 @@ one() {
   # the records NCCL's own code caused are counted apart; the rest count as cudalua's (a
   # record awk cannot place, such as a tool's warning, is never taken for NCCL's)
   if [ "$errs" != "?" ] && [ "$errs" -gt 0 ] && [ "$tool" != racecheck ]; then
-    read -r own nccl < <(awk -f tools/sanitize.awk "$base.log")
+    nccl=$(awk -f tools/sanitize.awk "$base.log")
     if [ "$nccl" -le "$errs" ]; then errs=$((errs - nccl)); else nccl=0; fi
   fi
   if [ "$tool" = memcheck ]; then

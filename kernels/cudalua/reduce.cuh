@@ -13,17 +13,12 @@ namespace cudalua {
 
 template <typename T>
 __device__ __forceinline__ T shfl_down(T v, int o) {
-  if constexpr (sizeof(T) == 16) {   // complex128: two 8-byte halves
-    unsigned long long u[2];
-    memcpy(u, &v, 16);
-    u[0] = __shfl_down_sync(0xffffffffu, u[0], o);
-    u[1] = __shfl_down_sync(0xffffffffu, u[1], o);
-    memcpy(&v, u, 16);
-  } else if constexpr (sizeof(T) == 8) {
-    unsigned long long u;
-    memcpy(&u, &v, 8);
-    u = __shfl_down_sync(0xffffffffu, u, o);
-    memcpy(&v, &u, 8);
+  if constexpr (sizeof(T) % 8 == 0) {   // 8 bytes, or complex128's two 8-byte halves
+    unsigned long long u[sizeof(T) / 8];
+    memcpy(u, &v, sizeof(T));
+#pragma unroll
+    for (int i = 0; i < (int)(sizeof(T) / 8); i++) u[i] = __shfl_down_sync(0xffffffffu, u[i], o);
+    memcpy(&v, u, sizeof(T));
   } else {
     unsigned int u = 0;
     memcpy(&u, &v, sizeof(T));

@@ -289,6 +289,12 @@ local COMPILE_OPTS = { options = "table", name = "string", headers = "table", ar
   name_expressions = "table", cache = "boolean", include_dirs = "table", relocatable = "boolean",
   lto = "boolean", debug = "boolean", lineinfo = "boolean" }
 
+-- a cudalua stream? (each caller says what it expected in its own words)
+function M.is_stream(v)
+  local mt = getmetatable(v)
+  return type(mt) == "table" and rawget(mt, "__name") == "cudalua.stream"
+end
+
 function M.check_table(opts, known, where, level)
   if opts == nil then return {} end
   if type(opts) ~= "table" then error(("%s: opts must be a table, got %s"):format(where, type(opts)), level) end

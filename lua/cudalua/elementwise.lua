@@ -145,24 +145,31 @@ function M.elementwise(cuda, in_params, out_params, body, name)
   if name ~= nil and (type(name) ~= "string" or not name:match("^[%a_][%w_]*$")) then
     error(where .. ": name must be an identifier", 2)
   end
+  local out_widest = 1   -- the outputs' widest itemsize: every call's vector width counts them
+  for _, p in ipairs(outs) do out_widest = math.max(out_widest, p.itemsize) end
   return setmetatable({ cuda = cuda, ins = ins, outs = outs, body = body, name = name or "elementwise",
-                        kernels = {} }, Elementwise)
+                        kernels = {}, out_widest = out_widest }, Elementwise)
 end
 
--- the kernel for this call's scalars and vector width (compiled once per signature and device)
-local function kernel_for(self, scalars, w, dev)
-  local key = scalars .. "/" .. w .. "/" .. dev
-  local k = self.kernels[key]
+-- the kernel for this call's scalars (mask: a bit per scalar input) and vector width (1..16),
+-- compiled once per signature and device
+local function kernel_for(self, mask, w, dev)
+  local per = self.kernels[dev]
+  if not per then per = {}; self.kernels[dev] = per end
+  local k = per[mask * 32 + w]
   if k then return k end
   local ins = {}
-  for i, v in ipairs(self.ins) do ins[i] = { dtype = v.dtype, name = v.name, scalar = scalars:sub(i, i) == "s" } end
+  for i, v in ipairs(self.ins) do ins[i] = { dtype = v.dtype, name = v.name, scalar = mask & (1 << (i - 1)) ~= 0 } end
   local src = source(ins, self.outs, self.body, w)
   local ok, mod = pcall(self.cuda.compile, src, { name = self.name .. ".cu" })
   if not ok then error(("cuda.elementwise: %s does not compile: %s"):format(self.name, tostring(mod)), 4) end
   k = mod:get("cudalua_elementwise")
-  self.kernels[key] = k
+  per[mask * 32 + w] = k
   return k
 end
+
+-- a device address that allows w-wide vector accesses of itemsize-byte elements
+local function aligned(ptr, itemsize, w) return ptr and ptr % (itemsize * w) == 0 end
 
 local function is_pair(v)
   return type(v) == "table" and getmetatable(v) == nil and rawlen(v) == 2
@@ -196,8 +203,7 @@ function Elementwise.__call(self, ...)
   for k, v in pairs(opts or NO_OPTS) do
     if not EW_OPTS[k] then error(("%s: unknown option '%s' (block, stream)"):format(where, tostring(k)), 2) end
     if k == "stream" then
-      local mt = getmetatable(v)
-      if type(mt) ~= "table" or rawget(mt, "__name") ~= "cudalua.stream" then
+      if not compile.is_stream(v) then
         error(("%s: stream must be a cudalua stream, got %s"):format(where, type(v)), 2)
       end
       stream = v
@@ -209,19 +215,20 @@ function Elementwise.__call(self, ...)
   end
   -- inputs: numbers broadcast, arrays all of one size
   local cuda = self.cuda
-  -- ptrs: each array's device address, for the alignment check below
-  local n, first, scalars, ptrs = nil, nil, {}, {}
+  -- mask: a bit per scalar input; ptrs: each array's device address, for the alignment check
+  -- below; shape_of: the first array input; widest: the widest itemsize among the arrays
+  local n, first, mask, ptrs, shape_of, widest = nil, nil, 0, {}, nil, self.out_widest
   for i, p in ipairs(self.ins) do
     local v = args[i]
     if type(v) == "number" or type(v) == "boolean" or (p.complex and is_pair(v)) then
-      scalars[i] = "s"
+      mask = mask | (1 << (i - 1))
     else
       local size, dt, ptr = array_of(v)
       if not size then
         error(("%s: input %s must be a number%s or an array, got %s"):format(where, p.name,
           p.complex and ", a pair {re, im}" or "", type(v)), 2)
       end
-      scalars[i], ptrs[i] = "a", ptr
+      ptrs[i], shape_of, widest = ptr, shape_of or v, math.max(widest, p.itemsize)
       if dt ~= p.dtype then
         error(("%s: input %s is %s, the parameter %s"):format(where, p.name, tostring(dt), p.dtype.name), 2)
       end
@@ -229,7 +236,7 @@ function Elementwise.__call(self, ...)
       n, first = n or size, first or p.name
     end
   end
-  local out, out_ptrs = {}, {}
+  local out_ptrs = {}   -- the outputs go in args, after the inputs
   for j, p in ipairs(self.outs) do
     local v = args[nin + j]
     if v ~= nil then
@@ -240,49 +247,42 @@ function Elementwise.__call(self, ...)
       end
       if n and size ~= n then error(("%s: output %s has %d elements, %s has %d"):format(where, p.name, size, first, n), 2) end
       n, first = n or size, first or p.name
-      out[j], out_ptrs[j] = v, ptr or false
+      out_ptrs[j] = ptr or false
     end
   end
   if not n then error(where .. ": no array among the inputs or outputs says how many elements", 2) end
-  local shape_of
-  for i = 1, nin do if scalars[i] == "a" then shape_of = args[i]; break end end
   for j, p in ipairs(self.outs) do
-    if not out[j] then out[j] = cuda.device_array(shape_of and shape_of.shape or n, p.dtype, stream) end
+    if args[nin + j] == nil then args[nin + j] = cuda.device_array(shape_of and shape_of.shape or n, p.dtype, stream) end
   end
   -- the vector width: 16 bytes of the widest type, when every array's pointer allows it (a
   -- pageable host array has none: copied for the launch, it gets no vector loads)
-  local widest = 1
-  for i, p in ipairs(self.ins) do if scalars[i] == "a" then widest = math.max(widest, p.itemsize) end end
-  for _, p in ipairs(self.outs) do widest = math.max(widest, p.itemsize) end
   local w = 16 // widest
-  local function aligned(ptr, itemsize) return ptr and ptr % (itemsize * w) == 0 end
   if w > 1 and n >= w * 1024 then
     for i, p in ipairs(self.ins) do
-      if scalars[i] == "a" and not aligned(ptrs[i], p.itemsize) then w = 1; break end
+      if mask & (1 << (i - 1)) == 0 and not aligned(ptrs[i], p.itemsize, w) then w = 1; break end
     end
     if w > 1 then
       for j, p in ipairs(self.outs) do
         -- false: given, without a device address; nil: allocated above
         local ptr = out_ptrs[j]
-        if ptr == nil then ptr = out[j]:ptr() end
-        if not aligned(ptr, p.itemsize) then w = 1; break end
+        if ptr == nil then ptr = args[nin + j]:ptr() end
+        if not aligned(ptr, p.itemsize, w) then w = 1; break end
       end
     end
   else
     w = 1
   end
   local dev = cuda.current_device()
-  local k = kernel_for(self, table.concat(scalars), w, dev)
+  local k = kernel_for(self, mask, w, dev)
   if n > 0 then
     local sms = sms_of[dev]
     if not sms then sms = cuda.devices()[dev + 1].multiprocessors; sms_of[dev] = sms end
     local work = (n + w - 1) // w
     local grid = math.max(1, math.min((work + block - 1) // block, sms * (2048 // block) * 2))
-    for j = 1, nout do args[nin + j] = out[j] end
     args[nin + nout + 1] = n
     k[{ grid, block, stream }](table.unpack(args, 1, nin + nout + 1))
   end
-  return table.unpack(out, 1, nout)
+  return table.unpack(args, nin + 1, nin + nout)
 end
 
 Elementwise.__tostring = function(self)

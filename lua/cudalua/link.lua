@@ -117,7 +117,7 @@ function M.link(inputs, opts)
   end
   arch = link_arch(arch, "cuda.link", 3)
   local cubin, log = jitlink(list, arch, lto, opts.options, "cuda.link", 3)
-  local elf = modules.elf_info(cubin) or { kernels = {} }
+  local elf = modules.elf_info(cubin) or { kernels = {}, nparams = {} }
   return modules.new { image = cubin, kind = "cubin", log = log, info = info, arch = arch,
                        name = opts.name or "<linked>", linked = true, listed = elf.kernels,
                        nparams = elf.nparams }

@@ -2,21 +2,24 @@
 -- state i is the seeded state jumped 2^64 draws (start + i) times, computed from precomputed
 -- powers of the jump matrix (src/random.c) instead of a serial host loop.
 local core = ...
+local gpus = require "cudalua.gpus"
 local M = {}
 
 local init_kernel, matrices = {}, {}   -- per device
 
-local function splitmix(seed)
-  if math.type(seed) ~= "integer" then
-    error("cudalua.random: splitmix64: seed must be an integer, got " .. (math.type(seed) or type(seed)), 2)
-  end
+local function splitmix(seed)   -- seed: an integer (launch's is checked by check_int)
   -- Lua integers wrap around like uint64 arithmetic
   local z = seed + 0x9E3779B97F4A7C15
   z = (z ~ (z >> 30)) * 0xBF58476D1CE4E5B9
   z = (z ~ (z >> 27)) * 0x94D049BB133111EB
   return z ~ (z >> 31)
 end
-M.splitmix64 = splitmix
+function M.splitmix64(seed)
+  if math.type(seed) ~= "integer" then
+    error("cudalua.random: splitmix64: seed must be an integer, got " .. (math.type(seed) or type(seed)), 2)
+  end
+  return splitmix(seed)
+end
 
 local function cuda() return require "cudalua" end
 
@@ -65,7 +68,7 @@ function M.init_xoroshiro128p_states(states, seed, subsequence_start, stream)
   local count = n // 2
   if count == 0 then return states end
   -- on the states' device, whichever is selected
-  require("cudalua.gpus")[dev]:run(launch, dev, states, count, seed, subsequence_start, stream)
+  gpus[dev]:run(launch, dev, states, count, seed, subsequence_start, stream)
   return states
 end
 

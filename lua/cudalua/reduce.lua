@@ -3,6 +3,7 @@
 -- (kernels/cudalua/reduce.cuh) that keeps the order of the elements.
 local core = ...
 local compile = require "cudalua.compile"
+local gpus = require "cudalua.gpus"
 
 local M = {}
 local BLOCK = 256
@@ -160,8 +161,7 @@ function Reducer:__call(arr, opts)
       end
     end
     if stream ~= nil and stream ~= 0 then
-      local mt = getmetatable(stream)
-      if type(mt) ~= "table" or mt.__name ~= "cudalua.stream" then
+      if not compile.is_stream(stream) then
         error("reduce: expected a stream, got " .. type(stream), 2)
       end
     elseif stream == 0 then
@@ -206,7 +206,7 @@ function Reducer:__call(arr, opts)
   if dev < 0 then dev = stream and stream:device() or cur end
   local r
   if dev == cur then r = run(self, arr, n, dtype, kind, ptr, init, stream, res, dev)
-  else r = require("cudalua.gpus")[dev]:run(run, self, arr, n, dtype, kind, ptr, init, stream, res, dev) end
+  else r = gpus[dev]:run(run, self, arr, n, dtype, kind, ptr, init, stream, res, dev) end
   return r
 end
 
