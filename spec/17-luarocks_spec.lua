@@ -108,7 +108,7 @@ end)
 describe("the release rockspec", function()
   it("has the version cuda.__version says", function()
     local newest
-    for name in H.run("ls rockspecs"):gmatch("[^\n]+") do
+    for name in H.run("ls rockspecs | sort -V"):gmatch("[^\n]+") do   -- as tools/release.sh picks
       local v = name:match("^cudalua%-(%d+%.%d+%.%d+)%-%d+%.rockspec$")
       if v then newest = v end
     end

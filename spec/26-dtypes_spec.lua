@@ -149,6 +149,11 @@ extern "C" __global__ void bmul(__nv_bfloat16 *z, const __nv_bfloat16 *x, __nv_b
     m.bmul[{ 4, 256 }](bz, bx, bs, n)
     local hb = bz:copy_to_host()
     for i = 1, n do assert.equal(bf16(bf16(tb[i]) * bs), hb[i], "bmul element " .. i) end
+    -- a bfloat16 argument follows the elements' range rule: what rounds to the largest fits
+    local one = cuda.to_device(cuda.array({ 1 }, "bfloat16"))
+    m.bmul[{ 1, 1 }](bz, one, 3.39e38, 1)
+    assert.equal(cuda.array({ 3.39e38 }, "bfloat16")[1], bz:copy_to_host()[1])
+    C.raises("value out of range", m.bmul[{ 1, 1 }], bz, one, 3.4e38, 1)
   end)
 
   gpu("carry their typestrs through the CUDA Array Interface", function()

@@ -134,6 +134,7 @@ void cl_open_dtype(lua_State *L);
 /* converts the Lua value at idx into one element at p; raises naming what and where */
 void cl_tovalue(lua_State *L, int idx, int dt, void *p, const char *where, lua_Integer index);
 void cl_complex_parts(int dt, const void *p, double *re, double *im);
+int cl_to_bf16(double v, uint16_t *b);   /* 0: does not fit */
 void cl_pushvalue(lua_State *L, int dt, const void *p);
 float cl_half_to_float(uint16_t h);
 uint16_t cl_float_to_half(float f);

@@ -127,9 +127,8 @@ void cl_tovalue(lua_State *L, int idx, int dt, void *p, const char *where, lua_I
     double v = lua_tonumber(L, idx);
     if (dt == CL_F64) { *(double *)p = v; return; }
     if (dt == CL_BF16) {
-      if (isfinite(v) && fabs(v) > FLT_MAX) fit_error(L, idx, dt, where, index);
-      uint16_t b = cl_float_to_bf16((float)v);
-      if (isfinite(v) && (b & 0x7fff) == 0x7f80) fit_error(L, idx, dt, where, index);   /* rounds to inf */
+      uint16_t b;
+      if (!cl_to_bf16(v, &b)) fit_error(L, idx, dt, where, index);
       memcpy(p, &b, 2);
       return;
     }
@@ -163,6 +162,14 @@ void cl_tovalue(lua_State *L, int idx, int dt, void *p, const char *where, lua_I
     case CL_U64: if (i < 0) fit_error(L, idx, dt, where, index); *(uint64_t *)p = (uint64_t)i; break;
     case CL_BOOL: if (i != 0 && i != 1) fit_error(L, idx, dt, where, index); *(uint8_t *)p = (uint8_t)i; break;
   }
+}
+
+/* v as bfloat16, rounded to nearest even; 0 when a finite v does not fit (it rounds to inf).
+   Elements and kernel arguments both take bfloat16 values through here. */
+int cl_to_bf16(double v, uint16_t *b) {
+  if (isfinite(v) && fabs(v) > FLT_MAX) return 0;   /* (float)v would be undefined */
+  *b = cl_float_to_bf16((float)v);
+  return !isfinite(v) || (*b & 0x7fff) != 0x7f80;
 }
 
 /* a complex element's two parts */

@@ -150,12 +150,14 @@ void cl_marshal(lua_State *L, cl_kernel *k, int kidx, int first, int nargs, cl_a
       continue;
     }
     if (c == 'd') { *(double *)p = lua_tonumber(L, idx); continue; }
-    if (c == 'e' || c == 'E') {
+    if (c == 'e') {
       lua_Number v = lua_tonumber(L, idx);
-      double lim = c == 'e' ? 65504.0 : 3.3895313892515355e38;
-      if (v == v && v - v == 0 && (v > lim || v < -lim)) arg_error(L, kidx, i, idx, "value out of range");
-      float f = (float)v;
-      *(uint16_t *)p = c == 'e' ? cl_float_to_half(f) : cl_float_to_bf16(f);
+      if (v == v && v - v == 0 && (v > 65504.0 || v < -65504.0)) arg_error(L, kidx, i, idx, "value out of range");
+      *(uint16_t *)p = cl_float_to_half((float)v);
+      continue;
+    }
+    if (c == 'E') {   /* the elements' rule: what rounds to the largest bfloat16 fits */
+      if (!cl_to_bf16(lua_tonumber(L, idx), (uint16_t *)p)) arg_error(L, kidx, i, idx, "value out of range");
       continue;
     }
     int isint;

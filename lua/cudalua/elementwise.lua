@@ -162,7 +162,7 @@ local function kernel_for(self, mask, w, dev)
   for i, v in ipairs(self.ins) do ins[i] = { dtype = v.dtype, name = v.name, scalar = mask & (1 << (i - 1)) ~= 0 } end
   local src = source(ins, self.outs, self.body, w)
   local ok, mod = pcall(self.cuda.compile, src, { name = self.name .. ".cu" })
-  if not ok then error(("cuda.elementwise: %s does not compile: %s"):format(self.name, tostring(mod)), 4) end
+  if not ok then error(("cuda.elementwise: %s does not compile: %s"):format(self.name, tostring(mod)), 3) end
   k = mod:get("cudalua_elementwise")
   per[mask * 32 + w] = k
   return k
