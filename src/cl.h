@@ -168,6 +168,8 @@ typedef struct cl_deferred {
 } cl_deferred;
 int cl_must_defer(lua_State *L);
 void cl_defer(cl_deferred *d);
+/* the record a deferred node is the member `member` of */
+#define CL_DEFERRED_OWNER(d, type, member) ((type *)(void *)((char *)(d) - offsetof(type, member)))
 void cl_flush_deferred(lua_State *L);
 
 /* ---- array.c: host and device arrays ---- */

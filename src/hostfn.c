@@ -152,7 +152,9 @@ void cl_defer(cl_deferred *d) {
 }
 
 void cl_flush_deferred(lua_State *L) {
-  if (L && cl_host_running(L)) return;   /* nothing this loop runs starts a host function */
+  /* not inside a host function (these releases wait for the device); nothing put off, the
+     common case, is seen without the lock or a lookup of the queue */
+  if (!__atomic_load_n(&later, __ATOMIC_RELAXED) || (L && cl_host_running(L))) return;
   while (later && !cl_capturing) {
     pthread_mutex_lock(&later_mu);
     cl_deferred *d = later;

@@ -2,7 +2,6 @@
    views that point into it, remembers the stream that last used it, and is freed in that
    stream's order (device memory) or after that stream is done (host memory), so memory is never
    released while queued work may still use it. */
-#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -323,7 +322,7 @@ static int must_defer(lua_State *L, const cl_mem *m) {
 }
 
 static void free_later(lua_State *L, cl_deferred *d) {
-  cl_mem *m = (cl_mem *)((char *)d - offsetof(cl_mem, later));
+  cl_mem *m = CL_DEFERRED_OWNER(d, cl_mem, later);
   m->refs = 1;
   cl_mem_unref(L, m);
 }

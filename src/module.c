@@ -24,7 +24,7 @@ static void unload_now(CUmodule mod, CUcontext ctx) {
 
 typedef struct { cl_deferred later; CUmodule m; CUcontext ctx; } unload;
 static void unload_later(lua_State *L, cl_deferred *d) {
-  unload *u = (unload *)d;   /* the node comes first */
+  unload *u = CL_DEFERRED_OWNER(d, unload, later);
   (void)L;
   unload_now(u->m, u->ctx);
   free(u);

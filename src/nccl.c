@@ -461,7 +461,7 @@ static void close_comms(lua_State *L, lcomm **cs, int n) {
    waits for the device, so copies of them are closed later (cl_defer) */
 typedef struct { cl_deferred later; int n; lcomm c[]; } closing;
 static void close_later(lua_State *L, cl_deferred *d) {
-  closing *k = (closing *)d;   /* the node comes first */
+  closing *k = CL_DEFERRED_OWNER(d, closing, later);
   lcomm *cs[64];
   for (int i = 0; i < k->n; i++) cs[i] = &k->c[i];
   close_comms(L, cs, k->n);

@@ -215,8 +215,9 @@ function Elementwise.__call(self, ...)
   end
   -- inputs: numbers broadcast, arrays all of one size
   local cuda = self.cuda
-  -- mask: a bit per scalar input; ptrs: each array's device address, for the alignment check
-  -- below; shape_of: the first array input; widest: the widest itemsize among the arrays
+  -- mask: a bit per scalar input; ptrs: each array argument's device address by its position
+  -- (false: none), for the alignment check below; shape_of: the first array input; widest: the
+  -- widest itemsize among the arrays
   local n, first, mask, ptrs, shape_of, widest = nil, nil, 0, {}, nil, self.out_widest
   for i, p in ipairs(self.ins) do
     local v = args[i]
@@ -228,7 +229,7 @@ function Elementwise.__call(self, ...)
         error(("%s: input %s must be a number%s or an array, got %s"):format(where, p.name,
           p.complex and ", a pair {re, im}" or "", type(v)), 2)
       end
-      ptrs[i], shape_of, widest = ptr, shape_of or v, math.max(widest, p.itemsize)
+      ptrs[i], shape_of, widest = ptr or false, shape_of or v, math.max(widest, p.itemsize)
       if dt ~= p.dtype then
         error(("%s: input %s is %s, the parameter %s"):format(where, p.name, tostring(dt), p.dtype.name), 2)
       end
@@ -236,8 +237,7 @@ function Elementwise.__call(self, ...)
       n, first = n or size, first or p.name
     end
   end
-  local out_ptrs = {}   -- the outputs go in args, after the inputs
-  for j, p in ipairs(self.outs) do
+  for j, p in ipairs(self.outs) do   -- the outputs go in args, after the inputs
     local v = args[nin + j]
     if v ~= nil then
       local size, dt, ptr = array_of(v)
@@ -247,7 +247,7 @@ function Elementwise.__call(self, ...)
       end
       if n and size ~= n then error(("%s: output %s has %d elements, %s has %d"):format(where, p.name, size, first, n), 2) end
       n, first = n or size, first or p.name
-      out_ptrs[j] = ptr or false
+      ptrs[nin + j] = ptr or false
     end
   end
   if not n then error(where .. ": no array among the inputs or outputs says how many elements", 2) end
@@ -263,8 +263,8 @@ function Elementwise.__call(self, ...)
     end
     if w > 1 then
       for j, p in ipairs(self.outs) do
-        -- false: given, without a device address; nil: allocated above
-        local ptr = out_ptrs[j]
+        -- nil: allocated above
+        local ptr = ptrs[nin + j]
         if ptr == nil then ptr = args[nin + j]:ptr() end
         if not aligned(ptr, p.itemsize, w) then w = 1; break end
       end

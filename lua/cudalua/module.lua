@@ -31,45 +31,47 @@ end
 M.image_kind = image_kind
 
 -- the kernels of a cubin: ELF function symbols marked as entries (STO_CUDA_ENTRY, 0x10);
--- also whether it is relocatable (ET_REL) and its machine is CUDA's (EM_CUDA, 190). Raises on
--- a damaged file (elf_info catches it).
-local function read_elf(s)
-  if #s < 64 or s:sub(1, 4) ~= "\127ELF" or s:byte(5) ~= 2 then return nil end
-  local etype, machine = string.unpack("<I2I2", s, 17)
-  local shoff = string.unpack("<I8", s, 0x28 + 1)
-  local shentsize, shnum = string.unpack("<I2I2", s, 0x3A + 1)
-  local shstrndx = string.unpack("<I2", s, 0x3E + 1)
+-- also whether it is relocatable (ET_REL) and its machine is CUDA's (EM_CUDA, 190). b: where
+-- the ELF starts in s (0: at its start; a fatbin holds several). Raises on a damaged file
+-- (elf_info catches it).
+local function read_elf(s, b)
+  local len = #s - b   -- what follows the ELF's start
+  if len < 64 or s:sub(b + 1, b + 4) ~= "\127ELF" or s:byte(b + 5) ~= 2 then return nil end
+  local etype, machine = string.unpack("<I2I2", s, b + 17)
+  local shoff = string.unpack("<I8", s, b + 0x28 + 1)
+  local shentsize, shnum = string.unpack("<I2I2", s, b + 0x3A + 1)
+  local shstrndx = string.unpack("<I2", s, b + 0x3E + 1)
   local info = { relocatable = etype == 1, cuda = machine == 190, kernels = {}, nparams = {} }
-  if shentsize < 64 or shoff < 0 or shoff + shnum * shentsize > #s then error("bad section table") end
+  if shentsize < 64 or shoff < 0 or shoff + shnum * shentsize > len then error("bad section table") end
   local function section(i)
-    local o = shoff + i * shentsize + 1
+    local o = b + shoff + i * shentsize + 1
     local name, typ, _, _, off, size, link, _, _, entsize = string.unpack("<I4I4I8I8I8I8I4I4I8I8", s, o)
     return typ, off, size, link, entsize, name
   end
   local _, namesoff, namessize = section(shstrndx < shnum and shstrndx or 0)
-  if namesoff < 0 or namesoff + namessize > #s then namessize = 0 end
+  if namesoff < 0 or namesoff + namessize > len then namessize = 0 end
   for i = 0, shnum - 1 do
     local typ, off, size, link, entsize, name = section(i)
     -- .nv.info.<kernel>: attribute records (format, attribute, 16-bit value or payload size);
     -- one EIATTR_KPARAM_INFO (0x17) per parameter: the count, without asking the driver
-    local sname = name < namessize and s:match("^[^%z]*", namesoff + name + 1) or ""
+    local sname = name < namessize and s:match("^[^%z]*", b + namesoff + name + 1) or ""
     local kernel = sname:match("^%.nv%.info%.(.+)$")
-    if kernel and off >= 0 and off + size <= #s then
+    if kernel and off >= 0 and off + size <= len then
       local n, o = 0, off
       while o + 4 <= off + size do
-        local fmt, attr, v = string.unpack("<BBI2", s, o + 1)
+        local fmt, attr, v = string.unpack("<BBI2", s, b + o + 1)
         if fmt == 4 and attr == 0x17 then n = n + 1 end
         o = o + 4 + (fmt == 4 and v or 0)   -- EIFMT_SVAL: v bytes follow
       end
       info.nparams[kernel] = n
     end
-    if typ == 2 and entsize >= 24 and off >= 0 and off + size <= #s and link < shnum then -- SHT_SYMTAB
+    if typ == 2 and entsize >= 24 and off >= 0 and off + size <= len and link < shnum then -- SHT_SYMTAB
       local _, stroff, strsize = section(link)
-      if stroff < 0 or stroff + strsize > #s then error("bad string table") end
+      if stroff < 0 or stroff + strsize > len then error("bad string table") end
       for o = off, off + size - entsize, entsize do
-        local symname, stinfo, other = string.unpack("<I4BB", s, o + 1)
+        local symname, stinfo, other = string.unpack("<I4BB", s, b + o + 1)
         if stinfo & 0xf == 2 and other & 0x10 ~= 0 and symname < strsize then
-          local sym = s:match("^[^%z]*", stroff + symname + 1)
+          local sym = s:match("^[^%z]*", b + stroff + symname + 1)
           if sym ~= "" and sym:sub(1, #PROBE_SYMBOL) ~= PROBE_SYMBOL then info.kernels[#info.kernels + 1] = sym end
         end
       end
@@ -79,9 +81,10 @@ local function read_elf(s)
   return info
 end
 
--- nil for what is not an ELF file; false for a damaged one
-local function elf_info(s)
-  local ok, info = pcall(read_elf, s)
+-- nil for what is not an ELF file; false for a damaged one. at: where it starts in s (1-based,
+-- default 1), so that a fatbin's images are read in place
+local function elf_info(s, at)
+  local ok, info = pcall(read_elf, s, (at or 1) - 1)
   if ok then return info end
   return false
 end
@@ -281,7 +284,7 @@ local function param_count(st, symbol, ptx_codes)
       while true do
         at = st.image:find("\127ELF\2", at, true)
         if not at then break end
-        local elf = elf_info(st.image:sub(at))
+        local elf = elf_info(st.image, at)
         if elf then for k, n in pairs(elf.nparams) do st.nparams[k] = st.nparams[k] or n end end
         at = at + 5
       end

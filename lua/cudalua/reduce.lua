@@ -78,15 +78,15 @@ local function get_scratch(cuda, stream, bytes, dev)
   return s
 end
 
-local function typed(dtype, v)
-  if dtype.is_complex then return type(v) == "table" and { v[1] + 0.0, v[2] + 0.0 } or { v + 0.0, 0.0 } end
-  if dtype.is_float then return v + 0.0 end
-  return v
-end
-
 -- the complex dtypes, and how their values are packed: a table lookup per call costs less
 -- than a dtype field read through its __index
 local PACK = { [core.dtype("complex64")] = "<ff", [core.dtype("complex128")] = "<dd" }
+
+local function typed(dtype, v)
+  if PACK[dtype] then return type(v) == "table" and { v[1] + 0.0, v[2] + 0.0 } or { v + 0.0, 0.0 } end
+  if dtype.is_float then return v + 0.0 end
+  return v
+end
 
 -- init as the kernel takes it: complex numbers are structs to the launcher (their bytes)
 local function kernel_init(dtype, v)
