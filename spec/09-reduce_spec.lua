@@ -152,14 +152,16 @@ describe("cudalua/reduce.cuh", function()
   local CT = { float32 = "float", float64 = "double", float16 = "__half", int8 = "signed char",
     int16 = "short", int32 = "int", int64 = "long long", uint8 = "unsigned char",
     uint16 = "unsigned short", uint32 = "unsigned int", uint64 = "unsigned long long" }
-  it("compiles for every dtype, vectorised and not", function()
+  it("compiles for every dtype, vectorised and not, keeping the order or not", function()
     for _, dt in ipairs(DTYPES) do
       local ct = CT[dt]
       local v = 16 // cuda.dtype(dt).itemsize
       local src = table.concat({ "#include <cudalua/reduce.cuh>", ct == "__half" and "#include <cuda_fp16.h>" or "",
         "struct cudalua_op { typedef " .. ct .. " T; __device__ __forceinline__ T operator()(T a, T b) const { return (a + b); } };" }, "\n")
-      local exprs = { ("cudalua::reduce_kernel<%s, cudalua_op, %d, 8>"):format(ct, v),
-                      ("cudalua::reduce_kernel<%s, cudalua_op, 1, 8>"):format(ct) }
+      local exprs = { ("cudalua::reduce_kernel<%s, cudalua_op, %d, 4, false>"):format(ct, v),
+                      ("cudalua::reduce_kernel<%s, cudalua_op, 1, 4, false>"):format(ct),
+                      ("cudalua::reduce_kernel<%s, cudalua_op, %d, 8, true>"):format(ct, v),
+                      ("cudalua::reduce_kernel<%s, cudalua_op, 1, 8, true>"):format(ct) }
       local mod = cuda.compile(src, { arch = "sm_90", name = "reduce_" .. dt .. ".cu", name_expressions = exprs })
       table.sort(exprs)
       assert.same(exprs, mod:kernels(), dt)
@@ -280,6 +282,48 @@ extern "C" __global__ void pattern(unsigned int *x, long long n) {
         same(C.f32(t[n]), last(cuda.to_device(t, "float32"):slice(2)), "b on an unaligned float32 view")
       end
     end
+  end)
+
+  gpu("commuting expressions (a + b, b + a, a * b, bitwise) fold each lane's elements first: CPU folds agree", function()
+    -- these take the kernel whose lanes fold their own columns; "(a + b)" takes the ordered one
+    local function fold(t, f, first, last)
+      local s = t[first]
+      for i = first + 1, last do s = f(s, t[i]) end
+      return s
+    end
+    local ops = {
+      { "b + a", "int32", function(a, b) return wrap("int32", a + b) end, 0 },
+      { "a * b", "uint32", function(a, b) return (a * b) & 0xffffffff end, 1 }, -- wraps, as C does
+      { "a*b", "float64", function(a, b) return a * b end, 1 },
+      { "a ^ b", "int64", function(a, b) return a ~ b end, 0 },
+      { "b | a", "uint32", function(a, b) return a | b end, 0 },
+      { "a & b", "int16", function(a, b) return a & b end, -1 },
+    }
+    for _, o in ipairs(ops) do
+      local expr, dt, f, init = o[1], o[2], o[3], o[4]
+      local r = cuda.reduce(expr, { init = init })
+      for _, n in ipairs { 1, 33, 4097, 100003, (1 << 20) + 7 } do
+        local t
+        if dt == "float64" then -- products of +-1 and a few powers of two: exact in any order
+          t = {}
+          for i = 1, n do t[i] = (math.random(2) == 1 and -1.0 or 1.0) * (i % 5000 == 0 and 2.0 or 1.0) end
+        else
+          local lo, hi = table.unpack(dt == "int16" and { -30000, 30000 } or RANGE[dt] or { -(1 << 40), 1 << 40 })
+          t = H.rand_table(n, lo, hi, true)
+          if expr:find("*", 1, true) then for i = 1, n do t[i] = (t[i] % 3) * 2 + 1 end end -- odd: a product that is not 0
+        end
+        local d = cuda.to_device(t, dt)
+        local what = ("%s on %s[%d]"):format(expr, dt, n)
+        local want = f(init, fold(t, f, 1, n))
+        if dt == "float64" then want = want + 0.0 end
+        same(want, r(d), what)
+        if n > 2 then same(f(init, fold(t, f, 2, n - 1)), r(d:slice(2, n - 1)), what .. ", unaligned view") end
+      end
+    end
+    -- the same data through both kernels: integer sums agree exactly
+    local t = H.rand_table((1 << 20) + 7, -(1 << 40), 1 << 40, true)
+    local d = cuda.to_device(t, "int64")
+    same(cuda.reduce("(a + b)")(d), cuda.reduce("a + b")(d), "ordered and commuting int64 sums")
   end)
 
   gpu("the body form takes statements and a preamble: composing affine maps in order", function()

@@ -5,6 +5,8 @@
 //     of V contiguous elements (the warp's loads are coalesced), reduces it in order, then the
 //     warp combines its lanes in order (adjacent pairs first) and appends the tile to its
 //     running value; UN tiles are loaded before the first is reduced, to keep loads in flight;
+//   * COMM (an op known to commute, such as a + b): each lane folds its own column of the
+//     warp's tiles instead, and the warp combines its lanes once, at the end;
 //   * warps, then blocks, are combined in order; the last block to finish (a ticket counter)
 //     combines the blocks' values and writes op(init, total); it resets the counter for reuse.
 #pragma once
@@ -79,7 +81,7 @@ __device__ __forceinline__ T block_reduce_flagged(T v, bool &has, Op op) {
   return v;
 }
 
-template <typename T, typename Op, int V, int UN>
+template <typename T, typename Op, int V, int UN, bool COMM = false>
 __global__ void __launch_bounds__(REDUCE_BLOCK)
 reduce_kernel(const T *x, long long n, T init, int use_init, T *out, T *partials,
               unsigned int *counter) {
@@ -96,6 +98,30 @@ reduce_kernel(const T *x, long long n, T init, int use_init, T *out, T *partials
   bool has = false;
   typedef vec_t<T, V> vec;
   const vec *base = reinterpret_cast<const vec *>(x);
+  if constexpr (COMM) {
+    // a commutative op: each lane folds its own column of the warp's tiles, V chains at once,
+    // and the warp combines its lanes once at the end (not once per tile)
+    if (t0 < t1) {
+      vec a = base[t0 * 32 + lane];
+      for (long long t = t0 + 1; t < t1; t += UN) {
+        vec r[UN];
+#pragma unroll
+        for (int u = 0; u < UN; u++)
+          if (t + u < t1) r[u] = base[(t + u) * 32 + lane];
+#pragma unroll
+        for (int u = 0; u < UN; u++)
+          if (t + u < t1) {
+#pragma unroll
+            for (int j = 0; j < V; j++) a.v[j] = op(a.v[j], r[u].v[j]);
+          }
+      }
+      T s = a.v[0];
+#pragma unroll
+      for (int j = 1; j < V; j++) s = op(s, a.v[j]);
+      acc = warp_reduce(s, op, 32);
+      has = true;
+    }
+  } else
   for (long long t = t0; t < t1; t += UN) {
     vec r[UN];  // UN tiles' loads in flight before any is reduced
 #pragma unroll

@@ -1,14 +1,27 @@
 -- cudalua.reduce: Numba's @cuda.reduce for Lua. cuda.reduce("a + b") gives a reducer; calling
 -- it on an array returns op(init, x1 op x2 op ... op xn), computed in one kernel launch
--- (kernels/cudalua/reduce.cuh) that keeps the order of the elements.
+-- (kernels/cudalua/reduce.cuh) that keeps the order of the elements; an expression known to
+-- commute ("a + b", "a * b", bitwise ops) lets each lane fold its own elements first.
 local core = ...
 local compile = require "cudalua.compile"
 local gpus = require "cudalua.gpus"
 
 local M = {}
 local BLOCK = 256
-local UN = 4 -- tiles a warp loads before reducing them (4: 39 registers, 6 blocks per SM)
 local W = BLOCK // 32
+-- tiles a warp loads before reducing them, and the grid in waves of resident blocks: chosen on
+-- an H200 (2^28 float32 sum) for the kernel that keeps the order and the one for commuting ops
+local ORDERED = { un = 4, waves = 2, comm = "false" }
+local COMMUTING = { un = 8, waves = 4, comm = "true" }
+-- expressions (spaces removed) whose operands commute exactly on every dtype they compile for;
+-- complex "*" is left out (its NaN and infinity handling need not be symmetric)
+local COMMUTES = { ["a+b"] = true, ["b+a"] = true, ["a|b"] = true, ["b|a"] = true,
+  ["a&b"] = true, ["b&a"] = true, ["a^b"] = true, ["b^a"] = true }
+local COMMUTES_REAL = { ["a*b"] = true, ["b*a"] = true }
+
+-- the complex dtypes, and how their values are packed: a table lookup per call costs less
+-- than a dtype field read through its __index
+local PACK = { [core.dtype("complex64")] = "<ff", [core.dtype("complex128")] = "<dd" }
 
 local Reducer = {}
 Reducer.__index = Reducer
@@ -36,8 +49,10 @@ local function kernels(self, dtype, dev)
   local name = tostring(dtype)
   local ctype, header = compile.value_type(dtype)
   local v = 16 // dtype.itemsize
-  local aligned = ("cudalua::reduce_kernel<%s, cudalua_op, %d, %d>"):format(ctype, v, UN)
-  local unaligned = ("cudalua::reduce_kernel<%s, cudalua_op, 1, %d>"):format(ctype, UN)
+  local e = self.expr and self.expr:gsub("%s+", "")
+  local p = (COMMUTES[e] or COMMUTES_REAL[e] and not PACK[dtype]) and COMMUTING or ORDERED
+  local aligned = ("cudalua::reduce_kernel<%s, cudalua_op, %d, %d, %s>"):format(ctype, v, p.un, p.comm)
+  local unaligned = ("cudalua::reduce_kernel<%s, cudalua_op, 1, %d, %s>"):format(ctype, p.un, p.comm)
   local ok, mod = pcall(compile.compile, source(self, ctype, header), {
     name = "cudalua_reduce.cu", name_expressions = { aligned, unaligned } })
   if not ok then
@@ -45,11 +60,12 @@ local function kernels(self, dtype, dev)
       self.expr or self.body, name, tostring(mod)), 0)
   end
   local sms = core.devices()[core.current_device() + 1].multiprocessors
-  local ks = { mod = mod, { k = mod:get(aligned), tile = 32 * v }, { k = mod:get(unaligned), tile = 32 } }
-  for _, e in ipairs(ks) do
-    -- two waves of resident blocks: 1% faster than one on an H200 (sum of 2^28 float32)
-    e.max_grid = 2 * sms * math.max(1, e.k:max_blocks_per_sm(BLOCK))
-    e.one = e.k[{ 1, BLOCK }] -- the launcher for small inputs on the default stream
+  -- per_block: the elements that give each warp of a block its un tiles
+  local ks = { mod = mod, { k = mod:get(aligned), per_block = 32 * v * W * p.un },
+    { k = mod:get(unaligned), per_block = 32 * W * p.un } }
+  for _, k in ipairs(ks) do
+    k.max_grid = p.waves * sms * math.max(1, k.k:max_blocks_per_sm(BLOCK))
+    k.one = k.k[{ 1, BLOCK }] -- the launcher for small inputs on the default stream
   end
   local per = self.kernels[dev] or {}
   self.kernels[dev] = per
@@ -77,10 +93,6 @@ local function get_scratch(cuda, stream, bytes, dev)
   end
   return s
 end
-
--- the complex dtypes, and how their values are packed: a table lookup per call costs less
--- than a dtype field read through its __index
-local PACK = { [core.dtype("complex64")] = "<ff", [core.dtype("complex128")] = "<dd" }
 
 local function typed(dtype, v)
   if PACK[dtype] then return type(v) == "table" and { v[1] + 0.0, v[2] + 0.0 } or { v + 0.0, 0.0 } end
@@ -114,7 +126,7 @@ local function run(self, arr, n, dtype, kind, ptr, init, stream, res, dev)
   end
   local ks = self.kernels[dev] and self.kernels[dev][dtype] or kernels(self, dtype, dev)
   local e = ptr % 16 == 0 and ks[1] or ks[2]
-  local grid = n // e.tile // (W * UN) -- with several blocks every warp gets UN tiles or more
+  local grid = n // e.per_block -- with several blocks every warp gets its un tiles or more
   if grid < 1 then grid = 1 elseif grid > e.max_grid then grid = e.max_grid end
   local out = res
   if not out then
