@@ -49,8 +49,8 @@ local function kernels(self, dtype, dev)
   local name = tostring(dtype)
   local ctype, header = compile.value_type(dtype)
   local v = 16 // dtype.itemsize
-  local e = self.expr and self.expr:gsub("%s+", "")
-  local p = (COMMUTES[e] or COMMUTES_REAL[e] and not PACK[dtype]) and COMMUTING or ORDERED
+  local key = self.expr and self.expr:gsub("%s+", "")
+  local p = (COMMUTES[key] or COMMUTES_REAL[key] and not PACK[dtype]) and COMMUTING or ORDERED
   local aligned = ("cudalua::reduce_kernel<%s, cudalua_op, %d, %d, %s>"):format(ctype, v, p.un, p.comm)
   local unaligned = ("cudalua::reduce_kernel<%s, cudalua_op, 1, %d, %s>"):format(ctype, p.un, p.comm)
   local ok, mod = pcall(compile.compile, source(self, ctype, header), {
