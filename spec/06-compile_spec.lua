@@ -64,6 +64,20 @@ describe("cuda.compile", function()
     assert.same({ "f" }, mod:kernels())
   end)
 
+  it("passes -O1..-O3 on to ptxas when they follow -Xptxas or --ptxas-options", function()
+    -- BUG: the -O3 of {"-Xptxas", "-O3"} was left out as NVRTC's own, so -Xptxas took the next
+    -- option (an -I folder) as its value: "ptxas fatal : Unknown option 'I/usr/local/...'"
+    for _, o in ipairs { { "-Xptxas", "-O3" }, { "--ptxas-options", "-O1" }, { "-Xptxas=-O2" },
+                         { "-Xptxas", "-O3", "-Xptxas", "-v" } } do
+      local mod = cuda.compile("__global__ void f(float *x) { x[threadIdx.x] += 1.0f; }",
+        with(ARCH, { options = o, cache = false }))
+      assert.same({ "f" }, mod:kernels(), table.concat(o, " "))
+    end
+    -- the pairs stay pairs: the -v after the second -Xptxas reaches ptxas, which reports
+    local mod = cuda.compile("__global__ void f() {}", with(ARCH, { options = { "-Xptxas", "-O3", "-Xptxas", "-v" }, cache = false }))
+    assert.matches("ptxas info", mod:log())
+  end)
+
   it("name= names the source in messages and in the module", function()
     local mod = cuda.compile("__global__ void f() {}", with(ARCH, { name = "mine.cu" }))
     assert.equal("cudalua.module<mine.cu>", tostring(mod))

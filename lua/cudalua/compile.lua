@@ -416,9 +416,14 @@ local function compile(src, opts)
   if opts.lto then options[#options + 1] = "-dlto" end
   if opts.debug then options[#options + 1] = "-G" end
   if opts.debug or opts.lineinfo then options[#options + 1] = "-lineinfo" end
-  for _, o in ipairs(opts.options or {}) do
-    -- NVRTC always optimises and knows no -O1..-O3: accepted for nvcc habits, and left out
-    if not o:match("^%-O[123]$") then options[#options + 1] = o end
+  local given = opts.options or {}
+  for i, o in ipairs(given) do
+    -- NVRTC always optimises and knows no -O1..-O3: accepted for nvcc habits, and left out,
+    -- unless it is ptxas's, the word after -Xptxas (NVRTC takes the next option as its value)
+    local prev = given[i - 1]
+    if not o:match("^%-O[123]$") or prev == "-Xptxas" or prev == "--ptxas-options" then
+      options[#options + 1] = o
+    end
   end
   local tk = includes.toolkit_includes()
   if tk.include then options[#options + 1] = "-I" .. tk.include end
