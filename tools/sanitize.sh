@@ -17,7 +17,8 @@
 #      Records that NCCL's own code causes are shown apart as "+N nccl" (tools/sanitize.awk).
 #      examples/nccl_launch.lua and spec 21's one-process-per-GPU row start their ranks under a
 #      sanitizer each (CUDALUA_WORKER_WRAP); their summaries add up in the row.
-#      Logs go to build/sanitize/.
+#      SANITIZE_LOG: where the logs go (default build/sanitize).
+#      Stopping this script (Ctrl-C, a timeout around make sanitize) stops the runs it started.
 LUA=${1:-lua5.4}
 CUDA_DIR=${CUDA_DIR:-/usr/local/cuda}
 CS=${SANITIZER:-$(command -v compute-sanitizer || echo "$CUDA_DIR/bin/compute-sanitizer")}
@@ -30,7 +31,7 @@ ALONE=${SANITIZE_ALONE:-"spec/04-device_array_spec.lua examples/nccl_pi.lua"}
 JOBS=${SANITIZE_JOBS:-$(( $(nproc) / 4 > 0 ? $(nproc) / 4 : 1 ))}
 LIMIT=${SANITIZE_TIMEOUT:-600}
 DEADLINE=${SANITIZE_DEADLINE:-}
-LOG=build/sanitize
+LOG=${SANITIZE_LOG:-build/sanitize}
 mkdir -p "$LOG"
 # set here, not with env(1) in the row: under --target-processes application-only the
 # sanitizer attaches to the command it starts, and env(1) is not the program
@@ -87,9 +88,16 @@ one() {
       procs="--target-processes application-only"
       wrap="CUDALUA_WORKER_WRAP='$CS --tool $tool $extra --print-limit 1000000'" ;;
   esac
-  # --error-exitcode: the sanitizer's verdict; examples that skip (77) are still checked
-  eval "$wrap timeout -k 10 $LIMIT \"$CS\" --tool $tool $extra --print-limit 1000000 $procs --error-exitcode 9 $cmd" >"$base.log" 2>&1
+  # --error-exitcode: the sanitizer's verdict; examples that skip (77) are still checked.
+  # timeout puts the run in a process group of its own, which a signal to this script's group
+  # does not reach: its id (timeout's pid, exec'd in the subshell) is kept for stop() below
+  ( [ -n "$wrap" ] && eval "export $wrap"
+    eval "exec timeout -k 10 $LIMIT \"$CS\" --tool $tool $extra --print-limit 1000000 $procs --error-exitcode 9 $cmd" ) >"$base.log" 2>&1 &
+  local pid=$!
+  echo "$pid" >"$base.pid"
+  wait "$pid"
   local rc=$? errs leak="" nccl=0
+  rm -f "$base.pid"
   # every process's summary counts (a wrapped rank prints its own)
   errs=$(grep -aE "ERROR SUMMARY: [0-9]+ error" "$base.log" | grep -v "not printed" | sed -E 's/.*ERROR SUMMARY: ([0-9]+) error.*/\1/' | awk '{ s += $1; n++ } END { if (n) print s }')
   [ -z "$errs" ] && errs=$(grep -aE "RACECHECK SUMMARY: [0-9]+ hazard" "$base.log" | sed -E 's/.*\(([0-9]+) error.*/\1/' | awk '{ s += $1; n++ } END { if (n) print s }')
@@ -111,6 +119,19 @@ one() {
   [ "$nccl" -gt 0 ] && cell="$cell+${nccl}nccl"
   echo "$cell" >"$base.cell"
 }
+
+# stopped: the runs still going end too (else they would keep the GPU busy for up to $LIMIT s)
+stop() {
+  local f pids=()
+  for f in "$LOG"/*.pid; do [ -f "$f" ] && pids+=("$(cat "$f")"); done
+  echo "sanitize: stopped; ending the ${#pids[@]} runs still going" >&2
+  for p in "${pids[@]}"; do kill -TERM -- "-$p" 2>/dev/null; done
+  sleep 2
+  for p in "${pids[@]}"; do kill -KILL -- "-$p" 2>/dev/null; done
+  exit 130
+}
+rm -f "$LOG"/*.pid
+trap stop INT TERM HUP
 
 # the slowest runs start first, so that the others fill in around them
 SLOW=${SANITIZE_SLOW:-"$SLOW_SPECS examples/nccl_launch.lua"}
