@@ -28,7 +28,9 @@ describe("the toolkit's headers and CCCL", function()
     for _, h in ipairs { "cooperative_groups.h", "cooperative_groups/reduce.h", "cooperative_groups/scan.h",
                          "cooperative_groups/memcpy_async.h", "cub/cub.cuh", "cub/block/block_radix_sort.cuh",
                          "cub/warp/warp_reduce.cuh", "cuda/atomic", "cuda/barrier", "cuda/pipeline",
-                         "cuda/std/type_traits", "cuda/std/complex", "thrust/functional.h", "cuda_fp16.h",
+                         "cuda/std/type_traits", "cuda/std/complex", "thrust/functional.h", "thrust/tuple.h",
+                         "thrust/pair.h", "thrust/iterator/counting_iterator.h",
+                         "thrust/iterator/transform_iterator.h", "thrust/iterator/zip_iterator.h", "cuda_fp16.h",
                          "cuda_bf16.h", "mma.h" } do
       lines[#lines + 1] = "#include <" .. h .. ">"
     end
