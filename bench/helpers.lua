@@ -123,7 +123,7 @@ if arg[1] == "--rng-first" then
   local t0 = now()
   if core then core.nvrtc_version() end
   local t1 = now()
-  cuda.compile("#include <cudalua/random.cuh>\n", {
+  cuda.compile("#define CUDALUA_RANDOM_INIT\n#include <cudalua/random.cuh>\n", {  -- random.lua's source
     name = "cudalua_random.cu", name_expressions = { "cudalua_xoroshiro128p_init" } })
   local t2 = now()
   if core then core.xoroshiro_jump_matrices(64) end

@@ -66,7 +66,9 @@ __device__ __forceinline__ double xoroshiro128p_normal_float64(xoroshiro128p_sta
 }
 
 // used by cuda.random.create_xoroshiro128p_states: state i = jump^(start + i) of the seeded
-// state, from the precomputed matrices of jump^(2^k) (128 columns of two words each)
+// state, from the precomputed matrices of jump^(2^k) (128 columns of two words each); only
+// there (CUDALUA_RANDOM_INIT): kernels that include this file for the generators do not get it
+#ifdef CUDALUA_RANDOM_INIT
 extern "C" __global__ void cudalua_xoroshiro128p_init(xoroshiro128p_state *states, long long n,
     long long z_bits, long long start_bits, const long long *mats_bits) {
   long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -91,3 +93,4 @@ extern "C" __global__ void cudalua_xoroshiro128p_init(xoroshiro128p_state *state
   states[i].s0 = s0;
   states[i].s1 = s1;
 }
+#endif

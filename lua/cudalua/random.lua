@@ -26,7 +26,7 @@ local function cuda() return require "cudalua" end
 -- the kernel and the jump matrices on the selected device dev
 local function prepare(dev)
   if not init_kernel[dev] then
-    local mod = cuda().compile("#include <cudalua/random.cuh>\n", {
+    local mod = cuda().compile("#define CUDALUA_RANDOM_INIT\n#include <cudalua/random.cuh>\n", {
       name = "cudalua_random.cu", name_expressions = { "cudalua_xoroshiro128p_init" } })
     init_kernel[dev] = mod:get("cudalua_xoroshiro128p_init")
   end
