@@ -299,7 +299,8 @@ function Event:close() end
 -- `lineinfo`.
 function cuda.compile(src, opts) end
 
---- Compiles src and returns its kernel name (`opts` as `cuda.compile`).
+--- Compiles src and returns its kernel name (`opts` as `cuda.compile`); a C++ name ("ns::k",
+-- "scale<float>") needs no `name_expressions`.
 function cuda.kernel(src, name, opts) end
 
 --- Loads a cubin, fatbin, PTX or LTO-IR (a path or the bytes) built elsewhere.

@@ -114,14 +114,30 @@ __global__ void f(VAL *x) { static_assert(SEVEN == 7, "header not read"); }]],
   it("keeps the kernels it can read when another one cannot be read", function()
     -- BUG: a kernel the probe cannot name (here one in a namespace) makes compile drop every
     -- kernel found in the source: kernels() is {} and mod.a raises "no kernel 'a'"
+    -- (the one in the namespace is listed by its symbol, from the PTX)
     local mod = cuda.compile('extern "C" __global__ void a(int *x) {}\nnamespace ns { __global__ void k(int *x) {} }', ARCH)
-    assert.same({ "a" }, mod:kernels())
+    assert.same({ "_ZN2ns1kEPi", "a" }, mod:kernels())
   end)
 
   it("keeps the other kernels when one is overloaded", function()
     -- BUG: same cause: the overloaded o hides p, kernels() is {}
     local mod = cuda.compile("__global__ void o(int *x) {}\n__global__ void o(float *x) {}\n__global__ void p(int n) {}", ARCH)
-    assert.same({ "p" }, mod:kernels())
+    assert.same({ "_Z1oPf", "_Z1oPi", "p" }, mod:kernels())
+  end)
+
+  it("lists kernels the source scan cannot see by their symbols, with the PTX's parameter types", function()
+    -- BUG: kernels a macro defines were in the module but "no kernel 'k1' (kernels: none found)"
+    local mod = cuda.compile([[
+#define AXPY(name, T) extern "C" __global__ void name(T *y, const T *x, T a, int n) { \
+  int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) y[i] += a * x[i]; }
+AXPY(axpy_f32, float)
+AXPY(axpy_f64, double)]], ARCH)
+    assert.same({ "axpy_f32", "axpy_f64" }, mod:kernels())
+    local info = require("cudalua.module").fields(mod).info
+    assert.equal("UUfW", info.axpy_f32.codes)
+    assert.equal("UUdW", info.axpy_f64.codes)
+    -- a name neither scanned nor in the PTX is still unknown, with the list
+    C.raises("cudalua: no kernel 'axpy' in module cudalua_kernel.cu (kernels: axpy_f32, axpy_f64)", mod.get, mod, "axpy")
   end)
 
   it("compiles the same source and options once per process", function()
@@ -275,6 +291,41 @@ describe("cuda.kernel", function()
 
   nogpu("needs the driver to load the kernel", function()
     C.raises(NO_DRIVER, cuda.kernel, VECADD, "vecadd", ARCH)
+    -- names the scan cannot see are found (the driver is then what is missing)
+    C.raises(NO_DRIVER, cuda.kernel, VECADD, "scale<float>", ARCH)
+    C.raises(NO_DRIVER, cuda.kernel, "namespace ns { __global__ void k(int *x) {} }", "ns::k", ARCH)
+    C.raises("cudalua: no kernel 'ns::nope' in module cudalua_kernel.cu (kernels: _ZN2ns1kEPi)",
+             cuda.kernel, "namespace ns { __global__ void k(int *x) {} }", "ns::nope", ARCH)
+  end)
+
+  gpu("takes C++ names without name_expressions: namespaces, template instances, macro-made kernels", function()
+    -- BUG: cuda.kernel(src, "ns::saxpy") raised "no kernel 'ns::saxpy' (kernels: none found)"
+    -- unless opts.name_expressions named it too
+    local src = [[
+namespace ns { __global__ void saxpy(float *y, const float *x, float a, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) y[i] = a * x[i] + y[i]; } }
+template <typename T> __global__ void twice(T *x, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) x[i] = 2 * x[i]; }
+#define NEG(name, T) extern "C" __global__ void name(T *x, int n) { \
+  int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) x[i] = -x[i]; }
+NEG(neg_i32, int)]]
+    local n = 1000
+    local xs, ys, is = H.rand_table(n), H.rand_table(n), H.rand_table(n, -1000, 1000, true)
+    local x, y = cuda.to_device(xs, "float64"), cuda.to_device(ys, "float32")
+    local xf = cuda.to_device(xs, "float32")
+    local saxpy = cuda.kernel(src, "ns::saxpy")
+    assert.same({ "float*", "const float*", "float", "int" }, saxpy:info().types)
+    saxpy[{ 4, 256 }](y, xf, 1.5, n)
+    local hy, hxf = y:copy_to_host(), xf:copy_to_host()
+    for i = 1, n do assert.near(1.5 * hxf[i] + C.f32(ys[i]), hy[i], 1e-5) end
+    cuda.kernel(src, "twice<double>")[{ 4, 256 }](x, n)
+    local hx = x:copy_to_host()
+    for i = 1, n do assert.equal(2 * xs[i], hx[i]) end
+    local d = cuda.to_device(is, "int32")
+    cuda.kernel(src, "neg_i32")[{ 4, 256 }](d, n)
+    local hd = d:copy_to_host()
+    for i = 1, n do assert.equal(-is[i], hd[i]) end
+    C.raises("cudalua: no kernel 'ns::nope' in module", cuda.kernel, src, "ns::nope")
   end)
 end)
 

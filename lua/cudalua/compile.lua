@@ -400,7 +400,8 @@ local function jitlink_usable()
   return ja and na and ja > 0 and (ja > na or (ja == na and ji >= ni))
 end
 
-local function compile(src, opts)
+-- quiet: a failed compile returns nil instead of raising (cuda.kernel's second try)
+local function compile(src, opts, quiet)
   if type(src) ~= "string" then error("cuda.compile: source must be a string, got " .. type(src), 3) end
   opts = check_opts(opts)
   -- the cache is consulted before anything loads NVRTC (~5 ms): without an explicit arch the
@@ -512,7 +513,10 @@ local function compile(src, opts)
     local msg = (log or ""):gsub("%s+$", "")
     error(("cuda.compile: %s failed to compile (%s):\n%s"):format(name, lowered, msg), 4)
   end
-  if not image then failed() end
+  if not image then
+    if quiet then return nil end
+    failed()
+  end
   if via_ptx then
     local stripped = core.ptx_strip(image)
     local jopts = { "-arch=" .. arch }
@@ -524,7 +528,10 @@ local function compile(src, opts)
       -- nvJitLink refused what NVRTC made: NVRTC makes the cubin itself (and says what is wrong)
       options[1], nvrtc_output = "-arch=" .. arch, "cubin"
       image, log, lowered, ptx = run(wanted)
-      if not image then failed() end
+      if not image then
+        if quiet then return nil end
+        failed()
+      end
     end
   end
   local info = {}
@@ -540,6 +547,16 @@ local function compile(src, opts)
         entry.error = params
       end
       info[e] = entry
+    end
+  end
+  -- kernels no scan or name expression names (made by a macro, in a namespace, overloaded):
+  -- the PTX lists them by symbol, with the types of its .param lines
+  local listing = output == "ptx" and image or ptx
+  if listing then
+    local named = {}
+    for _, en in pairs(info) do named[en.symbol] = true end
+    for sym, en in pairs(modules.ptx_entries(listing)) do
+      if not named[sym] and not info[sym] then info[sym] = en end
     end
   end
   local e = { image = image, kind = output, log = log, info = info, ptx = ptx, arch = arch,
@@ -560,6 +577,17 @@ end
 function M.kernel(src, name, opts)
   if type(name) ~= "string" then error("cuda.kernel: expected the kernel's name as argument 2", 2) end
   local mod = compile(src, opts)
+  if not modules.fields(mod).info[name] then
+    -- a name the source scan cannot see (a kernel in a namespace, a template instance): the
+    -- source again with it as a name expression, which gives its C++ types; if NVRTC cannot
+    -- resolve it, the first module says which kernels there are
+    local o, ex = {}, {}
+    for k, v in pairs(opts or {}) do o[k] = v end
+    for i, v in ipairs(o.name_expressions or {}) do ex[i] = v end
+    ex[#ex + 1] = name
+    o.name_expressions = ex
+    mod = compile(src, o, true) or mod
+  end
   local k = modules.get(mod, name, nil, 2)
   return k
 end
