@@ -15,9 +15,8 @@ if g < 2 then
   B.note(("multigpu.lua: %d GPU%s here, the multi-GPU rows need 2"):format(g, g == 1 and "" or "s"))
   os.exit(0)
 end
+-- B.interleaved's sync here: each round is timed to the end of all work on every GPU
 local function sync_all() for d = 0, g - 1 do cuda.gpus[d]:synchronize() end end
-
--- B.interleaved with sync_all: each round timed to the end of all work on every GPU (µs per item)
 
 section("info", function()
   local d = cuda.devices()

@@ -81,6 +81,15 @@ __device__ __forceinline__ T block_reduce_flagged(T v, bool &has, Op op) {
   return v;
 }
 
+// tiles t..t+UN-1 of a warp's run (up to t1): lane's 16-byte vector of each, loads in flight at once
+template <typename vec, int UN>
+__device__ __forceinline__ void load_tiles(vec (&r)[UN], const vec *base, long long t, long long t1,
+                                           int lane) {
+#pragma unroll
+  for (int u = 0; u < UN; u++)
+    if (t + u < t1) r[u] = base[(t + u) * 32 + lane];
+}
+
 template <typename T, typename Op, int V, int UN, bool COMM = false>
 __global__ void __launch_bounds__(REDUCE_BLOCK)
 reduce_kernel(const T *x, long long n, T init, int use_init, T *out, T *partials,
@@ -105,9 +114,7 @@ reduce_kernel(const T *x, long long n, T init, int use_init, T *out, T *partials
       vec a = base[t0 * 32 + lane];
       for (long long t = t0 + 1; t < t1; t += UN) {
         vec r[UN];
-#pragma unroll
-        for (int u = 0; u < UN; u++)
-          if (t + u < t1) r[u] = base[(t + u) * 32 + lane];
+        load_tiles(r, base, t, t1, lane);
 #pragma unroll
         for (int u = 0; u < UN; u++)
           if (t + u < t1) {
@@ -121,21 +128,20 @@ reduce_kernel(const T *x, long long n, T init, int use_init, T *out, T *partials
       acc = warp_reduce(s, op, 32);
       has = true;
     }
-  } else
-  for (long long t = t0; t < t1; t += UN) {
-    vec r[UN];  // UN tiles' loads in flight before any is reduced
+  } else {
+    for (long long t = t0; t < t1; t += UN) {
+      vec r[UN];  // UN tiles' loads in flight before any is reduced
+      load_tiles(r, base, t, t1, lane);
 #pragma unroll
-    for (int u = 0; u < UN; u++)
-      if (t + u < t1) r[u] = base[(t + u) * 32 + lane];
+      for (int u = 0; u < UN; u++) {
+        if (t + u >= t1) break;
+        T s = r[u].v[0];
 #pragma unroll
-    for (int u = 0; u < UN; u++) {
-      if (t + u >= t1) break;
-      T s = r[u].v[0];
-#pragma unroll
-      for (int j = 1; j < V; j++) s = op(s, r[u].v[j]);
-      s = warp_reduce(s, op, 32);
-      acc = has ? op(acc, s) : s;
-      has = true;
+        for (int j = 1; j < V; j++) s = op(s, r[u].v[j]);
+        s = warp_reduce(s, op, 32);
+        acc = has ? op(acc, s) : s;
+        has = true;
+      }
     }
   }
   if (gw == GW - 1 && ntiles * TILE < n) {

@@ -574,19 +574,29 @@ function M.compile(src, opts)
   return mod
 end
 
+-- opts with name among its name expressions (opts itself when it is there already)
+local function naming(opts, name)
+  local o, ex = {}, {}
+  for k, v in pairs(opts or {}) do o[k] = v end
+  for i, v in ipairs(o.name_expressions or {}) do
+    if v == name then return opts end
+    ex[i] = v
+  end
+  ex[#ex + 1] = name
+  o.name_expressions = ex
+  return o
+end
+
+-- A name the source scan cannot see (a kernel in a namespace, a template instance) is compiled
+-- as a name expression, which gives its C++ types: a C++ name ("ns::k", "scale<float>") that
+-- way first, any other when the module lacks it. A name NVRTC cannot resolve gets the plain
+-- module's message, which lists its kernels.
 function M.kernel(src, name, opts)
   if type(name) ~= "string" then error("cuda.kernel: expected the kernel's name as argument 2", 2) end
-  local mod = compile(src, opts)
-  if not modules.fields(mod).info[name] then
-    -- a name the source scan cannot see (a kernel in a namespace, a template instance): the
-    -- source again with it as a name expression, which gives its C++ types; if NVRTC cannot
-    -- resolve it, the first module says which kernels there are
-    local o, ex = {}, {}
-    for k, v in pairs(opts or {}) do o[k] = v end
-    for i, v in ipairs(o.name_expressions or {}) do ex[i] = v end
-    ex[#ex + 1] = name
-    o.name_expressions = ex
-    mod = compile(src, o, true) or mod
+  local cpp = name:find("[:<]") ~= nil and (opts == nil or type(opts) == "table")
+  local mod = cpp and compile(src, naming(opts, name), true) or compile(src, opts)
+  if not cpp and not modules.fields(mod).info[name] then
+    mod = compile(src, naming(opts, name), true) or mod
   end
   local k = modules.get(mod, name, nil, 2)
   return k
