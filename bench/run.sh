@@ -138,7 +138,7 @@ BEGIN {
     nt++
     lab[nt] = $1
     base = ref == "raw" ? r : ref == "cupy" ? c : ref == "numba" ? nb : 1
-    refname = ref == "raw" ? ($2 ~ /^[lp]:/ ? "base" : "raw") : ref == "cupy" ? "CuPy" : ref == "numba" ? "Numba" : ""
+    refname = ref == "raw" ? ($2 ~ /^[lp]:/ ? "base" : "raw") : ref == "cupy" ? ($4 ~ /^torch_/ ? "PyTorch" : "CuPy") : ref == "numba" ? "Numba" : ""
     if (l == "" || base == "" || base <= 0) {
       res[nt] = "FAIL"; why[nt] = sprintf("no number (target %s)", clauses[ci]); fails++
       continue

@@ -160,6 +160,18 @@ check(c_info(a).values[1] == 1.5)
 ]]))
   end)
 
+  it("runs states on threads that end, leaving nothing of theirs behind (make asan's leak check)", function()
+    expect_ok(script(PRELUDE .. [[
+local keep = cuda.array({ 3 }, "int32") -- this state outlives the threads
+for t = 1, 3 do
+  local r = c_thread_state(("local c = require 'cudalua'; local s = 0; for i = 1, 200 do local a <close> = c.array({ i, %d }, 'float64'); s = s + a[1] * a[2] end; return s"):format(t))
+  check(tonumber(r) == t * 200 * 201 / 2, r)
+end
+raises("thread boom", c_thread_state, "error('thread boom')")
+check(keep[1] == 3)
+]]))
+  end)
+
   it("cudalua_push_device_array rejects bad dtypes and shapes", function()
     expect_ok(script(PRELUDE .. [[
 raises("cudalua_push_device_array: ndim must be 1..8", c_push_device_array, 4096, "float32", 0)

@@ -122,6 +122,30 @@ describe("cooperative launches", function()
     assert.matches("kernel 'scale_by_sum' launch with grid {" .. blocks .. ", 1, 1}, block {256, 1, 1}, shared 0, cooperative failed", e, 1, true)
   end)
 
+  gpu("the limit follows an attribute set through another kernel object of the same function", function()
+    local m = cuda.compile(SRC) -- a module of its own: the attribute stays with it
+    local k1 = m:get("scale_by_sum")
+    local k2 = m:get("scale_by_sum", "const int*, long long*, long long*, int") -- the same CUfunction
+    assert.are_not.equal(k1, k2)
+    local shared, sms = 40 * 1024, dev().multiprocessors
+    local n = 1000
+    local d_x, x, total = data(n)
+    local out = cuda.device_array(n, "int64")
+    local function launch(blocks)
+      k2:launch({ grid = blocks, block = 256, shared = shared, cooperative = true },
+        d_x, out, cuda.device_array(blocks, "int64"), n)
+    end
+    local before = k2:max_blocks_per_sm(256, shared)
+    C.raises(("at most %d (%d per multiprocessor"):format(before * sms, before), launch, before * sms + 1)
+    -- the smallest shared-memory carveout leaves room for fewer blocks of 40 KiB
+    k1:set_attribute("preferred_shared_memory_carveout", 0)
+    local after = k2:max_blocks_per_sm(256, shared)
+    assert.is_true(after >= 1 and after < before, ("blocks per multiprocessor: %d, then %d"):format(before, after))
+    C.raises(("at most %d (%d per multiprocessor"):format(after * sms, after), launch, after * sms + 1)
+    launch(after * sms)
+    check(out, x, total)
+  end)
+
   gpu("misuse: cooperative must be a boolean", function()
     local k = K("plain")
     local d = cuda.device_array(32, "int32")

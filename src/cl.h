@@ -288,6 +288,11 @@ void cl_host_park(lua_State *L);     /* around a driver call that may run host f
 void cl_host_unpark(lua_State *L);
 
 #define CL_MAXPARAMS 64
+/* bumped by every k:set_attribute: kernel objects that share a CUfunction (the same symbol got
+   with another signature) then read the function's attributes again before they use them */
+extern unsigned cl_fattr_gen;
+#define CL_KERNEL_FRESH(k) \
+  do { if ((k)->fattr_gen != __atomic_load_n(&cl_fattr_gen, __ATOMIC_RELAXED)) cl_kernel_refresh(k); } while (0)
 typedef struct cl_kernel {
   CUfunction fn;
   CUcontext ctx;
@@ -304,8 +309,10 @@ typedef struct cl_kernel {
   int static_shared, binary_version;
   unsigned req_cluster[3];       /* __cluster_dims__ of the kernel; 0: none */
   unsigned char cache_config;    /* the preference k:set_attribute set last (module.c) */
+  unsigned fattr_gen;            /* cl_fattr_gen when the cached attributes above were read */
   int closed;
 } cl_kernel;
+void cl_kernel_refresh(cl_kernel *k);
 #define CL_KERNEL "cudalua.kernel"
 cl_kernel *cl_checkkernel(lua_State *L, int idx);
 /* a launch configuration: k[{...}], k:launch{...}, forall, graph kernel nodes */

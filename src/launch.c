@@ -357,6 +357,7 @@ int cl_kernel_launch(lua_State *L, cl_kernel *k, int kidx, int first, const cl_l
   if (c->shared > k->dyn_max) cl_kernel_shared(L, k, kidx, c->shared);
   /* refusals first: they need none of the temporary copies below */
   if (c->cooperative) {
+    CL_KERNEL_FRESH(k);   /* not on the plain path: there the driver has the last word */
     const char *why = coop_refusal(L, k, c);
     if (why) launch_error(L, kidx, c, &A, h, why);
   }
@@ -625,6 +626,7 @@ static int k_forall(lua_State *L) {
     if (c.cluster[0] && (c.cluster[1] != 1 || c.cluster[2] != 1))
       return luaL_error(L, "cudalua: forall: the grid is one-dimensional: cluster must be n or {n}");
   }
+  CL_KERNEL_FRESH(k);
   cl_kernel_shared(L, k, 1, c.shared);
   cl_kernel_occupancy(L, k, c.shared);
   lua_Integer grid = (n + k->occ_block - 1) / k->occ_block;

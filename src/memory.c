@@ -231,21 +231,32 @@ static CUresult alloc_gpu(lua_State *L, cl_mem *m, cl_stream *s, int zero) {
   return r;
 }
 
-/* memory block records are reused: arrays are made and dropped in hot loops */
-static __thread cl_mem *spare;
-static __thread int nspare;
+/* memory block records are reused: arrays are made and dropped in hot loops. One list for the
+   process (a list per thread was lost when its thread ended), emptied when the last state
+   closes; a spin lock, as the list is only ever held for a pointer swap */
+static cl_mem *spare;
+static int nspare, spare_lock;
+
+static void spare_acquire(void) {
+  while (__atomic_exchange_n(&spare_lock, 1, __ATOMIC_ACQUIRE))
+    while (__atomic_load_n(&spare_lock, __ATOMIC_RELAXED)) {}
+}
+static void spare_release(void) { __atomic_store_n(&spare_lock, 0, __ATOMIC_RELEASE); }
 
 static cl_mem *mem_alloc(void) {
+  spare_acquire();
   cl_mem *m = spare;
-  if (m) { spare = m->next; nspare--; memset(m, 0, sizeof *m); return m; }
+  if (m) { spare = m->next; nspare--; }
+  spare_release();
+  if (m) { memset(m, 0, sizeof *m); return m; }
   return calloc(1, sizeof *m);
 }
 
 static void mem_free(cl_mem *m) {
-  if (nspare >= 64) { free(m); return; }
-  m->next = spare;
-  spare = m;
-  nspare++;
+  spare_acquire();
+  if (nspare < 64) { m->next = spare; spare = m; nspare++; m = NULL; }
+  spare_release();
+  free(m);
 }
 
 cl_mem *cl_mem_new(lua_State *L, int kind, size_t bytes, cl_stream *s, int flags) {
@@ -393,6 +404,8 @@ void cl_mem_unref(lua_State *L, cl_mem *m) {
 
 void cl_mem_release_all(void) {
   if (ncache) cache_drop(NULL, 1);
+  spare_acquire();
   while (spare) { cl_mem *m = spare; spare = m->next; free(m); }
   nspare = 0;
+  spare_release();
 }

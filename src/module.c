@@ -194,13 +194,24 @@ static int l_module_kernel(lua_State *L) {
   k->argbytes = off;
   /* what launches check without a driver call: shared memory, the binary's architecture and
      compile-time cluster dimensions */
-  k->dyn_max = (unsigned)func_attr(k->fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES);
   k->static_shared = func_attr(k->fn, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES);
   k->binary_version = func_attr(k->fn, CU_FUNC_ATTRIBUTE_BINARY_VERSION);
+  cl_kernel_refresh(k);
+  return 1;
+}
+
+unsigned cl_fattr_gen;
+
+/* the settable attributes launches check without a driver call, read again; the occupancy
+   caches start over */
+void cl_kernel_refresh(cl_kernel *k) {
+  k->fattr_gen = __atomic_load_n(&cl_fattr_gen, __ATOMIC_RELAXED);
+  k->dyn_max = (unsigned)func_attr(k->fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES);
   k->req_cluster[0] = (unsigned)func_attr(k->fn, CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH);
   k->req_cluster[1] = (unsigned)func_attr(k->fn, CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT);
   k->req_cluster[2] = (unsigned)func_attr(k->fn, CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH);
-  return 1;
+  k->occ_block = 0;
+  k->coop_threads = 0;
 }
 
 cl_kernel *cl_checkkernel(lua_State *L, int idx) {
@@ -261,8 +272,8 @@ static int k_set_attribute(lua_State *L) {
     int c = luaL_checkoption(L, 3, NULL, cache_configs);
     cl_check(L, cu.cuFuncSetCacheConfig(k->fn, cache_values[c]), "kernel:set_attribute('cache_config')");
     k->cache_config = (unsigned char)c;
-    k->occ_block = 0;
-    k->coop_threads = 0;
+    __atomic_fetch_add(&cl_fattr_gen, 1, __ATOMIC_RELAXED);
+    cl_kernel_refresh(k);
     return 0;
   }
   size_t i = 0;
@@ -289,17 +300,14 @@ static int k_set_attribute(lua_State *L) {
   }
   CUresult r = cu.cuFuncSetAttribute(k->fn, fattrs[i].a, v);
   if (r != CUDA_SUCCESS) cl_check(L, r, lua_pushfstring(L, "kernel:set_attribute('%s', %d)", name, v));
-  if (fattrs[i].a == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES) k->dyn_max = (unsigned)v;
-  if (fattrs[i].a == CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH) k->req_cluster[0] = (unsigned)v;
-  if (fattrs[i].a == CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT) k->req_cluster[1] = (unsigned)v;
-  if (fattrs[i].a == CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH) k->req_cluster[2] = (unsigned)v;
-  k->occ_block = 0;   /* occupancy depends on these */
-  k->coop_threads = 0;
+  __atomic_fetch_add(&cl_fattr_gen, 1, __ATOMIC_RELAXED);   /* occupancy depends on these */
+  cl_kernel_refresh(k);
   return 0;
 }
 
 /* the occupancy calculator's grid and block for a dynamic shared size, cached per kernel */
 void cl_kernel_occupancy(lua_State *L, cl_kernel *k, size_t shared) {
+  CL_KERNEL_FRESH(k);
   if (k->occ_block && k->occ_shared == shared) return;
   int g = 0, b = 0;
   cl_kernel_ctx(L, k);

@@ -11,6 +11,7 @@
  *   c_push_stream(handle, blocking)    cudalua_push_stream
  *   c_other_state(code)                -> runs code in a second state of its own, returns its
  *                                         result as a string (or raises its error)
+ *   c_thread_state(code)               -> the same on a thread of its own, which then ends
  * After the script, the state is closed; "active contexts N" (with a driver: how many devices'
  * primary contexts are still active, cudalua having released its references) and "released N"
  * are printed. */
@@ -18,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <dlfcn.h>
+#include <pthread.h>
 #include <lua.h>
 #include <lauxlib.h>
 #include <lualib.h>
@@ -115,6 +117,28 @@ static int c_other_state(lua_State *L) {
   return 1;
 }
 
+typedef struct { const char *code; char *result; int ok; } job;
+
+static void *thread_main(void *arg) {
+  job *j = arg;
+  lua_State *L2 = new_state();
+  j->ok = luaL_dostring(L2, j->code) == LUA_OK;
+  j->result = strdup(luaL_tolstring(L2, -1, NULL));
+  lua_close(L2);
+  return NULL;
+}
+
+static int c_thread_state(lua_State *L) {
+  job j = {luaL_checkstring(L, 1), NULL, 0};
+  pthread_t t;
+  if (pthread_create(&t, NULL, thread_main, &j) != 0) return luaL_error(L, "pthread_create failed");
+  pthread_join(t, NULL);
+  lua_pushstring(L, j.result ? j.result : "(out of memory)");
+  free(j.result);
+  if (!j.ok) return lua_error(L);
+  return 1;
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) { fprintf(stderr, "usage: %s SCRIPT\n", argv[0]); return 2; }
   lua_State *L = new_state();
@@ -124,6 +148,7 @@ int main(int argc, char **argv) {
   lua_register(L, "c_released", c_released);
   lua_register(L, "c_push_stream", c_push_stream);
   lua_register(L, "c_other_state", c_other_state);
+  lua_register(L, "c_thread_state", c_thread_state);
   int status = luaL_dofile(L, argv[1]);
   if (status != LUA_OK) fprintf(stderr, "script error: %s\n", lua_tostring(L, -1));
   lua_close(L);
