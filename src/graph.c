@@ -552,8 +552,10 @@ static int e_launch(lua_State *L) {
   if (e->nhost && cl_capturing && s && s->capture_ref)
     return luaL_error(L, "cudalua: graph_exec:launch: a graph with Lua host functions cannot be launched into a stream capture");
   CL_BEFORE_ENQUEUE(L, "graph_exec:launch");   /* before this launch's own host nodes are armed */
-  if (e->nhost) cl_host_arm(L, e->nhost);
-  if (e->nhost) cl_host_park(L);   /* host functions queued earlier are not this launch's */
+  if (e->nhost) {
+    cl_host_arm(L, e->nhost);
+    cl_host_park(L);   /* host functions queued earlier are not this launch's */
+  }
   CUresult r = cu.cuGraphLaunch(e->e, s ? s->h : NULL);
   if (e->nhost) cl_host_unpark(L);
   if (r != CUDA_SUCCESS) {
