@@ -28,7 +28,7 @@ LUA_LIB ?= $(firstword $(wildcard $(LUA_INCDIR)/../lib/liblua5.4.so.0) -llua5.4)
 # the busted runner under Lua 5.4, whatever `busted` runs by default
 BUSTED = $(LUA) -e "package.path='./?.lua;'..package.path; package.cpath='./?.so;'..package.cpath; require 'busted.runner'({standalone=false})" /dev/null
 
-.PHONY: all test examples bench install clean libs asan fuzz sanitize docs
+.PHONY: all test examples bench install clean libs asan fuzz sanitize docs stress
 all: cudalua.so libs
 
 # the C embedding API (src/cudalua.h) as a static and a shared library
@@ -77,6 +77,16 @@ build/embed_host: examples/embed/host.c src/cudalua.h libcudalua.a
 
 examples: cudalua.so build/embed_host
 	@sh examples/run.sh $(LUA)
+
+# tools/stress.c: several Lua states on threads running tools/stress.lua under a watchdog
+build/stress: tools/stress.c src/cudalua.h libcudalua.a
+	$(CC) $(CFLAGS) -std=gnu11 -no-pie -Isrc -I$(LUA_INCDIR) -o $@ $< libcudalua.a $(LUA_LIB) $(LIBS)
+
+# make stress (GPU machine): random seeded sequences for STRESS_SECONDS, in child processes
+STRESS_SECONDS ?= 60
+STRESS_THREADS ?= 3
+stress: cudalua.so build/stress
+	@bash tools/stress.sh $(STRESS_SECONDS) $(STRESS_THREADS) $(STRESS_SEED)
 
 bench: cudalua.so
 	@LUA_INCDIR=$(LUA_INCDIR) CUDA_DIR=$(CUDA_DIR) sh bench/run.sh $(LUA)

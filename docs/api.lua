@@ -199,7 +199,9 @@ function Array:slice(first, last) end
 --- The same memory with another shape (same size).
 function Array:reshape(shape) end
 
---- The same bytes as another dtype (the size must divide evenly).
+--- The same bytes as another dtype. To another item size the last dimension is rescaled, as
+-- NumPy and Numba do (int16 `{3, 4}` as int32 is `{3, 2}`): its bytes must divide by the new
+-- item size, and the array must start aligned for it.
 function Array:view(dtype) end
 
 --- The device address (an integer).
@@ -217,8 +219,13 @@ function Array:ipc_handle() end
 --- Streams and events
 -- @section streams
 
---- A new stream; `cuda.stream(true)` does not wait on the legacy stream.
-function cuda.stream(non_blocking) end
+--- A new stream. `cuda.stream(true)` does not wait on the legacy stream; or options
+-- `non_blocking` (a boolean) and `priority` (an integer of `cuda.stream_priority_range()`;
+-- smaller is higher, 0 the default; out of range raises).
+function cuda.stream(opts) end
+
+--- The least and the greatest stream priority of the selected device (e.g. 0, -5).
+function cuda.stream_priority_range() end
 
 --- The legacy default stream.
 function cuda.default_stream() end
@@ -232,9 +239,12 @@ function cuda.event_elapsed_time(e0, e1) end
 --- Opens an event another process shared (`Event:ipc_handle`).
 function cuda.open_ipc_event(handle) end
 
---- A stream of the device it was made on. Metafields `__close`, `__gc`.
+--- A stream of the device it was made on. Fields `Stream.priority` and `Stream.non_blocking`.
+-- Metafields `__close`, `__gc`.
 -- @type Stream
 local Stream = {}
+Stream.priority = 0
+Stream.non_blocking = false
 
 --- Waits for the stream's work (running Lua host functions, raising their errors).
 function Stream:synchronize() end
@@ -245,7 +255,12 @@ function Stream:query() end
 --- Later work on the stream waits for the event.
 function Stream:wait_event(e) end
 
---- Queues fn (a Lua function) to run on the Lua thread when the stream reaches it.
+--- Queues fn (a Lua function, no arguments) to run when the stream reaches it; later work on
+-- the stream waits for it. It runs when this Lua state waits in cudalua (synchronize, query,
+-- blocking copies), or, while the state's thread is blocked in a driver call that needs it
+-- (a full queue, launches that block), on cudalua's helper thread. Inside it, waits for the
+-- GPU raise and releases (close, collection) are put off until it returns; its error is raised
+-- by the next wait. Captured, it runs at each launch of the graph.
 function Stream:launch_host_func(fn) end
 
 --- Starts capturing the stream's work into a graph: mode "global", "thread_local" or "relaxed".
@@ -522,7 +537,8 @@ function GraphExec:launch(stream) end
 --- Uploads it to the device ahead of the first launch.
 function GraphExec:upload(stream) end
 
---- New arguments for a kernel node.
+--- New arguments for a kernel node: a list as `Graph:kernel` takes them (one table holding as many
+-- values as the kernel has parameters), or the values themselves, `exec:set_args(node, a, b)`.
 function GraphExec:set_args(node, args) end
 
 --- New arrays for a memcpy node.

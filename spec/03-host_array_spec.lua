@@ -430,6 +430,62 @@ describe("reshape", function()
   end)
 end)
 
+-- Numba test_cuda_ndarray.py test_devicearray_view_ok / test_devicearray_view_bad_itemsize:
+-- int16 {3, 4} viewed as int32, uint32 (each {3, 2}), int64 and float64 ({3, 1}) equals NumPy's
+-- view of the same bytes; int16 {4, 3} cannot be viewed as int32 (6 bytes a row). The expected
+-- values come from the bytes themselves (string.pack / unpack, little-endian as the GPU is).
+describe("view", function()
+  local function bytes_of(t, fmt)
+    local parts = {}
+    for i, v in ipairs(t) do parts[i] = string.pack(fmt, v) end
+    return table.concat(parts)
+  end
+  local function values_of(b, fmt, size)
+    local out = {}
+    for at = 1, #b, size do out[#out + 1] = (string.unpack(fmt, b, at)) end
+    return out
+  end
+
+  it("of another item size rescales the last dimension, over the same bytes", function()
+    local t = H.rand_table(12, -32768, 32767, true)
+    local a = cuda.array(t, "int16"):reshape(3, 4)
+    local raw = bytes_of(t, "<i2")
+    for _, case in ipairs { { "int32", "<i4", 4, 2 }, { "uint32", "<I4", 4, 2 }, { "int64", "<i8", 8, 1 },
+                            { "float64", "<d", 8, 1 } } do
+      local dt, fmt, size, last = case[1], case[2], case[3], case[4]
+      local v = a:view(dt)
+      assert.same({ 3, last }, v.shape)
+      assert.equal(dt, v.dtype.name)
+      local want = values_of(raw, fmt, size)
+      for i = 1, #want do
+        local got = v:get((i - 1) // last + 1, (i - 1) % last + 1)
+        if want[i] ~= want[i] then assert.is_true(got ~= got) else assert.equal(want[i], got) end
+      end
+    end
+    -- to a smaller item: int32 {2, 3} as int16 is {2, 6}; writes show through both
+    local b = cuda.array(H.rand_table(6, -99999, 99999, true), "int32"):reshape(2, 3)
+    local h = b:view("int16")
+    assert.same({ 2, 6 }, h.shape)
+    assert.same(values_of(bytes_of(b:reshape(6):totable(), "<i4"), "<i2", 2), h:reshape(12):totable())
+    h:set(1, 1, 1); h:set(1, 2, 1)
+    assert.equal(65537, b:get(1, 1))
+    -- complex as its parts
+    local z = cuda.array({ { 1.5, -2 }, { 3, 4.25 } }, "complex128")
+    assert.same({ 1.5, -2, 3, 4.25 }, z:view("float64"):totable())
+  end)
+
+  it("refuses a last dimension whose bytes do not divide, and a misaligned start", function()
+    local a = cuda.array(12, "int16"):reshape(4, 3)
+    C.raises("cudalua: array:view: when changing to a larger dtype, its size must be a divisor of the total size in bytes of the last axis of the array (3 x int16 = 6 bytes; int32 is 4)",
+             a.view, a, "int32")
+    local b = cuda.array(16, "int8"):slice(2, 9)
+    C.raises("cudalua: array:view: the array starts 1 bytes into its memory, not aligned for int32 (4 bytes): copy it first",
+             b.view, b, "int32")
+    assert.same({ 2 }, cuda.array(16, "int8"):slice(5, 12):view("int32").shape)
+    C.raises("unknown dtype", a.view, a, "int17")
+  end)
+end)
+
 describe("slice", function()
   it("gives a view of rows i..j that shares memory", function()
     local t = H.rand_table(20, -99, 99, true)

@@ -285,6 +285,22 @@ describe("element access on device arrays", function()
   end)
 end)
 
+describe("element access after queued work", function()
+  -- the element copy runs on the legacy stream, which does not wait for non-blocking streams:
+  -- it waits for the stream that last used the array (a late write was read as the old value)
+  gpu("sees the work a non-blocking stream queued on the array", function()
+    local s = cuda.stream(true)
+    local v = math.random(1, 1 << 30)
+    local y = cuda.device_array(N, "int32", s)
+    y:fill(0, s)
+    kernels().late_fill[{ 4, 128, s }](y, v, N, 50 * 1000000)
+    assert.equal(v, y[N])
+    kernels().late_fill[{ 4, 128, s }](y, v + 1, N, 50 * 1000000)
+    y[1] = 5 -- after the kernel, not overwritten by it
+    assert.same({ 5, v + 1 }, { y[1], y[2] })
+  end)
+end)
+
 describe("slice on device arrays", function()
   gpu("is a view with no copy", function()
     local t = H.rand_table(N)
@@ -407,6 +423,52 @@ describe("ptr", function()
     local a = cuda.array(4)
     a:close()
     C.raises("closed array", a.ptr, a)
+  end)
+end)
+
+describe("view on device arrays", function()
+  gpu("a kernel sees the viewed array's elements", function()
+    local t = H.rand_table(64, -32768, 32767, true)
+    local d = cuda.to_device(t, "int16"):reshape(8, 8)
+    local v = d:view("int32")
+    assert.same({ 8, 4 }, v.shape)
+    local k = cuda.kernel([[extern "C" __global__ void neg(int *x, int n) { int i = threadIdx.x; if (i < n) x[i] = -x[i]; }]], "neg")
+    k[{ 1, 32 }](v, 32)
+    local back = d:reshape(64):copy_to_host():totable()
+    for i = 1, 32 do
+      local lo, hi = string.unpack("<i2i2", string.pack("<i4", -string.unpack("<i4", string.pack("<i2i2", t[2 * i - 1], t[2 * i]))))
+      assert.same({ lo, hi }, { back[2 * i - 1], back[2 * i] })
+    end
+  end)
+end)
+
+-- a free that fails is said: through Lua's warnings where a state is at hand, else on stderr
+-- (before, a cached block freed as its stream went away said nothing). A kernel that writes to
+-- address 16 leaves the context failed: every later free fails.
+describe("failed frees", function()
+  gpu("are reported, also where no Lua state is at hand #cudaerror", function()
+    local out = H.child([==[
+warn("@on")
+local s = cuda.stream()
+local d = cuda.device_array(256, "float32", s)
+d:fill(1, s)
+s:synchronize()
+d:close()                      -- its block is kept in the cache for s
+local e = cuda.device_array(512, "float32", s)
+e:fill(1, s)
+s:synchronize()
+local bad = cuda.kernel('extern "C" __global__ void bad(long long a) { *(int *)a = 1; }', "bad")
+bad[{ 1, 1 }](16)                 -- on the legacy stream: no launcher holds s
+print(pcall(cuda.synchronize))
+e:close()                      -- to the cache as well
+io.stderr:write("-- stream close\n")
+s:close()                      -- its cached blocks are freed, with no state at hand
+io.stderr:write("-- done\n")
+]==], nil, "timeout 60")
+    assert.matches("false\tcudalua: synchronize: CUDA_ERROR_ILLEGAL_ADDRESS", out, 1, true)
+    local after = out:match("%-%- stream close\n(.*)%-%- done")
+    assert(after, out)
+    assert.matches("cudalua: cuMemFreeAsync failed while freeing memory: CUDA_ERROR_ILLEGAL_ADDRESS", after, 1, true)
   end)
 end)
 

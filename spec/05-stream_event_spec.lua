@@ -66,6 +66,69 @@ describe("cuda.stream", function()
     end)
   end)
 
+  -- issue 24: cuda.stream{priority = -1} was taken for `true` (a non-blocking stream, no priority)
+  it("refuses what is not a flag or its options, naming it", function()
+    C.raises("cudalua: cuda.stream: expected nil, a boolean (non_blocking) or an options table {non_blocking =, priority =}, got number",
+             cuda.stream, 1)
+    C.raises("got string", cuda.stream, "true")
+    C.raises("cudalua: cuda.stream: unknown option 'prio' (non_blocking, priority)", cuda.stream, { prio = -1 })
+    C.raises("cudalua: cuda.stream: non_blocking must be a boolean, got number", cuda.stream, { non_blocking = 1 })
+    C.raises("cudalua: cuda.stream: priority must be an integer (see cuda.stream_priority_range()), got 0.5",
+             cuda.stream, { priority = 0.5 })
+    C.raises("priority must be an integer", cuda.stream, { priority = "high" })
+  end)
+
+  -- CuPy test_stream.py test_create_with_priority (0, -1, -3 read back) and cuda.core
+  -- test_stream.py test_stream_priority (a priority out of range raises)
+  gpu("priorities: read back as given, refused outside the device's range", function()
+    local least, greatest = cuda.stream_priority_range()
+    assert.equal("integer", math.type(least))
+    assert.is_true(greatest <= least)
+    assert.equal(0, cuda.stream().priority)
+    assert.equal(0, cuda.default_stream().priority)
+    for p = greatest, least do
+      local s = cuda.stream { priority = p }
+      assert.equal(p, s.priority)
+      assert.is_false(s.non_blocking)
+      assert.equal(p, cuda.stream({ priority = p, non_blocking = true }).priority)
+    end
+    assert.is_true(cuda.stream({ non_blocking = true }).non_blocking)
+    assert.is_true(cuda.stream(true).non_blocking)
+    assert.is_false(cuda.stream(false).non_blocking)
+    C.raises(("cudalua: cuda.stream: priority %d is outside device %d's range %d (highest) to %d (lowest, the default)")
+             :format(least + 1, cuda.current_device(), greatest, least), cuda.stream, { priority = least + 1 })
+    C.raises("is outside device", cuda.stream, { priority = greatest - 1 })
+    local s = cuda.stream { priority = greatest }
+    s:close()
+    C.raises("cudalua: stream.priority: closed stream", function() return s.priority end)
+    C.raises("cudalua: streams have no field 'priorty'", function() return s.priorty end)
+  end)
+
+  -- a stream of the highest priority gets multiprocessors as soon as blocks of lower-priority
+  -- work end, before the rest of that work: its one block starts before the last block of a
+  -- grid of ten waves queued ahead of it on a default-priority stream
+  gpu("the block scheduler serves a higher-priority stream first", function()
+    local least, greatest = cuda.stream_priority_range()
+    if greatest == least then return end -- no priorities on this device
+    local k = cuda.kernel([[
+      __device__ unsigned long long now() { unsigned long long t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t; }
+      extern "C" __global__ void spin(unsigned long long *t, long long ns) {
+        unsigned long long t0 = now();
+        if (threadIdx.x == 0) t[blockIdx.x] = t0;
+        while (now() - t0 < (unsigned long long)ns) {}
+      }]], "spin")
+    local sms = cuda.devices()[cuda.current_device() + 1].multiprocessors
+    local nlow = sms * 2 * 10 -- blocks of 1024 threads: two per multiprocessor, ten waves
+    local low, high = cuda.stream(), cuda.stream { priority = greatest }
+    local tl, th = cuda.device_array(nlow, "uint64"), cuda.device_array(1, "uint64")
+    k[{ nlow, 1024, low }](tl, 1000000)
+    k[{ 1, 1024, high }](th, 1000000)
+    cuda.synchronize()
+    local starts, last = tl:copy_to_host():totable(), 0
+    for _, v in ipairs(starts) do last = math.max(last, v) end
+    assert.is_true(th[1] < last, "the high-priority block waited for every lower-priority block")
+  end)
+
   gpu("a <close> stream is closed at the end of its block", function()
     local keep
     do

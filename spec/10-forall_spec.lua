@@ -141,6 +141,21 @@ describe("k:forall", function()
     assert.same({ -7, -7 }, { out[1], out[n] })
   end)
 
+  -- Numba test_forall.py test_forall_no_work: forall(0) does no work and does not raise. Here
+  -- a kernel that would write even past n (it is told n = 5): nothing runs (before, one block ran)
+  gpu("forall(0) launches nothing, and still checks the arguments", function()
+    local cfg, hits = cuda.device_array(3, "int64"), cuda.device_array(1, "uint64")
+    cfg:fill(-1); hits:fill(0)
+    local l = K("shape"):forall(0)
+    assert.matches("grid {0, 1, 1}", tostring(l), 1, true)
+    l(cfg, hits, 5)
+    cuda.synchronize()
+    assert.same({ -1, -1, -1 }, cfg:copy_to_host():totable())
+    assert.equal(0, hits[1])
+    C.raises("cudalua: kernel 'shape' expects 3 arguments, got 2", l, cfg, hits)
+    C.raises("cudalua: kernel 'shape' argument 1", l, 5, hits, 5)
+  end)
+
   gpu("a launcher can be kept and called again", function()
     local k = K("round_all")
     local n = 1000

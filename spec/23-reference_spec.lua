@@ -81,7 +81,7 @@ describe("the API reference (docs/API.md)", function()
     local reg = debug.getregistry()
     local types = {
       Array = keys(reg["cudalua.array.methods"]), Kernel = keys(reg["cudalua.kernel.methods"]),
-      Stream = keys(reg["cudalua.stream"].__index), Event = keys(reg["cudalua.event"].__index),
+      Stream = keys(reg["cudalua.stream.methods"]), Event = keys(reg["cudalua.event"].__index),
       Graph = keys(reg["cudalua.graph"].__index), GraphExec = keys(reg["cudalua.graph_exec"].__index),
       Comm = keys(reg["cudalua.nccl_comm"].__index),
       Module = keys(require("cudalua.module").methods), Gpu = keys(getmetatable(cuda.gpus).methods),
@@ -94,12 +94,16 @@ describe("the API reference (docs/API.md)", function()
     local fields = {
       Array = { "shape", "dtype", "ndim", "size", "nbytes", "itemsize", "kind", "device", "closed" },
       Dtype = { "name", "itemsize", "typestr", "ctype", "is_float", "is_complex" },
+      Stream = { "priority", "non_blocking" },
     }
     for _, f in ipairs(fields.Array) do
       local ok = pcall(function() return cuda.array({ 1 })[f] end)
       assert(ok, "array field " .. f)
     end
     for _, f in ipairs(fields.Dtype) do assert.is_not_nil(cuda.float32[f], "dtype field " .. f) end
+    if H.has_gpu then
+      for _, f in ipairs(fields.Stream) do assert.is_not_nil(cuda.default_stream()[f], "stream field " .. f) end
+    end
     for t, names in pairs(fields) do
       assert.same({}, missing_from(names, function(n) return "`" .. t .. "." .. n .. "`" end), t .. " fields")
     end
@@ -113,6 +117,7 @@ describe("the API reference (docs/API.md)", function()
     options_documented("cuda.reduce(", accepted(cuda.reduce("a + b"), cuda.array({ 1, 2 }), { zz = 1 }))
     options_documented("cuda.random.create_xoroshiro128p_states(", accepted(cuda.random.create_xoroshiro128p_states, 4, { zz = 1 }))
     options_documented("cuda.event(", accepted(cuda.event, { zz = 1 }))
+    options_documented("cuda.stream(", accepted(cuda.stream, { zz = 1 }))
     options_documented("cuda.device_array(", accepted(cuda.device_array, 4, "float32", { zz = 1 }))
     local watch = H.read("lua/cudalua/progress.lua"):match("unknown option '%%s' %(([^)]*)%)")
     local list = {}

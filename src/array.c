@@ -37,11 +37,19 @@ void *cl_hostptr(const cl_array *a) { return a->mem->host ? (char *)a->mem->host
 
 int cl_is_host(const cl_array *a) { return a->kind != CL_DEVICE && a->kind != CL_FOREIGN; }
 
+/* Lua host functions run while cudalua waits: one may close an array the waiting call goes
+   on to use (its memory's free is put off, but the array has let go of it) */
+void cl_still_open(lua_State *L, cl_array *a, const char *where) {
+  if (!a->mem)
+    luaL_error(L, "cudalua: %s: the array was closed (by a Lua host function) while this waited for the GPU", where);
+}
+
 /* the host may touch managed memory only when no kernel runs, unless the device allows it */
 void cl_host_access(lua_State *L, cl_array *a) {
-  if (a->kind == CL_MANAGED && !cl_concurrent_managed()) {
+  if (a->kind == CL_MANAGED && !cl_concurrent_managed(a->mem->ctx)) {
     cl_use_ctx(L, a->mem->ctx);
     cl_wait(L, CL_WAIT_CTX, NULL, "waiting before host access to managed memory");
+    cl_still_open(L, a, "managed memory access");
   }
 }
 
@@ -181,8 +189,15 @@ static char *fill_from(lua_State *L, int idx, int dt, int d, int ndim, const int
   return p;
 }
 
+/* an argument past those a constructor takes: refused, so that a misplaced option is not lost */
+static void no_more_args(lua_State *L, int idx, const char *where, const char *takes) {
+  if (!lua_isnone(L, idx) && !lua_isnil(L, idx))
+    luaL_error(L, "cudalua: %s: argument %d is not taken (%s), got %s", where, idx, takes, luaL_typename(L, idx));
+}
+
 int cl_l_array(lua_State *L) {
   int64_t shape[CL_MAXDIM];
+  no_more_args(L, 3, "cuda.array", "it takes values or a shape, and a dtype");
   if (lua_type(L, 1) == LUA_TTABLE && luaL_getmetafield(L, 1, "__cuda_array_interface") != LUA_TNIL)
     return luaL_error(L, "cuda.array: the table is a foreign array (__cuda_array_interface): use cuda.as_cuda_array(t):copy_to_host()");
   if (lua_type(L, 1) == LUA_TTABLE) {
@@ -207,13 +222,16 @@ static int new_kind(lua_State *L, int kind, const char *where) {
   int64_t shape[CL_MAXDIM];
   int ndim = cl_parse_shape(L, 1, shape, where);
   int dt = cl_optdtype(L, 2, CL_F64);
+  if (kind != CL_DEVICE) no_more_args(L, 3, where, "host memory takes a shape and a dtype, no stream or options");
+  no_more_args(L, 4, where, "a shape, a dtype and a stream or options");
   lua_settop(L, 3);
   cl_stream *s = NULL;
   int flags = kind != CL_DEVICE ? CL_ZERO : 0;
   if (kind == CL_DEVICE && lua_istable(L, 3)) {   /* {stream =, ipc =} */
     static const char *const opts[] = {"stream", "ipc", NULL};
     cl_check_options(L, 3, where, opts);
-    lua_getfield(L, 3, "ipc");
+    if (lua_getfield(L, 3, "ipc") != LUA_TNIL && !lua_isboolean(L, -1))
+      luaL_error(L, "%s: ipc must be a boolean, got %s", where, luaL_typename(L, -1));
     if (lua_toboolean(L, -1)) flags |= CL_IPC;
     lua_getfield(L, 3, "stream");
     s = cl_tostream(L, -1, where);
@@ -273,9 +291,12 @@ static void get_elem(lua_State *L, cl_array *a, size_t i) {
     char buf[CL_MAXITEM];
     cl_use_ctx(L, a->mem->ctx);
     cl_capture_guard(L, NULL, 1, "reading a device array element");
-    cl_mem_order(L, a->mem, a->mem->ctx, a->mem->ctx);
-    if (cl_host_armed(L)) cl_wait(L, CL_WAIT_CTX, NULL, "reading a device array element");
-    cl_check(L, cu.cuMemcpyDtoH(buf, cl_devptr(a) + i * isz, isz), "reading a device array element");
+    /* after the work queued on it: the legacy stream's copy does not wait for non-blocking
+       streams by itself */
+    if (a->mem->used) cl_mem_settle(L, a->mem);
+    if (cl_host_armed(L)) cl_wait(L, CL_WAIT_HOSTFNS, NULL, "reading a device array element");
+    cl_still_open(L, a, "reading a device array element");
+    cl_check(L, CU(cuMemcpyDtoH, buf, cl_devptr(a) + i * isz, isz), "reading a device array element");
     cl_pushvalue(L, a->dtype, buf);
   }
 }
@@ -291,9 +312,10 @@ static void set_elem(lua_State *L, cl_array *a, size_t i, int vidx) {
   } else {
     cl_use_ctx(L, a->mem->ctx);
     cl_capture_guard(L, NULL, 1, "writing a device array element");
-    cl_mem_order(L, a->mem, a->mem->ctx, a->mem->ctx);
-    if (cl_host_armed(L)) cl_wait(L, CL_WAIT_CTX, NULL, "writing a device array element");
-    cl_check(L, cu.cuMemcpyHtoD(cl_devptr(a) + i * isz, buf, isz), "writing a device array element");
+    if (a->mem->used) cl_mem_settle(L, a->mem);   /* as reads do */
+    if (cl_host_armed(L)) cl_wait(L, CL_WAIT_HOSTFNS, NULL, "writing a device array element");
+    cl_still_open(L, a, "writing a device array element");
+    cl_check(L, CU(cuMemcpyHtoD, cl_devptr(a) + i * isz, buf, isz), "writing a device array element");
   }
 }
 
@@ -425,13 +447,32 @@ static int a_reshape(lua_State *L) {
   return 1;
 }
 
-/* a:view(dtype): the same memory as another dtype of the same size (e.g. uint64 as int64) */
+/* a:view(dtype): the same bytes as another dtype. Of another item size, as NumPy and Numba do:
+   the last dimension is rescaled (int16 {3, 4} as int32 is {3, 2}), which needs its bytes to
+   divide by the new size; the start must be aligned for the new type (a kernel would fault on
+   a misaligned pointer). Arrays are C-contiguous (views of a range of the first axis, reshapes). */
 static int a_view(lua_State *L) {
   cl_array *a = cl_checkarray(L, 1);
   int dt = cl_checkdtype(L, 2);
-  if (cl_dtypes[dt].size != cl_dtypes[a->dtype].size)
-    return luaL_error(L, "view: %s and %s differ in size", cl_dtypes[a->dtype].name, cl_dtypes[dt].name);
-  cl_array *v = cl_push_array(L, cl_mem_ref(a->mem), a->offset, a->kind, dt, a->ndim, a->shape);
+  int64_t shape[CL_MAXDIM];
+  memcpy(shape, a->shape, sizeof shape);
+  size_t from = (size_t)cl_dtypes[a->dtype].size, to = (size_t)cl_dtypes[dt].size;
+  if (from != to) {
+    const char *fn = cl_dtypes[a->dtype].name, *tn = cl_dtypes[dt].name;
+    if (a->ndim == 0)
+      return luaL_error(L, "cudalua: array:view: a 0-d %s array cannot be viewed as %s (item sizes %d and %d)",
+                        fn, tn, (int)from, (int)to);
+    size_t last = (size_t)a->shape[a->ndim - 1] * from;
+    if (last % to)   /* NumPy's and Numba's words */
+      return luaL_error(L, "cudalua: array:view: when changing to a larger dtype, its size must be a divisor "
+                        "of the total size in bytes of the last axis of the array (%I x %s = %I bytes; %s is %d)",
+                        (lua_Integer)a->shape[a->ndim - 1], fn, (lua_Integer)last, tn, (int)to);
+    if (a->offset % to)
+      return luaL_error(L, "cudalua: array:view: the array starts %I bytes into its memory, not aligned for %s "
+                        "(%d bytes): copy it first", (lua_Integer)a->offset, tn, (int)to);
+    shape[a->ndim - 1] = (int64_t)(last / to);
+  }
+  cl_array *v = cl_push_array(L, cl_mem_ref(a->mem), a->offset, a->kind, dt, a->ndim, shape);
   v->readonly = a->readonly;
   lua_getiuservalue(L, 1, 1);
   lua_setiuservalue(L, -2, 1);
@@ -454,7 +495,7 @@ static int a_advise(lua_State *L) {
                                      CU_MEM_ADVISE_SET_READ_MOSTLY};
   CUmemLocation loc = (w == 1 || w == 2) ? host : dev;
   size_t n = cl_nbytes(a);
-  if (n) cl_check(L, cu.cuMemAdvise(cl_devptr(a), n, adv[w], loc), "advise");
+  if (n) cl_check(L, CU(cuMemAdvise, cl_devptr(a), n, adv[w], loc), "advise");
   lua_settop(L, 1);
   return 1;
 }
@@ -484,7 +525,7 @@ static int a_tostring(lua_State *L) {
     luaL_addvalue(&b);
   }
   if (!a->mem) luaL_addstring(&b, " (closed)");
-  else if (cl_is_host(a) && (a->kind != CL_MANAGED || cl_concurrent_managed())) {
+  else if (cl_is_host(a) && (a->kind != CL_MANAGED || cl_concurrent_managed(a->mem->ctx))) {
     const char *p = cl_hostptr(a);
     int isz = cl_dtypes[a->dtype].size;
     luaL_addstring(&b, " {");

@@ -3,8 +3,12 @@
    what would break it (the legacy stream, waits) instead of letting the driver invalidate it. */
 #include "cl.h"
 
-void *cl_push_graph(lua_State *L, CUgraph h, CUcontext ctx);   /* graph.c */
 
+/* registry: capture id -> the capture's keep table, so that streams joined to a capture (by
+   an event) find the table of the stream that began it */
+#define CAPTURES "cudalua.captures"
+/* in a keep table: the list of captured host functions' records */
+#define HOSTRECS "cudalua.hostrecs"
 
 static cl_stream *capstream(lua_State *L, const char *where) {
   int is_default;
@@ -12,6 +16,42 @@ static cl_stream *capstream(lua_State *L, const char *where) {
   if (is_default) luaL_error(L, "cudalua: %s: the legacy default stream cannot be captured; use cuda.stream()", where);
   if (!s) luaL_error(L, "cudalua: %s: closed stream", where);
   return s;
+}
+
+/* the capture id of s, 0 when it is not capturing */
+static cuuint64_t capture_id(lua_State *L, cl_stream *s) {
+  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+  cuuint64_t id = 0;
+  if (CU(cuStreamGetCaptureInfo, s->h, &st, &id, NULL, NULL, NULL, NULL) != CUDA_SUCCESS ||
+      st != CU_STREAM_CAPTURE_STATUS_ACTIVE) return 0;
+  return id;
+}
+
+int cl_capture_push_keep(lua_State *L, cl_stream *s) {
+  if (!s) return 0;
+  if (s->capture_ref) { lua_rawgeti(L, LUA_REGISTRYINDEX, s->capture_ref); return 1; }
+  cuuint64_t id = capture_id(L, s);
+  if (!id) return 0;
+  luaL_getsubtable(L, LUA_REGISTRYINDEX, CAPTURES);
+  lua_rawgeti(L, -1, (lua_Integer)id);
+  lua_remove(L, -2);
+  if (lua_istable(L, -1)) return 1;
+  lua_pop(L, 1);
+  return 0;
+}
+
+void cl_capture_add_hostrec(lua_State *L, int keepidx, int boxidx) {
+  keepidx = lua_absindex(L, keepidx);
+  boxidx = lua_absindex(L, boxidx);
+  if (lua_getfield(L, keepidx, HOSTRECS) != LUA_TTABLE) {
+    lua_pop(L, 1);
+    lua_newtable(L);
+    lua_pushvalue(L, -1);
+    lua_setfield(L, keepidx, HOSTRECS);
+  }
+  lua_pushvalue(L, boxidx);
+  lua_rawseti(L, -2, (lua_Integer)lua_rawlen(L, -2) + 1);
+  lua_pop(L, 1);
 }
 
 /* s:begin_capture([mode]): mode "global" (default), "thread_local" or "relaxed" */
@@ -23,18 +63,45 @@ static int s_begin_capture(lua_State *L) {
   int mode = luaL_checkoption(L, 2, "global", modes);
   if (s->capture_ref) return luaL_error(L, "cudalua: stream:begin_capture: the stream is already capturing");
   cl_use_ctx(L, s->ctx);
-  cl_check(L, cu.cuStreamBeginCapture(s->h, m[mode]), "stream:begin_capture");
+  cl_host_reserve(L);   /* no page-locked allocation may happen during the capture */
+  cl_check(L, CU(cuStreamBeginCapture, s->h, m[mode]), "stream:begin_capture");
   lua_newtable(L);
+  cuuint64_t id = capture_id(L, s);
+  if (id) {
+    luaL_getsubtable(L, LUA_REGISTRYINDEX, CAPTURES);
+    lua_pushvalue(L, -2);
+    lua_rawseti(L, -2, (lua_Integer)id);
+    lua_pop(L, 1);
+  }
   s->capture_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   __atomic_add_fetch(&cl_capturing, 1, __ATOMIC_SEQ_CST);
+  if (s->blocking) __atomic_add_fetch(&cl_capturing_blocking, 1, __ATOMIC_SEQ_CST);
   return 0;
 }
 
-static void end_capture_state(lua_State *L, cl_stream *s) {
+static void end_capture_state(lua_State *L, cl_stream *s, cuuint64_t id) {
+  if (id) {
+    luaL_getsubtable(L, LUA_REGISTRYINDEX, CAPTURES);
+    lua_pushnil(L);
+    lua_rawseti(L, -2, (lua_Integer)id);
+    lua_pop(L, 1);
+  }
   luaL_unref(L, LUA_REGISTRYINDEX, s->capture_ref);
   s->capture_ref = 0;
   __atomic_sub_fetch(&cl_capturing, 1, __ATOMIC_SEQ_CST);
+  if (s->blocking) __atomic_sub_fetch(&cl_capturing_blocking, 1, __ATOMIC_SEQ_CST);
   cl_flush_deferred(L);
+}
+
+/* the stream is closed or collected while it captures: the capture is ended and dropped */
+void cl_capture_abandon(lua_State *L, cl_stream *s) {
+  if (!s || !s->capture_ref) return;
+  CUcontext prev = cl_ctx_swap(s->ctx);
+  cuuint64_t id = capture_id(L, s);
+  CUgraph h = NULL;
+  if (CU(cuStreamEndCapture, s->h, &h) == CUDA_SUCCESS && h) CU(cuGraphDestroy, h);
+  cl_ctx_swap(prev);
+  end_capture_state(L, s, id);
 }
 
 /* s:end_capture() -> graph */
@@ -42,18 +109,30 @@ static int s_end_capture(lua_State *L) {
   cl_stream *s = capstream(L, "stream:end_capture");
   if (!s->capture_ref) return luaL_error(L, "cudalua: stream:end_capture: the stream is not capturing");
   cl_use_ctx(L, s->ctx);
+  cuuint64_t id = capture_id(L, s);
   CUgraph h = NULL;
-  CUresult r = cu.cuStreamEndCapture(s->h, &h);
+  CUresult r = CU(cuStreamEndCapture, s->h, &h);
   lua_rawgeti(L, LUA_REGISTRYINDEX, s->capture_ref);
   int refs = lua_gettop(L);
-  end_capture_state(L, s);
+  end_capture_state(L, s, id);
   if (r != CUDA_SUCCESS) {
-    if (h) cu.cuGraphDestroy(h);
+    if (h) CU(cuGraphDestroy, h);
     return luaL_error(L, "cudalua: stream:end_capture: the capture failed (%s); the stream is usable again", cl_errname(r));
   }
   cl_push_graph(L, h, s->ctx);
+  int g = lua_gettop(L);
   lua_pushvalue(L, refs);
-  lua_setiuservalue(L, -2, 1);
+  lua_setiuservalue(L, g, 1);
+  /* the captured host functions run at each launch of the graph */
+  if (lua_getfield(L, refs, HOSTRECS) == LUA_TTABLE) {
+    lua_Integer n = (lua_Integer)lua_rawlen(L, -1);
+    for (lua_Integer i = 1; i <= n; i++) {
+      lua_rawgeti(L, -1, i);
+      cl_graph_add_hostrec(L, g, cl_hostrec_of_box(L, -1));
+      lua_pop(L, 1);
+    }
+  }
+  lua_settop(L, g);
   return 1;
 }
 
@@ -62,17 +141,16 @@ static int s_is_capturing(lua_State *L) {
   if (!s) { lua_pushboolean(L, 0); return 1; }
   CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
   cl_use_ctx(L, s->ctx);
-  cl_check(L, cu.cuStreamIsCapturing(s->h, &st), "stream:is_capturing");
+  cl_check(L, CU(cuStreamIsCapturing, s->h, &st), "stream:is_capturing");
   lua_pushboolean(L, st != CU_STREAM_CAPTURE_STATUS_NONE);
   return 1;
 }
 
 void cl_open_capture(lua_State *L) {
   /* capture methods join the stream's method table */
-  luaL_getmetatable(L, "cudalua.stream");
-  lua_getfield(L, -1, "__index");
+  lua_getfield(L, LUA_REGISTRYINDEX, "cudalua.stream.methods");
   lua_pushcfunction(L, s_begin_capture); lua_setfield(L, -2, "begin_capture");
   lua_pushcfunction(L, s_end_capture); lua_setfield(L, -2, "end_capture");
   lua_pushcfunction(L, s_is_capturing); lua_setfield(L, -2, "is_capturing");
-  lua_pop(L, 2);
+  lua_pop(L, 1);
 }

@@ -13,6 +13,8 @@
 
 #define CUDALUA_VERSION "0.2.0"
 
+typedef struct cl_hostrec cl_hostrec;   /* hostfn.c: a Lua host function's record */
+
 /* ---- driver.c: libcuda and NVRTC, opened with dlopen at run time ---- */
 #define CL_CUDA_FUNCS(X) \
   X(cuInit) X(cuDriverGetVersion) X(cuGetErrorName) X(cuGetErrorString) \
@@ -43,7 +45,10 @@
   X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuStreamIsCapturing) \
   X(cuMemcpyPeerAsync) X(cuMemcpyPeer) X(cuDeviceCanAccessPeer) X(cuCtxEnablePeerAccess) \
   X(cuCtxDisablePeerAccess) X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle) X(cuIpcCloseMemHandle) \
-  X(cuIpcGetEventHandle) X(cuIpcOpenEventHandle) X(cuMemPoolSetAccess) X(cuMemGetAddressRange)
+  X(cuIpcGetEventHandle) X(cuIpcOpenEventHandle) X(cuMemPoolSetAccess) X(cuMemGetAddressRange) \
+  X(cuStreamGetCaptureInfo) X(cuStreamBatchMemOp) X(cuGraphAddBatchMemOpNode) \
+  X(cuGraphBatchMemOpNodeGetParams) X(cuGraphBatchMemOpNodeSetParams) X(cuGraphChildGraphNodeGetGraph) \
+  X(cuGraphNodeGetType) X(cuStreamCreateWithPriority) X(cuStreamGetPriority) X(cuCtxGetStreamPriorityRange)
 
 /* entry points of newer drivers: NULL when missing (cuFuncGetParamInfo 12.4, the module
    function listing 12.4, cuFuncGetName 12.3) */
@@ -86,6 +91,8 @@ const char *cl_nvrtc_path(void);
 CUcontext cl_ctx(lua_State *L);    /* raises unless a GPU is usable; makes its context current */
 int cl_device_attr(CUdevice_attribute a);  /* attribute of the current device */
 int cl_current_device(void);
+void cl_set_current_device(int dev);   /* this thread's selection (the helper thread borrows one) */
+#define CL_MAXDEV 64
 /* Every object keeps the context of its device, and work on it runs there whatever device is
    selected. These map contexts and devices (primary contexts, one a device) and switch. */
 int cl_device_of(CUcontext c);                      /* the device's id, -1 if not ours */
@@ -93,12 +100,20 @@ CUcontext cl_device_ctx(lua_State *L, int dev);     /* the device's context (ret
 int cl_peer_enabled(CUcontext from, CUcontext to);  /* kernels in `from` may use `to`'s memory */
 int cl_ndevices(void);                              /* 0 without a driver */
 CUresult cl_sync_all_devices(lua_State *L);         /* every context cudalua uses (runs host functions) */
-void cl_release_contexts(void);   /* the last state closed: waits, trims pools, releases the primary contexts */
-int cl_concurrent_managed(void);   /* host may touch managed memory while kernels run */
+void cl_idle_devices(void);       /* the last state closed: waits for every context cudalua made */
+void cl_release_contexts(void);   /* then trims pools, releases the primary contexts */
+/* the host may touch managed memory of context ctx's device while its kernels run */
+int cl_concurrent_managed(CUcontext ctx);
 /* raises "cudalua: what: CUDA_ERROR_X (text)" when r is not CUDA_SUCCESS */
 void cl_check(lua_State *L, CUresult r, const char *what);
+/* hostfn.c: this thread runs a Lua host function now. It may not use the GPU (CUDA's rule for
+   host functions: the thread that would wait for it may be inside the driver), so every use of
+   a context refuses (cl_use_ctx, cl_ctx), and releases are put off. */
+extern __thread int cl_in_hostfn;
+void cl_hostfn_refuse(lua_State *L);   /* raises */
 /* makes c current (cheap when it is: the driver keeps the current context per thread) */
 static inline void cl_use_ctx(lua_State *L, CUcontext c) {
+  if (__builtin_expect(cl_in_hostfn, 0)) cl_hostfn_refuse(L);
   CUcontext cur = NULL;
   cu.cuCtxGetCurrent(&cur);
   if (cur != c) cl_check(L, cu.cuCtxSetCurrent(c), "making a device's context current");
@@ -151,7 +166,7 @@ typedef struct cl_stream {
   int blocking;        /* synchronises with the legacy stream */
 } cl_stream;
 cl_stream *cl_stream_ref(cl_stream *s);
-void cl_stream_unref(cl_stream *s);
+void cl_stream_unref(lua_State *L, cl_stream *s);   /* L: the state dropping it, or NULL */
 /* the stream at idx: nil/0/default stream -> NULL (legacy); raises for other values */
 cl_stream *cl_tostream(lua_State *L, int idx, const char *where);
 cl_stream *cl_stream_of(lua_State *L, int idx, int *is_default);
@@ -159,15 +174,17 @@ cl_stream *cl_stream_of(lua_State *L, int idx, int *is_default);
 void cl_stream_check(lua_State *L, cl_stream *s, CUcontext ctx, const char *where, const char *what);
 void cl_open_stream(lua_State *L);
 
-/* releases that would wait for the device (frees, module unloads, NCCL communicators) asked for
-   inside a Lua host function or a capture: the caller fills in fn and keeps the node's memory
-   until fn runs, which cl_flush_deferred does once neither is under way */
+/* releases asked for inside a Lua host function or while a stream captures (frees, module
+   unloads, destroys): the caller fills in fn and keeps the node's memory until fn runs, which
+   cl_flush_deferred does once neither is under way. Each Lua state has its own list: another
+   state's thread must not touch its objects. L: the state (NULL: the one whose host function
+   runs on this thread; none: fn runs now) */
 typedef struct cl_deferred {
   void (*fn)(lua_State *L, struct cl_deferred *d);
   struct cl_deferred *next;
 } cl_deferred;
 int cl_must_defer(lua_State *L);
-void cl_defer(cl_deferred *d);
+void cl_defer(lua_State *L, cl_deferred *d);
 /* the record a deferred node is the member `member` of */
 #define CL_DEFERRED_OWNER(d, type, member) ((type *)(void *)((char *)(d) - offsetof(type, member)))
 void cl_flush_deferred(lua_State *L);
@@ -218,16 +235,17 @@ void cl_mem_use(cl_mem *m, cl_stream *s, CUcontext ctx);  /* queued work on s, i
 void cl_mem_settle(lua_State *L, cl_mem *m);      /* waits for queued work that uses m */
 /* before stream-less work on m in context a or b: waits for any other device's work on m */
 void cl_mem_order(lua_State *L, cl_mem *m, CUcontext a, CUcontext b);
-void cl_mem_forget_stream(cl_stream *s);          /* s is being destroyed */
+void cl_mem_forget_stream(lua_State *L, cl_stream *s);   /* s is being destroyed */
 void cl_open_memory(lua_State *L);
 void cl_mem_release_all(void);                  /* the last state closed: block cache emptied */
-int cl_pageable_prepare(cl_mem *m);               /* page-locks pageable memory for copies */
+int cl_pageable_prepare(lua_State *L, cl_mem *m);               /* page-locks pageable memory for copies */
 cl_array *cl_newarray(lua_State *L, int kind, int dt, int ndim, const int64_t *shape,
                       cl_stream *s, int flags);
 void cl_open_array(lua_State *L);
 extern const char *const cl_kind_names[];     /* "array", "pinned_array", ... */
 int cl_is_host(const cl_array *a);                /* memory the CPU can read */
 void cl_host_access(lua_State *L, cl_array *a);   /* waits if managed memory needs it */
+void cl_still_open(lua_State *L, cl_array *a, const char *where);   /* after a wait: not closed meanwhile */
 int cl_l_array(lua_State *L);                     /* cuda.array */
 /* raises "where: unknown option 'k' (names...)" for a key of the table at idx not in names */
 void cl_check_options(lua_State *L, int idx, const char *where, const char *const names[]);
@@ -262,30 +280,66 @@ void cl_open_progress(lua_State *L);
 void cl_open_cache(lua_State *L);
 void cl_open_hostfn(lua_State *L);
 void cl_open_graph(lua_State *L);
+void cl_open_capture(lua_State *L);   /* capture.c: the stream's capture methods */
+/* graph.c: a graph object for h (pushed); a host function's record the graph now runs */
+void *cl_push_graph(lua_State *L, CUgraph h, CUcontext ctx);
+void cl_graph_add_hostrec(lua_State *L, int gidx, cl_hostrec *r);
 
 /* ---- hostfn.c: Lua host functions, and waits that run them ---- */
-enum { CL_WAIT_STREAM, CL_WAIT_EVENT, CL_WAIT_CTX };
+enum { CL_WAIT_STREAM, CL_WAIT_EVENT, CL_WAIT_CTX, CL_WAIT_HOSTFNS };   /* HOSTFNS: until L's have run */
 CUresult cl_wait_raw(lua_State *L, int kind, void *h);
 void cl_wait_check(lua_State *L);   /* raises where no wait may be (in a running host function) */
 void cl_wait(lua_State *L, int kind, void *h, const char *what);  /* raises */
-int cl_host_service(lua_State *L);
-int cl_host_armed(lua_State *L);
-int cl_host_running(lua_State *L);   /* a Lua host function runs now (on this thread) */
-void cl_host_arm(lua_State *L, int n);
+void cl_host_drain(lua_State *L);   /* before a driver call that waits for the whole device */
+int cl_host_service(lua_State *L);   /* runs L's fired host functions */
+int cl_host_armed(lua_State *L);     /* L's host functions queued and not yet run */
+int cl_host_running(lua_State *L);   /* a Lua host function of L runs now */
 void cl_host_raise(lua_State *L);
-void *cl_hostcall_new(lua_State *L, int fidx, int oneshot);
-void cl_hostcall_free(lua_State *L, void *call);
-CUhostFn cl_host_trampoline(void);
-int cl_launch_host_func(lua_State *L, CUstream h);
+int cl_launch_host_func(lua_State *L, cl_stream *s);   /* stream:launch_host_func, fn at 2 */
+/* graph host nodes: a record per node, owned by a userdata the graph keeps (pushed) */
+cl_hostrec *cl_hostrec_new(lua_State *L, int fidx, const char *where);
+cl_hostrec *cl_hostrec_copy(lua_State *L, const cl_hostrec *r, const char *where);
+cl_hostrec *cl_hostrec_at(CUdeviceptr a);   /* the record a memop node's address belongs to */
+cl_hostrec *cl_hostrec_of_box(lua_State *L, int idx);
+void cl_hostrec_ops(const cl_hostrec *r, CUstreamBatchMemOpParams op[2]);   /* its stream part */
+/* around a graph launch with host nodes: arms them and orders the launch (returns a token for
+   end); end records the order, or disarms when the launch was not queued */
+int cl_host_graph_begin(lua_State *L, cl_hostrec *const *recs, int n, CUcontext ctx, CUstream h,
+                        const char *where);
+void cl_host_graph_end(lua_State *L, cl_hostrec *const *recs, int n, int token, CUstream h, int ok,
+                       const char *where);
+void cl_hostfn_shutdown(void);   /* the last state closed and the devices are idle */
+void cl_host_reserve(lua_State *L);   /* before a capture: words for the host functions it may take */
+void cl_host_dump(void *file);   /* a FILE *: every queue's state, for hang reports */
 /* launches that return only once their work has run (CUDA_LAUNCH_BLOCKING=1, compute-sanitizer):
-   work queued behind a Lua host function that has not run would wait for it while it waits for
-   this thread, so such work first waits for the host functions (set when the driver loads) */
+   work queued behind a Lua host function that has not run would block in the driver, so such
+   work first waits for the host functions (set when the driver loads) */
 extern int cl_launch_blocks;
 void cl_host_before_enqueue(lua_State *L, const char *what);
 #define CL_BEFORE_ENQUEUE(L, what) do { if (cl_launch_blocks) cl_host_before_enqueue(L, what); } while (0)
 void cl_host_after_enqueue(lua_State *L, CUstream h, const char *what);   /* launches block */
-void cl_host_park(lua_State *L);     /* around a driver call that may run host functions itself */
-void cl_host_unpark(lua_State *L);
+/* A driver call that may not return before one of L's fired host functions has run (work
+   queued behind it when the queue is full, launches that block) parks the Lua thread: the
+   helper thread may then run them on L. Free when nothing is pending in the process (one
+   load). The call between park and unpark must not touch L nor raise. ENQUEUE: the helper
+   steps in after about a millisecond; WAIT: at once. */
+enum { CL_PARK_ENQUEUE, CL_PARK_WAIT };
+extern unsigned cl_host_pending;
+struct cl_hostq;
+struct cl_hostq *cl_host_park_slow(lua_State *L, int kind);
+void cl_host_unpark_slow(lua_State *L, struct cl_hostq *q);
+static inline struct cl_hostq *cl_host_park(lua_State *L, int kind) {
+  return L && __atomic_load_n(&cl_host_pending, __ATOMIC_RELAXED) ? cl_host_park_slow(L, kind) : NULL;
+}
+static inline void cl_host_unpark(lua_State *L, struct cl_hostq *q) { if (q) cl_host_unpark_slow(L, q); }
+#define CL_PARKED(L, kind, call) __extension__ ({ struct cl_hostq *pk_ = cl_host_park(L, kind); \
+  __typeof__(call) r_ = (call); cl_host_unpark(L, pk_); r_; })
+/* Every driver call of cudalua: CU(cuMemAlloc, &p, n) is cu.cuMemAlloc(&p, n), parked for the
+   Lua state L in scope (any driver call may block while another thread's call waits for a
+   stream stopped at a host function). CU0: not parked, where no state is at hand or a lock of
+   cudalua's is held (a host function the helper runs could want it). */
+#define CU(f, ...) CL_PARKED(L, CL_PARK_ENQUEUE, cu.f(__VA_ARGS__))
+#define CU0(f, ...) (cu.f(__VA_ARGS__))
 
 #define CL_MAXPARAMS 64
 /* bumped by every k:set_attribute: kernel objects that share a CUfunction (the same symbol got
@@ -342,7 +396,7 @@ typedef struct cl_args {
   void *params[CL_MAXPARAMS];
   cl_mem *used[CL_MAXPARAMS];
   int nused;
-  struct { cl_array *a; CUdeviceptr d; int back; void *slot; } tmp[CL_MAXPARAMS];
+  struct { cl_array *a; CUdeviceptr d; int back; void *slot; void *host; size_t n; } tmp[CL_MAXPARAMS];
   int ntmp;
 } cl_args;
 /* converts stack values first..first+nargs-1; pageable host arrays are refused unless
@@ -351,7 +405,12 @@ void cl_marshal(lua_State *L, cl_kernel *k, int kidx, int first, int nargs, cl_a
                 int allow_pageable);
 /* stream capture: legacy-stream use and waits are refused while a capture runs */
 extern int cl_capturing;
+extern int cl_capturing_blocking;   /* blocking streams capturing: the legacy stream is refused */
 void cl_capture_guard(lua_State *L, cl_stream *s, int waits, const char *where);
-void cl_hostfn_release_closed(void);   /* the last state closed and the devices are idle */
+/* capture.c: pushes the table that keeps what a capture of s uses alive (s the capture's
+   stream or one joined to it) and returns 1; 0 (nothing pushed) when s is not capturing */
+int cl_capture_push_keep(lua_State *L, cl_stream *s);
+void cl_capture_add_hostrec(lua_State *L, int keepidx, int boxidx);   /* a captured host node */
+void cl_capture_abandon(lua_State *L, cl_stream *s);   /* s closes while capturing: ends it */
 
 #endif

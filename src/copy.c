@@ -20,8 +20,9 @@ void cl_copy(lua_State *L, cl_array *dst, cl_array *src, cl_stream *s, int sync,
   if (n == 0) return;
   if (cl_is_host(dst) && cl_is_host(src)) {   /* host to host: no driver needed */
     cl_host_access(L, dst); cl_host_access(L, src);
-    if (dst->mem->used) cl_mem_settle(L, dst->mem);
-    if (src->mem->used) cl_mem_settle(L, src->mem);
+    if (dst->mem && dst->mem->used) cl_mem_settle(L, dst->mem);
+    if (src->mem && src->mem->used) cl_mem_settle(L, src->mem);
+    cl_still_open(L, dst, where); cl_still_open(L, src, where);
     memmove(cl_hostptr(dst), cl_hostptr(src), n);
     return;
   }
@@ -41,27 +42,35 @@ void cl_copy(lua_State *L, cl_array *dst, cl_array *src, cl_stream *s, int sync,
   cl_capture_guard(L, s, sync || dst->kind == CL_HOST || src->kind == CL_HOST, where);
   if (!s) {   /* ctx is dctx when both ends are devices */
     cl_mem_order(L, dst->mem, ctx, sctx ? sctx : ctx);
-    cl_mem_order(L, src->mem, ctx, sctx ? sctx : ctx);
+    if (src->mem) cl_mem_order(L, src->mem, ctx, sctx ? sctx : ctx);
+    cl_still_open(L, dst, where); cl_still_open(L, src, where);
   }
   int pageable = 0;
-  if (dst->kind == CL_HOST) { cl_pageable_prepare(dst->mem); pageable = 1; }
-  if (src->kind == CL_HOST) { cl_pageable_prepare(src->mem); pageable = 1; }
+  if (dst->kind == CL_HOST) { cl_pageable_prepare(L, dst->mem); pageable = 1; }
+  if (src->kind == CL_HOST) { cl_pageable_prepare(L, src->mem); pageable = 1; }
   /* host memory by its host address: the driver then copies it by DMA as host memory (a
      mapped device alias would make the copy engine go through the mapping, much slower) */
   CUdeviceptr d = cl_is_host(dst) ? (CUdeviceptr)(uintptr_t)cl_hostptr(dst) : cl_devptr(dst);
   CUdeviceptr p = cl_is_host(src) ? (CUdeviceptr)(uintptr_t)cl_hostptr(src) : cl_devptr(src);
   CUstream h = s ? s->h : NULL;
   CL_BEFORE_ENQUEUE(L, where);
+  cl_still_open(L, dst, where); cl_still_open(L, src, where);
+  /* the blocks are held from here: a host function the helper thread runs during a copy that
+     blocks may close the arrays (their frees are put off, the records stay) */
+  cl_mem *dm = dst->mem, *sm = src->mem;
   if (peer && !s) {
     /* without a stream: ordered after all work on both devices (cuMemcpyPeer), and finished on
        return: it is queued with the destination device's work (ctx, current), which is waited for */
-    cl_check(L, cu.cuMemcpyPeer(d, dctx, p, sctx, n), where);
+    cl_check(L, CL_PARKED(L, CL_PARK_WAIT, cu.cuMemcpyPeer(d, dctx, p, sctx, n)), where);
     cl_wait(L, CL_WAIT_CTX, NULL, where);
     return;
   }
-  cl_check(L, peer ? cu.cuMemcpyPeerAsync(d, dctx, p, sctx, n, h) : cu.cuMemcpyAsync(d, p, n, h), where);
-  cl_mem_use(dst->mem, s, ctx);
-  cl_mem_use(src->mem, s, ctx);
+  /* pageable memory is copied before the call returns: it waits like a synchronize */
+  int kind = pageable ? CL_PARK_WAIT : CL_PARK_ENQUEUE;
+  CUresult r = CL_PARKED(L, kind, peer ? cu.cuMemcpyPeerAsync(d, dctx, p, sctx, n, h) : cu.cuMemcpyAsync(d, p, n, h));
+  cl_check(L, r, where);
+  cl_mem_use(dm, s, ctx);
+  cl_mem_use(sm, s, ctx);
   if (sync || pageable) cl_wait(L, CL_WAIT_STREAM, h, where);
 }
 
@@ -95,6 +104,7 @@ int cl_l_to_device(lua_State *L) {
   cl_stream *s = cl_tostream(L, sidx, "cuda.to_device");
   cl_array *d = cl_newarray(L, CL_DEVICE, src->dtype, src->ndim, src->shape, s, 0);
   cl_copy(L, d, src, s, lua_isnoneornil(L, sidx), "cuda.to_device");
+  cl_flush_deferred(L);   /* what host functions closed while it waited */
   return 1;
 }
 
@@ -115,6 +125,7 @@ int cl_a_copy_to_host(lua_State *L) {
     dst = cl_newarray(L, CL_HOST, a->dtype, a->ndim, a->shape, NULL, 0);
   }
   cl_copy(L, dst, a, s, lua_isnoneornil(L, sidx), "copy_to_host");
+  cl_flush_deferred(L);
   return 1;
 }
 
@@ -132,6 +143,7 @@ int cl_a_copy_to_device(lua_State *L) {
   else src = cl_checkarray(L, 2);
   cl_stream *s = cl_tostream(L, 3, "copy_to_device");
   cl_copy(L, d, src, s, lua_isnoneornil(L, 3), "copy_to_device");
+  cl_flush_deferred(L);
   lua_settop(L, 1);
   return 1;
 }
@@ -143,6 +155,7 @@ int cl_l_copy(lua_State *L) {
   cl_array *dst = cl_checkarray(L, 1), *src = cl_checkarray(L, 2);
   cl_stream *s = cl_tostream(L, 3, "cuda.copy");
   cl_copy(L, dst, src, s, s == NULL, "cuda.copy");
+  cl_flush_deferred(L);
   lua_settop(L, 1);
   return 1;
 }
@@ -158,7 +171,8 @@ int cl_a_fill(lua_State *L) {
   if (a->size == 0) return 1;
   if (cl_is_host(a)) {
     cl_host_access(L, a);
-    if (a->mem->used) cl_mem_settle(L, a->mem);
+    if (a->mem && a->mem->used) cl_mem_settle(L, a->mem);
+    cl_still_open(L, a, "fill");
     char *p = cl_hostptr(a);
     for (size_t i = 0; i < a->size; i++) memcpy(p + i * isz, v, isz);
     return 1;
@@ -167,22 +181,30 @@ int cl_a_fill(lua_State *L) {
   cl_use_ctx(L, a->mem->ctx);
   cl_capture_guard(L, s, !s, "fill");
   if (!s) cl_mem_order(L, a->mem, a->mem->ctx, a->mem->ctx);
-  CUdeviceptr d = cl_devptr(a);
   CUstream h = s ? s->h : NULL;
   CL_BEFORE_ENQUEUE(L, "fill");
+  cl_still_open(L, a, "fill");
+  CUdeviceptr d = cl_devptr(a);
+  cl_mem *m = a->mem;   /* held: see cl_copy */
+  size_t n = a->size;
+  struct cl_hostq *pk = cl_host_park(L, CL_PARK_ENQUEUE);
   CUresult r;
-  if (isz == 1) r = cu.cuMemsetD8Async(d, *(uint8_t *)v, a->size, h);
-  else if (isz == 2) r = cu.cuMemsetD16Async(d, *(uint16_t *)v, a->size, h);
-  else if (isz == 4) r = cu.cuMemsetD32Async(d, *(uint32_t *)v, a->size, h);
+  if (isz == 1) r = CU(cuMemsetD8Async, d, *(uint8_t *)v, n, h);
+  else if (isz == 2) r = CU(cuMemsetD16Async, d, *(uint16_t *)v, n, h);
+  else if (isz == 4) r = CU(cuMemsetD32Async, d, *(uint32_t *)v, n, h);
   else {   /* 8 and 16-byte elements: each 4-byte word as a strided 2-D memset */
     uint32_t w[CL_MAXITEM / 4]; memcpy(w, v, isz);
     r = CUDA_SUCCESS;
     for (int k = 0; k < isz / 4 && r == CUDA_SUCCESS; k++)
-      r = cu.cuMemsetD2D32Async(d + 4 * k, isz, w[k], 1, a->size, h);
+      r = CU(cuMemsetD2D32Async, d + 4 * k, isz, w[k], 1, n, h);
   }
+  cl_host_unpark(L, pk);
   cl_check(L, r, "fill");
-  cl_mem_use(a->mem, s, a->mem->ctx);
-  if (!s) cl_wait(L, CL_WAIT_STREAM, NULL, "fill");
+  cl_mem_use(m, s, m->ctx);
+  if (!s) {
+    cl_wait(L, CL_WAIT_STREAM, NULL, "fill");
+    cl_flush_deferred(L);
+  }
   return 1;
 }
 

@@ -50,8 +50,9 @@ static int state_closed(lua_State *L) {
   cl_flush_deferred(L);
   if (--live_states == 0) {
     cl_mem_release_all();
+    cl_idle_devices();      /* the helper thread releases closed states' host functions meanwhile */
+    cl_hostfn_shutdown();   /* before the contexts its memory was allocated in go */
     cl_release_contexts();
-    cl_hostfn_release_closed();
   }
   pthread_mutex_unlock(&states_mu);
   return 0;

@@ -18,8 +18,10 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static int drv_state;        /* 0 not tried, 1 ok, -1 failed */
 static char drv_err[256];
 
-#define MAXDEV 64
-static CUcontext dev_ctx[MAXDEV];  /* primary contexts, retained once per process */
+#define MAXDEV CL_MAXDEV
+/* primary contexts, retained once per process; written under `lock`, read without it by any
+   thread (atomically: a state on another thread may be filling or clearing an entry) */
+static CUcontext dev_ctx[MAXDEV];
 static int dev_count = -1;
 static __thread int tl_dev;          /* the device this thread selected, like the runtime */
 
@@ -63,15 +65,15 @@ int cl_driver_load(void) {
       if (missing) {
         snprintf(drv_err, sizeof drv_err, "cudalua: the CUDA driver is too old (it lacks %s)", missing);
         drv_state = -1;
-      } else if ((r = cu.cuInit(0)) != CUDA_SUCCESS) {
-        const char *n = "?"; cu.cuGetErrorName(r, &n);
+      } else if ((r = CU0(cuInit, 0)) != CUDA_SUCCESS) {
+        const char *n = "?"; CU0(cuGetErrorName, r, &n);
         snprintf(drv_err, sizeof drv_err,
                  r == CUDA_ERROR_NO_DEVICE ? "cudalua: no CUDA device"
                                            : "cudalua: cuInit failed: %s", n);
         drv_state = -1;
       } else {
         int n = 0;
-        cu.cuDeviceGetCount(&n);
+        CU0(cuDeviceGetCount, &n);
         dev_count = n > MAXDEV ? MAXDEV : n;
         if (dev_count <= 0) {
           snprintf(drv_err, sizeof drv_err, "cudalua: no CUDA device");
@@ -191,14 +193,14 @@ const char *cl_jitlink_error(void) { return jitlink_lib.err; }
 
 const char *cl_errname(CUresult r) {
   const char *n = NULL;
-  if (drv_state != 1 || cu.cuGetErrorName(r, &n) != CUDA_SUCCESS || !n) return "CUDA_ERROR_UNKNOWN";
+  if (drv_state != 1 || CU0(cuGetErrorName, r, &n) != CUDA_SUCCESS || !n) return "CUDA_ERROR_UNKNOWN";
   return n;
 }
 
 void cl_check(lua_State *L, CUresult r, const char *what) {
   if (r == CUDA_SUCCESS) return;
   const char *s = NULL;
-  if (cu.cuGetErrorString) cu.cuGetErrorString(r, &s);
+  if (cu.cuGetErrorString) CU(cuGetErrorString, r, &s);
   luaL_error(L, "cudalua: %s: %s (%s)", what, cl_errname(r), s ? s : "no description");
 }
 
@@ -206,57 +208,67 @@ static void need_driver(lua_State *L) {
   if (!cl_driver_load()) luaL_error(L, "%s", drv_err);
 }
 
+static CUcontext ctx_of(int d) { return __atomic_load_n(&dev_ctx[d], __ATOMIC_ACQUIRE); }
+
 /* The primary context, so a host program that uses the runtime API shares memory with us. */
+/* (driver calls under `lock` are not parked: a host function the helper ran meanwhile could
+   want the lock, compiling with NVRTC say) */
 static CUcontext primary(lua_State *L, int d) {
-  if (dev_ctx[d]) return dev_ctx[d];
+  CUcontext have = ctx_of(d);
+  if (have) return have;
   pthread_mutex_lock(&lock);
   CUresult r = CUDA_SUCCESS;
   if (!dev_ctx[d]) {
     CUdevice dev; CUcontext c = NULL;
-    r = cu.cuDeviceGet(&dev, d);
-    if (r == CUDA_SUCCESS) r = cu.cuDevicePrimaryCtxRetain(&c, dev);
+    r = CU0(cuDeviceGet, &dev, d);
+    if (r == CUDA_SUCCESS) r = CU0(cuDevicePrimaryCtxRetain, &c, dev);
     if (r == CUDA_SUCCESS) {
       CUcontext old = NULL;
-      cu.cuCtxGetCurrent(&old);
-      cu.cuCtxSetCurrent(c);
+      CU0(cuCtxGetCurrent, &old);
+      CU0(cuCtxSetCurrent, c);
       /* keep freed device memory in the pool, up to an eighth of the device, so allocation
          in loops stays cheap without holding memory other processes need */
       CUmemoryPool pool;
       size_t total = 0;
-      cu.cuDeviceTotalMem(&total, dev);
-      if (cu.cuDeviceGetDefaultMemPool(&pool, dev) == CUDA_SUCCESS) {
+      CU0(cuDeviceTotalMem, &total, dev);
+      if (CU0(cuDeviceGetDefaultMemPool, &pool, dev) == CUDA_SUCCESS) {
         cuuint64_t thr = total / 8;
-        cu.cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &thr);
+        CU0(cuMemPoolSetAttribute, pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &thr);
       }
-      cu.cuCtxSetCurrent(old);
-      dev_ctx[d] = c;
+      CU0(cuCtxSetCurrent, old);
+      __atomic_store_n(&dev_ctx[d], c, __ATOMIC_RELEASE);
     }
   }
+  CUcontext c = dev_ctx[d];
   pthread_mutex_unlock(&lock);
   cl_check(L, r, "creating the device's primary context");
-  return dev_ctx[d];
+  return c;
 }
 
 CUcontext cl_ctx(lua_State *L) {
+  if (cl_in_hostfn) cl_hostfn_refuse(L);
   need_driver(L);
-  CUcontext want = dev_ctx[tl_dev] ? dev_ctx[tl_dev] : primary(L, tl_dev);
+  CUcontext want = ctx_of(tl_dev);
+  if (!want) want = primary(L, tl_dev);
   cl_use_ctx(L, want);
   return want;
 }
 
 int cl_current_device(void) { return tl_dev; }
+void cl_set_current_device(int dev) { if (dev >= 0 && dev < MAXDEV) tl_dev = dev; }
 
 int cl_ndevices(void) { return cl_driver_load() ? dev_count : 0; }
 
 int cl_device_of(CUcontext c) {
-  for (int d = 0; d < dev_count; d++) if (dev_ctx[d] == c) return d;
+  for (int d = 0; d < dev_count; d++) if (c && ctx_of(d) == c) return d;
   return -1;
 }
 
 CUcontext cl_device_ctx(lua_State *L, int dev) {
   need_driver(L);
   if (dev < 0 || dev >= dev_count) luaL_error(L, "cudalua: device id %d out of range (0..%d)", dev, dev_count - 1);
-  return dev_ctx[dev] ? dev_ctx[dev] : primary(L, dev);
+  CUcontext c = ctx_of(dev);
+  return c ? c : primary(L, dev);
 }
 
 /* peer access cudalua enabled: [from][to], kernels in from's context may use to's memory */
@@ -274,29 +286,40 @@ CUresult cl_sync_all_devices(lua_State *L) {
   cl_wait_check(L);   /* before switching: a raise must not leave another context current */
   CUcontext cur = NULL;
   CUresult r = CUDA_SUCCESS;
-  cu.cuCtxGetCurrent(&cur);
+  CU(cuCtxGetCurrent, &cur);
   for (int d = 0; d < dev_count; d++) {
-    if (!dev_ctx[d]) continue;
-    cu.cuCtxSetCurrent(dev_ctx[d]);
+    CUcontext c = ctx_of(d);
+    if (!c) continue;
+    CU(cuCtxSetCurrent, c);
     CUresult r2 = cl_wait_raw(L, CL_WAIT_CTX, NULL);
     if (r == CUDA_SUCCESS) r = r2;
   }
-  cu.cuCtxSetCurrent(cur);
+  CU(cuCtxSetCurrent, cur);
   return r;
 }
 
 int cl_device_attr(CUdevice_attribute a) {
   int v = 0; CUdevice dev;
-  if (drv_state != 1 || cu.cuDeviceGet(&dev, tl_dev) != CUDA_SUCCESS) return 0;
-  cu.cuDeviceGetAttribute(&v, a, dev);
+  if (drv_state != 1 || CU0(cuDeviceGet, &dev, tl_dev) != CUDA_SUCCESS) return 0;
+  CU0(cuDeviceGetAttribute, &v, a, dev);
   return v;
 }
 
-int cl_concurrent_managed(void) {
-  static int cache[MAXDEV];   /* 0 unknown, 1 no, 2 yes */
-  int d = tl_dev;
-  if (!cache[d]) cache[d] = cl_device_attr(CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS) ? 2 : 1;
-  return cache[d] == 2;
+/* of the array's own device (a managed array made on device 1 while device 0 is selected) */
+int cl_concurrent_managed(CUcontext ctx) {
+  static int cache[MAXDEV];   /* 0 unknown, 1 no, 2 yes; any thread may fill it (the same value) */
+  int d = cl_device_of(ctx);
+  if (d < 0) d = tl_dev;
+  int v = __atomic_load_n(&cache[d], __ATOMIC_RELAXED);
+  if (!v) {
+    int a = 0;
+    CUdevice dev;
+    if (drv_state == 1 && CU0(cuDeviceGet, &dev, d) == CUDA_SUCCESS)
+      CU0(cuDeviceGetAttribute, &a, CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS, dev);
+    v = a ? 2 : 1;
+    __atomic_store_n(&cache[d], v, __ATOMIC_RELAXED);
+  }
+  return v == 2;
 }
 
 /* ---- Lua functions ---- */
@@ -326,13 +349,13 @@ static int l_devices(lua_State *L) {
   lua_createtable(L, dev_count, 0);
   for (int i = 0; i < dev_count; i++) {
     CUdevice dev; char name[256] = "?"; size_t mem = 0; int ma = 0, mi = 0, sms = 0, pci = 0;
-    cl_check(L, cu.cuDeviceGet(&dev, i), "cuDeviceGet");
-    cu.cuDeviceGetName(name, sizeof name, dev);
-    cu.cuDeviceTotalMem(&mem, dev);
-    cu.cuDeviceGetAttribute(&ma, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev);
-    cu.cuDeviceGetAttribute(&mi, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev);
-    cu.cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
-    cu.cuDeviceGetAttribute(&pci, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, dev);
+    cl_check(L, CU(cuDeviceGet, &dev, i), "cuDeviceGet");
+    CU(cuDeviceGetName, name, sizeof name, dev);
+    CU(cuDeviceTotalMem, &mem, dev);
+    CU(cuDeviceGetAttribute, &ma, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev);
+    CU(cuDeviceGetAttribute, &mi, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev);
+    CU(cuDeviceGetAttribute, &sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
+    CU(cuDeviceGetAttribute, &pci, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, dev);
     lua_createtable(L, 0, 14);
     setint(L, "id", i);
     lua_pushstring(L, name); lua_setfield(L, -2, "name");
@@ -344,17 +367,17 @@ static int l_devices(lua_State *L) {
     setint(L, "total_memory", (lua_Integer)mem);
     setint(L, "pci_bus_id", pci);
     int v = 0;
-    cu.cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS, dev);
+    CU(cuDeviceGetAttribute, &v, CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS, dev);
     lua_pushboolean(L, v); lua_setfield(L, -2, "concurrent_managed_access");
-    cu.cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK, dev);
+    CU(cuDeviceGetAttribute, &v, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK, dev);
     setint(L, "max_threads_per_block", v);
-    cu.cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK, dev);
+    CU(cuDeviceGetAttribute, &v, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK, dev);
     setint(L, "max_shared_memory_per_block", v);
-    cu.cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, dev);
+    CU(cuDeviceGetAttribute, &v, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, dev);
     setint(L, "max_shared_memory_per_block_optin", v);
-    cu.cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH, dev);
+    CU(cuDeviceGetAttribute, &v, CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH, dev);
     lua_pushboolean(L, v); lua_setfield(L, -2, "cooperative_launch");
-    cu.cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH, dev);
+    CU(cuDeviceGetAttribute, &v, CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH, dev);
     lua_pushboolean(L, v); lua_setfield(L, -2, "cluster_launch");
     lua_rawseti(L, -2, i + 1);
   }
@@ -382,9 +405,9 @@ static int can_peer(lua_State *L, int a, int b) {
   int can = 0;
   if (a == b) return 1;
   CUdevice da, db;
-  cl_check(L, cu.cuDeviceGet(&da, a), "cuDeviceGet");
-  cl_check(L, cu.cuDeviceGet(&db, b), "cuDeviceGet");
-  cl_check(L, cu.cuDeviceCanAccessPeer(&can, da, db), "can_access_peer");
+  cl_check(L, CU(cuDeviceGet, &da, a), "cuDeviceGet");
+  cl_check(L, CU(cuDeviceGet, &db, b), "cuDeviceGet");
+  cl_check(L, CU(cuDeviceCanAccessPeer, &can, da, db), "can_access_peer");
   return can;
 }
 
@@ -396,17 +419,17 @@ static int l_can_access_peer(lua_State *L) {
 }
 
 /* device a's access to the memory of device b's default pool */
-static CUresult pool_access(int a, int b, CUmemAccess_flags flags) {
+static CUresult pool_access(lua_State *L, int a, int b, CUmemAccess_flags flags) {
   CUdevice db;
   CUmemoryPool pool;
-  CUresult r = cu.cuDeviceGet(&db, b);
-  if (r == CUDA_SUCCESS) r = cu.cuDeviceGetDefaultMemPool(&pool, db);
+  CUresult r = CU(cuDeviceGet, &db, b);
+  if (r == CUDA_SUCCESS) r = CU(cuDeviceGetDefaultMemPool, &pool, db);
   CUmemAccessDesc d;
   memset(&d, 0, sizeof d);
   d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   d.location.id = a;
   d.flags = flags;
-  if (r == CUDA_SUCCESS) r = cu.cuMemPoolSetAccess(pool, &d, 1);
+  if (r == CUDA_SUCCESS) r = CU(cuMemPoolSetAccess, pool, &d, 1);
   return r;
 }
 
@@ -419,12 +442,12 @@ static int l_enable_peer_access(lua_State *L) {
                       "(cuda.can_access_peer(%d, %d) is false); copies between them still work", a, b, a, b);
   CUcontext ca = cl_device_ctx(L, a), cb = cl_device_ctx(L, b);
   CUcontext prev = cl_ctx_swap(ca);
-  CUresult r = cu.cuCtxEnablePeerAccess(cb, 0);
+  CUresult r = CU(cuCtxEnablePeerAccess, cb, 0);
   cl_ctx_swap(prev);
   if (r != CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED) cl_check(L, r, "enable_peer_access");
   /* device arrays come from b's stream-ordered pool, which peer access does not cover: its
      memory is opened to device a as well */
-  cl_check(L, pool_access(a, b, CU_MEM_ACCESS_FLAGS_PROT_READWRITE), "enable_peer_access (memory pool)");
+  cl_check(L, pool_access(L, a, b, CU_MEM_ACCESS_FLAGS_PROT_READWRITE), "enable_peer_access (memory pool)");
   peer_on[a][b] = 1;
   return 0;
 }
@@ -435,10 +458,10 @@ static int l_disable_peer_access(lua_State *L) {
   if (a == b || !peer_on[a][b]) return 0;
   CUcontext ca = cl_device_ctx(L, a), cb = cl_device_ctx(L, b);
   CUcontext prev = cl_ctx_swap(ca);
-  CUresult r = cu.cuCtxDisablePeerAccess(cb);
+  CUresult r = CU(cuCtxDisablePeerAccess, cb);
   cl_ctx_swap(prev);
   if (r != CUDA_ERROR_PEER_ACCESS_NOT_ENABLED) cl_check(L, r, "disable_peer_access");
-  cl_check(L, pool_access(a, b, CU_MEM_ACCESS_FLAGS_PROT_NONE), "disable_peer_access (memory pool)");
+  cl_check(L, pool_access(L, a, b, CU_MEM_ACCESS_FLAGS_PROT_NONE), "disable_peer_access (memory pool)");
   peer_on[a][b] = 0;
   return 0;
 }
@@ -455,15 +478,18 @@ static int l_current_device(lua_State *L) {
 }
 
 static int l_synchronize(lua_State *L) {
+  if (!lua_isnone(L, 1))
+    return luaL_error(L, "cudalua: cuda.synchronize: takes no arguments, got %s (a stream: stream:synchronize())", luaL_typename(L, 1));
   cl_ctx(L);
   cl_capture_guard(L, NULL, 1, "synchronize");
   cl_wait(L, CL_WAIT_CTX, NULL, "synchronize");
+  cl_flush_deferred(L);   /* what host functions closed meanwhile: nothing here uses it now */
   return 0;
 }
 
 static int l_driver_version(lua_State *L) {
   int v = 0;
-  if (!cl_driver_load() || cu.cuDriverGetVersion(&v) != CUDA_SUCCESS) return 0;
+  if (!cl_driver_load() || CU(cuDriverGetVersion, &v) != CUDA_SUCCESS) return 0;
   lua_pushinteger(L, v);
   return 1;
 }
@@ -526,7 +552,7 @@ static int l_jitlink_version(lua_State *L) {
 static int l_mem_info(lua_State *L) {
   size_t fr = 0, tot = 0;
   cl_ctx(L);
-  cl_check(L, cu.cuMemGetInfo(&fr, &tot), "cuMemGetInfo");
+  cl_check(L, CU(cuMemGetInfo, &fr, &tot), "cuMemGetInfo");
   lua_pushinteger(L, (lua_Integer)fr); lua_pushinteger(L, (lua_Integer)tot);
   return 2;
 }
@@ -552,27 +578,40 @@ static int l_sleep(lua_State *L) {
    cudalua's is left on the devices once each has finished its work. The pools give their spare
    memory back and the primary contexts are released (a host program's runtime keeps its own
    reference); a state opened later retains them again. */
+void cl_idle_devices(void) {
+  if (drv_state != 1) return;
+  CUcontext cur = NULL;
+  CU0(cuCtxGetCurrent, &cur);
+  for (int d = 0; d < dev_count; d++) {
+    CUcontext c = ctx_of(d);
+    if (!c) continue;
+    CU0(cuCtxSetCurrent, c);
+    CU0(cuCtxSynchronize);   /* host functions of closed states are released by the helper */
+  }
+  CU0(cuCtxSetCurrent, cur);
+}
+
 void cl_release_contexts(void) {
   if (drv_state != 1) return;
   pthread_mutex_lock(&lock);
   CUcontext cur = NULL;
-  cu.cuCtxGetCurrent(&cur);
+  CU0(cuCtxGetCurrent, &cur);
   for (int d = 0; d < dev_count; d++) {
     if (!dev_ctx[d]) continue;
     CUdevice dev;
     CUmemoryPool pool;
-    cu.cuCtxSetCurrent(dev_ctx[d]);
-    cu.cuCtxSynchronize();
-    if (cu.cuDeviceGet(&dev, d) == CUDA_SUCCESS) {
-      if (cu.cuDeviceGetDefaultMemPool(&pool, dev) == CUDA_SUCCESS) cu.cuMemPoolTrimTo(pool, 0);
+    CU0(cuCtxSetCurrent, dev_ctx[d]);
+    CU0(cuCtxSynchronize);
+    if (CU0(cuDeviceGet, &dev, d) == CUDA_SUCCESS) {
+      if (CU0(cuDeviceGetDefaultMemPool, &pool, dev) == CUDA_SUCCESS) CU0(cuMemPoolTrimTo, pool, 0);
       if (cur == dev_ctx[d]) cur = NULL;
-      cu.cuCtxSetCurrent(NULL);
-      cu.cuDevicePrimaryCtxRelease(dev);
+      CU0(cuCtxSetCurrent, NULL);
+      CU0(cuDevicePrimaryCtxRelease, dev);
     }
-    dev_ctx[d] = NULL;
+    __atomic_store_n(&dev_ctx[d], NULL, __ATOMIC_RELEASE);
   }
   memset(peer_on, 0, sizeof peer_on);
-  cu.cuCtxSetCurrent(cur);
+  CU0(cuCtxSetCurrent, cur);
   pthread_mutex_unlock(&lock);
 }
 

@@ -1,5 +1,6 @@
 /* event.c: CUDA events, for ordering streams and timing. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include "cl.h"
 
@@ -21,17 +22,23 @@ static int l_event(lua_State *L) {
   if (lua_istable(L, 1)) {
     static const char *const opts[] = {"timing", "interprocess", NULL};
     cl_check_options(L, 1, "cudalua: cuda.event", opts);
-    lua_getfield(L, 1, "interprocess"); ipc = lua_toboolean(L, -1);
-    lua_getfield(L, 1, "timing"); timing = lua_isnil(L, -1) ? !ipc : lua_toboolean(L, -1);
+    for (int i = 0; opts[i]; i++)
+      if (lua_getfield(L, 1, opts[i]) != LUA_TNIL && !lua_isboolean(L, -1))
+        return luaL_error(L, "cudalua: cuda.event: %s must be a boolean, got %s", opts[i], luaL_typename(L, -1));
+    ipc = lua_toboolean(L, -1);
+    timing = lua_isnil(L, -2) ? !ipc : lua_toboolean(L, -2);
     lua_pop(L, 2);
     if (ipc && timing) return luaL_error(L, "cudalua: cuda.event: an interprocess event cannot time (timing = false)");
-  } else if (!lua_isnoneornil(L, 1)) timing = lua_toboolean(L, 1);   /* cuda.event(false): no timing */
+  } else if (lua_isboolean(L, 1)) timing = lua_toboolean(L, 1);   /* cuda.event(false): no timing */
+  else if (!lua_isnoneornil(L, 1))
+    return luaL_error(L, "cudalua: cuda.event: expected nil, a boolean (timing) or an options table "
+                      "{timing =, interprocess =}, got %s", luaL_typename(L, 1));
   CUcontext ctx = cl_ctx(L);
   levent *ev = lua_newuserdatauv(L, sizeof *ev, 0);
   ev->e = NULL; ev->timing = timing; ev->ipc = ipc; ev->recorded = 0; ev->ctx = ctx;
   luaL_setmetatable(L, EVENT_MT);
   unsigned flags = (timing ? CU_EVENT_DEFAULT : CU_EVENT_DISABLE_TIMING) | (ipc ? CU_EVENT_INTERPROCESS : 0);
-  cl_check(L, cu.cuEventCreate(&ev->e, flags), "cuda.event");
+  cl_check(L, CU(cuEventCreate, &ev->e, flags), "cuda.event");
   return 1;
 }
 
@@ -41,7 +48,7 @@ static int e_record(lua_State *L) {
   cl_stream_check(L, s, ev->ctx, "event:record", "event");
   cl_use_ctx(L, ev->ctx);
   cl_capture_guard(L, s, 0, "event:record");
-  cl_check(L, cu.cuEventRecord(ev->e, s ? s->h : NULL), "event:record");
+  cl_check(L, CU(cuEventRecord, ev->e, s ? s->h : NULL), "event:record");
   ev->recorded = 1;
   return 0;
 }
@@ -50,7 +57,8 @@ static int e_query(lua_State *L) {
   levent *ev = checkev(L, 1);
   cl_use_ctx(L, ev->ctx);
   cl_host_service(L);
-  CUresult r = cu.cuEventQuery(ev->e);
+  CUresult r = CU(cuEventQuery, ev->e);
+  cl_flush_deferred(L);
   cl_host_raise(L);
   if (r == CUDA_ERROR_NOT_READY) { lua_pushboolean(L, 0); return 1; }
   cl_check(L, r, "event:query");
@@ -62,6 +70,7 @@ static int e_synchronize(lua_State *L) {
   levent *ev = checkev(L, 1);
   cl_use_ctx(L, ev->ctx);
   cl_wait(L, CL_WAIT_EVENT, ev->e, "event:synchronize");
+  cl_flush_deferred(L);
   return 0;
 }
 
@@ -77,9 +86,9 @@ static int e_elapsed_time(lua_State *L) {
   if (!a->recorded || !b->recorded) return luaL_error(L, "cudalua: elapsed_time: an event was never recorded");
   float ms = 0;
   cl_use_ctx(L, a->ctx);
-  CUresult r = cu.cuEventQuery(a->e);
-  if (r == CUDA_SUCCESS) r = cu.cuEventQuery(b->e);
-  if (r == CUDA_SUCCESS) r = cu.cuEventElapsedTime(&ms, a->e, b->e);
+  CUresult r = CU(cuEventQuery, a->e);
+  if (r == CUDA_SUCCESS) r = CU(cuEventQuery, b->e);
+  if (r == CUDA_SUCCESS) r = CU(cuEventElapsedTime, &ms, a->e, b->e);
   if (r == CUDA_ERROR_NOT_READY)
     return luaL_error(L, "cudalua: elapsed_time: an event has not completed (synchronize it first)");
   if (r == CUDA_ERROR_INVALID_HANDLE)
@@ -99,7 +108,7 @@ static int e_ipc_handle(lua_State *L) {
   if (!ev->ipc)
     return luaL_error(L, "cudalua: event:ipc_handle: the event was not made with cuda.event{interprocess = true}");
   cl_use_ctx(L, ev->ctx);
-  CUresult r = cu.cuIpcGetEventHandle(&h, ev->e);
+  CUresult r = CU(cuIpcGetEventHandle, &h, ev->e);
   if (r == CUDA_ERROR_INVALID_VALUE || r == CUDA_ERROR_INVALID_HANDLE)
     return luaL_error(L, "cudalua: event:ipc_handle: the event was not made with cuda.event{interprocess = true}");
   cl_check(L, r, "event:ipc_handle");
@@ -124,14 +133,25 @@ static int l_open_ipc_event(lua_State *L) {
   levent *ev = lua_newuserdatauv(L, sizeof *ev, 0);
   ev->e = NULL; ev->timing = 0; ev->ipc = 1; ev->recorded = 1; ev->ctx = ctx;
   luaL_setmetatable(L, EVENT_MT);
-  cl_check(L, cu.cuIpcOpenEventHandle(&ev->e, h), "cuda.open_ipc_event");
+  cl_check(L, CU(cuIpcOpenEventHandle, &ev->e, h), "cuda.open_ipc_event");
   return 1;
+}
+
+typedef struct { cl_deferred later; CUevent e; } destroy_later;
+static void destroy_deferred(lua_State *L, cl_deferred *d) {
+  destroy_later *x = CL_DEFERRED_OWNER(d, destroy_later, later);
+  (void)L;
+  CU(cuEventDestroy, x->e);
+  free(x);
 }
 
 static int e_close(lua_State *L) {
   levent *ev = luaL_checkudata(L, 1, EVENT_MT);
   if (ev->e) {
-    cu.cuEventDestroy(ev->e);   /* the driver defers it if the event is still pending */
+    /* inside a host function the cudalua call it runs in may be recording this very event */
+    destroy_later *x = cl_must_defer(L) ? malloc(sizeof *x) : NULL;
+    if (x) { x->later.fn = destroy_deferred; x->e = ev->e; cl_defer(L, &x->later); }
+    else CU(cuEventDestroy, ev->e);   /* the driver defers it if the event is still pending */
     ev->e = NULL;
   }
   return 0;

@@ -12,12 +12,14 @@
 #define NODE_MT "cudalua.graph_node"
 #define EXEC_MT "cudalua.graph_exec"
 
+/* A Lua host node is a memop node (write, then wait: hostfn.c) with a record of its own; the
+   record's box is kept in the graph's user value. */
 typedef struct lgraph {
   CUgraph g;
   CUcontext ctx;       /* its device's: nodes, instantiation and launches are there */
-  int nhost;           /* Lua host nodes, children included: each replay arms them */
-  void **calls;        /* host call records this graph owns */
-  int ncalls, capcalls;
+  cl_hostrec **recs;   /* its Lua host nodes' records, children's copies included: each
+                          launch of an executable graph made from it arms them */
+  int nrecs, caprecs;
 } lgraph;
 
 enum { N_KERNEL, N_MEMCPY, N_MEMSET, N_HOST, N_EMPTY, N_CHILD };
@@ -33,7 +35,8 @@ typedef struct lnode {
 
 typedef struct lexec {
   CUgraphExec e;
-  int nhost;
+  cl_hostrec **recs;   /* the records of the graph it was made (or updated) from */
+  int nrecs;
   CUcontext ctx;
 } lexec;
 
@@ -109,29 +112,47 @@ static lnode *push_node(lua_State *L, int gidx, int kind) {
   return n;
 }
 
-static void graph_free_calls(lua_State *L, lgraph *g) {
-  for (int i = 0; i < g->ncalls; i++) cl_hostcall_free(L, g->calls[i]);
-  free(g->calls);
-  g->calls = NULL;
-  g->ncalls = g->capcalls = 0;
+typedef struct { cl_deferred later; CUgraph g; } graph_destroy;
+static void graph_destroy_later(lua_State *L, cl_deferred *d) {
+  graph_destroy *x = CL_DEFERRED_OWNER(d, graph_destroy, later);
+  (void)L;
+  CU(cuGraphDestroy, x->g);
+  free(x);
 }
 
 static int graph_close(lua_State *L) {
   lgraph *g = luaL_checkudata(L, 1, GRAPH_MT);
   if (g->g) {
-    cu.cuGraphDestroy(g->g);   /* executable graphs made from it are independent of it */
+    /* executable graphs made from it are independent of it; inside a host function (a
+       collection there) the driver is not called */
+    graph_destroy *x = cl_in_hostfn ? malloc(sizeof *x) : NULL;
+    if (x) { x->later.fn = graph_destroy_later; x->g = g->g; cl_defer(L, &x->later); }
+    else CU(cuGraphDestroy, g->g);
     g->g = NULL;
   }
-  /* the host call records may be used by executable graphs: they hold this object, so a
-     close only frees them when it is the collector calling */
+  /* the host nodes' records may be used by executable graphs: they hold this object, so the
+     records (owned by boxes in its user value) go with the collector */
   return 0;
 }
 
 static int graph_gc(lua_State *L) {
   lgraph *g = luaL_checkudata(L, 1, GRAPH_MT);
   graph_close(L);
-  graph_free_calls(L, g);
+  free(g->recs);
+  g->recs = NULL;
+  g->nrecs = g->caprecs = 0;
   return 0;
+}
+
+void cl_graph_add_hostrec(lua_State *L, int gidx, cl_hostrec *r) {
+  lgraph *g = lua_touserdata(L, gidx);
+  if (g->nrecs == g->caprecs) {
+    int cap = g->caprecs ? 2 * g->caprecs : 4;
+    cl_hostrec **v = realloc(g->recs, sizeof *v * (size_t)cap);
+    if (!v) luaL_error(L, "cudalua: out of host memory");
+    g->recs = v; g->caprecs = cap;
+  }
+  g->recs[g->nrecs++] = r;
 }
 
 void *cl_push_graph(lua_State *L, CUgraph h, CUcontext ctx) {
@@ -147,9 +168,10 @@ void *cl_push_graph(lua_State *L, CUgraph h, CUcontext ctx) {
 
 /* cuda.graph() */
 static int l_graph(lua_State *L) {
+  if (!lua_isnone(L, 1)) return luaL_error(L, "cudalua: cuda.graph: takes no arguments, got %s", luaL_typename(L, 1));
   CUcontext ctx = cl_ctx(L);
   CUgraph h;
-  cl_check(L, cu.cuGraphCreate(&h, 0), "cuda.graph");
+  cl_check(L, CU(cuGraphCreate, &h, 0), "cuda.graph");
   cl_push_graph(L, h, ctx);
   return 1;
 }
@@ -199,22 +221,22 @@ static int g_kernel(lua_State *L) {
   CUDA_KERNEL_NODE_PARAMS p;
   kernel_params(&cfg, k, &A, &p);
   CUgraphNode h = NULL;
-  CUresult r = cu.cuGraphAddKernelNode(&h, g->g, deps, nd, &p);
+  CUresult r = CU(cuGraphAddKernelNode, &h, g->g, deps, nd, &p);
   int added = r == CUDA_SUCCESS;
   /* cluster and cooperative launches are attributes of the node */
   CUkernelNodeAttrValue v;
   if (r == CUDA_SUCCESS && c.cluster[0]) {
     memset(&v, 0, sizeof v);
     v.clusterDim.x = c.cluster[0]; v.clusterDim.y = c.cluster[1]; v.clusterDim.z = c.cluster[2];
-    r = cu.cuGraphKernelNodeSetAttribute(h, CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, &v);
+    r = CU(cuGraphKernelNodeSetAttribute, h, CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, &v);
   }
   if (r == CUDA_SUCCESS && c.cooperative) {
     memset(&v, 0, sizeof v);
     v.cooperative = 1;
-    r = cu.cuGraphKernelNodeSetAttribute(h, CU_LAUNCH_ATTRIBUTE_COOPERATIVE, &v);
+    r = CU(cuGraphKernelNodeSetAttribute, h, CU_LAUNCH_ATTRIBUTE_COOPERATIVE, &v);
   }
   if (r != CUDA_SUCCESS) {
-    if (added) cu.cuGraphDestroyNode(h);   /* added, its attributes refused */
+    if (added) CU(cuGraphDestroyNode, h);   /* added, its attributes refused */
     luaL_error(L, "cudalua: graph:kernel '%s': %s", cl_kernel_name(L, 2), cl_errname(r));
   }
   for (int i = 0; i < nargs; i++) keep(L, 1, first + i);
@@ -230,7 +252,7 @@ static int g_kernel(lua_State *L) {
 static CUdeviceptr copy_addr(lua_State *L, cl_array *a, int idx, const char *where) {
   if (a->kind == CL_HOST) {
     if (cl_nbytes(a) && a->mem->registered <= 0) {   /* -1: an earlier page-lock failed */
-      CUresult r = cu.cuMemHostRegister(a->mem->host, a->mem->bytes, CU_MEMHOSTREGISTER_PORTABLE);
+      CUresult r = CU(cuMemHostRegister, a->mem->host, a->mem->bytes, CU_MEMHOSTREGISTER_PORTABLE);
       if (r != CUDA_SUCCESS) luaL_error(L, "cudalua: %s: cannot page-lock host array %d (%s): use a pinned array for graph copies", where, idx, cl_errname(r));
       a->mem->registered = 1;
     }
@@ -273,7 +295,7 @@ static int g_memcpy(lua_State *L) {
   CUgraphNode small[SMALL_DEPS];
   CUgraphNode *deps = deps_of(L, 4, g, &nd, "graph:memcpy", small);
   CUgraphNode h;
-  cl_check(L, cu.cuGraphAddMemcpyNode(&h, g->g, deps, nd, &p, ctx), "graph:memcpy");
+  cl_check(L, CU(cuGraphAddMemcpyNode, &h, g->g, deps, nd, &p, ctx), "graph:memcpy");
   keep(L, 1, 2); keep(L, 1, 3);
   lnode *n = push_node(L, 1, N_MEMCPY);
   n->n = h;
@@ -324,8 +346,8 @@ static int g_memset(lua_State *L) {
   CUgraphNode small[SMALL_DEPS];
   CUgraphNode *deps = deps_of(L, 4, g, &nd, "graph:memset", small);
   CUgraphNode h;
-  cl_check(L, cu.cuGraphAddMemsetNode(&h, g->g, deps, nd, &p[0], ctx), "graph:memset");
-  for (int k = 1; k < parts; k++) cl_check(L, cu.cuGraphAddMemsetNode(&h, g->g, &h, 1, &p[k], ctx), "graph:memset");
+  cl_check(L, CU(cuGraphAddMemsetNode, &h, g->g, deps, nd, &p[0], ctx), "graph:memset");
+  for (int k = 1; k < parts; k++) cl_check(L, CU(cuGraphAddMemsetNode, &h, g->g, &h, 1, &p[k], ctx), "graph:memset");
   keep(L, 1, 2);
   lnode *n = push_node(L, 1, N_MEMSET);
   n->n = h;
@@ -333,30 +355,60 @@ static int g_memset(lua_State *L) {
   return 1;
 }
 
-/* g:host(fn, deps): fn runs on the Lua thread (see hostfn.c) */
+/* g:host(fn, deps): fn runs when the graph reaches the node, as launch_host_func's do */
 static int g_host(lua_State *L) {
   lgraph *g = checkgraph(L, 1);
   luaL_checktype(L, 2, LUA_TFUNCTION);
   lua_settop(L, 3);
   size_t nd;
   CUgraphNode small[SMALL_DEPS];
-  CUgraphNode *deps = deps_of(L, 3, g, &nd, "graph:host", small);
-  if (g->ncalls == g->capcalls) {
-    int cap = g->capcalls ? 2 * g->capcalls : 4;
-    void **c = realloc(g->calls, sizeof(void *) * cap);
-    if (!c) return luaL_error(L, "cudalua: out of host memory");
-    g->calls = c; g->capcalls = cap;
-  }
-  void *call = cl_hostcall_new(L, 2, 0);
-  g->calls[g->ncalls++] = call;
-  CUDA_HOST_NODE_PARAMS p = {cl_host_trampoline(), call};
-  CUgraphNode h;
+  CUgraphNode *deps = deps_of(L, 3, g, &nd, "graph:host", small);   /* at 4 */
   cl_use_ctx(L, g->ctx);
-  cl_check(L, cu.cuGraphAddHostNode(&h, g->g, deps, nd, &p), "graph:host");
-  g->nhost++;
+  cl_hostrec *r = cl_hostrec_new(L, 2, "graph:host");   /* its box at 5 */
+  CUstreamBatchMemOpParams op[2];
+  cl_hostrec_ops(r, op);
+  CUDA_BATCH_MEM_OP_NODE_PARAMS p = {g->ctx, 2, op, 0};
+  CUgraphNode h;
+  cl_check(L, CU(cuGraphAddBatchMemOpNode, &h, g->g, deps, nd, &p), "graph:host");
+  keep(L, 1, 5);
+  cl_graph_add_hostrec(L, 1, r);
   lnode *n = push_node(L, 1, N_HOST);
   n->n = h;
   return 1;
+}
+
+/* the host nodes in a child node's copy of a graph share their records with the graph they
+   were copied from: each gets a record of its own (the same function), so that the copies
+   (one graph may be a child twice) and the original never share a word. Nested children
+   are walked too. New records go to the graph at gidx. */
+static void own_host_nodes(lua_State *L, int gidx, CUgraph emb, int depth) {
+  size_t n = 0;
+  if (depth > 64 || CU(cuGraphGetNodes, emb, NULL, &n) != CUDA_SUCCESS || !n) return;
+  CUgraphNode *v = lua_newuserdatauv(L, sizeof *v * n, 0);
+  cl_check(L, CU(cuGraphGetNodes, emb, v, &n), "graph:child");
+  for (size_t i = 0; i < n; i++) {
+    CUgraphNodeType t;
+    if (CU(cuGraphNodeGetType, v[i], &t) != CUDA_SUCCESS) continue;
+    if (t == CU_GRAPH_NODE_TYPE_GRAPH) {
+      CUgraph inner;
+      if (CU(cuGraphChildGraphNodeGetGraph, v[i], &inner) == CUDA_SUCCESS) own_host_nodes(L, gidx, inner, depth + 1);
+      continue;
+    }
+    CUDA_BATCH_MEM_OP_NODE_PARAMS p;
+    if (t != CU_GRAPH_NODE_TYPE_BATCH_MEM_OP || CU(cuGraphBatchMemOpNodeGetParams, v[i], &p) != CUDA_SUCCESS ||
+        p.count != 2) continue;
+    cl_hostrec *r = cl_hostrec_at(p.paramArray[0].writeValue.address);
+    if (!r) continue;
+    cl_hostrec *c = cl_hostrec_copy(L, r, "graph:child");   /* its box pushed */
+    CUstreamBatchMemOpParams op[2];
+    cl_hostrec_ops(c, op);
+    p.paramArray = op;
+    cl_check(L, CU(cuGraphBatchMemOpNodeSetParams, v[i], &p), "graph:child");
+    keep(L, gidx, -1);
+    cl_graph_add_hostrec(L, gidx, c);
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
 }
 
 /* g:empty(deps) */
@@ -368,7 +420,7 @@ static int g_empty(lua_State *L) {
   CUgraphNode *deps = deps_of(L, 2, g, &nd, "graph:empty", small);
   CUgraphNode h;
   cl_use_ctx(L, g->ctx);
-  cl_check(L, cu.cuGraphAddEmptyNode(&h, g->g, deps, nd), "graph:empty");
+  cl_check(L, CU(cuGraphAddEmptyNode, &h, g->g, deps, nd), "graph:empty");
   lnode *n = push_node(L, 1, N_EMPTY);
   n->n = h;
   return 1;
@@ -387,9 +439,13 @@ static int g_child(lua_State *L) {
   CUgraphNode *deps = deps_of(L, 3, g, &nd, "graph:child", small);
   CUgraphNode h;
   cl_use_ctx(L, g->ctx);
-  cl_check(L, cu.cuGraphAddChildGraphNode(&h, g->g, deps, nd, c->g), "graph:child");
-  g->nhost += c->nhost;
-  keep(L, 1, 2);   /* its objects and host calls */
+  cl_check(L, CU(cuGraphAddChildGraphNode, &h, g->g, deps, nd, c->g), "graph:child");
+  keep(L, 1, 2);   /* its objects */
+  if (c->nrecs) {
+    CUgraph emb;
+    cl_check(L, CU(cuGraphChildGraphNodeGetGraph, h, &emb), "graph:child");
+    own_host_nodes(L, 1, emb, 0);
+  }
   lnode *n = push_node(L, 1, N_CHILD);
   n->n = h;
   return 1;
@@ -430,7 +486,7 @@ static int nodeset_add(nodeset *s, CUgraphNode p) {
   return 1;
 }
 
-static int reaches(CUgraphNode from, CUgraphNode to) {
+static int reaches(lua_State *L, CUgraphNode from, CUgraphNode to) {
   if (from == to) return 1;
   nodeset seen = {NULL, 0, 0};
   CUgraphNode *stack = NULL, *out = NULL;
@@ -440,13 +496,13 @@ static int reaches(CUgraphNode from, CUgraphNode to) {
   CUgraphNode cur = from;
   for (;;) {
     size_t n = 0;
-    if (cu.cuGraphNodeGetDependentNodes(cur, NULL, NULL, &n) != CUDA_SUCCESS) { r = 1; break; }
+    if (CU(cuGraphNodeGetDependentNodes, cur, NULL, NULL, &n) != CUDA_SUCCESS) { r = 1; break; }
     if (n > ocap) {
       free(out);
       if (!(out = malloc(n * sizeof *out))) { r = 1; break; }
       ocap = n;
     }
-    if (n && cu.cuGraphNodeGetDependentNodes(cur, out, NULL, &n) != CUDA_SUCCESS) { r = 1; break; }
+    if (n && CU(cuGraphNodeGetDependentNodes, cur, out, NULL, &n) != CUDA_SUCCESS) { r = 1; break; }
     for (size_t i = 0; i < n && !r; i++) {
       if (out[i] == to) { r = 1; break; }
       int added = nodeset_add(&seen, out[i]);
@@ -473,11 +529,21 @@ static int g_add_dependency(lua_State *L) {
   lnode *a = checknode(L, 2, g, "graph:add_dependency");
   lnode *b = checknode(L, 3, g, "graph:add_dependency");
   cl_use_ctx(L, g->ctx);
-  if (reaches(b->n, a->n))
+  if (reaches(L, b->n, a->n))
     return luaL_error(L, "cudalua: graph:add_dependency: this would make a cycle (the %s node already depends on the %s node)",
                       node_kinds[a->kind], node_kinds[b->kind]);
-  cl_check(L, cu.cuGraphAddDependencies(g->g, &a->n, &b->n, NULL, 1), "graph:add_dependency");
+  cl_check(L, CU(cuGraphAddDependencies, g->g, &a->n, &b->n, NULL, 1), "graph:add_dependency");
   return 0;
+}
+
+/* an executable graph arms the host nodes of the graph it was made or updated from */
+static void exec_take_recs(lua_State *L, lexec *e, const lgraph *g) {
+  cl_hostrec **v = NULL;
+  if (g->nrecs && !(v = malloc(sizeof *v * (size_t)g->nrecs))) luaL_error(L, "cudalua: out of host memory");
+  if (g->nrecs) memcpy(v, g->recs, sizeof *v * (size_t)g->nrecs);
+  free(e->recs);
+  e->recs = v;
+  e->nrecs = g->nrecs;
 }
 
 static int g_instantiate(lua_State *L) {
@@ -489,8 +555,8 @@ static int g_instantiate(lua_State *L) {
   lua_newtable(L); lua_setiuservalue(L, -2, 2);
   e->ctx = g->ctx;
   cl_use_ctx(L, g->ctx);
-  cl_check(L, cu.cuGraphInstantiate(&e->e, g->g, 0), "graph:instantiate");
-  e->nhost = g->nhost;
+  exec_take_recs(L, e, g);
+  cl_check(L, CU(cuGraphInstantiate, &e->e, g->g, 0), "graph:instantiate");
   return 1;
 }
 
@@ -498,7 +564,7 @@ static int g_node_count(lua_State *L) {
   lgraph *g = checkgraph(L, 1);
   size_t n = 0;
   cl_use_ctx(L, g->ctx);
-  cl_check(L, cu.cuGraphGetNodes(g->g, NULL, &n), "graph:node_count");
+  cl_check(L, CU(cuGraphGetNodes, g->g, NULL, &n), "graph:node_count");
   lua_pushinteger(L, (lua_Integer)n);
   return 1;
 }
@@ -512,7 +578,7 @@ static int g_dot(lua_State *L) {
   if (!f) return luaL_error(L, "cudalua: graph:dot: cannot write '%s' (%s)", path, strerror(errno));
   fclose(f);
   cl_use_ctx(L, g->ctx);
-  CUresult r = cu.cuGraphDebugDotPrint(g->g, path, CU_GRAPH_DEBUG_DOT_FLAGS_VERBOSE);
+  CUresult r = CU(cuGraphDebugDotPrint, g->g, path, CU_GRAPH_DEBUG_DOT_FLAGS_VERBOSE);
   if (r != CUDA_SUCCESS) return luaL_error(L, "cudalua: graph:dot: cannot write '%s' (%s)", path, cl_errname(r));
   return 0;
 }
@@ -521,7 +587,7 @@ static int g_tostring(lua_State *L) {
   lgraph *g = luaL_checkudata(L, 1, GRAPH_MT);
   size_t n = 0;
   if (!g->g) lua_pushliteral(L, "cudalua.graph<closed>");
-  else if (cu.cuGraphGetNodes(g->g, NULL, &n) == CUDA_SUCCESS) lua_pushfstring(L, "cudalua.graph<%d nodes>", (int)n);
+  else if (CU(cuGraphGetNodes, g->g, NULL, &n) == CUDA_SUCCESS) lua_pushfstring(L, "cudalua.graph<%d nodes>", (int)n);
   else lua_pushliteral(L, "cudalua.graph");
   return 1;
 }
@@ -548,21 +614,26 @@ static int e_launch(lua_State *L) {
   cl_stream_check(L, s, e->ctx, "graph_exec:launch", "graph");
   cl_use_ctx(L, e->ctx);
   cl_capture_guard(L, s, 0, "graph_exec:launch");
-  /* host nodes armed for a launch into a capture would never run, and waits would hang */
-  if (e->nhost && cl_capturing && s && s->capture_ref)
+  CUstream h = s ? s->h : NULL;
+  if (!e->nrecs) {
+    CL_BEFORE_ENQUEUE(L, "graph_exec:launch");
+    cl_check(L, CU(cuGraphLaunch, e->e, h), "graph_exec:launch");
+    lua_settop(L, 1);
+    return 1;
+  }
+  /* host nodes launched into a capture would be armed here and never fire */
+  if (cl_capturing && cl_capture_push_keep(L, s))
     return luaL_error(L, "cudalua: graph_exec:launch: a graph with Lua host functions cannot be launched into a stream capture");
   CL_BEFORE_ENQUEUE(L, "graph_exec:launch");   /* before this launch's own host nodes are armed */
-  if (e->nhost) {
-    cl_host_arm(L, e->nhost);
-    cl_host_park(L);   /* host functions queued earlier are not this launch's */
-  }
-  CUresult r = cu.cuGraphLaunch(e->e, s ? s->h : NULL);
-  if (e->nhost) cl_host_unpark(L);
-  if (r != CUDA_SUCCESS) {
-    if (e->nhost) cl_host_arm(L, -e->nhost);
-    cl_check(L, r, "graph_exec:launch");
-  }
-  if (e->nhost) cl_host_after_enqueue(L, s ? s->h : NULL, "graph_exec:launch");
+  /* the stream and the records are held across the launch: where it blocks (launches that
+     block), the host nodes run on the helper thread meanwhile and may close what they like */
+  cl_stream_ref(s);
+  int token = cl_host_graph_begin(L, e->recs, e->nrecs, e->ctx, h, "graph_exec:launch");
+  CUresult r = CU(cuGraphLaunch, e->e, h);   /* blocking launches wait */
+  cl_host_graph_end(L, e->recs, e->nrecs, token, h, r == CUDA_SUCCESS, "graph_exec:launch");
+  cl_stream_unref(L, s);
+  cl_check(L, r, "graph_exec:launch");
+  cl_host_after_enqueue(L, h, "graph_exec:launch");
   lua_settop(L, 1);
   return 1;
 }
@@ -572,7 +643,7 @@ static int e_upload(lua_State *L) {
   cl_stream *s = cl_tostream(L, 2, "graph_exec:upload");
   cl_stream_check(L, s, e->ctx, "graph_exec:upload", "graph");
   cl_use_ctx(L, e->ctx);
-  cl_check(L, cu.cuGraphUpload(e->e, s ? s->h : NULL), "graph_exec:upload");
+  cl_check(L, CU(cuGraphUpload, e->e, s ? s->h : NULL), "graph_exec:upload");
   lua_settop(L, 1);
   return 1;
 }
@@ -597,15 +668,29 @@ static lgraph *exec_graph(lua_State *L, int eidx) {
   return g;
 }
 
-/* exec:set_args(node, ...): new arguments for a kernel node, without instantiating again */
+/* exec:set_args(node, {args}) or exec:set_args(node, ...): new arguments for a kernel node,
+   without instantiating again. The list form, as g:kernel takes them, is one plain table
+   holding as many values as the kernel has parameters; anything else is the arguments
+   themselves (a kernel of one complex parameter takes {re, im} either way: {{re, im}} or
+   {re, im}) */
 static int e_set_args(lua_State *L) {
   lexec *e = checkexec(L, 1);
   lnode *n = checknode(L, 2, NULL, "graph_exec:set_args");
   if (n->owner != exec_graph(L, 1)) return luaL_error(L, "cudalua: graph_exec:set_args: the node is not from this executable graph's graph");
   if (n->kind != N_KERNEL) return luaL_error(L, "cudalua: graph_exec:set_args: a %s node has no arguments", node_kinds[n->kind]);
   lua_getiuservalue(L, 2, 2);
+  cl_kernel *k = cl_checkkernel(L, -1);
+  if (lua_gettop(L) == 4 && lua_type(L, 3) == LUA_TTABLE && !lua_getmetatable(L, 3) &&
+      (int)lua_rawlen(L, 3) == k->nparams) {
+    lua_insert(L, 3);   /* the kernel at 3, the list at 4: spread it after them */
+    int len = (int)lua_rawlen(L, 4);
+    luaL_checkstack(L, len + 8, "too many kernel arguments");
+    for (int i = 1; i <= len; i++) lua_rawgeti(L, 4, i);
+    lua_remove(L, 4);
+    lua_pushvalue(L, 3);   /* the kernel on top again */
+    lua_remove(L, 3);
+  }
   int kidx = lua_gettop(L);
-  cl_kernel *k = cl_checkkernel(L, kidx);
   int first = 3, nargs = kidx - 3;
   cl_args A;
   cl_marshal(L, k, kidx, first, nargs, &A, 0);
@@ -613,7 +698,7 @@ static int e_set_args(lua_State *L) {
   cl_use_ctx(L, e->ctx);
   CUDA_KERNEL_NODE_PARAMS p;
   kernel_params(n, k, &A, &p);
-  cl_check(L, cu.cuGraphExecKernelNodeSetParams(e->e, n->n, &p), "graph_exec:set_args");
+  cl_check(L, CU(cuGraphExecKernelNodeSetParams, e->e, n->n, &p), "graph_exec:set_args");
   for (int i = 0; i < nargs; i++) exec_keep(L, 1, first + i);
   lua_settop(L, 1);
   return 1;
@@ -628,7 +713,7 @@ static int e_set_memcpy(lua_State *L) {
   CUDA_MEMCPY3D p;
   cl_use_ctx(L, e->ctx);
   memcpy_params(L, 3, 4, &p, "graph_exec:set_memcpy", e->ctx);
-  cl_check(L, cu.cuGraphExecMemcpyNodeSetParams(e->e, n->n, &p, e->ctx), "graph_exec:set_memcpy");
+  cl_check(L, CU(cuGraphExecMemcpyNodeSetParams, e->e, n->n, &p, e->ctx), "graph_exec:set_memcpy");
   exec_keep(L, 1, 3); exec_keep(L, 1, 4);
   lua_settop(L, 1);
   return 1;
@@ -644,7 +729,7 @@ static int e_set_memset(lua_State *L) {
   cl_use_ctx(L, e->ctx);
   if (memset_params(L, 3, 4, p, "graph_exec:set_memset", e->ctx) != 1 || n->parts != 1)
     return luaL_error(L, "cudalua: graph_exec:set_memset: 8 and 16-byte elements are several memsets; build the graph again");
-  cl_check(L, cu.cuGraphExecMemsetNodeSetParams(e->e, n->n, &p[0], e->ctx), "graph_exec:set_memset");
+  cl_check(L, CU(cuGraphExecMemsetNodeSetParams, e->e, n->n, &p[0], e->ctx), "graph_exec:set_memset");
   exec_keep(L, 1, 3);
   lua_settop(L, 1);
   return 1;
@@ -657,7 +742,7 @@ static int e_update(lua_State *L) {
   CUgraphExecUpdateResultInfo info;
   memset(&info, 0, sizeof info);
   cl_use_ctx(L, e->ctx);
-  CUresult r = cu.cuGraphExecUpdate(e->e, g->g, &info);
+  CUresult r = CU(cuGraphExecUpdate, e->e, g->g, &info);
   if (r == CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE) {
     static const char *why[] = {"ok", "error", "topology changed", "node type changed",
       "kernel function changed", "parameters changed unsupportedly", "not supported",
@@ -668,20 +753,43 @@ static int e_update(lua_State *L) {
   }
   cl_check(L, r, "graph_exec:update");
   exec_keep(L, 1, 2);
-  e->nhost = g->nhost;
+  exec_take_recs(L, e, g);
   lua_settop(L, 1);
   return 1;
+}
+
+typedef struct { cl_deferred later; CUgraphExec e; CUcontext ctx; } exec_destroy;
+
+static void destroy_exec(lua_State *L, CUgraphExec h, CUcontext ctx) {
+  CUcontext prev = cl_ctx_swap(ctx);
+  CU(cuGraphExecDestroy, h);   /* a launch still running keeps its resources until it completes */
+  cl_ctx_swap(prev);
+}
+
+static void destroy_later(lua_State *L, cl_deferred *d) {
+  exec_destroy *x = CL_DEFERRED_OWNER(d, exec_destroy, later);
+  destroy_exec(L, x->e, x->ctx);
+  free(x);
 }
 
 static int e_close(lua_State *L) {
   lexec *e = luaL_checkudata(L, 1, EXEC_MT);
   if (e->e) {
-    CUcontext prev = cl_ctx_swap(e->ctx);
-    /* a launch still running keeps its resources until it completes */
-    cu.cuGraphExecDestroy(e->e);
-    cl_ctx_swap(prev);
+    /* inside a host function the cudalua call it runs in may be launching this very graph */
+    exec_destroy *x = cl_must_defer(L) ? malloc(sizeof *x) : NULL;
+    if (x) { x->later.fn = destroy_later; x->e = e->e; x->ctx = e->ctx; cl_defer(L, &x->later); }
+    else destroy_exec(L, e->e, e->ctx);
     e->e = NULL;
   }
+  return 0;
+}
+
+static int e_gc(lua_State *L) {
+  lexec *e = luaL_checkudata(L, 1, EXEC_MT);
+  e_close(L);
+  free(e->recs);
+  e->recs = NULL;
+  e->nrecs = 0;
   return 0;
 }
 
@@ -690,8 +798,6 @@ static int e_tostring(lua_State *L) {
   lua_pushstring(L, e->e ? "cudalua.graph_exec" : "cudalua.graph_exec<closed>");
   return 1;
 }
-
-void cl_open_capture(lua_State *L);   /* capture.c */
 
 void cl_open_graph(lua_State *L) {
   static const luaL_Reg gm[] = {
@@ -715,7 +821,7 @@ void cl_open_graph(lua_State *L) {
   lua_pop(L, 1);
   luaL_newmetatable(L, EXEC_MT);
   luaL_newlib(L, em); lua_setfield(L, -2, "__index");
-  lua_pushcfunction(L, e_close); lua_setfield(L, -2, "__gc");
+  lua_pushcfunction(L, e_gc); lua_setfield(L, -2, "__gc");
   lua_pushcfunction(L, e_close); lua_setfield(L, -2, "__close");
   lua_pushcfunction(L, e_tostring); lua_setfield(L, -2, "__tostring");
   lua_pop(L, 1);

@@ -1,40 +1,148 @@
-/* hostfn.c: Lua functions called from the stream (graph host nodes, stream:launch_host_func).
-   The driver calls host functions on a thread of its own, but a lua_State belongs to one
-   thread. So the driver's thread only queues the call and waits; the Lua thread runs it when
-   it next waits in cudalua (synchronize, query, copies that finish on return), then lets the
-   driver's thread go on. Stream order holds: work after the host call waits for it.
-   The rule for users: a stream with Lua host functions must be waited on through cudalua. */
-#include <errno.h>
+/* hostfn.c: Lua functions called from the stream (stream:launch_host_func, graph host nodes).
+   A lua_State belongs to one thread, and no driver thread is ever made to wait for it: a
+   driver callback held until the Lua thread comes by stops the stream's queue after a few
+   dozen operations, and the Lua thread then waits in the driver for a thread that waits for
+   it (issue 24: 100 copies and host functions, then synchronize, hung). Instead each Lua host
+   function owns a word of mapped memory. The stream writes "fired" into it and waits on it
+   (cuStreamBatchMemOp: a write, then cuStreamWaitValue32's wait) until "released" is written;
+   cudalua runs the function and writes "released". The functions run:
+     * on the Lua thread, whenever it waits in cudalua (synchronize, query, blocking copies,
+       element reads, frees that wait for the device);
+     * on cudalua's helper thread, with the Lua thread's state borrowed, while the Lua thread
+       is parked in a driver call that cannot return before the function has run: a queue of
+       work full behind a fired function (about a thousand operations), a module load, a
+       launch that blocks (CUDA_LAUNCH_BLOCKING=1, compute-sanitizer), or any driver call held
+       up by another thread's call that waits for this state's stream. Every driver call of
+       cudalua parks (CU() in cl.h) while host functions are pending anywhere: measured, even
+       cuStreamDestroy, cuGraphExecDestroy and cuGraphInstantiate blocked while other threads'
+       calls waited on a stalled stream. The Lua thread touches nothing while parked, and
+       waits for the helper to finish before it goes on.
+   The rule for users: a stream with Lua host functions moves on when its Lua state waits in
+   cudalua. Inside a host function, releases (close, collection) are put off until it
+   returns, and waits for the GPU are refused. */
+#define _GNU_SOURCE
 #include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include "cl.h"
 
-typedef struct cl_hostcall {
+/* ---- words: mapped, page-locked memory every device reaches, a process-wide pool ---- */
+#define WPAGE 1024        /* words per page */
+#define MAXPAGES 256      /* 262144 host functions pending or in graphs at once */
+typedef struct {
+  uint32_t *host;         /* the page, seen from the host and (UVA) from every device */
+  CUdeviceptr dev;
+  CUcontext ctx;          /* the context it was allocated in, to free it */
+  uint32_t last[WPAGE];   /* the value each word has once its last user is done */
+  cl_hostrec *owner[WPAGE];
+} wpage;
+static wpage *pages[MAXPAGES];
+static int npages;
+static int *spare_words, nspare_words, capspare_words;
+static pthread_mutex_t words_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static volatile uint32_t *word_host(int w) { return &pages[w / WPAGE]->host[w % WPAGE]; }
+static CUdeviceptr word_dev(int w) { return pages[w / WPAGE]->dev + 4 * (CUdeviceptr)(w % WPAGE); }
+
+/* another page of words. The driver is called without words_mu: a host function the helper
+   runs meanwhile may free a record (a graph collected there), which takes the lock */
+static CUresult add_page(lua_State *L) {
+  wpage *p = calloc(1, sizeof *p);
+  if (!p) return CUDA_ERROR_OUT_OF_MEMORY;
+  void *h = NULL;
+  CUresult r = CU(cuMemHostAlloc, &h, 4 * WPAGE, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP);
+  if (r == CUDA_SUCCESS) r = CU(cuMemHostGetDevicePointer, &p->dev, h, 0);
+  if (r != CUDA_SUCCESS) { if (h) CU0(cuMemFreeHost, h); free(p); return r; }
+  memset(h, 0, 4 * WPAGE);
+  p->host = h;
+  CU0(cuCtxGetCurrent, &p->ctx);
+  pthread_mutex_lock(&words_mu);
+  int *sp = npages < MAXPAGES ? realloc(spare_words, sizeof(int) * (size_t)(capspare_words + WPAGE)) : NULL;
+  if (sp) {
+    spare_words = sp;
+    capspare_words += WPAGE;
+    for (int i = WPAGE - 1; i >= 0; i--) spare_words[nspare_words++] = npages * WPAGE + i;
+    pages[npages++] = p;
+  }
+  pthread_mutex_unlock(&words_mu);
+  if (!sp) { CU0(cuMemFreeHost, h); free(p); return CUDA_ERROR_OUT_OF_MEMORY; }
+  return CUDA_SUCCESS;
+}
+
+static int spares(void) {
+  pthread_mutex_lock(&words_mu);
+  int n = nspare_words;
+  pthread_mutex_unlock(&words_mu);
+  return n;
+}
+
+/* a free word; -1 with *r set when a page cannot be had. Pages are added ahead of need while
+   no stream captures: allocating page-locked memory during a capture in the global mode would
+   end that capture */
+static int word_take(lua_State *L, CUresult *r) {
+  *r = CUDA_SUCCESS;
+  if (spares() < WPAGE / 4 && !cl_capturing) add_page(L);
+  for (;;) {
+    pthread_mutex_lock(&words_mu);
+    int w = nspare_words ? spare_words[--nspare_words] : -1;
+    pthread_mutex_unlock(&words_mu);
+    if (w >= 0) return w;
+    if ((*r = add_page(L)) != CUDA_SUCCESS) return -1;
+  }
+}
+
+/* before a capture begins: words for the host functions it may capture */
+void cl_host_reserve(lua_State *L) {
+  if (spares() < WPAGE / 4) add_page(L);
+}
+
+/* ---- records: one Lua host function's place in streams and graphs ---- */
+struct cl_hostrec {
   struct cl_hostq *q;
-  int ref;                    /* the Lua function, in the registry */
-  int oneshot;                /* launch_host_func: released after it runs */
-  volatile int done;
-  struct cl_hostcall *next;
-} cl_hostcall;
+  int ref;                     /* the function, in the registry */
+  int word;
+  uint32_t fire, release;      /* the stream writes fire, then waits until the word >= release */
+  int pending;                 /* firings armed and not yet run */
+  unsigned char oneshot;       /* launch_host_func: freed after its one firing */
+  unsigned char dropped;       /* its graph is gone: freed once nothing is pending */
+  unsigned char listed;        /* in q's list */
+  cl_hostrec *prev, *next;     /* q's records with pending firings, oldest armed first */
+};
 
 typedef struct cl_hostq {
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  cl_hostcall *head, *tail;   /* calls the driver's threads are waiting on */
-  int armed;                  /* calls queued on streams that have not run yet */
-  int closed;                 /* the lua_State is gone: calls return at once */
-  int running;                /* a host function is running on the Lua thread now */
-  lua_State *parked;          /* where launches block: the Lua thread waits in a driver call
-                                 that may wait for a host function, which runs on the driver's
-                                 thread instead (the Lua thread touches nothing meanwhile) */
-  int borrowed;               /* a host function runs on the driver's thread now */
-  struct cl_hostq *next;      /* closed queues, freed when the last state closes */
+  pthread_mutex_t mu;          /* the list and counts, against the helper thread */
+  pthread_cond_t cv;           /* the helper gives a borrowed state back */
+  cl_hostrec *head, *tail;
+  int armed;                   /* firings pending (atomic: the helper reads it) */
+  int running;                 /* a host function runs now */
+  int closed;                  /* the state is gone: what fires is released unrun */
+  int park;                    /* PARK_NONE, PARK_HELD or PARK_BORROWED (atomic) */
+  int park_kind;
+  unsigned park_seq, seen_seq; /* the helper borrows a thread parked across two of its looks */
+  lua_State *parked;
+  int parked_dev;              /* the selected device of the parked thread */
+  CUevent order[CL_MAXDEV];    /* recorded after each graph launch with host nodes, per device */
+  CUcontext order_ctx[CL_MAXDEV];
+  cl_deferred *later;          /* releases put off (only the state's thread, or the helper
+                                  while it has the state borrowed, touches it) */
+  struct cl_hostq *next;       /* every queue, for the helper */
 } cl_hostq;
+enum { PARK_NONE, PARK_HELD, PARK_BORROWED };
 
-static const char hostq_key = 0;   /* registry key: looked up on every wait */
-static cl_hostq *closed_queues;
-static pthread_mutex_t closed_mu = PTHREAD_MUTEX_INITIALIZER;
+unsigned cl_host_pending;      /* firings pending in the process (atomic) */
+
+static const char hostq_key = 0;   /* registry: a userdata holding the state's queue */
+static cl_hostq *queues;
+static pthread_mutex_t queues_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* the helper thread: started with the first firing, stopped when the last state closes */
+static pthread_t helper;
+static int helper_on, helper_stop;
+static pthread_mutex_t helper_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t helper_cv = PTHREAD_COND_INITIALIZER;
 
 static cl_hostq *queue_of(lua_State *L) {
   lua_rawgetp(L, LUA_REGISTRYINDEX, &hostq_key);
@@ -43,126 +151,175 @@ static cl_hostq *queue_of(lua_State *L) {
   return pq ? *pq : NULL;
 }
 
-static void run_one(lua_State *L, cl_hostq *q, cl_hostcall *c);
+static int armed(cl_hostq *q) { return __atomic_load_n(&q->armed, __ATOMIC_ACQUIRE); }
 
-static void CUDA_CB trampoline(void *ud) {
-  cl_hostcall *c = ud;
-  cl_hostq *q = c->q;
-  pthread_mutex_lock(&q->mu);
-  /* the driver has a thread per context: one at a time runs Lua */
-  while (q->borrowed && q->parked && !q->closed) pthread_cond_wait(&q->cv, &q->mu);
-  if (!q->closed && q->parked) {
-    lua_State *L = q->parked;
-    q->borrowed = 1;
-    pthread_mutex_unlock(&q->mu);
-    run_one(L, q, c);
-    pthread_mutex_lock(&q->mu);
-    q->borrowed = 0;
-  } else if (!q->closed) {
-    c->done = 0;
-    c->next = NULL;
-    if (q->tail) q->tail->next = c; else q->head = c;
-    q->tail = c;
-    pthread_cond_broadcast(&q->cv);
-    while (!c->done && !q->closed) pthread_cond_wait(&q->cv, &q->mu);
-  }
-  q->armed--;
-  int oneshot = c->oneshot;
-  pthread_cond_broadcast(&q->cv);
-  pthread_mutex_unlock(&q->mu);
-  if (oneshot) free(c);
+static int fired(const cl_hostrec *r) {
+  return __atomic_load_n(word_host(r->word), __ATOMIC_ACQUIRE) == r->fire;
 }
 
-/* runs one call; its error is kept in the registry list "cudalua.hosterrors" */
-static void run_one(lua_State *L, cl_hostq *q, cl_hostcall *c) {
-  lua_rawgeti(L, LUA_REGISTRYINDEX, c->ref);
+static void list_add(cl_hostq *q, cl_hostrec *r) {
+  r->listed = 1;
+  r->next = NULL;
+  r->prev = q->tail;
+  if (q->tail) q->tail->next = r; else q->head = r;
+  q->tail = r;
+}
+
+static void list_remove(cl_hostq *q, cl_hostrec *r) {
+  if (r->prev) r->prev->next = r->next; else q->head = r->next;
+  if (r->next) r->next->prev = r->prev; else q->tail = r->prev;
+  r->prev = r->next = NULL;
+  r->listed = 0;
+}
+
+static void *helper_main(void *unused);
+
+/* starts the helper (helper_on is set before it can look at any queue: q_gc reads it to know
+   whether it may free a queue itself), or wakes it */
+static void helper_kick(void) {
+  pthread_mutex_lock(&helper_mu);
+  if (!helper_on && !helper_stop) {
+    __atomic_store_n(&helper_on, 1, __ATOMIC_SEQ_CST);
+    if (pthread_create(&helper, NULL, helper_main, NULL) != 0) __atomic_store_n(&helper_on, 0, __ATOMIC_SEQ_CST);
+  }
+  pthread_cond_signal(&helper_cv);
+  pthread_mutex_unlock(&helper_mu);
+}
+
+/* n more firings of r are queued (q's thread owns q) */
+static void arm(cl_hostq *q, cl_hostrec *r, int n) {
+  pthread_mutex_lock(&q->mu);
+  r->pending += n;
+  if (!r->listed) list_add(q, r);
+  __atomic_add_fetch(&q->armed, n, __ATOMIC_RELEASE);
+  pthread_mutex_unlock(&q->mu);
+  if (__atomic_fetch_add(&cl_host_pending, (unsigned)n, __ATOMIC_SEQ_CST) == 0) helper_kick();
+}
+
+static void rec_free(lua_State *L, cl_hostrec *r) {
+  if (L && r->ref != LUA_NOREF) luaL_unref(L, LUA_REGISTRYINDEX, r->ref);
+  pthread_mutex_lock(&words_mu);
+  pages[r->word / WPAGE]->owner[r->word % WPAGE] = NULL;
+  spare_words[nspare_words++] = r->word;
+  pthread_mutex_unlock(&words_mu);
+  free(r);
+}
+
+/* one firing of r is done (ran or released unrun): the stream goes on. L: NULL when the
+   state is gone */
+static void release(lua_State *L, cl_hostq *q, cl_hostrec *r) {
+  __atomic_store_n(word_host(r->word), r->release, __ATOMIC_SEQ_CST);
+  pthread_mutex_lock(&q->mu);
+  r->pending--;
+  int done = r->pending == 0;
+  if (done) list_remove(q, r);
+  __atomic_sub_fetch(&q->armed, 1, __ATOMIC_RELEASE);
+  pthread_mutex_unlock(&q->mu);
+  __atomic_sub_fetch(&cl_host_pending, 1, __ATOMIC_SEQ_CST);
+  if (done && (r->oneshot || r->dropped)) rec_free(L, r);
+}
+
+/* a new record for the function at fidx: its word's next two values are fire and release */
+static cl_hostrec *rec_new(lua_State *L, cl_hostq *q, int fidx, int oneshot, const char *where) {
+  cl_hostrec *r = calloc(1, sizeof *r);
+  if (!r) luaL_error(L, "cudalua: out of host memory");
+  CUresult res;
+  int w = word_take(L, &res);
+  if (w >= 0) {
+    pthread_mutex_lock(&words_mu);
+    wpage *p = pages[w / WPAGE];
+    r->word = w;
+    r->fire = p->last[w % WPAGE] + 1;
+    r->release = p->last[w % WPAGE] + 2;
+    p->last[w % WPAGE] = r->release;
+    p->owner[w % WPAGE] = r;
+    pthread_mutex_unlock(&words_mu);
+  }
+  if (w < 0) {
+    free(r);
+    if (npages == MAXPAGES)
+      luaL_error(L, "cudalua: %s: too many Lua host functions pending or in graphs (%d)", where, MAXPAGES * WPAGE);
+    cl_check(L, res, where);
+  }
+  r->q = q;
+  r->oneshot = (unsigned char)oneshot;
+  lua_pushvalue(L, fidx);
+  r->ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  return r;
+}
+
+/* the stream's part of a record: write fire, wait until the word reaches release (a cyclic
+   >=, so that a word's later users never leave an earlier wait stuck) */
+void cl_hostrec_ops(const cl_hostrec *r, CUstreamBatchMemOpParams op[2]) {
+  memset(op, 0, 2 * sizeof *op);
+  op[0].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+  op[0].writeValue.address = word_dev(r->word);
+  op[0].writeValue.value = r->fire;
+  op[1].waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
+  op[1].waitValue.address = word_dev(r->word);
+  op[1].waitValue.value = r->release;
+  op[1].waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
+}
+
+/* ---- running host functions ---- */
+
+__thread int cl_in_hostfn;
+static __thread cl_hostq *running_q;   /* the queue whose host function runs on this thread */
+
+void cl_hostfn_refuse(lua_State *L) {
+  luaL_error(L, "cudalua: a Lua host function cannot use the GPU (launches, copies, allocations, waits): "
+                "CUDA forbids it, and the stream waits for the function; queue the work after it instead");
+}
+
+static void run(lua_State *L, cl_hostq *q, cl_hostrec *r) {
+  lua_rawgeti(L, LUA_REGISTRYINDEX, r->ref);
   q->running++;
+  cl_in_hostfn++;
+  cl_hostq *outer = running_q;
+  running_q = q;
   int st = lua_pcall(L, 0, 0, 0);
+  running_q = outer;
+  cl_in_hostfn--;
   q->running--;
-  if (st != LUA_OK) {
+  if (st != LUA_OK) {   /* kept for the next wait to raise */
     luaL_getsubtable(L, LUA_REGISTRYINDEX, "cudalua.hosterrors");
     lua_insert(L, -2);
     lua_rawseti(L, -2, (lua_Integer)lua_rawlen(L, -2) + 1);
     lua_pop(L, 1);
   }
-  if (c->oneshot) luaL_unref(L, LUA_REGISTRYINDEX, c->ref);
 }
 
-/* runs the queued calls */
-int cl_host_service(lua_State *L) {
-  cl_hostq *q = queue_of(L);
-  if (!q) return 0;
-  pthread_mutex_lock(&q->mu);
-  cl_hostcall *c = q->head;
-  q->head = q->tail = NULL;
-  pthread_mutex_unlock(&q->mu);
+/* runs the fired functions of q on L (whose thread owns q now); not nested in a running one */
+static int service(lua_State *L, cl_hostq *q) {
+  if (q->running) return 0;
   int ran = 0;
-  while (c) {
-    cl_hostcall *next = c->next;
-    run_one(L, q, c);
-    pthread_mutex_lock(&q->mu);
-    c->done = 1;   /* after this the driver's thread may free a one-shot call */
-    pthread_cond_broadcast(&q->cv);
-    pthread_mutex_unlock(&q->mu);
+  for (cl_hostrec *r = q->head; r;) {
+    if (!fired(r)) { r = r->next; continue; }
+    run(L, q, r);
+    cl_hostrec *next = r->next;   /* read after the run: it may have armed more */
+    release(L, q, r);
     ran++;
-    c = next;
+    r = next;
   }
-  /* memory and modules the host functions dropped that could not be freed inside them */
-  if (ran && !q->running) cl_flush_deferred(L);
+  /* what the functions closed is released by the cudalua call that waited, once it no longer
+     uses anything (cl_flush_deferred at its end): not here, in the middle of it */
   return ran;
 }
 
-int cl_host_running(lua_State *L) {
+int cl_host_service(lua_State *L) {
   cl_hostq *q = queue_of(L);
-  return q && q->running;
+  return q && armed(q) ? service(L, q) : 0;
 }
 
-static int armed(cl_hostq *q) {
-  pthread_mutex_lock(&q->mu);
-  int a = q->armed;
-  pthread_mutex_unlock(&q->mu);
-  return a;
+int cl_host_running(lua_State *L) {
+  (void)L;
+  return cl_in_hostfn;
 }
 
 int cl_host_armed(lua_State *L) {
+  if (!__atomic_load_n(&cl_host_pending, __ATOMIC_RELAXED)) return 0;
   cl_hostq *q = queue_of(L);
   return q ? armed(q) : 0;
-}
-
-void cl_host_arm(lua_State *L, int n) {
-  cl_hostq *q = queue_of(L);
-  pthread_mutex_lock(&q->mu);
-  q->armed += n;
-  pthread_mutex_unlock(&q->mu);
-}
-
-/* the releases put off: process-wide, as the capture flag is */
-static cl_deferred *later;
-static pthread_mutex_t later_mu = PTHREAD_MUTEX_INITIALIZER;
-
-int cl_must_defer(lua_State *L) {
-  return cl_capturing || (L && cl_host_running(L));
-}
-
-void cl_defer(cl_deferred *d) {
-  pthread_mutex_lock(&later_mu);
-  d->next = later;
-  later = d;
-  pthread_mutex_unlock(&later_mu);
-}
-
-void cl_flush_deferred(lua_State *L) {
-  /* not inside a host function (these releases wait for the device); nothing put off, the
-     common case, is seen without the lock or a lookup of the queue */
-  if (!__atomic_load_n(&later, __ATOMIC_RELAXED) || (L && cl_host_running(L))) return;
-  while (later && !cl_capturing) {
-    pthread_mutex_lock(&later_mu);
-    cl_deferred *d = later;
-    if (d) later = d->next;
-    pthread_mutex_unlock(&later_mu);
-    if (!d) break;
-    d->fn(L, d);
-  }
 }
 
 /* raises the first error a host function raised, if any */
@@ -179,42 +336,203 @@ void cl_host_raise(lua_State *L) {
              n > 1 ? lua_pushfstring(L, " (and %I more)", n - 1) : "", luaL_tolstring(L, -1, NULL));
 }
 
-/* waits up to us microseconds for the driver to queue a call */
-static void nap(cl_hostq *q, long us) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  ts.tv_nsec += us * 1000;
-  if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
-  pthread_mutex_lock(&q->mu);
-  if (!q->head) pthread_cond_timedwait(&q->cv, &q->mu, &ts);
-  pthread_mutex_unlock(&q->mu);
+/* ---- parking: the Lua thread in a driver call that may wait for a fired function ---- */
+
+cl_hostq *cl_host_park_slow(lua_State *L, int kind) {
+  cl_hostq *q = queue_of(L);
+  if (!q || q->running || !armed(q)) return NULL;
+  q->parked = L;
+  q->parked_dev = cl_current_device();
+  q->park_kind = cl_launch_blocks ? CL_PARK_WAIT : kind;
+  q->park_seq++;
+  __atomic_store_n(&q->park, PARK_HELD, __ATOMIC_SEQ_CST);
+  if (q->park_kind == CL_PARK_WAIT) helper_kick();   /* look now, not at the next round */
+  return q;
 }
+
+void cl_host_unpark_slow(lua_State *L, cl_hostq *q) {
+  (void)L;
+  int held = PARK_HELD;
+  if (!__atomic_compare_exchange_n(&q->park, &held, PARK_NONE, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+    /* the helper runs host functions on L: L is its until it gives it back */
+    pthread_mutex_lock(&q->mu);
+    while (__atomic_load_n(&q->park, __ATOMIC_ACQUIRE) == PARK_BORROWED) pthread_cond_wait(&q->cv, &q->mu);
+    __atomic_store_n(&q->park, PARK_NONE, __ATOMIC_SEQ_CST);
+    pthread_mutex_unlock(&q->mu);
+    /* what the functions closed stays until the call that parked is done with it (its end
+       flushes the releases put off) */
+  }
+}
+
+/* the helper's look at one queue: a closed state's fired words are released unrun; a thread
+   parked long enough (or in a call that waits) has its fired functions run here */
+static int helper_visit(cl_hostq *q) {
+  if (q->closed) {
+    for (cl_hostrec *r = q->head; r;) {
+      cl_hostrec *next = r->next;
+      if (fired(r)) release(NULL, q, r);
+      r = next;
+    }
+    return 0;
+  }
+  if (__atomic_load_n(&q->park, __ATOMIC_ACQUIRE) != PARK_HELD || !armed(q)) return 0;
+  unsigned seq = q->park_seq;
+  int wait = q->park_kind == CL_PARK_WAIT;
+  int ripe = wait || seq == q->seen_seq;
+  q->seen_seq = seq;
+  int held = PARK_HELD;
+  if (!ripe || !__atomic_compare_exchange_n(&q->park, &held, PARK_BORROWED, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+    return wait;
+  if (q->park_seq == seq) {   /* still the park it looked at */
+    cl_set_current_device(q->parked_dev);
+    service(q->parked, q);
+  }
+  pthread_mutex_lock(&q->mu);
+  __atomic_store_n(&q->park, PARK_HELD, __ATOMIC_SEQ_CST);
+  pthread_cond_broadcast(&q->cv);
+  pthread_mutex_unlock(&q->mu);
+  return wait;
+}
+
+static void free_queue(cl_hostq *q);
+
+/* one round over every queue; frees closed ones with nothing left; 1: a thread waits in a call */
+static int helper_round(void) {
+  cl_hostq *snap[64], **v = snap;
+  int n = 0, cap = 64, waits = 0;
+  pthread_mutex_lock(&queues_mu);
+  for (cl_hostq *q = queues; q; q = q->next) {
+    if (n == cap) {
+      cl_hostq **nv = malloc(sizeof *nv * (size_t)cap * 2);
+      if (!nv) break;
+      memcpy(nv, v, sizeof *nv * (size_t)n);
+      if (v != snap) free(v);
+      v = nv; cap *= 2;
+    }
+    v[n++] = q;
+  }
+  pthread_mutex_unlock(&queues_mu);
+  /* only this thread frees queues while it runs: the snapshot stays valid */
+  for (int i = 0; i < n; i++) {
+    waits |= helper_visit(v[i]);
+    if (v[i]->closed && !armed(v[i])) {
+      pthread_mutex_lock(&queues_mu);
+      for (cl_hostq **p = &queues; *p; p = &(*p)->next)
+        if (*p == v[i]) { *p = v[i]->next; break; }
+      pthread_mutex_unlock(&queues_mu);
+      free_queue(v[i]);
+    }
+  }
+  if (v != snap) free(v);
+  return waits;
+}
+
+static int any_closed(void) {
+  pthread_mutex_lock(&queues_mu);
+  int c = 0;
+  for (cl_hostq *q = queues; q && !c; q = q->next) c = q->closed;
+  pthread_mutex_unlock(&queues_mu);
+  return c;
+}
+
+/* looks every millisecond while firings are pending anywhere (every 50 us while a thread
+   waits in a call), sleeps otherwise */
+static void *helper_main(void *unused) {
+  (void)unused;
+  pthread_mutex_lock(&helper_mu);
+  while (!helper_stop) {
+    if (!__atomic_load_n(&cl_host_pending, __ATOMIC_SEQ_CST) && !any_closed()) {
+      pthread_cond_wait(&helper_cv, &helper_mu);
+      continue;
+    }
+    pthread_mutex_unlock(&helper_mu);
+    long us = helper_round() ? 50 : 1000;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += us * 1000;
+    if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+    pthread_mutex_lock(&helper_mu);
+    if (!helper_stop) pthread_cond_timedwait(&helper_cv, &helper_mu, &ts);
+  }
+  pthread_mutex_unlock(&helper_mu);
+  return NULL;
+}
+
+/* ---- releases put off: inside a host function or while a stream captures ---- */
+static unsigned deferred_count;   /* in every state: the common case (none) is one load */
+
+static __thread int releasing;   /* q_gc runs the state's last releases: none is put off again */
+
+int cl_must_defer(lua_State *L) {
+  (void)L;
+  return !releasing && (cl_capturing || cl_in_hostfn);
+}
+
+void cl_defer(lua_State *L, cl_deferred *d) {
+  cl_hostq *q = L ? queue_of(L) : running_q;
+  if (!q) { d->fn(L, d); return; }   /* the state is closing: now */
+  d->next = q->later;
+  q->later = d;
+  __atomic_add_fetch(&deferred_count, 1, __ATOMIC_RELAXED);
+}
+
+/* runs q's releases, unless a stream captures */
+static void flush_queue(lua_State *L, cl_hostq *q) {
+  while (q->later && !cl_capturing) {
+    cl_deferred *d = q->later;
+    q->later = d->next;
+    __atomic_sub_fetch(&deferred_count, 1, __ATOMIC_RELAXED);
+    d->fn(L, d);
+  }
+}
+
+void cl_flush_deferred(lua_State *L) {
+  if (!__atomic_load_n(&deferred_count, __ATOMIC_RELAXED) || cl_in_hostfn) return;
+  cl_hostq *q = queue_of(L);
+  if (q) flush_queue(L, q);
+}
+
+/* ---- waits ---- */
 
 /* the stream is stopped at a running host function: waiting for it there would never end */
 static void refuse_if_running(lua_State *L, const cl_hostq *q) {
-  if (q && q->running)
+  (void)q;
+  if (cl_in_hostfn)
     luaL_error(L, "cudalua: a Lua host function cannot wait for the GPU (synchronize, blocking copies)");
 }
 
 void cl_wait_check(lua_State *L) { refuse_if_running(L, queue_of(L)); }
 
-/* Every blocking wait of cudalua goes through here: with no host call pending it is the plain
-   driver call; otherwise it runs host calls while it polls. q: L's queue. */
+/* while polling: spin first (a host function's round trip is a few microseconds), then yield,
+   then sleep a little longer each time, up to 100 us */
+static void backoff(unsigned i) {
+  if (i < 64) return;
+  if (i < 256) { sched_yield(); return; }
+  struct timespec ts = {0, (i < 1024 ? 20 : 100) * 1000L};
+  nanosleep(&ts, NULL);
+}
+
+static CUresult plain_wait(int kind, void *h) {
+  if (kind == CL_WAIT_STREAM) return CU0(cuStreamSynchronize, (CUstream)h);
+  if (kind == CL_WAIT_EVENT) return CU0(cuEventSynchronize, (CUevent)h);
+  if (kind == CL_WAIT_HOSTFNS) return CUDA_SUCCESS;
+  return CU0(cuCtxSynchronize);
+}
+
+/* Every blocking wait of cudalua goes through here: with none of L's host functions pending
+   it is the plain driver call; otherwise it polls, running them as they fire. A context-wide
+   wait polls until none is pending (the legacy stream's query tells a failed context). */
 static CUresult wait_q(lua_State *L, cl_hostq *q, int kind, void *h) {
   refuse_if_running(L, q);
-  if (!q || armed(q) == 0) {
-    if (kind == CL_WAIT_STREAM) return cu.cuStreamSynchronize((CUstream)h);
-    if (kind == CL_WAIT_EVENT) return cu.cuEventSynchronize((CUevent)h);
-    return cu.cuCtxSynchronize();
-  }
-  for (;;) {
-    cl_host_service(L);
-    CUresult r;
-    if (kind == CL_WAIT_STREAM) r = cu.cuStreamQuery((CUstream)h);
-    else if (kind == CL_WAIT_EVENT) r = cu.cuEventQuery((CUevent)h);
-    else r = armed(q) ? CUDA_ERROR_NOT_READY : cu.cuCtxSynchronize();
+  for (unsigned i = 0;; i++) {
+    if (!q || !armed(q)) return plain_wait(kind, h);
+    service(L, q);
+    CUresult r = kind == CL_WAIT_STREAM ? CU(cuStreamQuery, (CUstream)h)
+               : kind == CL_WAIT_EVENT ? CU(cuEventQuery, (CUevent)h)
+               : (i & 15) == 15 ? CU(cuStreamQuery, CU_STREAM_LEGACY) : CUDA_ERROR_NOT_READY;
+    if ((kind == CL_WAIT_CTX || kind == CL_WAIT_HOSTFNS) && r == CUDA_SUCCESS) r = CUDA_ERROR_NOT_READY;
     if (r != CUDA_ERROR_NOT_READY) return r;
-    nap(q, 200);
+    backoff(i);
   }
 }
 
@@ -226,25 +544,13 @@ void cl_wait(lua_State *L, int kind, void *h, const char *what) {
   cl_host_raise(L);
 }
 
-/* a call record for graph host nodes (kept by the graph) or for one launch_host_func */
-void *cl_hostcall_new(lua_State *L, int fidx, int oneshot) {
-  cl_hostcall *c = calloc(1, sizeof *c);
-  if (!c) luaL_error(L, "cudalua: out of host memory");
-  c->q = queue_of(L);
-  lua_pushvalue(L, fidx);
-  c->ref = luaL_ref(L, LUA_REGISTRYINDEX);
-  c->oneshot = oneshot;
-  return c;
+/* before a driver call that waits for the whole device by itself (frees of host-visible
+   memory, module unloads, the legacy stream's synchronous copies): L's own host functions are
+   run first (no device-wide wait: while another thread captures, the driver refuses one and
+   ends that capture); never raises */
+void cl_host_drain(lua_State *L) {
+  if (L && !cl_in_hostfn && cl_host_armed(L)) cl_wait_raw(L, CL_WAIT_HOSTFNS, NULL);
 }
-
-void cl_hostcall_free(lua_State *L, void *call) {
-  cl_hostcall *c = call;
-  if (!c) return;
-  luaL_unref(L, LUA_REGISTRYINDEX, c->ref);
-  free(c);
-}
-
-CUhostFn cl_host_trampoline(void) { return trampoline; }
 
 int cl_launch_blocks;
 
@@ -256,91 +562,245 @@ static cl_hostq *waitable(lua_State *L) {
   return q && !q->running && armed(q) ? q : NULL;
 }
 
+/* where launches block, work queued behind a pending host function would block in the driver:
+   they are run first. A host function's error is left for the next wait, as without. */
 void cl_host_before_enqueue(lua_State *L, const char *what) {
   cl_hostq *q = waitable(L);
-  /* a host function's error is left for the next wait, as without blocking launches */
   if (q) cl_check(L, wait_q(L, q, CL_WAIT_CTX, NULL), what);
 }
 
-/* where launches block, so does queueing a host function: it runs on this thread before the
-   call returns, and nothing is left pending for a driver call that waits for the device by
-   itself (under compute-sanitizer the launch after a pending host function hung in the driver
-   before it was queued). Its error is left for the next wait, as without blocking launches. */
+/* where launches block, so does queueing a host function: it has run when the call returns */
 void cl_host_after_enqueue(lua_State *L, CUstream h, const char *what) {
   cl_hostq *q = cl_launch_blocks ? waitable(L) : NULL;
   if (q) cl_check(L, wait_q(L, q, CL_WAIT_STREAM, h), what);
 }
 
-/* around a driver call that queues host functions where launches block: the call may return
-   only once they have run, so they run on the driver's thread while this one waits in it */
-void cl_host_park(lua_State *L) {
-  if (!cl_launch_blocks) return;
+/* ---- stream:launch_host_func and graph host nodes ---- */
+
+static cl_hostq *need_queue(lua_State *L) {
   cl_hostq *q = queue_of(L);
-  if (!q || q->running) return;   /* inside a host function: the Lua thread is not parked */
-  pthread_mutex_lock(&q->mu);
-  q->parked = L;
-  pthread_mutex_unlock(&q->mu);
+  if (!q) luaL_error(L, "cudalua: this Lua state is closing");
+  return q;
 }
 
-void cl_host_unpark(lua_State *L) {
-  if (!cl_launch_blocks) return;
-  cl_hostq *q = queue_of(L);
-  if (!q) return;
-  pthread_mutex_lock(&q->mu);
-  q->parked = NULL;
-  while (q->borrowed) pthread_cond_wait(&q->cv, &q->mu);   /* L is the driver thread's until then */
-  pthread_mutex_unlock(&q->mu);
-  if (!q->running) cl_flush_deferred(L);
-}
-
-/* stream:launch_host_func(fn) */
-int cl_launch_host_func(lua_State *L, CUstream h) {
+/* stream:launch_host_func(fn); s NULL: the legacy stream of the current context */
+int cl_launch_host_func(lua_State *L, cl_stream *s) {
   luaL_checktype(L, 2, LUA_TFUNCTION);
+  cl_hostq *q = need_queue(L);
+  CUstream h = s ? s->h : NULL;
+  CUstreamBatchMemOpParams op[2];
+  cl_capture_guard(L, s, 0, "stream:launch_host_func");
+  if (cl_capturing && s && cl_capture_push_keep(L, s)) {
+    /* captured: a host node of the graph the capture makes, run at each launch of it */
+    cl_hostrec *r = cl_hostrec_new(L, 2, "stream:launch_host_func");
+    cl_hostrec_ops(r, op);
+    cl_check(L, CU(cuStreamBatchMemOp, h, 2, op, 0), "stream:launch_host_func");
+    cl_capture_add_hostrec(L, lua_gettop(L) - 1, lua_gettop(L));
+    return 0;
+  }
   CL_BEFORE_ENQUEUE(L, "stream:launch_host_func");
-  cl_hostcall *c = cl_hostcall_new(L, 2, 1);
-  cl_host_arm(L, 1);
-  cl_host_park(L);
-  CUresult r = cu.cuLaunchHostFunc(h, trampoline, c);
-  cl_host_unpark(L);
-  if (r != CUDA_SUCCESS) {
-    cl_host_arm(L, -1);
-    cl_hostcall_free(L, c);
-    cl_check(L, r, "stream:launch_host_func");
+  cl_hostrec *r = rec_new(L, q, 2, 1, "stream:launch_host_func");
+  cl_hostrec_ops(r, op);
+  arm(q, r, 1);
+  CUresult res = CU(cuStreamBatchMemOp, h, 2, op, 0);
+  if (res != CUDA_SUCCESS) {
+    release(L, q, r);   /* never queued: nothing will write the word */
+    cl_check(L, res, "stream:launch_host_func");
   }
   cl_host_after_enqueue(L, h, "stream:launch_host_func");
   return 0;
 }
 
-static int q_gc(lua_State *L) {
-  cl_hostq **pq = lua_touserdata(L, 1);
-  cl_hostq *q = *pq;
-  /* the state is closing: let waiting driver threads go; the queue itself stays (a driver
-     thread may still touch it) until the last state has closed and every device has finished */
-  pthread_mutex_lock(&q->mu);
-  q->closed = 1;
-  pthread_cond_broadcast(&q->cv);
-  pthread_mutex_unlock(&q->mu);
-  pthread_mutex_lock(&closed_mu);
-  q->next = closed_queues;
-  closed_queues = q;
-  pthread_mutex_unlock(&closed_mu);
+/* graph host nodes: a record owned by a box userdata (pushed), which the graph keeps */
+typedef struct { cl_hostrec *r; } hostbox;
+#define HOSTBOX_MT "cudalua.hostrec"
+
+static int box_gc(lua_State *L) {
+  hostbox *b = lua_touserdata(L, 1);
+  cl_hostrec *r = b->r;
+  if (!r) return 0;
+  b->r = NULL;
+  pthread_mutex_lock(&r->q->mu);
+  int idle = r->pending == 0;
+  r->dropped = 1;
+  pthread_mutex_unlock(&r->q->mu);
+  if (idle) rec_free(L, r);   /* else when its last pending firing is done */
   return 0;
 }
 
-/* after cl_release_contexts: no driver thread runs a trampoline any more */
-void cl_hostfn_release_closed(void) {
-  pthread_mutex_lock(&closed_mu);
-  while (closed_queues) {
-    cl_hostq *q = closed_queues;
-    closed_queues = q->next;
-    pthread_mutex_destroy(&q->mu);
-    pthread_cond_destroy(&q->cv);
-    free(q);
+cl_hostrec *cl_hostrec_new(lua_State *L, int fidx, const char *where) {
+  fidx = lua_absindex(L, fidx);
+  cl_hostq *q = need_queue(L);
+  hostbox *b = lua_newuserdatauv(L, sizeof *b, 0);
+  b->r = NULL;
+  if (luaL_newmetatable(L, HOSTBOX_MT)) {
+    lua_pushcfunction(L, box_gc);
+    lua_setfield(L, -2, "__gc");
   }
-  pthread_mutex_unlock(&closed_mu);
+  lua_setmetatable(L, -2);
+  b->r = rec_new(L, q, fidx, 0, where);
+  return b->r;
+}
+
+cl_hostrec *cl_hostrec_of_box(lua_State *L, int idx) {
+  hostbox *b = luaL_checkudata(L, idx, HOSTBOX_MT);
+  return b->r;
+}
+
+/* the record whose word is at address a (a memop node's parameters), else NULL */
+cl_hostrec *cl_hostrec_at(CUdeviceptr a) {
+  cl_hostrec *r = NULL;
+  pthread_mutex_lock(&words_mu);
+  for (int i = 0; i < npages && !r; i++)
+    if (a >= pages[i]->dev && a < pages[i]->dev + 4 * WPAGE) r = pages[i]->owner[(a - pages[i]->dev) / 4];
+  pthread_mutex_unlock(&words_mu);
+  return r;
+}
+
+/* a new record (box pushed) with r's function: a second copy of a host node */
+cl_hostrec *cl_hostrec_copy(lua_State *L, const cl_hostrec *r, const char *where) {
+  lua_rawgeti(L, LUA_REGISTRYINDEX, r->ref);
+  cl_hostrec *c = cl_hostrec_new(L, -1, where);
+  lua_remove(L, -2);
+  return c;
+}
+
+/* a graph launch: its host nodes' records armed once each (as often as they appear), ordered
+   after the state's last graph launch with host nodes on this device: executable graphs of
+   one graph share words, so two of them must not run at once */
+int cl_host_graph_begin(lua_State *L, cl_hostrec *const *recs, int n, CUcontext ctx, CUstream h,
+                        const char *where) {
+  cl_hostq *q = need_queue(L);
+  int d = cl_device_of(ctx);
+  if (d < 0) d = 0;
+  if (q->order[d]) {
+    CUresult r = CU(cuStreamWaitEvent, h, q->order[d], 0);
+    cl_check(L, r, where);
+  }
+  for (int i = 0; i < n; i++) arm(q, recs[i], 1);
+  return d;
+}
+
+/* after the launch (ok: it was queued); records the order event */
+void cl_host_graph_end(lua_State *L, cl_hostrec *const *recs, int n, int d, CUstream h, int ok,
+                       const char *where) {
+  cl_hostq *q = need_queue(L);
+  if (!ok) {   /* never queued */
+    for (int i = 0; i < n; i++) release(L, q, recs[i]);
+    return;
+  }
+  if (!q->order[d]) {
+    CU(cuCtxGetCurrent, &q->order_ctx[d]);
+    cl_check(L, CU(cuEventCreate, &q->order[d], CU_EVENT_DISABLE_TIMING), where);
+  }
+  cl_check(L, CU(cuEventRecord, q->order[d], h), where);
+}
+
+/* what every queue holds now, for tools that report a hang (tools/stress.c) */
+void cl_host_dump(void *file) {
+  FILE *f = file;
+  pthread_mutex_lock(&queues_mu);
+  fprintf(f, "host functions pending in the process: %u, helper %s\n", cl_host_pending, helper_on ? "on" : "off");
+  for (cl_hostq *q = queues; q; q = q->next) {
+    fprintf(f, "  queue %p: armed %d, running %d, closed %d, park %d (kind %d, seq %u)\n", (void *)q, q->armed,
+            q->running, q->closed, q->park, q->park_kind, q->park_seq);
+    int k = 0;
+    for (cl_hostrec *r = q->head; r && k < 8; r = r->next, k++)
+      fprintf(f, "    record %p: word %u, fire %u, release %u, pending %d%s\n", (void *)r, *word_host(r->word),
+              r->fire, r->release, r->pending, r->oneshot ? ", one-shot" : "");
+  }
+  pthread_mutex_unlock(&queues_mu);
+}
+
+/* ---- the state's queue ---- */
+
+static void free_queue(cl_hostq *q) {
+  for (cl_hostrec *r = q->head; r;) {   /* left over after a failed context */
+    cl_hostrec *next = r->next;
+    if (r->oneshot || r->dropped) rec_free(NULL, r);
+    r = next;
+  }
+  for (int d = 0; d < CL_MAXDEV; d++)
+    if (q->order[d]) {
+      CUcontext prev = cl_ctx_swap(q->order_ctx[d]);
+      CU0(cuEventDestroy, q->order[d]);
+      cl_ctx_swap(prev);
+    }
+  pthread_mutex_destroy(&q->mu);
+  pthread_cond_destroy(&q->cv);
+  free(q);
+}
+
+static int q_gc(lua_State *L) {
+  cl_hostq **pq = lua_touserdata(L, 1);
+  cl_hostq *q = *pq;
+  if (!q) return 0;
+  *pq = NULL;   /* finalizers after this one find no queue: no host function runs any more */
+  cl_deferred *d = q->later;   /* taken before the helper may free the queue */
+  q->later = NULL;
+  /* closed: what fires from now on is released unrun by the helper, which frees the queue
+     once nothing is pending; without a helper and with nothing pending it is freed here (the
+     helper looks at queues only through the list, under queues_mu) */
+  pthread_mutex_lock(&queues_mu);
+  pthread_mutex_lock(&q->mu);
+  q->closed = 1;
+  pthread_mutex_unlock(&q->mu);
+  int mine = !__atomic_load_n(&helper_on, __ATOMIC_SEQ_CST) && !armed(q);
+  if (mine)
+    for (cl_hostq **p = &queues; *p; p = &(*p)->next)
+      if (*p == q) { *p = q->next; break; }
+  pthread_mutex_unlock(&queues_mu);
+  if (!mine) helper_kick();
+  /* what is still put off goes now (no later wait of this state will), even while another
+     state's stream captures; without the queue, releases asked for meanwhile run at once */
+  releasing++;
+  while (d) {
+    cl_deferred *next = d->next;
+    __atomic_sub_fetch(&deferred_count, 1, __ATOMIC_RELAXED);
+    d->fn(L, d);
+    d = next;
+  }
+  releasing--;
+  if (mine) free_queue(q);
+  return 0;
+}
+
+/* the last state has closed and the devices are idle: the helper stops, closed queues and the
+   words' pages are freed (before the contexts they were allocated in are released) */
+void cl_hostfn_shutdown(void) {
+  pthread_mutex_lock(&helper_mu);
+  int on = helper_on;
+  helper_stop = 1;
+  pthread_cond_signal(&helper_cv);
+  pthread_mutex_unlock(&helper_mu);
+  if (on) pthread_join(helper, NULL);
+  pthread_mutex_lock(&queues_mu);
+  while (queues) {
+    cl_hostq *q = queues;
+    queues = q->next;
+    free_queue(q);
+  }
+  pthread_mutex_unlock(&queues_mu);
+  pthread_mutex_lock(&words_mu);
+  for (int i = 0; i < npages; i++) {
+    CUcontext prev = cl_ctx_swap(pages[i]->ctx);
+    CU0(cuMemFreeHost, pages[i]->host);
+    cl_ctx_swap(prev);
+    free(pages[i]);
+  }
+  npages = 0;
+  free(spare_words);
+  spare_words = NULL;
+  nspare_words = capspare_words = 0;
+  pthread_mutex_unlock(&words_mu);
+  pthread_mutex_lock(&helper_mu);
+  helper_on = helper_stop = 0;
+  pthread_mutex_unlock(&helper_mu);
 }
 
 void cl_open_hostfn(lua_State *L) {
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &hostq_key) != LUA_TNIL) { lua_pop(L, 1); return; }
+  lua_pop(L, 1);
   cl_hostq *q = calloc(1, sizeof *q);
   if (!q) luaL_error(L, "cudalua: out of host memory");
   pthread_mutex_init(&q->mu, NULL);
@@ -352,4 +812,8 @@ void cl_open_hostfn(lua_State *L) {
   lua_setfield(L, -2, "__gc");
   lua_setmetatable(L, -2);
   lua_rawsetp(L, LUA_REGISTRYINDEX, &hostq_key);
+  pthread_mutex_lock(&queues_mu);
+  q->next = queues;
+  queues = q;
+  pthread_mutex_unlock(&queues_mu);
 }

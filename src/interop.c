@@ -22,7 +22,7 @@ static int dtype_of(const char *ts) {
 void cl_wait_cai_stream(lua_State *L, lua_Integer h, lua_Integer ptr) {
   CUcontext ctx = NULL;
   if (ptr && cl_driver_load() &&
-      cu.cuPointerGetAttribute(&ctx, CU_POINTER_ATTRIBUTE_CONTEXT, (CUdeviceptr)ptr) == CUDA_SUCCESS && ctx)
+      CU(cuPointerGetAttribute, &ctx, CU_POINTER_ATTRIBUTE_CONTEXT, (CUdeviceptr)ptr) == CUDA_SUCCESS && ctx)
     cl_use_ctx(L, ctx);
   else cl_ctx(L);
   CUstream s = h == 1 ? CU_STREAM_LEGACY : h == 2 ? CU_STREAM_PER_THREAD : (CUstream)(uintptr_t)h;
@@ -46,8 +46,8 @@ static cl_array *foreign_view(lua_State *L, lua_Integer ptr, int dt, int ndim,
     if (ptr == 0) luaL_error(L, "as_cuda_array: null data pointer for %I bytes", (lua_Integer)bytes);
     CUdeviceptr start = 0;
     size_t range = 0;
-    CUresult r = cu.cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, (CUdeviceptr)ptr);
-    if (r == CUDA_SUCCESS) r = cu.cuPointerGetAttribute(&range, CU_POINTER_ATTRIBUTE_RANGE_SIZE, (CUdeviceptr)ptr);
+    CUresult r = CU(cuPointerGetAttribute, &start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, (CUdeviceptr)ptr);
+    if (r == CUDA_SUCCESS) r = CU(cuPointerGetAttribute, &range, CU_POINTER_ATTRIBUTE_RANGE_SIZE, (CUdeviceptr)ptr);
     if (r != CUDA_SUCCESS)
       luaL_error(L, "as_cuda_array: %p is not memory the CUDA driver knows (%s): a device "
                  "pointer from cudaMalloc/cuMemAlloc or pinned host memory is needed",
@@ -59,10 +59,10 @@ static cl_array *foreign_view(lua_State *L, lua_Integer ptr, int dt, int ndim,
     /* device memory belongs to its device; pinned and managed memory every device reaches */
     unsigned type = 0;
     int ordinal = -1, managed = 0;
-    cu.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)ptr);
-    cu.cuPointerGetAttribute(&managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, (CUdeviceptr)ptr);
+    CU(cuPointerGetAttribute, &type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)ptr);
+    CU(cuPointerGetAttribute, &managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, (CUdeviceptr)ptr);
     if (type == CU_MEMORYTYPE_DEVICE && !managed &&
-        cu.cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, (CUdeviceptr)ptr) == CUDA_SUCCESS &&
+        CU(cuPointerGetAttribute, &ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, (CUdeviceptr)ptr) == CUDA_SUCCESS &&
         ordinal >= 0 && ordinal < cl_ndevices())
       ctx = cl_device_ctx(L, ordinal);
     else portable = 1;

@@ -45,7 +45,7 @@ static int a_ipc_handle(lua_State *L) {
                         "make it with cuda.device_array(shape, dtype, {ipc = true})");
   CUipcMemHandle h;
   cl_use_ctx(L, m->ctx);
-  cl_check(L, cu.cuIpcGetMemHandle(&h, m->dptr), "ipc_handle");
+  cl_check(L, CU(cuIpcGetMemHandle, &h, m->dptr), "ipc_handle");
   /* remembered: opening it in this process is refused without asking the driver */
   luaL_getsubtable(L, LUA_REGISTRYINDEX, EXPORTED);
   lua_pushlstring(L, (const char *)h.reserved, sizeof h.reserved);
@@ -98,7 +98,7 @@ static int l_open_ipc_array(lua_State *L) {
   cl_array *a = cl_push_array(L, NULL, (size_t)off, CL_DEVICE, dt, ndim, shape);
   cl_mem *m = calloc(1, sizeof *m);
   if (!m) return luaL_error(L, "cudalua: out of host memory");
-  CUresult r = cu.cuIpcOpenMemHandle(&m->dptr, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+  CUresult r = CU(cuIpcOpenMemHandle, &m->dptr, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
   if (r != CUDA_SUCCESS) {
     free(m);
     if (r == CUDA_ERROR_INVALID_CONTEXT || r == CUDA_ERROR_INVALID_DEVICE)
@@ -110,7 +110,7 @@ static int l_open_ipc_array(lua_State *L) {
   a->mem = m;   /* from here the array closes the handle when it goes */
   CUdeviceptr base = 0;
   size_t size = 0;
-  cl_check(L, cu.cuMemGetAddressRange(&base, &size, m->dptr), "cuda.open_ipc_array");
+  cl_check(L, CU(cuMemGetAddressRange, &base, &size, m->dptr), "cuda.open_ipc_array");
   m->bytes = size;
   if ((unsigned long long)off > size || want > size - (size_t)off || off % cl_dtypes[dt].size)
     return luaL_error(L, "cudalua: cuda.open_ipc_array: the handle's view (offset %I, %I bytes) does not fit "

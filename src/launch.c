@@ -57,12 +57,19 @@ static cl_array *karray(lua_State *L, const cl_kernel *k, int idx) {
 }
 
 int cl_capturing;   /* streams capturing now, in this process (changed atomically: any thread) */
+int cl_capturing_blocking;   /* of them, blocking ones: the legacy stream's work would depend on them */
 
 void cl_capture_guard(lua_State *L, cl_stream *s, int waits, const char *where) {
   if (!cl_capturing) return;
-  if (!s)
-    luaL_error(L, "cudalua: %s: the legacy default stream cannot be used while a stream is "
-               "capturing (pass the capturing stream, or end the capture first)", where);
+  if (!s) {
+    /* the legacy stream: its work would depend on a capturing blocking stream; and a wait for
+       the whole device is refused by the driver while any stream captures (and it ends the
+       capture: CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, seen with another thread's capture) */
+    if (cl_capturing_blocking || waits)
+      luaL_error(L, "cudalua: %s: the legacy default stream cannot be used while a stream is "
+                 "capturing (pass the capturing stream, or end the capture first)", where);
+    return;
+  }
   if (waits && s->capture_ref)
     luaL_error(L, "cudalua: %s: this would wait for a stream that is capturing (pageable host "
                "memory or no stream given); use pinned or device arrays and the stream", where);
@@ -190,9 +197,10 @@ void cl_marshal(lua_State *L, cl_kernel *k, int kidx, int first, int nargs, cl_a
 }
 
 /* keeps the kernel and its arrays alive as long as the graph a capture makes; a set (it
-   becomes the graph's keep set), so a captured loop does not grow it launch by launch */
+   becomes the graph's keep set), so a captured loop does not grow it launch by launch. Streams
+   joined to the capture of another find its table too. */
 static void capture_keep(lua_State *L, cl_stream *s, int kidx, int first, int nargs) {
-  lua_rawgeti(L, LUA_REGISTRYINDEX, s->capture_ref);
+  if (!cl_capture_push_keep(L, s)) return;
   lua_pushvalue(L, kidx); lua_pushboolean(L, 1); lua_rawset(L, -3);
   for (int i = 0; i < nargs; i++)
     if (lua_type(L, first + i) == LUA_TUSERDATA) { lua_pushvalue(L, first + i); lua_pushboolean(L, 1); lua_rawset(L, -3); }
@@ -207,8 +215,8 @@ void cl_kernel_shared(lua_State *L, cl_kernel *k, int kidx, unsigned shared) {
   cl_kernel_ctx(L, k);
   int optin = 0;
   CUdevice dev;
-  if (cu.cuCtxGetDevice(&dev) == CUDA_SUCCESS)
-    cu.cuDeviceGetAttribute(&optin, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, dev);
+  if (CU(cuCtxGetDevice, &dev) == CUDA_SUCCESS)
+    CU(cuDeviceGetAttribute, &optin, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, dev);
   if ((long long)shared + k->static_shared > optin)
     luaL_error(L, "cudalua: kernel '%s': %d bytes of dynamic shared memory asked for; with its %d "
                "bytes of static shared memory this device allows at most %d (its opt-in limit per block is %d)",
@@ -217,9 +225,9 @@ void cl_kernel_shared(lua_State *L, cl_kernel *k, int kidx, unsigned shared) {
   /* the attribute belongs to the function, which other kernel objects (the same symbol got
      with another signature) share: it is only ever raised */
   int now = 0;
-  cu.cuFuncGetAttribute(&now, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, k->fn);
+  CU(cuFuncGetAttribute, &now, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, k->fn);
   if ((unsigned)now < shared) {
-    CUresult r = cu.cuFuncSetAttribute(k->fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)shared);
+    CUresult r = CU(cuFuncSetAttribute, k->fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)shared);
     if (r != CUDA_SUCCESS)
       luaL_error(L, "cudalua: kernel '%s': cannot opt in to %d bytes of dynamic shared memory: %s",
                  cl_kernel_name(L, kidx), (int)shared, cl_errname(r));
@@ -252,7 +260,7 @@ static CUresult launch_ex(cl_kernel *k, const cl_launch *c, CUstream h, void **p
     at[lc.numAttrs].value.cooperative = 1;
     lc.numAttrs++;
   }
-  return cu.cuLaunchKernelEx(&lc, k->fn, params, NULL);
+  return CU0(cuLaunchKernelEx, &lc, k->fn, params, NULL);
 }
 
 /* why a launch failed, in words a user can act on, where cudalua can tell (slow path) */
@@ -264,8 +272,8 @@ static const char *launch_hint(lua_State *L, const cl_launch *c, CUresult r) {
   if (!c->cluster[0]) return "";
   CUdevice dev;
   int ma = 0;
-  if (cu.cuCtxGetDevice(&dev) != CUDA_SUCCESS ||
-      cu.cuDeviceGetAttribute(&ma, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev) != CUDA_SUCCESS) return "";
+  if (CU(cuCtxGetDevice, &dev) != CUDA_SUCCESS ||
+      CU(cuDeviceGetAttribute, &ma, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev) != CUDA_SUCCESS) return "";
   if (ma < 9)
     return lua_pushfstring(L, "thread block clusters need a device of compute capability 9.0 or newer");
   return "";
@@ -288,7 +296,7 @@ static const char *cluster_refusal(lua_State *L, cl_kernel *k, const cl_launch *
                            "declares (__cluster_dims__)", c->g[0], c->g[1], c->g[2], cl[0], cl[1], cl[2]);
   if (c->cluster[0] && c->cluster[0] * c->cluster[1] * c->cluster[2] > 8) {
     int v = 0;
-    if (cu.cuFuncGetAttribute(&v, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, k->fn) == CUDA_SUCCESS && !v)
+    if (CU(cuFuncGetAttribute, &v, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, k->fn) == CUDA_SUCCESS && !v)
       return "clusters of more than 8 blocks need k:set_attribute(\"non_portable_cluster_size_allowed\", 1) (at most 16 on Hopper)";
   }
   return NULL;
@@ -298,7 +306,7 @@ static const char *cluster_refusal(lua_State *L, cl_kernel *k, const cl_launch *
    cooperative] failed: why", giving back the temporary copies of host arrays first */
 static void launch_error(lua_State *L, int kidx, const cl_launch *c, cl_args *A, CUstream h,
                          const char *why) {
-  for (int i = 0; i < A->ntmp; i++) if (A->tmp[i].d) cu.cuMemFreeAsync(A->tmp[i].d, h);
+  for (int i = 0; i < A->ntmp; i++) if (A->tmp[i].d) CU(cuMemFreeAsync, A->tmp[i].d, h);
   const char *name = cl_kernel_name(L, kidx);
   int base = lua_gettop(L);
   lua_pushfstring(L, "cudalua: kernel '%s' launch with grid {%d, %d, %d}, block {%d, %d, %d}, shared %d",
@@ -318,15 +326,15 @@ static const char *coop_refusal(lua_State *L, cl_kernel *k, const cl_launch *c) 
   if (k->coop_threads != threads || k->coop_shared != c->shared) {
     CUdevice dev;
     int sms = 0, coop = 0, maxt = 0, per = 0;
-    if (cu.cuCtxGetDevice(&dev) != CUDA_SUCCESS ||
-        cu.cuDeviceGetAttribute(&coop, CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH, dev) != CUDA_SUCCESS ||
-        cu.cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev) != CUDA_SUCCESS ||
-        cu.cuFuncGetAttribute(&maxt, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, k->fn) != CUDA_SUCCESS)
+    if (CU(cuCtxGetDevice, &dev) != CUDA_SUCCESS ||
+        CU(cuDeviceGetAttribute, &coop, CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH, dev) != CUDA_SUCCESS ||
+        CU(cuDeviceGetAttribute, &sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev) != CUDA_SUCCESS ||
+        CU(cuFuncGetAttribute, &maxt, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, k->fn) != CUDA_SUCCESS)
       return NULL;
     if (!coop) return "this device does not support cooperative launches";
     /* a block the kernel cannot run is the driver's to refuse, with its own message */
     if (threads == 0 || threads > (unsigned)maxt ||
-        cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(&per, k->fn, (int)threads, c->shared) != CUDA_SUCCESS)
+        CU(cuOccupancyMaxActiveBlocksPerMultiprocessor, &per, k->fn, (int)threads, c->shared) != CUDA_SUCCESS)
       return NULL;
     k->coop_threads = threads;
     k->coop_shared = c->shared;
@@ -341,6 +349,31 @@ static const char *coop_refusal(lua_State *L, cl_kernel *k, const cl_launch *c) 
                          (int)k->coop_per, (int)k->coop_sms, (int)threads, (int)c->shared);
 }
 
+/* pageable host arrays passed to a kernel: copied to temporary device memory first. Their
+   host addresses are taken now (a host function run during a wait may close the arrays; their
+   memory's free is then put off until this call is done) */
+static void tmp_copies_in(lua_State *L, cl_args *A, CUstream h) {
+  for (int i = 0; i < A->ntmp; i++) {
+    cl_still_open(L, A->tmp[i].a, "kernel launch");
+    A->tmp[i].host = cl_hostptr(A->tmp[i].a);
+    A->tmp[i].n = cl_nbytes(A->tmp[i].a);
+    cl_pageable_prepare(L, A->tmp[i].a->mem);
+  }
+  struct cl_hostq *pk = cl_host_park(L, CL_PARK_ENQUEUE);
+  CUresult r = CUDA_SUCCESS;
+  int i;
+  for (i = 0; i < A->ntmp && r == CUDA_SUCCESS; i++) {
+    if (!A->tmp[i].n) continue;
+    r = CU(cuMemAllocAsync, &A->tmp[i].d, A->tmp[i].n, h);
+    if (r == CUDA_SUCCESS) r = CU(cuMemcpyHtoDAsync, A->tmp[i].d, A->tmp[i].host, A->tmp[i].n, h);
+    *(CUdeviceptr *)A->tmp[i].slot = A->tmp[i].d;
+  }
+  if (r != CUDA_SUCCESS)
+    for (int j = 0; j < i; j++) if (A->tmp[j].d) { CU(cuMemFreeAsync, A->tmp[j].d, h); A->tmp[j].d = 0; }
+  cl_host_unpark(L, pk);
+  cl_check(L, r, "temporary device copy of a host array argument");
+}
+
 int cl_kernel_launch(lua_State *L, cl_kernel *k, int kidx, int first, const cl_launch *c) {
   cl_args A;
   int nargs = lua_gettop(L) - first + 1;
@@ -350,8 +383,9 @@ int cl_kernel_launch(lua_State *L, cl_kernel *k, int kidx, int first, const cl_l
   cl_marshal(L, k, kidx, first, nargs, &A, 1);
   if (cl_capturing) {
     cl_capture_guard(L, s, A.ntmp > 0, "kernel launch");
-    if (s->capture_ref) capture_keep(L, s, kidx, first, nargs);
+    capture_keep(L, s, kidx, first, nargs);
   }
+  if (c->g[0] == 0) return 0;   /* forall(0): the arguments were checked, there is no work */
   /* after the arguments: a foreign array's view may have made the selected device current */
   cl_kernel_ctx(L, k);
   if (c->shared > k->dyn_max) cl_kernel_shared(L, k, kidx, c->shared);
@@ -366,40 +400,29 @@ int cl_kernel_launch(lua_State *L, cl_kernel *k, int kidx, int first, const cl_l
     if (why) launch_error(L, kidx, c, &A, h, why);
   }
   CL_BEFORE_ENQUEUE(L, "kernel launch");
-  for (int i = 0; i < A.ntmp; i++) {
-    size_t n = cl_nbytes(A.tmp[i].a);
-    if (!n) continue;
-    CUresult r = cu.cuMemAllocAsync(&A.tmp[i].d, n, h);
-    if (r == CUDA_SUCCESS) {
-      cl_pageable_prepare(A.tmp[i].a->mem);
-      r = cu.cuMemcpyHtoDAsync(A.tmp[i].d, cl_hostptr(A.tmp[i].a), n, h);
-    }
-    if (r != CUDA_SUCCESS) {
-      for (int j = 0; j <= i; j++) if (A.tmp[j].d) cu.cuMemFreeAsync(A.tmp[j].d, h);
-      cl_check(L, r, "temporary device copy of a host array argument");
-    }
-    *(CUdeviceptr *)A.tmp[i].slot = A.tmp[i].d;
-  }
-  CUresult r = !c->cooperative && !c->cluster[0]
+  if (A.ntmp) tmp_copies_in(L, &A, h);
+  CUresult r = CL_PARKED(L, CL_PARK_ENQUEUE, !c->cooperative && !c->cluster[0]
     ? cu.cuLaunchKernel(k->fn, c->g[0], c->g[1], c->g[2], c->b[0], c->b[1], c->b[2], c->shared, h, A.params, NULL)
-    : launch_ex(k, c, h, A.params);
+    : launch_ex(k, c, h, A.params));
   if (r != CUDA_SUCCESS) {
     const char *es = NULL;
-    cu.cuGetErrorString(r, &es);
+    CU(cuGetErrorString, r, &es);
     const char *hint = launch_hint(L, c, r);
     launch_error(L, kidx, c, &A, h, lua_pushfstring(L, "%s (%s)%s%s", cl_errname(r), es ? es : "", *hint ? ": " : "", hint));
   }
   for (int i = 0; i < A.nused; i++) cl_mem_use(A.used[i], s, k->ctx);
   if (A.ntmp) {
+    struct cl_hostq *pk = cl_host_park(L, CL_PARK_ENQUEUE);
     for (int i = 0; i < A.ntmp; i++) {
       if (!A.tmp[i].d) continue;
-      if (A.tmp[i].back && r == CUDA_SUCCESS)
-        r = cu.cuMemcpyDtoHAsync(cl_hostptr(A.tmp[i].a), A.tmp[i].d, cl_nbytes(A.tmp[i].a), h);
-      cu.cuMemFreeAsync(A.tmp[i].d, h);
+      if (A.tmp[i].back && r == CUDA_SUCCESS) r = CU(cuMemcpyDtoHAsync, A.tmp[i].host, A.tmp[i].d, A.tmp[i].n, h);
+      CU(cuMemFreeAsync, A.tmp[i].d, h);
     }
+    cl_host_unpark(L, pk);
     CUresult r2 = cl_wait_raw(L, CL_WAIT_STREAM, h);
     cl_check(L, r, "copying a host array back after the kernel");
     cl_check(L, r2, "waiting for the kernel that used a host array");
+    cl_flush_deferred(L);   /* what host functions closed while it waited */
     cl_host_raise(L);
   }
   return 0;
@@ -515,7 +538,7 @@ static int launcher_call(lua_State *L) {
 
 static int launcher_gc(lua_State *L) {
   launcher *l = luaL_checkudata(L, 1, LAUNCHER_MT);
-  cl_stream_unref(l->c.s);
+  cl_stream_unref(L, l->c.s);
   l->c.s = NULL;
   return 0;
 }
@@ -629,8 +652,8 @@ static int k_forall(lua_State *L) {
   CL_KERNEL_FRESH(k);
   cl_kernel_shared(L, k, 1, c.shared);
   cl_kernel_occupancy(L, k, c.shared);
+  /* forall(0) launches nothing (Numba's test_forall_no_work): a grid of 0 blocks */
   lua_Integer grid = (n + k->occ_block - 1) / k->occ_block;
-  if (grid < 1) grid = 1;
   unsigned per = c.cluster[0] ? c.cluster[0] : k->req_cluster[0] ? k->req_cluster[0] : 1;
   grid = (grid + per - 1) / per * per;
   if (grid > 0x7fffffff) return luaL_error(L, "cudalua: forall: n = %I needs too many blocks", n);
@@ -649,7 +672,7 @@ static int k_max_blocks(lua_State *L) {
   int nb = 0;
   cl_kernel_shared(L, k, 1, shared);
   cl_kernel_ctx(L, k);
-  cl_check(L, cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(&nb, k->fn, (int)b, shared),
+  cl_check(L, CU(cuOccupancyMaxActiveBlocksPerMultiprocessor, &nb, k->fn, (int)b, shared),
            "max_blocks_per_sm");
   lua_pushinteger(L, nb);
   return 1;

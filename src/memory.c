@@ -12,10 +12,14 @@
 #define BIG (2u << 20)          /* pageable arrays this large are mmapped with huge pages */
 #define REGISTER_MIN (1u << 20) /* and page-locked on their first copy */
 
+/* a failed free is said: through Lua's warning system where a state is at hand (shown once
+   warnings are on: lua -W, warn("@on")), else on stderr (a cached block freed for a stream
+   that is going away has no state) */
 static void warn(lua_State *L, const char *what, CUresult r) {
   char buf[200];
   snprintf(buf, sizeof buf, "cudalua: %s failed while freeing memory: %s", what, cl_errname(r));
   if (L) lua_warning(L, buf, 0);
+  else fprintf(stderr, "%s\n", buf);
 }
 
 void cl_mem_use(cl_mem *m, cl_stream *s, CUcontext ctx) {
@@ -29,7 +33,7 @@ void cl_mem_use(cl_mem *m, cl_stream *s, CUcontext ctx) {
   else if (m->used && m->multi < 3)
     m->multi = m->multi == 2 || (m->stream && !m->stream->blocking) || (s && !s->blocking) ? 2 : 1;
   cl_stream_ref(s);
-  cl_stream_unref(m->stream);
+  cl_stream_unref(NULL, m->stream);   /* (hot path, no state: the stream's object holds it too) */
   m->stream = s;
   m->use_ctx = ctx;
   m->used = 1;
@@ -61,7 +65,7 @@ static CUresult settle(lua_State *L, cl_mem *m) {
     if (prev) cl_ctx_swap(prev);
   }
   if (r == CUDA_SUCCESS) {
-    cl_stream_unref(m->stream);
+    cl_stream_unref(L, m->stream);
     m->stream = NULL; m->used = 0; m->multi = 0;
   }
   return r;
@@ -79,22 +83,32 @@ void cl_mem_order(lua_State *L, cl_mem *m, CUcontext a, CUcontext b) {
   if (m->used && (m->multi == 3 || (m->use_ctx != a && m->use_ctx != b))) cl_mem_settle(L, m);
 }
 
-int cl_pageable_prepare(cl_mem *m) {
+int cl_pageable_prepare(lua_State *L, cl_mem *m) {
   if (m->kind != CL_HOST || m->registered || m->bytes < REGISTER_MIN) return m->registered > 0;
   /* page-locking once lets every later copy run at pinned speed; if the system refuses
      (memlock limits), copies go the driver's pageable way */
-  m->registered = cu.cuMemHostRegister(m->host, m->bytes, CU_MEMHOSTREGISTER_PORTABLE) == CUDA_SUCCESS ? 1 : -1;
+  m->registered = CU(cuMemHostRegister, m->host, m->bytes, CU_MEMHOSTREGISTER_PORTABLE) == CUDA_SUCCESS ? 1 : -1;
   return m->registered > 0;
 }
 
 /* Lua's collector sees only the small userdata of an array, not the memory behind it: after
-   every so many bytes of GPU-visible memory a full collection frees what is unreachable */
+   every so many bytes of GPU-visible memory a full collection frees what is unreachable. One
+   count for the process, changed atomically (states on other threads allocate too). */
 static size_t pressure;
 #define PRESSURE_LIMIT ((size_t)1 << 31)
 
 static void collect(lua_State *L) {
-  pressure = 0;
+  __atomic_store_n(&pressure, 0, __ATOMIC_RELAXED);
   lua_gc(L, LUA_GCCOLLECT);
+}
+
+static void pressure_add(lua_State *L, size_t bytes) {
+  if (__atomic_add_fetch(&pressure, bytes, __ATOMIC_RELAXED) > PRESSURE_LIMIT) collect(L);
+}
+
+static void pressure_sub(size_t bytes) {
+  size_t p = __atomic_load_n(&pressure, __ATOMIC_RELAXED);
+  while (!__atomic_compare_exchange_n(&pressure, &p, p > bytes ? p - bytes : 0, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
 }
 
 /* ---- the block cache ----
@@ -112,25 +126,36 @@ static int ncache;
 static size_t cached, cache_limit = (size_t)128 << 20;
 static pthread_mutex_t cache_mu = PTHREAD_MUTEX_INITIALIZER;
 
-/* frees cache[i] in stream order (cache_mu held) */
-static void release(int i) {
-  block *e = &cache[i];
-  CUcontext prev = cl_ctx_swap(e->ctx);
-  CUresult r = cu.cuMemFreeAsync(e->p, e->s ? e->s->h : NULL);
-  if (r != CUDA_SUCCESS) warn(NULL, "cuMemFreeAsync", r);
-  cl_ctx_swap(prev);
-  cached -= e->bytes;
-  memmove(e, e + 1, (size_t)(--ncache - i) * sizeof *e);
+/* takes cache[i] out into *out (cache_mu held); it is freed by free_blocks once the lock is
+   let go: a free may park the Lua thread (hostfn.c), and a host function run meanwhile may
+   allocate */
+static void evict(int i, block *out) {
+  *out = cache[i];
+  cached -= cache[i].bytes;
+  memmove(&cache[i], &cache[i + 1], (size_t)(--ncache - i) * sizeof *cache);
+}
+
+/* frees evicted blocks in the order of their streams (L may be NULL) */
+static void free_blocks(lua_State *L, block *v, int n) {
+  for (int i = 0; i < n; i++) {
+    CUcontext prev = cl_ctx_swap(v[i].ctx);
+    CUresult r = CU(cuMemFreeAsync, v[i].p, v[i].s ? v[i].s->h : NULL);
+    if (r != CUDA_SUCCESS) warn(L, "cuMemFreeAsync", r);
+    cl_ctx_swap(prev);
+  }
 }
 
 /* keeps a freed block; 0 when it is not kept (too big, capturing, a stream not ours) */
-static int cache_put(CUdeviceptr p, size_t bytes, CUcontext ctx, cl_stream *s) {
+static int cache_put(lua_State *L, CUdeviceptr p, size_t bytes, CUcontext ctx, cl_stream *s) {
   if (bytes > cache_limit / 8 || cl_capturing || (s && !s->owned)) return 0;
+  block out[SLOTS];
+  int n = 0;
   pthread_mutex_lock(&cache_mu);
-  while (ncache && (ncache == SLOTS || cached + bytes > cache_limit)) release(0);
+  while (ncache && (ncache == SLOTS || cached + bytes > cache_limit)) evict(0, &out[n++]);
   cache[ncache++] = (block){p, bytes, ctx, s};
   cached += bytes;
   pthread_mutex_unlock(&cache_mu);
+  free_blocks(L, out, n);
   return 1;
 }
 
@@ -149,15 +174,23 @@ static CUdeviceptr cache_get(size_t bytes, CUcontext ctx, cl_stream *s) {
   return p;
 }
 
-/* frees the cached blocks of stream s (it is being destroyed), or all with s NULL and all set */
-static void cache_drop(cl_stream *s, int all) {
+/* frees the cached blocks of stream s (it is being destroyed), or all with s NULL and all set;
+   or, with all and a limit, the oldest until at most limit bytes are cached */
+static void cache_drop(lua_State *L, cl_stream *s, int all, size_t limit) {
+  block out[SLOTS];
+  int n = 0;
   pthread_mutex_lock(&cache_mu);
-  for (int i = ncache - 1; i >= 0; i--)
-    if (all || cache[i].s == s) release(i);
+  if (all && limit != (size_t)-1) {
+    while (ncache && cached > limit) evict(0, &out[n++]);
+  } else {
+    for (int i = ncache - 1; i >= 0; i--)
+      if (all || cache[i].s == s) evict(i, &out[n++]);
+  }
   pthread_mutex_unlock(&cache_mu);
+  free_blocks(L, out, n);
 }
 
-void cl_mem_forget_stream(cl_stream *s) { if (ncache) cache_drop(s, 0); }
+void cl_mem_forget_stream(lua_State *L, cl_stream *s) { if (ncache) cache_drop(L, s, 0, (size_t)-1); }
 
 /* cuda.block_cache([max_bytes]) -> bytes cached now, the limit before the call (to restore it
    later); 0 turns the cache off */
@@ -170,8 +203,8 @@ static int l_block_cache(lua_State *L) {
       return luaL_error(L, "cuda.block_cache: max_bytes must be an integer >= 0, got %s", luaL_tolstring(L, 1, NULL));
     pthread_mutex_lock(&cache_mu);
     cache_limit = (size_t)v;
-    while (ncache && cached > cache_limit) release(0);
     pthread_mutex_unlock(&cache_mu);
+    cache_drop(L, NULL, 1, (size_t)v);
   }
   pthread_mutex_lock(&cache_mu);
   lua_pushinteger(L, (lua_Integer)cached);
@@ -182,8 +215,7 @@ static int l_block_cache(lua_State *L) {
 
 /* cuda.empty_cache(): frees the cached blocks now (the limit stays) */
 static int l_empty_cache(lua_State *L) {
-  (void)L;
-  if (ncache) cache_drop(NULL, 1);
+  if (ncache) cache_drop(L, NULL, 1, (size_t)-1);
   return 0;
 }
 
@@ -197,36 +229,36 @@ static void reclaim(lua_State *L) {
   collect(L);
   collect(L);   /* finalizers of the first pass free the memory */
   if (cl_capturing) return;
-  if (ncache) cache_drop(NULL, 1);
+  if (ncache) cache_drop(L, NULL, 1, (size_t)-1);
   cl_wait_raw(L, CL_WAIT_CTX, NULL);
   CUmemoryPool pool;
   CUdevice dev;
-  if (cu.cuCtxGetDevice(&dev) == CUDA_SUCCESS && cu.cuDeviceGetDefaultMemPool(&pool, dev) == CUDA_SUCCESS)
-    cu.cuMemPoolTrimTo(pool, 0);
+  if (CU(cuCtxGetDevice, &dev) == CUDA_SUCCESS && CU(cuDeviceGetDefaultMemPool, &pool, dev) == CUDA_SUCCESS)
+    CU(cuMemPoolTrimTo, pool, 0);
 }
 
 static CUresult alloc_gpu(lua_State *L, cl_mem *m, cl_stream *s, int zero) {
   CUresult r = CUDA_SUCCESS;
   size_t b = m->bytes ? m->bytes : 1;
   if (m->ipc == 1) {   /* exportable: the stream-ordered pool's memory cannot be shared */
-    r = cu.cuMemAlloc(&m->dptr, b);
+    r = CU(cuMemAlloc, &m->dptr, b);
   } else if (m->kind == CL_PINNED || m->kind == CL_MAPPED) {
-    r = cu.cuMemHostAlloc(&m->host, b, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP);
-    if (r == CUDA_SUCCESS) r = cu.cuMemHostGetDevicePointer(&m->dptr, m->host, 0);
+    r = CU(cuMemHostAlloc, &m->host, b, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP);
+    if (r == CUDA_SUCCESS) r = CU(cuMemHostGetDevicePointer, &m->dptr, m->host, 0);
     if (r == CUDA_SUCCESS && zero) memset(m->host, 0, b);
   } else if (m->kind == CL_MANAGED) {
-    r = cu.cuMemAllocManaged(&m->dptr, b, CU_MEM_ATTACH_GLOBAL);
+    r = CU(cuMemAllocManaged, &m->dptr, b, CU_MEM_ATTACH_GLOBAL);
     m->host = (void *)(uintptr_t)m->dptr;
     if (r == CUDA_SUCCESS && zero) {
-      if (!cl_concurrent_managed()) r = cl_wait_raw(L, CL_WAIT_CTX, NULL);
+      if (!cl_concurrent_managed(m->ctx)) r = cl_wait_raw(L, CL_WAIT_CTX, NULL);
       if (r == CUDA_SUCCESS) memset(m->host, 0, b);
     }
   } else if (m->bytes) {   /* CL_DEVICE */
     m->dptr = ncache ? cache_get(m->bytes, m->ctx, s) : 0;
-    if (!m->dptr) r = cu.cuMemAllocAsync(&m->dptr, m->bytes, s ? s->h : NULL);
+    if (!m->dptr) r = CU(cuMemAllocAsync, &m->dptr, m->bytes, s ? s->h : NULL);
     if (r == CUDA_SUCCESS) cl_mem_use(m, s, m->ctx);
   }
-  if (r != CUDA_SUCCESS && m->host && m->kind != CL_MANAGED) cu.cuMemFreeHost(m->host);
+  if (r != CUDA_SUCCESS && m->host && m->kind != CL_MANAGED) CU(cuMemFreeHost, m->host);
   if (r != CUDA_SUCCESS) { m->host = NULL; m->dptr = 0; }
   return r;
 }
@@ -261,10 +293,7 @@ static void mem_free(cl_mem *m) {
 
 cl_mem *cl_mem_new(lua_State *L, int kind, size_t bytes, cl_stream *s, int flags) {
   int zero = flags & CL_ZERO;
-  if (kind != CL_HOST) {
-    pressure += bytes;
-    if (pressure > PRESSURE_LIMIT) collect(L);
-  }
+  if (kind != CL_HOST) pressure_add(L, bytes);
   /* the device first: choosing it may raise (no driver), and nothing is allocated yet */
   CUcontext ctx = NULL;
   if (kind != CL_HOST) {
@@ -299,7 +328,7 @@ cl_mem *cl_mem_new(lua_State *L, int kind, size_t bytes, cl_stream *s, int flags
     r = alloc_gpu(L, m, s, zero);
   }
   if (r != CUDA_SUCCESS) {
-    cl_stream_unref(m->stream);
+    cl_stream_unref(L, m->stream);
     mem_free(m);
     char buf[160];
     snprintf(buf, sizeof buf, "%s of %zu bytes", what, bytes);
@@ -311,25 +340,13 @@ cl_mem *cl_mem_new(lua_State *L, int kind, size_t bytes, cl_stream *s, int flags
 cl_mem *cl_mem_ref(cl_mem *m) { if (m) m->refs++; return m; }
 
 /* Memory dropped while it cannot be freed now is put off (cl_defer): while a stream captures
-   (a free would be captured, or refused), and inside a Lua host function when freeing it would
-   wait for the GPU (the stream waits for that very function). Freed at the end of the capture
-   and after the host functions ran. */
-
-/* would freeing m wait for queued work? Not only through settle: cuMemFreeHost, cuMemFree and
-   cuMemHostUnregister wait for the whole device themselves, used or not, and the device is
-   stopped at the host function that would call them */
-static int frees_by_waiting(const cl_mem *m) {
-  switch (m->kind) {
-    case CL_HOST: return m->registered > 0;
-    case CL_DEVICE: return m->ipc || (m->used && m->multi >= 2);
-    case CL_FOREIGN: return m->release != NULL;
-    default: return 1;
-  }
-}
-
+   (a free would be captured, or refused), and inside a Lua host function: a free may wait for
+   the GPU (the stream waits for that very function), and the cudalua call the function runs
+   in (a wait, or a driver call the helper thread runs it during) may still use the block.
+   Freed at the end of the capture, and when the waiting call is done. */
 static int must_defer(lua_State *L, const cl_mem *m) {
-  if (cl_capturing && (m->kind != CL_HOST || m->registered > 0) && m->kind != CL_FOREIGN) return 1;
-  return L && frees_by_waiting(m) && cl_host_running(L);
+  if (!cl_must_defer(L)) return 0;   /* (never at the state's close) */
+  return cl_in_hostfn || ((m->kind != CL_HOST || m->registered > 0) && m->kind != CL_FOREIGN);
 }
 
 static void free_later(lua_State *L, cl_deferred *d) {
@@ -342,27 +359,28 @@ void cl_mem_unref(lua_State *L, cl_mem *m) {
   if (!m || --m->refs > 0) return;
   if (must_defer(L, m)) {
     m->later.fn = free_later;
-    cl_defer(&m->later);
+    cl_defer(L, &m->later);
     return;
   }
   CUresult r = CUDA_SUCCESS;
   if (m->kind == CL_HOST) {
     if (m->registered > 0) {
       r = settle(L, m);
-      if (r == CUDA_SUCCESS) r = cu.cuMemHostUnregister(m->host);
+      cl_host_drain(L);   /* it waits for the whole device */
+      if (r == CUDA_SUCCESS) r = CU(cuMemHostUnregister, m->host);
       if (r != CUDA_SUCCESS) warn(L, "unregistering host memory", r);
     }
     if (m->bytes >= BIG) munmap(m->host, m->bytes); else free(m->host);
-    cl_stream_unref(m->stream);
+    cl_stream_unref(L, m->stream);
     mem_free(m);
     return;
   }
   /* freed memory no longer counts toward the next collection */
-  if (m->kind != CL_FOREIGN) pressure -= m->bytes < pressure ? m->bytes : pressure;
+  if (m->kind != CL_FOREIGN) pressure_sub(m->bytes);
   /* used on one stream (or on blocking ones, which the legacy stream orders): kept for reuse */
   if (m->kind == CL_DEVICE && m->dptr && m->multi < 2 && !m->ipc &&
-      cache_put(m->dptr, m->bytes, m->ctx, m->multi ? NULL : m->stream)) {
-    cl_stream_unref(m->stream);
+      cache_put(L, m->dptr, m->bytes, m->ctx, m->multi ? NULL : m->stream)) {
+    cl_stream_unref(L, m->stream);
     mem_free(m);
     return;
   }
@@ -370,7 +388,8 @@ void cl_mem_unref(lua_State *L, cl_mem *m) {
   if (m->kind == CL_DEVICE && m->ipc) {
     /* shared with other processes: freed (or closed) once nothing here uses it */
     r = settle(L, m);
-    if (r == CUDA_SUCCESS && m->dptr) r = m->ipc == 1 ? cu.cuMemFree(m->dptr) : cu.cuIpcCloseMemHandle(m->dptr);
+    cl_host_drain(L);   /* these wait for the whole device */
+    if (r == CUDA_SUCCESS && m->dptr) r = m->ipc == 1 ? CU(cuMemFree, m->dptr) : CU(cuIpcCloseMemHandle, m->dptr);
     if (r != CUDA_SUCCESS) warn(L, m->ipc == 1 ? "cuMemFree" : "cuIpcCloseMemHandle", r);
   } else if (m->kind == CL_DEVICE) {
     if (m->dptr) {
@@ -381,8 +400,8 @@ void cl_mem_unref(lua_State *L, cl_mem *m) {
       else if (m->multi) h = CU_STREAM_LEGACY;          /* ordered after every blocking stream */
       else if (m->stream) h = m->stream->h;
       /* once nothing queued uses it, the block may be reused on any stream */
-      if (r == CUDA_SUCCESS && !(idle && cache_put(m->dptr, m->bytes, m->ctx, NULL)))
-        r = cu.cuMemFreeAsync(m->dptr, h);
+      if (r == CUDA_SUCCESS && !(idle && cache_put(L, m->dptr, m->bytes, m->ctx, NULL)))
+        r = CU(cuMemFreeAsync, m->dptr, h);
       if (r != CUDA_SUCCESS) warn(L, "cuMemFreeAsync", r);
     }
   } else if (m->kind == CL_FOREIGN) {
@@ -393,17 +412,18 @@ void cl_mem_unref(lua_State *L, cl_mem *m) {
     }
   } else {
     r = settle(L, m);
+    cl_host_drain(L);   /* cuMemFree and cuMemFreeHost wait for the whole device */
     if (r == CUDA_SUCCESS)
-      r = m->kind == CL_MANAGED ? cu.cuMemFree(m->dptr) : cu.cuMemFreeHost(m->host);
+      r = m->kind == CL_MANAGED ? CU(cuMemFree, m->dptr) : CU(cuMemFreeHost, m->host);
     if (r != CUDA_SUCCESS) warn(L, "freeing host-visible memory", r);
   }
   cl_ctx_swap(prev);
-  cl_stream_unref(m->stream);
+  cl_stream_unref(L, m->stream);
   mem_free(m);
 }
 
 void cl_mem_release_all(void) {
-  if (ncache) cache_drop(NULL, 1);
+  if (ncache) cache_drop(NULL, NULL, 1, (size_t)-1);
   spare_acquire();
   while (spare) { cl_mem *m = spare; spare = m->next; free(m); }
   nspare = 0;

@@ -16,17 +16,17 @@
 #define MODULE_MT "cudalua.module"
 typedef struct { CUmodule m; CUcontext ctx; } lmodule;
 
-static void unload_now(CUmodule mod, CUcontext ctx) {
+static void unload_now(lua_State *L, CUmodule mod, CUcontext ctx) {
+  cl_host_drain(L);   /* cuModuleUnload waits for the device: L's host functions run first */
   CUcontext prev = cl_ctx_swap(ctx);
-  cu.cuModuleUnload(mod);
+  CU(cuModuleUnload, mod);
   cl_ctx_swap(prev);
 }
 
 typedef struct { cl_deferred later; CUmodule m; CUcontext ctx; } unload;
 static void unload_later(lua_State *L, cl_deferred *d) {
   unload *u = CL_DEFERRED_OWNER(d, unload, later);
-  (void)L;
-  unload_now(u->m, u->ctx);
+  unload_now(L, u->m, u->ctx);
   free(u);
 }
 
@@ -37,8 +37,8 @@ static int m_close(lua_State *L) {
   if (!m->m) return 0;
   /* cuModuleUnload waits for the device: not inside a host function or a capture */
   unload *u = cl_must_defer(L) ? malloc(sizeof *u) : NULL;
-  if (u) { u->later.fn = unload_later; u->m = m->m; u->ctx = m->ctx; cl_defer(&u->later); }
-  else unload_now(m->m, m->ctx);
+  if (u) { u->later.fn = unload_later; u->m = m->m; u->ctx = m->ctx; cl_defer(L, &u->later); }
+  else unload_now(L, m->m, m->ctx);
   m->m = NULL;
   return 0;
 }
@@ -57,7 +57,9 @@ static int l_module_load(lua_State *L) {
   log[0] = 0;
   CUjit_option o[2] = {CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
   void *v[2] = {log, (void *)(uintptr_t)sizeof log};
-  CUresult r = cu.cuModuleLoadDataEx(&m->m, img, 2, o, v);
+  /* loading waits for the device while a stream is stopped at a Lua host function (measured:
+     cuModuleLoadData blocked behind a stalled stream): the helper thread may run it meanwhile */
+  CUresult r = CL_PARKED(L, CL_PARK_WAIT, cu.cuModuleLoadDataEx(&m->m, img, 2, o, v));
   log[sizeof log - 1] = 0;
   if (r == CUDA_ERROR_INVALID_IMAGE || r == CUDA_ERROR_NO_BINARY_FOR_GPU ||
       r == CUDA_ERROR_UNSUPPORTED_PTX_VERSION || r == CUDA_ERROR_INVALID_PTX)
@@ -75,13 +77,13 @@ static int l_module_functions(lua_State *L) {
   unsigned n = 0;
   if (!cu.cuModuleGetFunctionCount || !cu.cuModuleEnumerateFunctions || !cu.cuFuncGetName) return 0;
   cl_use_ctx(L, m->ctx);
-  if (cu.cuModuleGetFunctionCount(&n, m->m) != CUDA_SUCCESS) return 0;
+  if (CU(cuModuleGetFunctionCount, &n, m->m) != CUDA_SUCCESS) return 0;
   CUfunction *f = lua_newuserdatauv(L, sizeof *f * (n ? n : 1), 0);
-  if (n) cl_check(L, cu.cuModuleEnumerateFunctions(f, n, m->m), "listing a module's kernels");
+  if (n) cl_check(L, CU(cuModuleEnumerateFunctions, f, n, m->m), "listing a module's kernels");
   lua_createtable(L, (int)n, 0);
   for (unsigned i = 0; i < n; i++) {
     const char *name = NULL;
-    if (cu.cuFuncGetName(&name, f[i]) == CUDA_SUCCESS && name) {
+    if (CU(cuFuncGetName, &name, f[i]) == CUDA_SUCCESS && name) {
       lua_pushstring(L, name);
       lua_rawseti(L, -2, (int)lua_rawlen(L, -2) + 1);
     }
@@ -102,7 +104,7 @@ static int code_size(char c) {
 
 static int func_attr(CUfunction f, CUfunction_attribute a) {
   int v = 0;
-  return cu.cuFuncGetAttribute(&v, a, f) == CUDA_SUCCESS ? v : 0;
+  return CU0(cuFuncGetAttribute, &v, a, f) == CUDA_SUCCESS ? v : 0;
 }
 
 /* module_kernel(module, symbol, codes, info [, verify]) -> kernel; info = {name=, types={...}}.
@@ -128,7 +130,7 @@ static int l_module_kernel(lua_State *L) {
   luaL_setmetatable(L, CL_KERNEL);
   lua_pushvalue(L, 1); lua_setiuservalue(L, -2, 1);
   lua_pushvalue(L, 4); lua_setiuservalue(L, -2, 2);
-  CUresult r = cu.cuModuleGetFunction(&k->fn, m->m, sym);
+  CUresult r = CU(cuModuleGetFunction, &k->fn, m->m, sym);
   if (r == CUDA_ERROR_NOT_FOUND) return luaL_error(L, "cudalua: no kernel '%s' in the module", sym);
   cl_check(L, r, "cuModuleGetFunction");
   k->ctx = m->ctx;
@@ -146,7 +148,7 @@ static int l_module_kernel(lua_State *L) {
     size_t po, ps;
     int words = lua_getfield(L, 4, "types") == LUA_TTABLE;   /* the types, said in words for messages */
     size_t last = known >= 0 ? (size_t)known : CL_MAXPARAMS + 1;   /* known: no asking past it */
-    for (nc = 0; nc < last && cu.cuFuncGetParamInfo(k->fn, nc, &po, &ps) == CUDA_SUCCESS; nc++) {
+    for (nc = 0; nc < last && CU(cuFuncGetParamInfo, k->fn, nc, &po, &ps) == CUDA_SUCCESS; nc++) {
       if (nc == CL_MAXPARAMS) continue;
       derived[nc] = ps == 8 ? 'U' : 'y';
       dpo[nc] = po; dps[nc] = ps;
@@ -170,7 +172,7 @@ static int l_module_kernel(lua_State *L) {
     int sz = code_size(codes[i]);
     if (have_info) {
       if (codes == derived) { po = dpo[i]; ps = dps[i]; }
-      else if (cu.cuFuncGetParamInfo(k->fn, i, &po, &ps) != CUDA_SUCCESS)
+      else if (CU(cuFuncGetParamInfo, k->fn, i, &po, &ps) != CUDA_SUCCESS)
         return luaL_error(L, "cudalua: kernel '%s': the driver reports fewer parameters than %d", sym, (int)nc);
       if (sz && (size_t)sz != ps)
         return luaL_error(L, "cudalua: kernel '%s': parameter %d is %d bytes, the driver says %d",
@@ -188,7 +190,7 @@ static int l_module_kernel(lua_State *L) {
   }
   if (have_info && verify) {
     size_t po, ps;
-    if (cu.cuFuncGetParamInfo(k->fn, (int)nc, &po, &ps) == CUDA_SUCCESS)
+    if (CU(cuFuncGetParamInfo, k->fn, (int)nc, &po, &ps) == CUDA_SUCCESS)
       return luaL_error(L, "cudalua: kernel '%s': the driver reports more parameters than %d", sym, (int)nc);
   }
   k->argbytes = off;
@@ -252,7 +254,7 @@ static int k_attributes(lua_State *L) {
   lua_createtable(L, 0, NFATTRS + 1);
   for (size_t i = 0; i < NFATTRS; i++) {
     int v = 0;
-    CUresult r = cu.cuFuncGetAttribute(&v, fattrs[i].a, k->fn);
+    CUresult r = CU(cuFuncGetAttribute, &v, fattrs[i].a, k->fn);
     if (r == CUDA_ERROR_INVALID_VALUE && fattrs[i].kind >= RO_NEW) continue;
     cl_check(L, r, "kernel:attributes");
     lua_pushinteger(L, v);
@@ -270,7 +272,7 @@ static int k_set_attribute(lua_State *L) {
   cl_kernel_ctx(L, k);
   if (!strcmp(name, "cache_config")) {
     int c = luaL_checkoption(L, 3, NULL, cache_configs);
-    cl_check(L, cu.cuFuncSetCacheConfig(k->fn, cache_values[c]), "kernel:set_attribute('cache_config')");
+    cl_check(L, CU(cuFuncSetCacheConfig, k->fn, cache_values[c]), "kernel:set_attribute('cache_config')");
     k->cache_config = (unsigned char)c;
     __atomic_fetch_add(&cl_fattr_gen, 1, __ATOMIC_RELAXED);
     cl_kernel_refresh(k);
@@ -289,8 +291,19 @@ static int k_set_attribute(lua_State *L) {
                       i == NFATTRS ? "unknown attribute" : "read-only attribute", name, lua_tostring(L, -1));
   }
   int v;
-  if (lua_type(L, 3) == LUA_TBOOLEAN) v = lua_toboolean(L, 3);
-  else {
+  /* a boolean for the one flag, integers for the sizes (true is not the size 1) */
+  int flag = !strcmp(name, "non_portable_cluster_size_allowed");
+  if (flag) {
+    if (lua_type(L, 3) == LUA_TBOOLEAN) v = lua_toboolean(L, 3);
+    else {
+      int isint;
+      lua_Integer x = lua_tointegerx(L, 3, &isint);
+      if (!isint || (x != 0 && x != 1))
+        return luaL_error(L, "cudalua: kernel:set_attribute('%s'): expected a boolean (or 0 or 1), got %s", name,
+                          luaL_tolstring(L, 3, NULL));
+      v = (int)x;
+    }
+  } else {
     int isint;
     lua_Integer x = lua_tointegerx(L, 3, &isint);
     if (!isint || x < -1 || x > 0x7fffffff)
@@ -298,7 +311,7 @@ static int k_set_attribute(lua_State *L) {
                         luaL_tolstring(L, 3, NULL));
     v = (int)x;
   }
-  CUresult r = cu.cuFuncSetAttribute(k->fn, fattrs[i].a, v);
+  CUresult r = CU(cuFuncSetAttribute, k->fn, fattrs[i].a, v);
   if (r != CUDA_SUCCESS) cl_check(L, r, lua_pushfstring(L, "kernel:set_attribute('%s', %d)", name, v));
   __atomic_fetch_add(&cl_fattr_gen, 1, __ATOMIC_RELAXED);   /* occupancy depends on these */
   cl_kernel_refresh(k);
@@ -311,7 +324,7 @@ void cl_kernel_occupancy(lua_State *L, cl_kernel *k, size_t shared) {
   if (k->occ_block && k->occ_shared == shared) return;
   int g = 0, b = 0;
   cl_kernel_ctx(L, k);
-  cl_check(L, cu.cuOccupancyMaxPotentialBlockSize(&g, &b, k->fn, NULL, shared, 0),
+  cl_check(L, CU(cuOccupancyMaxPotentialBlockSize, &g, &b, k->fn, NULL, shared, 0),
            "cuOccupancyMaxPotentialBlockSize");
   k->occ_grid = g; k->occ_block = b; k->occ_shared = shared;
 }

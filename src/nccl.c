@@ -239,9 +239,9 @@ static int l_comm_init_all(lua_State *L) {
     lua_rawseti(L, list, i + 1);
   }
   CUcontext cur = NULL;
-  cu.cuCtxGetCurrent(&cur);
+  CU(cuCtxGetCurrent, &cur);
   ncclResult_t r = nc.ncclCommInitAll(h, n, devs);
-  cu.cuCtxSetCurrent(cur);
+  CU(cuCtxSetCurrent, cur);
   check(L, r, NULL, "comm_init_all");
   for (int i = 0; i < n; i++) {
     lua_rawgeti(L, list, i + 1);
@@ -264,7 +264,7 @@ static int l_group(lua_State *L) {
   group_depth++;
   int st = lua_pcall(L, base, LUA_MULTRET, 0);
   group_depth--;
-  ncclResult_t r = nc.ncclGroupEnd();
+  ncclResult_t r = CL_PARKED(L, CL_PARK_ENQUEUE, nc.ncclGroupEnd());
   if (group_depth == 0) release_group(L);
   if (st != LUA_OK) return lua_error(L);
   check(L, r, NULL, "group");
@@ -341,8 +341,8 @@ static int reduction(lua_State *L, int scatter) {
   cl_stream *st;
   CUstream h = prepare(L, c, 5, &st, w);
   void *sp = (void *)cl_devptr(s), *rp = (void *)cl_devptr(r);
-  check(L, scatter ? nc.ncclReduceScatter(sp, rp, r->size, t, op, c->c, h)
-                   : nc.ncclAllReduce(sp, rp, s->size, t, op, c->c, h), c->c, w);
+  check(L, scatter ? CL_PARKED(L, CL_PARK_ENQUEUE, nc.ncclReduceScatter(sp, rp, r->size, t, op, c->c, h))
+                   : CL_PARKED(L, CL_PARK_ENQUEUE, nc.ncclAllReduce(sp, rp, s->size, t, op, c->c, h)), c->c, w);
   used(s, st, c); used(r, st, c);
   return 0;
 }
@@ -360,7 +360,7 @@ static int c_broadcast(lua_State *L) {
   int t = nccl_type(L, s->dtype, w);
   cl_stream *st;
   CUstream h = prepare(L, c, 5, &st, w);
-  check(L, nc.ncclBroadcast((void *)cl_devptr(s), (void *)cl_devptr(r), r->size, t, (int)root, c->c, h), c->c, w);
+  check(L, CL_PARKED(L, CL_PARK_ENQUEUE, nc.ncclBroadcast((void *)cl_devptr(s), (void *)cl_devptr(r), r->size, t, (int)root, c->c, h)), c->c, w);
   used(s, st, c); used(r, st, c);
   return 0;
 }
@@ -377,7 +377,7 @@ static int c_reduce(lua_State *L) {
   int t = nccl_type(L, s->dtype, w);
   cl_stream *st;
   CUstream h = prepare(L, c, 6, &st, w);
-  check(L, nc.ncclReduce((void *)cl_devptr(s), r ? (void *)cl_devptr(r) : NULL, s->size, t, op, (int)root, c->c, h), c->c, w);
+  check(L, CL_PARKED(L, CL_PARK_ENQUEUE, nc.ncclReduce((void *)cl_devptr(s), r ? (void *)cl_devptr(r) : NULL, s->size, t, op, (int)root, c->c, h)), c->c, w);
   used(s, st, c); used(r, st, c);
   return 0;
 }
@@ -391,7 +391,7 @@ static int c_all_gather(lua_State *L) {
   int t = nccl_type(L, s->dtype, w);
   cl_stream *st;
   CUstream h = prepare(L, c, 4, &st, w);
-  check(L, nc.ncclAllGather((void *)cl_devptr(s), (void *)cl_devptr(r), s->size, t, c->c, h), c->c, w);
+  check(L, CL_PARKED(L, CL_PARK_ENQUEUE, nc.ncclAllGather((void *)cl_devptr(s), (void *)cl_devptr(r), s->size, t, c->c, h)), c->c, w);
   used(s, st, c); used(r, st, c);
   return 0;
 }
@@ -407,8 +407,8 @@ static int point(lua_State *L, int recv) {
   int t = nccl_type(L, a->dtype, w);
   cl_stream *st;
   CUstream h = prepare(L, c, 4, &st, w);
-  ncclResult_t r = recv ? nc.ncclRecv((void *)cl_devptr(a), a->size, t, (int)peer, c->c, h)
-                        : nc.ncclSend((void *)cl_devptr(a), a->size, t, (int)peer, c->c, h);
+  ncclResult_t r = recv ? CL_PARKED(L, CL_PARK_ENQUEUE, nc.ncclRecv((void *)cl_devptr(a), a->size, t, (int)peer, c->c, h))
+                        : CL_PARKED(L, CL_PARK_ENQUEUE, nc.ncclSend((void *)cl_devptr(a), a->size, t, (int)peer, c->c, h));
   check(L, r, c->c, w);
   used(a, st, c);
   return 0;
@@ -435,26 +435,26 @@ static int c_async_error(lua_State *L) {
    healthy ones are finalized (together, in a group: one thread drives them all) and destroyed.
    Never raises: it runs from __gc too. */
 static void close_comms(lua_State *L, lcomm **cs, int n) {
+  cl_host_drain(L);   /* finalizing waits for the device: L's host functions run first */
   CUcontext cur = NULL;
-  cu.cuCtxGetCurrent(&cur);
+  CU(cuCtxGetCurrent, &cur);
   /* one broken communicator of a list: finalizing the others would wait for it forever */
   int broken = 0;
   for (int i = 0; i < n; i++) {
     ncclResult_t e = 0;
-    cu.cuCtxSetCurrent(cs[i]->ctx);
+    CU(cuCtxSetCurrent, cs[i]->ctx);
     if (nc.ncclCommGetAsyncError(cs[i]->c, &e) != 0 || e) broken = 1;
   }
   if (broken)
     for (int i = 0; i < n; i++) { nc.ncclCommAbort(cs[i]->c); cs[i]->c = NULL; }
   if (!broken && nc.ncclCommFinalize) {
     if (n > 1) nc.ncclGroupStart();
-    for (int i = 0; i < n; i++) if (cs[i]->c) { cu.cuCtxSetCurrent(cs[i]->ctx); nc.ncclCommFinalize(cs[i]->c); }
+    for (int i = 0; i < n; i++) if (cs[i]->c) { CU(cuCtxSetCurrent, cs[i]->ctx); nc.ncclCommFinalize(cs[i]->c); }
     if (n > 1) nc.ncclGroupEnd();
   }
   for (int i = 0; i < n; i++)
-    if (cs[i]->c) { cu.cuCtxSetCurrent(cs[i]->ctx); nc.ncclCommDestroy(cs[i]->c); cs[i]->c = NULL; }
-  cu.cuCtxSetCurrent(cur);
-  (void)L;
+    if (cs[i]->c) { CU(cuCtxSetCurrent, cs[i]->ctx); nc.ncclCommDestroy(cs[i]->c); cs[i]->c = NULL; }
+  CU(cuCtxSetCurrent, cur);
 }
 
 /* communicators dropped inside a host function or a capture: finalizing and destroying them
@@ -489,7 +489,7 @@ static int c_close(lua_State *L) {
     k->later.fn = close_later;
     k->n = n;
     for (int i = 0; i < n; i++) { k->c[i] = *cs[i]; cs[i]->c = NULL; }
-    cl_defer(&k->later);
+    cl_defer(L, &k->later);
   } else {
     close_comms(L, cs, n);
   }

@@ -1,6 +1,7 @@
 /* stream.c: CUDA streams. A stream's handle is reference counted in C so that memory last
    used on it can still be freed in its order after the Lua object is closed or collected. */
 #include <stdlib.h>
+#include <string.h>
 #include "cl.h"
 
 #define STREAM_MT "cudalua.stream"
@@ -8,11 +9,22 @@ typedef struct { cl_stream *s; int is_default; } lstream;
 
 cl_stream *cl_stream_ref(cl_stream *s) { if (s) s->refs++; return s; }
 
-void cl_stream_unref(cl_stream *s) {
+typedef struct { cl_deferred later; cl_stream *s; } destroy_later;
+static void destroy_deferred(lua_State *L, cl_deferred *d) {
+  destroy_later *x = CL_DEFERRED_OWNER(d, destroy_later, later);
+  x->s->refs = 1;
+  cl_stream_unref(L, x->s);
+  free(x);
+}
+
+void cl_stream_unref(lua_State *L, cl_stream *s) {
   if (!s || --s->refs > 0) return;
+  /* inside a host function (a launcher collected there, say) the driver is not called */
+  destroy_later *x = cl_in_hostfn ? malloc(sizeof *x) : NULL;
+  if (x) { x->later.fn = destroy_deferred; x->s = s; cl_defer(NULL, &x->later); return; }
   /* queued work still completes after destroy; memory freed on it was ordered before */
-  if (s->owned) cl_mem_forget_stream(s);   /* blocks cached for reuse on it are freed on it */
-  if (s->owned && s->h) cu.cuStreamDestroy(s->h);
+  if (s->owned) cl_mem_forget_stream(L, s);   /* blocks cached for reuse on it are freed on it */
+  if (s->owned && s->h) CU(cuStreamDestroy, s->h);
   free(s);
 }
 
@@ -53,19 +65,70 @@ cl_stream *cl_tostream(lua_State *L, int idx, const char *where) {
   return ls->s;
 }
 
+/* the options of cuda.stream at 1: nil, a boolean (non_blocking, the short form) or a table
+   {non_blocking =, priority =}; anything else, or an unknown key, raises */
+static void stream_options(lua_State *L, int *nonblocking, int *priority, int *has_priority) {
+  *nonblocking = 0; *priority = 0; *has_priority = 0;
+  int t = lua_type(L, 1);
+  if (t == LUA_TNONE || t == LUA_TNIL) return;
+  if (t == LUA_TBOOLEAN) { *nonblocking = lua_toboolean(L, 1); return; }
+  if (t != LUA_TTABLE)
+    luaL_error(L, "cudalua: cuda.stream: expected nil, a boolean (non_blocking) or an options table "
+               "{non_blocking =, priority =}, got %s", luaL_typename(L, 1));
+  static const char *const names[] = {"non_blocking", "priority", NULL};
+  cl_check_options(L, 1, "cudalua: cuda.stream", names);
+  if (lua_getfield(L, 1, "non_blocking") != LUA_TNIL) {
+    if (!lua_isboolean(L, -1))
+      luaL_error(L, "cudalua: cuda.stream: non_blocking must be a boolean, got %s", luaL_typename(L, -1));
+    *nonblocking = lua_toboolean(L, -1);
+  }
+  if (lua_getfield(L, 1, "priority") != LUA_TNIL) {
+    int isint;
+    lua_Integer p = lua_tointegerx(L, -1, &isint);
+    if (!isint || p < -1000000 || p > 1000000)
+      luaL_error(L, "cudalua: cuda.stream: priority must be an integer (see cuda.stream_priority_range()), got %s",
+                 luaL_tolstring(L, -1, NULL));
+    *priority = (int)p;
+    *has_priority = 1;
+  }
+  lua_pop(L, 2);
+}
+
+/* cuda.stream([non_blocking | {non_blocking =, priority =}]): a priority outside the device's
+   range is refused (the driver would clamp it silently; cuda.core refuses too) */
 static int l_stream(lua_State *L) {
-  int nonblocking = lua_toboolean(L, 1);   /* cuda.stream(true): does not wait on the legacy stream */
+  int nonblocking, priority, has_priority;
+  stream_options(L, &nonblocking, &priority, &has_priority);
   CUcontext ctx = cl_ctx(L);
+  if (has_priority) {
+    int least = 0, greatest = 0;
+    cl_check(L, CU(cuCtxGetStreamPriorityRange, &least, &greatest), "cuda.stream");
+    if (priority > least || priority < greatest)
+      return luaL_error(L, "cudalua: cuda.stream: priority %d is outside device %d's range %d (highest) to %d "
+                        "(lowest, the default)", priority, cl_device_of(ctx), greatest, least);
+  }
   lstream *ls = lua_newuserdatauv(L, sizeof *ls, 0);
   ls->s = NULL; ls->is_default = 0;
   luaL_setmetatable(L, STREAM_MT);
   cl_stream *s = calloc(1, sizeof *s);
   if (!s) return luaL_error(L, "cudalua: out of host memory");
-  CUresult r = cu.cuStreamCreate(&s->h, nonblocking ? CU_STREAM_NON_BLOCKING : CU_STREAM_DEFAULT);
+  unsigned flags = nonblocking ? CU_STREAM_NON_BLOCKING : CU_STREAM_DEFAULT;
+  CUresult r = has_priority ? CU(cuStreamCreateWithPriority, &s->h, flags, priority) : CU(cuStreamCreate, &s->h, flags);
   if (r != CUDA_SUCCESS) { free(s); cl_check(L, r, "cuda.stream"); }
   s->refs = 1; s->owned = 1; s->blocking = !nonblocking; s->ctx = ctx;
   ls->s = s;
   return 1;
+}
+
+/* cuda.stream_priority_range() -> least, greatest (of the selected device; a smaller number
+   is a higher priority, and 0 is the default) */
+static int l_stream_priority_range(lua_State *L) {
+  cl_ctx(L);
+  int least = 0, greatest = 0;
+  cl_check(L, CU(cuCtxGetStreamPriorityRange, &least, &greatest), "cuda.stream_priority_range");
+  lua_pushinteger(L, least);
+  lua_pushinteger(L, greatest);
+  return 2;
 }
 
 static int l_default_stream(lua_State *L) {
@@ -78,13 +141,15 @@ static int s_synchronize(lua_State *L) {
   CUstream h = use_stream(L, ls->s);
   cl_capture_guard(L, ls->s, 1, "stream:synchronize");
   cl_wait(L, CL_WAIT_STREAM, h, "stream:synchronize");
+  cl_flush_deferred(L);   /* what host functions closed meanwhile: nothing here uses it now */
   return 0;
 }
 
 static int s_query(lua_State *L) {
   CUstream h = use_stream(L, checkls(L, 1)->s);
   cl_host_service(L);   /* a Lua host function on this stream may be what it waits for */
-  CUresult r = cu.cuStreamQuery(h);
+  CUresult r = CU(cuStreamQuery, h);
+  cl_flush_deferred(L);
   cl_host_raise(L);
   if (r == CUDA_ERROR_NOT_READY) { lua_pushboolean(L, 0); return 1; }
   cl_check(L, r, "stream:query");
@@ -99,13 +164,14 @@ static int s_wait_event(lua_State *L) {
   lstream *ls = checkls(L, 1);
   CUevent e = cl_checkevent(L, 2);
   CUstream h = use_stream(L, ls->s);
-  cl_check(L, cu.cuStreamWaitEvent(h, e, 0), "stream:wait_event");
+  cl_check(L, CU(cuStreamWaitEvent, h, e, 0), "stream:wait_event");
   return 0;
 }
 
 static int s_launch_host_func(lua_State *L) {
-  CUstream h = use_stream(L, checkls(L, 1)->s);
-  return cl_launch_host_func(L, h);
+  lstream *ls = checkls(L, 1);
+  use_stream(L, ls->s);
+  return cl_launch_host_func(L, ls->s);
 }
 
 /* stream:device() -> the device id it belongs to (the selected one for the default stream) */
@@ -115,10 +181,45 @@ static int s_device(lua_State *L) {
   return 1;
 }
 
+typedef struct { cl_deferred later; cl_stream *s; } unref_later;
+static void unref_deferred(lua_State *L, cl_deferred *d) {
+  unref_later *u = CL_DEFERRED_OWNER(d, unref_later, later);
+  cl_stream_unref(L, u->s);
+  free(u);
+}
+
 static int s_close(lua_State *L) {
   lstream *ls = luaL_checkudata(L, 1, STREAM_MT);
-  if (ls->s) { cl_stream_unref(ls->s); ls->s = NULL; }
+  if (!ls->s) return 0;
+  cl_capture_abandon(L, ls->s);
+  /* inside a host function the cudalua call it runs in may be queueing work on this stream */
+  unref_later *u = cl_must_defer(L) ? malloc(sizeof *u) : NULL;
+  if (u) { u->later.fn = unref_deferred; u->s = ls->s; cl_defer(L, &u->later); }
+  else cl_stream_unref(L, ls->s);
+  ls->s = NULL;
   return 0;
+}
+
+/* s.priority, s.non_blocking; methods otherwise */
+static int s_index(lua_State *L) {
+  lstream *ls = luaL_checkudata(L, 1, STREAM_MT);
+  lua_pushvalue(L, 2);
+  if (lua_rawget(L, lua_upvalueindex(1)) != LUA_TNIL) return 1;
+  const char *k = lua_tostring(L, 2);
+  if (k && !strcmp(k, "priority")) {
+    if (!ls->s && !ls->is_default) return luaL_error(L, "cudalua: stream.priority: closed stream");
+    CUstream h = use_stream(L, ls->s);
+    int p = 0;
+    cl_check(L, CU(cuStreamGetPriority, h, &p), "stream.priority");
+    lua_pushinteger(L, p);
+    return 1;
+  }
+  if (k && !strcmp(k, "non_blocking")) {
+    if (!ls->s && !ls->is_default) return luaL_error(L, "cudalua: stream.non_blocking: closed stream");
+    lua_pushboolean(L, ls->s && !ls->s->blocking);
+    return 1;
+  }
+  return luaL_error(L, "cudalua: streams have no field '%s'", luaL_tolstring(L, 2, NULL));
 }
 
 static int s_handle(lua_State *L) {
@@ -143,7 +244,7 @@ int cl_push_foreign_stream(lua_State *L, CUstream h, int blocking) {
      value, and the driver does not check handles) */
   CUcontext ctx = NULL;
   if (cl_driver_load()) {
-    cu.cuCtxGetCurrent(&ctx);
+    CU(cuCtxGetCurrent, &ctx);
     if (!ctx) ctx = cl_ctx(L);
   }
   lstream *ls = lua_newuserdatauv(L, sizeof *ls, 0);
@@ -172,7 +273,7 @@ static int l_wait_flag(lua_State *L) {
     if (*p == want) return 0;
     if ((spins & 1023) == 0) {
       cl_host_service(L);
-      CUresult r = cu.cuStreamQuery(h);
+      CUresult r = CU(cuStreamQuery, h);
       if (r == CUDA_SUCCESS) {
         if (*p == want) return 0;
         return luaL_error(L, "wait_flag: the stream finished without storing the value");
@@ -199,6 +300,9 @@ void cl_open_stream(lua_State *L) {
     {NULL, NULL}};
   luaL_newmetatable(L, STREAM_MT);
   luaL_newlib(L, m);
+  lua_pushvalue(L, -1);
+  lua_setfield(L, LUA_REGISTRYINDEX, STREAM_MT ".methods");   /* capture.c adds its methods */
+  lua_pushcclosure(L, s_index, 1);
   lua_setfield(L, -2, "__index");
   lua_pushcfunction(L, s_close); lua_setfield(L, -2, "__gc");
   lua_pushcfunction(L, s_close); lua_setfield(L, -2, "__close");
@@ -210,6 +314,7 @@ void cl_open_stream(lua_State *L) {
   lua_setfield(L, LUA_REGISTRYINDEX, STREAM_MT ".default");
   lua_pushcfunction(L, l_stream); lua_setfield(L, -2, "stream");
   lua_pushcfunction(L, l_default_stream); lua_setfield(L, -2, "default_stream");
+  lua_pushcfunction(L, l_stream_priority_range); lua_setfield(L, -2, "stream_priority_range");
   lua_pushcfunction(L, l_wait_flag); lua_setfield(L, -2, "wait_flag");
   lua_pushcfunction(L, l_sync_stream_handle); lua_setfield(L, -2, "sync_stream_handle");
   cl_open_event(L);

@@ -312,7 +312,20 @@ function M.check_table(opts, known, where, level)
   return opts
 end
 
+-- a list of strings and nothing else: a named key in it ({lineinfo = true} given as an option
+-- string) would be lost without a word
+function M.check_list(list, what, where, level)
+  local n = #list
+  for k in pairs(list) do
+    if math.type(k) ~= "integer" or k < 1 or k > n then
+      error(("%s: %s is a list; it has the key %s (an option for opts itself?)"):format(where, what,
+            type(k) == "string" and ("'" .. k .. "'") or tostring(k)), level)
+    end
+  end
+end
+
 function M.check_strings(list, what, where, level)
+  M.check_list(list, what, where, level + 1)
   for i = 1, #list do
     if type(list[i]) ~= "string" then error(("%s: %s[%d] must be a string"):format(where, what, i), level) end
   end

@@ -9,7 +9,7 @@ for _, name in ipairs {
   "time", "sleep", "dtype", "float32", "float64", "int8", "int16", "int32", "int64", "uint8",
   "uint16", "uint32", "uint64", "bool", "float16", "bfloat16", "complex64", "complex128", "array", "zeros", "pinned_array",
   "mapped_array", "managed_array", "device_array", "device_array_like", "to_device", "stream",
-  "default_stream", "event", "event_elapsed_time", "graph", "block_cache", "empty_cache", "copy",
+  "default_stream", "stream_priority_range", "event", "event_elapsed_time", "graph", "block_cache", "empty_cache", "copy",
   "can_access_peer", "enable_peer_access", "disable_peer_access", "open_ipc_array",
   "open_ipc_event" } do
   cuda[name] = assert(core[name], name)
@@ -60,7 +60,18 @@ cuda.load_module = link.load_module
 cuda.link = link.link
 
 local reduce = require "cudalua.reduce"
-function cuda.reduce(expr, opts) return reduce.reduce(cuda, expr, opts) end
+-- a misplaced option (given to the constructor instead of the call) is refused, not lost
+local function at_most(n, where, ...)
+  if select("#", ...) > n then
+    error(("%s: takes at most %d arguments, got %d"):format(where, n, select("#", ...)), 3)
+  end
+end
+
+function cuda.reduce(...)
+  at_most(2, "cuda.reduce", ...)
+  local expr, opts = ...
+  return reduce.reduce(cuda, expr, opts)
+end
 
 cuda.as_cuda_array = core.as_cuda_array -- src/interop.c
 
@@ -70,7 +81,11 @@ cuda.progress = require "cudalua.progress"
 
 -- CuPy's ElementwiseKernel: cuda.elementwise("float32 x, float32 a", "float32 z", "z = a * x")
 local elementwise = require "cudalua.elementwise"
-function cuda.elementwise(ins, outs, body, name) return elementwise.elementwise(cuda, ins, outs, body, name) end
+function cuda.elementwise(...)
+  at_most(4, "cuda.elementwise", ...)
+  local ins, outs, body, name = ...
+  return elementwise.elementwise(cuda, ins, outs, body, name)
+end
 
 -- NVTX ranges for Nsight Systems and Nsight Compute (src/nvtx.c); no-ops without a profiler
 local nvtx = core.nvtx

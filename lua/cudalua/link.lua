@@ -90,6 +90,7 @@ function M.link(inputs, opts)
   if type(inputs) ~= "table" or #inputs == 0 then
     error("cuda.link: expected a list of modules or images, got " .. (type(inputs) == "table" and "an empty table" or type(inputs)), 2)
   end
+  compile.check_list(inputs, "the list of inputs", "cuda.link", 3)
   opts = check_table(opts, LINK_OPTS, "cuda.link", 3)
   check_arch(opts.arch, "cuda.link", 3)
   check_strings(opts.options or {}, "opts.options", "cuda.link", 3)

@@ -59,7 +59,10 @@ function M.watch(counter, total, opts)
   local interval = opts.interval or 0.001
   if not seconds(interval) or interval > 10 then error("progress.watch: interval must be seconds from 0 to 10", 2) end
   local out = opts.out or io.stderr
-  local label = opts.label and tostring(opts.label) or "progress"
+  if opts.label ~= nil and type(opts.label) ~= "string" then
+    error("progress.watch: label must be a string, got " .. type(opts.label), 2)
+  end
+  local label = opts.label or "progress"
   local stream = opts.stream or cuda.default_stream()
   if kind == "managed_array" then
     local dev = cuda.devices()[cuda.current_device() + 1]

@@ -79,6 +79,9 @@ function M.create_xoroshiro128p_states(n, seed, subsequence_start, stream)
     error("create_xoroshiro128p_states: n must be an integer >= 0, got " .. tostring(n), 2)
   end
   if type(seed) == "table" then
+    if subsequence_start ~= nil or stream ~= nil then
+      error("create_xoroshiro128p_states: with an options table, subsequence_start and stream go in it, not after it", 2)
+    end
     local o = seed
     for k in pairs(o) do
       if k ~= "seed" and k ~= "subsequence_start" and k ~= "stream" then

@@ -236,6 +236,12 @@ function M.reduce(cuda, expr, opts)
     end
     self.expr = expr
   elseif type(expr) == "table" then
+    for k in pairs(expr) do
+      if k ~= "body" and k ~= "preamble" then
+        error(("cuda.reduce: unknown key '%s' in the expression table (body, preamble; options such as init go in the second argument)")
+              :format(tostring(k)), 3)
+      end
+    end
     if type(expr.body) ~= "string" then
       error("cuda.reduce: a table argument needs body = \"...; return ...;\" (a device function of a and b)", 3)
     end
