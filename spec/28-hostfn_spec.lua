@@ -213,6 +213,23 @@ print(ok1, (tostring(e1):gsub("\n.*", "")), ok2, h.closed, tostring(s), tostring
                  "false\ttrue\tcudalua.stream<closed>\tcudalua.event<closed>\t3.0\t3.0\n", out)
   end)
 
+  -- a host function that closes a stream while it captures: the close (ending the capture) is
+  -- put off to the end of the wait that ran the function, not done inside it
+  gpu("a stream closed by a host function while it captures ends its capture afterwards", function()
+    local out, ok = child([==[
+local a, b = cuda.stream(), cuda.stream(true)
+local x = cuda.device_array(32, "int32", a)
+a:begin_capture("relaxed")
+K("add")[{ 1, 32, a }](x, 1, 32)
+local inside
+b:launch_host_func(function() a:close(); inside = tostring(a) end)
+b:synchronize()
+print(inside, a:is_capturing(), pcall(cuda.synchronize))
+]==])
+    assert.is_true(ok, out)
+    assert.equal("cudalua.stream<closed>\tfalse\ttrue\n", out)
+  end)
+
   gpu("with launches that block, graph host nodes run during the launch (on the helper thread)", function()
     local out, ok = child([==[
 local s = cuda.stream()

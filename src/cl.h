@@ -182,9 +182,11 @@ void cl_open_stream(lua_State *L);
 typedef struct cl_deferred {
   void (*fn)(lua_State *L, struct cl_deferred *d);
   struct cl_deferred *next;
+  int capturing_too;   /* runs at the next flush even while a stream captures (set by cl_defer_end) */
 } cl_deferred;
 int cl_must_defer(lua_State *L);
 void cl_defer(lua_State *L, cl_deferred *d);
+void cl_defer_end(lua_State *L, cl_deferred *d);   /* one that ends a capture itself */
 /* the record a deferred node is the member `member` of */
 #define CL_DEFERRED_OWNER(d, type, member) ((type *)(void *)((char *)(d) - offsetof(type, member)))
 void cl_flush_deferred(lua_State *L);

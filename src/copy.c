@@ -187,8 +187,7 @@ int cl_a_fill(lua_State *L) {
   CUdeviceptr d = cl_devptr(a);
   cl_mem *m = a->mem;   /* held: see cl_copy */
   size_t n = a->size;
-  struct cl_hostq *pk = cl_host_park(L, CL_PARK_ENQUEUE);
-  CUresult r;
+  CUresult r;   /* each call parks on its own (CU) */
   if (isz == 1) r = CU(cuMemsetD8Async, d, *(uint8_t *)v, n, h);
   else if (isz == 2) r = CU(cuMemsetD16Async, d, *(uint16_t *)v, n, h);
   else if (isz == 4) r = CU(cuMemsetD32Async, d, *(uint32_t *)v, n, h);
@@ -198,7 +197,6 @@ int cl_a_fill(lua_State *L) {
     for (int k = 0; k < isz / 4 && r == CUDA_SUCCESS; k++)
       r = CU(cuMemsetD2D32Async, d + 4 * k, isz, w[k], 1, n, h);
   }
-  cl_host_unpark(L, pk);
   cl_check(L, r, "fill");
   cl_mem_use(m, s, m->ctx);
   if (!s) {

@@ -625,13 +625,11 @@ static int e_launch(lua_State *L) {
   if (cl_capturing && cl_capture_push_keep(L, s))
     return luaL_error(L, "cudalua: graph_exec:launch: a graph with Lua host functions cannot be launched into a stream capture");
   CL_BEFORE_ENQUEUE(L, "graph_exec:launch");   /* before this launch's own host nodes are armed */
-  /* the stream and the records are held across the launch: where it blocks (launches that
-     block), the host nodes run on the helper thread meanwhile and may close what they like */
-  cl_stream_ref(s);
+  /* where the launch blocks, the host nodes run meanwhile (on the helper thread): the stream
+     object stays on the stack and a close inside them is put off */
   int token = cl_host_graph_begin(L, e->recs, e->nrecs, e->ctx, h, "graph_exec:launch");
   CUresult r = CU(cuGraphLaunch, e->e, h);   /* blocking launches wait */
   cl_host_graph_end(L, e->recs, e->nrecs, token, h, r == CUDA_SUCCESS, "graph_exec:launch");
-  cl_stream_unref(L, s);
   cl_check(L, r, "graph_exec:launch");
   cl_host_after_enqueue(L, h, "graph_exec:launch");
   lua_settop(L, 1);

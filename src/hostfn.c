@@ -338,9 +338,15 @@ void cl_host_raise(lua_State *L) {
 
 /* ---- parking: the Lua thread in a driver call that may wait for a fired function ---- */
 
+static __thread cl_hostq *parked_here;   /* this thread's park, if it is parked */
+
 cl_hostq *cl_host_park_slow(lua_State *L, int kind) {
+  /* parked already (a driver call inside a parked one): the helper may have L now, which must
+     not be touched (queue_of reads L's registry) nor the park state overwritten */
+  if (parked_here) return NULL;
   cl_hostq *q = queue_of(L);
   if (!q || q->running || !armed(q)) return NULL;
+  parked_here = q;
   q->parked = L;
   q->parked_dev = cl_current_device();
   q->park_kind = cl_launch_blocks ? CL_PARK_WAIT : kind;
@@ -352,6 +358,7 @@ cl_hostq *cl_host_park_slow(lua_State *L, int kind) {
 
 void cl_host_unpark_slow(lua_State *L, cl_hostq *q) {
   (void)L;
+  parked_here = NULL;
   int held = PARK_HELD;
   if (!__atomic_compare_exchange_n(&q->park, &held, PARK_NONE, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
     /* the helper runs host functions on L: L is its until it gives it back */
@@ -468,21 +475,28 @@ int cl_must_defer(lua_State *L) {
   return !releasing && (cl_capturing || cl_in_hostfn);
 }
 
-void cl_defer(lua_State *L, cl_deferred *d) {
+static void defer(lua_State *L, cl_deferred *d, int capturing_too) {
   cl_hostq *q = L ? queue_of(L) : running_q;
   if (!q) { d->fn(L, d); return; }   /* the state is closing: now */
+  d->capturing_too = capturing_too;
   d->next = q->later;
   q->later = d;
   __atomic_add_fetch(&deferred_count, 1, __ATOMIC_RELAXED);
 }
 
-/* runs q's releases, unless a stream captures */
+void cl_defer(lua_State *L, cl_deferred *d) { defer(L, d, 0); }
+void cl_defer_end(lua_State *L, cl_deferred *d) { defer(L, d, 1); }
+
+/* runs q's releases; while a stream captures, only those that end a capture (the capture
+   they end is what holds the others) */
 static void flush_queue(lua_State *L, cl_hostq *q) {
-  while (q->later && !cl_capturing) {
-    cl_deferred *d = q->later;
-    q->later = d->next;
+  for (cl_deferred **p = &q->later; *p;) {
+    cl_deferred *d = *p;
+    if (cl_capturing && !d->capturing_too) { p = &d->next; continue; }
+    *p = d->next;
     __atomic_sub_fetch(&deferred_count, 1, __ATOMIC_RELAXED);
     d->fn(L, d);
+    p = &q->later;   /* fn may have put off more */
   }
 }
 
@@ -671,9 +685,10 @@ cl_hostrec *cl_hostrec_copy(lua_State *L, const cl_hostrec *r, const char *where
 int cl_host_graph_begin(lua_State *L, cl_hostrec *const *recs, int n, CUcontext ctx, CUstream h,
                         const char *where) {
   cl_hostq *q = need_queue(L);
+  /* a graph of a context that is not cudalua's (a foreign stream's capture) is not ordered:
+     its events would be another context's */
   int d = cl_device_of(ctx);
-  if (d < 0) d = 0;
-  if (q->order[d]) {
+  if (d >= 0 && q->order[d]) {
     CUresult r = CU(cuStreamWaitEvent, h, q->order[d], 0);
     cl_check(L, r, where);
   }
@@ -689,6 +704,7 @@ void cl_host_graph_end(lua_State *L, cl_hostrec *const *recs, int n, int d, CUst
     for (int i = 0; i < n; i++) release(L, q, recs[i]);
     return;
   }
+  if (d < 0) return;
   if (!q->order[d]) {
     CU(cuCtxGetCurrent, &q->order_ctx[d]);
     cl_check(L, CU(cuEventCreate, &q->order[d], CU_EVENT_DISABLE_TIMING), where);

@@ -359,8 +359,7 @@ static void tmp_copies_in(lua_State *L, cl_args *A, CUstream h) {
     A->tmp[i].n = cl_nbytes(A->tmp[i].a);
     cl_pageable_prepare(L, A->tmp[i].a->mem);
   }
-  struct cl_hostq *pk = cl_host_park(L, CL_PARK_ENQUEUE);
-  CUresult r = CUDA_SUCCESS;
+  CUresult r = CUDA_SUCCESS;   /* each call parks on its own (CU) */
   int i;
   for (i = 0; i < A->ntmp && r == CUDA_SUCCESS; i++) {
     if (!A->tmp[i].n) continue;
@@ -370,7 +369,6 @@ static void tmp_copies_in(lua_State *L, cl_args *A, CUstream h) {
   }
   if (r != CUDA_SUCCESS)
     for (int j = 0; j < i; j++) if (A->tmp[j].d) { CU(cuMemFreeAsync, A->tmp[j].d, h); A->tmp[j].d = 0; }
-  cl_host_unpark(L, pk);
   cl_check(L, r, "temporary device copy of a host array argument");
 }
 
@@ -412,13 +410,11 @@ int cl_kernel_launch(lua_State *L, cl_kernel *k, int kidx, int first, const cl_l
   }
   for (int i = 0; i < A.nused; i++) cl_mem_use(A.used[i], s, k->ctx);
   if (A.ntmp) {
-    struct cl_hostq *pk = cl_host_park(L, CL_PARK_ENQUEUE);
     for (int i = 0; i < A.ntmp; i++) {
       if (!A.tmp[i].d) continue;
       if (A.tmp[i].back && r == CUDA_SUCCESS) r = CU(cuMemcpyDtoHAsync, A.tmp[i].host, A.tmp[i].d, A.tmp[i].n, h);
       CU(cuMemFreeAsync, A.tmp[i].d, h);
     }
-    cl_host_unpark(L, pk);
     CUresult r2 = cl_wait_raw(L, CL_WAIT_STREAM, h);
     cl_check(L, r, "copying a host array back after the kernel");
     cl_check(L, r2, "waiting for the kernel that used a host array");

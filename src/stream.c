@@ -182,20 +182,27 @@ static int s_device(lua_State *L) {
 }
 
 typedef struct { cl_deferred later; cl_stream *s; } unref_later;
-static void unref_deferred(lua_State *L, cl_deferred *d) {
+static void close_stream(lua_State *L, cl_stream *s) {
+  cl_capture_abandon(L, s);   /* a stream closed while capturing ends its capture */
+  cl_stream_unref(L, s);
+}
+static void close_deferred(lua_State *L, cl_deferred *d) {
   unref_later *u = CL_DEFERRED_OWNER(d, unref_later, later);
-  cl_stream_unref(L, u->s);
+  close_stream(L, u->s);
   free(u);
 }
 
 static int s_close(lua_State *L) {
   lstream *ls = luaL_checkudata(L, 1, STREAM_MT);
   if (!ls->s) return 0;
-  cl_capture_abandon(L, ls->s);
-  /* inside a host function the cudalua call it runs in may be queueing work on this stream */
+  /* inside a host function the cudalua call it runs in may be queueing work on this stream,
+     and ending its capture there would call the driver (on the helper thread, another thread
+     than the capture's): the whole close is put off, to the next flush even if it captures */
   unref_later *u = cl_must_defer(L) ? malloc(sizeof *u) : NULL;
-  if (u) { u->later.fn = unref_deferred; u->s = ls->s; cl_defer(L, &u->later); }
-  else cl_stream_unref(L, ls->s);
+  if (u) {
+    u->later.fn = close_deferred; u->s = ls->s;
+    if (ls->s->capture_ref) cl_defer_end(L, &u->later); else cl_defer(L, &u->later);
+  } else close_stream(L, ls->s);
   ls->s = NULL;
   return 0;
 }
