@@ -71,6 +71,15 @@ void cl_check_options(lua_State *L, int idx, const char *where, const char *cons
 }
 
 /* shape: an integer or a table of 1..8 integers >= 0 */
+int cl_opt_bool(lua_State *L, int idx, const char *key, const char *where) {
+  int t = lua_getfield(L, idx, key);
+  if (t != LUA_TNIL && t != LUA_TBOOLEAN)
+    luaL_error(L, "%s: %s must be a boolean, got %s", where, key, luaL_typename(L, -1));
+  int v = t == LUA_TNIL ? -1 : lua_toboolean(L, -1);
+  lua_pop(L, 1);
+  return v;
+}
+
 int cl_parse_shape(lua_State *L, int idx, int64_t *shape, const char *where) {
   int ndim = 0;
   if (lua_type(L, idx) == LUA_TNUMBER) {
@@ -230,9 +239,7 @@ static int new_kind(lua_State *L, int kind, const char *where) {
   if (kind == CL_DEVICE && lua_istable(L, 3)) {   /* {stream =, ipc =} */
     static const char *const opts[] = {"stream", "ipc", NULL};
     cl_check_options(L, 3, where, opts);
-    if (lua_getfield(L, 3, "ipc") != LUA_TNIL && !lua_isboolean(L, -1))
-      luaL_error(L, "%s: ipc must be a boolean, got %s", where, luaL_typename(L, -1));
-    if (lua_toboolean(L, -1)) flags |= CL_IPC;
+    if (cl_opt_bool(L, 3, "ipc", where) == 1) flags |= CL_IPC;
     lua_getfield(L, 3, "stream");
     s = cl_tostream(L, -1, where);
     lua_settop(L, 3);

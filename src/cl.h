@@ -110,10 +110,13 @@ void cl_check(lua_State *L, CUresult r, const char *what);
    host functions: the thread that would wait for it may be inside the driver), so every use of
    a context refuses (cl_use_ctx, cl_ctx), and releases are put off. */
 extern __thread int cl_in_hostfn;
+extern unsigned cl_host_pending;   /* hostfn.c: never 0 while a host function runs (it is pending) */
 void cl_hostfn_refuse(lua_State *L);   /* raises */
-/* makes c current (cheap when it is: the driver keeps the current context per thread) */
+/* makes c current (cheap when it is: the driver keeps the current context per thread). The
+   thread-local (a call in a shared library) is read only while host functions are pending */
 static inline void cl_use_ctx(lua_State *L, CUcontext c) {
-  if (__builtin_expect(cl_in_hostfn, 0)) cl_hostfn_refuse(L);
+  if (__builtin_expect(__atomic_load_n(&cl_host_pending, __ATOMIC_RELAXED) != 0, 0) && cl_in_hostfn)
+    cl_hostfn_refuse(L);
   CUcontext cur = NULL;
   cu.cuCtxGetCurrent(&cur);
   if (cur != c) cl_check(L, cu.cuCtxSetCurrent(c), "making a device's context current");
@@ -182,11 +185,12 @@ void cl_open_stream(lua_State *L);
 typedef struct cl_deferred {
   void (*fn)(lua_State *L, struct cl_deferred *d);
   struct cl_deferred *next;
-  int capturing_too;   /* runs at the next flush even while a stream captures (set by cl_defer_end) */
+  int capturing_too;   /* it ends a capture: it runs at the next flush even while one runs */
 } cl_deferred;
 int cl_must_defer(lua_State *L);
 void cl_defer(lua_State *L, cl_deferred *d);
-void cl_defer_end(lua_State *L, cl_deferred *d);   /* one that ends a capture itself */
+/* the common case: fn(L, a, b) later (0: no memory for it, the caller does it now) */
+int cl_defer_call(lua_State *L, int ends_capture, void (*fn)(lua_State *L, void *a, void *b), void *a, void *b);
 /* the record a deferred node is the member `member` of */
 #define CL_DEFERRED_OWNER(d, type, member) ((type *)(void *)((char *)(d) - offsetof(type, member)))
 void cl_flush_deferred(lua_State *L);
@@ -251,6 +255,9 @@ void cl_still_open(lua_State *L, cl_array *a, const char *where);   /* after a w
 int cl_l_array(lua_State *L);                     /* cuda.array */
 /* raises "where: unknown option 'k' (names...)" for a key of the table at idx not in names */
 void cl_check_options(lua_State *L, int idx, const char *where, const char *const names[]);
+/* options[key] of the table at idx: nil (-1), or a boolean (0, 1); raises "where: key must be a
+   boolean, got T" */
+int cl_opt_bool(lua_State *L, int idx, const char *key, const char *where);
 int cl_parse_shape(lua_State *L, int idx, int64_t *shape, const char *where);
 cl_array *cl_push_array(lua_State *L, cl_mem *m, size_t offset, int kind, int dt, int ndim,
                         const int64_t *shape);      /* a new array object on m (not referenced) */
@@ -295,7 +302,6 @@ void cl_wait(lua_State *L, int kind, void *h, const char *what);  /* raises */
 void cl_host_drain(lua_State *L);   /* before a driver call that waits for the whole device */
 int cl_host_service(lua_State *L);   /* runs L's fired host functions */
 int cl_host_armed(lua_State *L);     /* L's host functions queued and not yet run */
-int cl_host_running(lua_State *L);   /* a Lua host function of L runs now */
 void cl_host_raise(lua_State *L);
 int cl_launch_host_func(lua_State *L, cl_stream *s);   /* stream:launch_host_func, fn at 2 */
 /* graph host nodes: a record per node, owned by a userdata the graph keeps (pushed) */
@@ -326,7 +332,6 @@ void cl_host_after_enqueue(lua_State *L, CUstream h, const char *what);   /* lau
    load). The call between park and unpark must not touch L nor raise. ENQUEUE: the helper
    steps in after about a millisecond; WAIT: at once. */
 enum { CL_PARK_ENQUEUE, CL_PARK_WAIT };
-extern unsigned cl_host_pending;
 struct cl_hostq;
 struct cl_hostq *cl_host_park_slow(lua_State *L, int kind);
 void cl_host_unpark_slow(lua_State *L, struct cl_hostq *q);
@@ -338,8 +343,9 @@ static inline void cl_host_unpark(lua_State *L, struct cl_hostq *q) { if (q) cl_
   __typeof__(call) r_ = (call); cl_host_unpark(L, pk_); r_; })
 /* Every driver call of cudalua: CU(cuMemAlloc, &p, n) is cu.cuMemAlloc(&p, n), parked for the
    Lua state L in scope (any driver call may block while another thread's call waits for a
-   stream stopped at a host function). CU0: not parked, where no state is at hand or a lock of
-   cudalua's is held (a host function the helper runs could want it). */
+   stream stopped at a host function). CU0: not parked, where no state is at hand, a lock of
+   cudalua's is held (a host function the helper runs could want it), or the call only reads
+   state (the current context, attributes, error names). */
 #define CU(f, ...) CL_PARKED(L, CL_PARK_ENQUEUE, cu.f(__VA_ARGS__))
 #define CU0(f, ...) (cu.f(__VA_ARGS__))
 

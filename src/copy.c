@@ -43,21 +43,21 @@ void cl_copy(lua_State *L, cl_array *dst, cl_array *src, cl_stream *s, int sync,
   if (!s) {   /* ctx is dctx when both ends are devices */
     cl_mem_order(L, dst->mem, ctx, sctx ? sctx : ctx);
     if (src->mem) cl_mem_order(L, src->mem, ctx, sctx ? sctx : ctx);
-    cl_still_open(L, dst, where); cl_still_open(L, src, where);
   }
+  CL_BEFORE_ENQUEUE(L, where);
+  /* after the waits above; the blocks are held from here: a host function the helper thread
+     runs during a copy that blocks may close the arrays (their frees are put off, the records
+     stay) */
+  cl_still_open(L, dst, where); cl_still_open(L, src, where);
+  cl_mem *dm = dst->mem, *sm = src->mem;
   int pageable = 0;
-  if (dst->kind == CL_HOST) { cl_pageable_prepare(L, dst->mem); pageable = 1; }
-  if (src->kind == CL_HOST) { cl_pageable_prepare(L, src->mem); pageable = 1; }
+  if (dst->kind == CL_HOST) { cl_pageable_prepare(L, dm); pageable = 1; }
+  if (src->kind == CL_HOST) { cl_pageable_prepare(L, sm); pageable = 1; }
   /* host memory by its host address: the driver then copies it by DMA as host memory (a
      mapped device alias would make the copy engine go through the mapping, much slower) */
   CUdeviceptr d = cl_is_host(dst) ? (CUdeviceptr)(uintptr_t)cl_hostptr(dst) : cl_devptr(dst);
   CUdeviceptr p = cl_is_host(src) ? (CUdeviceptr)(uintptr_t)cl_hostptr(src) : cl_devptr(src);
   CUstream h = s ? s->h : NULL;
-  CL_BEFORE_ENQUEUE(L, where);
-  cl_still_open(L, dst, where); cl_still_open(L, src, where);
-  /* the blocks are held from here: a host function the helper thread runs during a copy that
-     blocks may close the arrays (their frees are put off, the records stay) */
-  cl_mem *dm = dst->mem, *sm = src->mem;
   if (peer && !s) {
     /* without a stream: ordered after all work on both devices (cuMemcpyPeer), and finished on
        return: it is queued with the destination device's work (ctx, current), which is waited for */

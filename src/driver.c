@@ -200,7 +200,7 @@ const char *cl_errname(CUresult r) {
 void cl_check(lua_State *L, CUresult r, const char *what) {
   if (r == CUDA_SUCCESS) return;
   const char *s = NULL;
-  if (cu.cuGetErrorString) CU(cuGetErrorString, r, &s);
+  if (cu.cuGetErrorString) CU0(cuGetErrorString, r, &s);
   luaL_error(L, "cudalua: %s: %s (%s)", what, cl_errname(r), s ? s : "no description");
 }
 
@@ -246,7 +246,6 @@ static CUcontext primary(lua_State *L, int d) {
 }
 
 CUcontext cl_ctx(lua_State *L) {
-  if (cl_in_hostfn) cl_hostfn_refuse(L);
   need_driver(L);
   CUcontext want = ctx_of(tl_dev);
   if (!want) want = primary(L, tl_dev);
@@ -286,15 +285,15 @@ CUresult cl_sync_all_devices(lua_State *L) {
   cl_wait_check(L);   /* before switching: a raise must not leave another context current */
   CUcontext cur = NULL;
   CUresult r = CUDA_SUCCESS;
-  CU(cuCtxGetCurrent, &cur);
+  CU0(cuCtxGetCurrent, &cur);
   for (int d = 0; d < dev_count; d++) {
     CUcontext c = ctx_of(d);
     if (!c) continue;
-    CU(cuCtxSetCurrent, c);
+    CU0(cuCtxSetCurrent, c);
     CUresult r2 = cl_wait_raw(L, CL_WAIT_CTX, NULL);
     if (r == CUDA_SUCCESS) r = r2;
   }
-  CU(cuCtxSetCurrent, cur);
+  CU0(cuCtxSetCurrent, cur);
   return r;
 }
 
@@ -349,13 +348,13 @@ static int l_devices(lua_State *L) {
   lua_createtable(L, dev_count, 0);
   for (int i = 0; i < dev_count; i++) {
     CUdevice dev; char name[256] = "?"; size_t mem = 0; int ma = 0, mi = 0, sms = 0, pci = 0;
-    cl_check(L, CU(cuDeviceGet, &dev, i), "cuDeviceGet");
-    CU(cuDeviceGetName, name, sizeof name, dev);
-    CU(cuDeviceTotalMem, &mem, dev);
-    CU(cuDeviceGetAttribute, &ma, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev);
-    CU(cuDeviceGetAttribute, &mi, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev);
-    CU(cuDeviceGetAttribute, &sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
-    CU(cuDeviceGetAttribute, &pci, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, dev);
+    cl_check(L, CU0(cuDeviceGet, &dev, i), "cuDeviceGet");
+    CU0(cuDeviceGetName, name, sizeof name, dev);
+    CU0(cuDeviceTotalMem, &mem, dev);
+    CU0(cuDeviceGetAttribute, &ma, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev);
+    CU0(cuDeviceGetAttribute, &mi, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev);
+    CU0(cuDeviceGetAttribute, &sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
+    CU0(cuDeviceGetAttribute, &pci, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, dev);
     lua_createtable(L, 0, 14);
     setint(L, "id", i);
     lua_pushstring(L, name); lua_setfield(L, -2, "name");
@@ -367,17 +366,17 @@ static int l_devices(lua_State *L) {
     setint(L, "total_memory", (lua_Integer)mem);
     setint(L, "pci_bus_id", pci);
     int v = 0;
-    CU(cuDeviceGetAttribute, &v, CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS, dev);
+    CU0(cuDeviceGetAttribute, &v, CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS, dev);
     lua_pushboolean(L, v); lua_setfield(L, -2, "concurrent_managed_access");
-    CU(cuDeviceGetAttribute, &v, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK, dev);
+    CU0(cuDeviceGetAttribute, &v, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK, dev);
     setint(L, "max_threads_per_block", v);
-    CU(cuDeviceGetAttribute, &v, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK, dev);
+    CU0(cuDeviceGetAttribute, &v, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK, dev);
     setint(L, "max_shared_memory_per_block", v);
-    CU(cuDeviceGetAttribute, &v, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, dev);
+    CU0(cuDeviceGetAttribute, &v, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, dev);
     setint(L, "max_shared_memory_per_block_optin", v);
-    CU(cuDeviceGetAttribute, &v, CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH, dev);
+    CU0(cuDeviceGetAttribute, &v, CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH, dev);
     lua_pushboolean(L, v); lua_setfield(L, -2, "cooperative_launch");
-    CU(cuDeviceGetAttribute, &v, CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH, dev);
+    CU0(cuDeviceGetAttribute, &v, CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH, dev);
     lua_pushboolean(L, v); lua_setfield(L, -2, "cluster_launch");
     lua_rawseti(L, -2, i + 1);
   }
@@ -405,8 +404,8 @@ static int can_peer(lua_State *L, int a, int b) {
   int can = 0;
   if (a == b) return 1;
   CUdevice da, db;
-  cl_check(L, CU(cuDeviceGet, &da, a), "cuDeviceGet");
-  cl_check(L, CU(cuDeviceGet, &db, b), "cuDeviceGet");
+  cl_check(L, CU0(cuDeviceGet, &da, a), "cuDeviceGet");
+  cl_check(L, CU0(cuDeviceGet, &db, b), "cuDeviceGet");
   cl_check(L, CU(cuDeviceCanAccessPeer, &can, da, db), "can_access_peer");
   return can;
 }
@@ -422,7 +421,7 @@ static int l_can_access_peer(lua_State *L) {
 static CUresult pool_access(lua_State *L, int a, int b, CUmemAccess_flags flags) {
   CUdevice db;
   CUmemoryPool pool;
-  CUresult r = CU(cuDeviceGet, &db, b);
+  CUresult r = CU0(cuDeviceGet, &db, b);
   if (r == CUDA_SUCCESS) r = CU(cuDeviceGetDefaultMemPool, &pool, db);
   CUmemAccessDesc d;
   memset(&d, 0, sizeof d);
@@ -489,7 +488,7 @@ static int l_synchronize(lua_State *L) {
 
 static int l_driver_version(lua_State *L) {
   int v = 0;
-  if (!cl_driver_load() || CU(cuDriverGetVersion, &v) != CUDA_SUCCESS) return 0;
+  if (!cl_driver_load() || CU0(cuDriverGetVersion, &v) != CUDA_SUCCESS) return 0;
   lua_pushinteger(L, v);
   return 1;
 }
@@ -600,8 +599,7 @@ void cl_release_contexts(void) {
     if (!dev_ctx[d]) continue;
     CUdevice dev;
     CUmemoryPool pool;
-    CU0(cuCtxSetCurrent, dev_ctx[d]);
-    CU0(cuCtxSynchronize);
+    CU0(cuCtxSetCurrent, dev_ctx[d]);   /* idle: cl_idle_devices waited just before */
     if (CU0(cuDeviceGet, &dev, d) == CUDA_SUCCESS) {
       if (CU0(cuDeviceGetDefaultMemPool, &pool, dev) == CUDA_SUCCESS) CU0(cuMemPoolTrimTo, pool, 0);
       if (cur == dev_ctx[d]) cur = NULL;

@@ -22,12 +22,9 @@ static int l_event(lua_State *L) {
   if (lua_istable(L, 1)) {
     static const char *const opts[] = {"timing", "interprocess", NULL};
     cl_check_options(L, 1, "cudalua: cuda.event", opts);
-    for (int i = 0; opts[i]; i++)
-      if (lua_getfield(L, 1, opts[i]) != LUA_TNIL && !lua_isboolean(L, -1))
-        return luaL_error(L, "cudalua: cuda.event: %s must be a boolean, got %s", opts[i], luaL_typename(L, -1));
-    ipc = lua_toboolean(L, -1);
-    timing = lua_isnil(L, -2) ? !ipc : lua_toboolean(L, -2);
-    lua_pop(L, 2);
+    int t = cl_opt_bool(L, 1, "timing", "cudalua: cuda.event");
+    ipc = cl_opt_bool(L, 1, "interprocess", "cudalua: cuda.event") == 1;
+    timing = t < 0 ? !ipc : t;
     if (ipc && timing) return luaL_error(L, "cudalua: cuda.event: an interprocess event cannot time (timing = false)");
   } else if (lua_isboolean(L, 1)) timing = lua_toboolean(L, 1);   /* cuda.event(false): no timing */
   else if (!lua_isnoneornil(L, 1))
@@ -137,21 +134,16 @@ static int l_open_ipc_event(lua_State *L) {
   return 1;
 }
 
-typedef struct { cl_deferred later; CUevent e; } destroy_later;
-static void destroy_deferred(lua_State *L, cl_deferred *d) {
-  destroy_later *x = CL_DEFERRED_OWNER(d, destroy_later, later);
-  (void)L;
-  CU(cuEventDestroy, x->e);
-  free(x);
+static void destroy_event(lua_State *L, void *e, void *unused) {
+  (void)unused;
+  CU(cuEventDestroy, (CUevent)e);   /* the driver defers it if the event is still pending */
 }
 
 static int e_close(lua_State *L) {
   levent *ev = luaL_checkudata(L, 1, EVENT_MT);
   if (ev->e) {
     /* inside a host function the cudalua call it runs in may be recording this very event */
-    destroy_later *x = cl_must_defer(L) ? malloc(sizeof *x) : NULL;
-    if (x) { x->later.fn = destroy_deferred; x->e = ev->e; cl_defer(L, &x->later); }
-    else CU(cuEventDestroy, ev->e);   /* the driver defers it if the event is still pending */
+    if (!(cl_must_defer(L) && cl_defer_call(L, 0, destroy_event, ev->e, NULL))) destroy_event(L, ev->e, NULL);
     ev->e = NULL;
   }
   return 0;

@@ -112,12 +112,9 @@ static lnode *push_node(lua_State *L, int gidx, int kind) {
   return n;
 }
 
-typedef struct { cl_deferred later; CUgraph g; } graph_destroy;
-static void graph_destroy_later(lua_State *L, cl_deferred *d) {
-  graph_destroy *x = CL_DEFERRED_OWNER(d, graph_destroy, later);
-  (void)L;
-  CU(cuGraphDestroy, x->g);
-  free(x);
+static void destroy_graph(lua_State *L, void *g, void *unused) {
+  (void)unused;
+  CU(cuGraphDestroy, (CUgraph)g);
 }
 
 static int graph_close(lua_State *L) {
@@ -125,9 +122,7 @@ static int graph_close(lua_State *L) {
   if (g->g) {
     /* executable graphs made from it are independent of it; inside a host function (a
        collection there) the driver is not called */
-    graph_destroy *x = cl_in_hostfn ? malloc(sizeof *x) : NULL;
-    if (x) { x->later.fn = graph_destroy_later; x->g = g->g; cl_defer(L, &x->later); }
-    else CU(cuGraphDestroy, g->g);
+    if (!(cl_in_hostfn && cl_defer_call(L, 0, destroy_graph, g->g, NULL))) destroy_graph(L, g->g, NULL);
     g->g = NULL;
   }
   /* the host nodes' records may be used by executable graphs: they hold this object, so the
@@ -756,27 +751,17 @@ static int e_update(lua_State *L) {
   return 1;
 }
 
-typedef struct { cl_deferred later; CUgraphExec e; CUcontext ctx; } exec_destroy;
-
-static void destroy_exec(lua_State *L, CUgraphExec h, CUcontext ctx) {
+static void destroy_exec(lua_State *L, void *h, void *ctx) {
   CUcontext prev = cl_ctx_swap(ctx);
-  CU(cuGraphExecDestroy, h);   /* a launch still running keeps its resources until it completes */
+  CU(cuGraphExecDestroy, (CUgraphExec)h);   /* a launch still running keeps its resources until it completes */
   cl_ctx_swap(prev);
-}
-
-static void destroy_later(lua_State *L, cl_deferred *d) {
-  exec_destroy *x = CL_DEFERRED_OWNER(d, exec_destroy, later);
-  destroy_exec(L, x->e, x->ctx);
-  free(x);
 }
 
 static int e_close(lua_State *L) {
   lexec *e = luaL_checkudata(L, 1, EXEC_MT);
   if (e->e) {
     /* inside a host function the cudalua call it runs in may be launching this very graph */
-    exec_destroy *x = cl_must_defer(L) ? malloc(sizeof *x) : NULL;
-    if (x) { x->later.fn = destroy_later; x->e = e->e; x->ctx = e->ctx; cl_defer(L, &x->later); }
-    else destroy_exec(L, e->e, e->ctx);
+    if (!(cl_must_defer(L) && cl_defer_call(L, 0, destroy_exec, e->e, e->ctx))) destroy_exec(L, e->e, e->ctx);
     e->e = NULL;
   }
   return 0;

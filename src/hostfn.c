@@ -117,7 +117,6 @@ typedef struct cl_hostq {
   pthread_cond_t cv;           /* the helper gives a borrowed state back */
   cl_hostrec *head, *tail;
   int armed;                   /* firings pending (atomic: the helper reads it) */
-  int running;                 /* a host function runs now */
   int closed;                  /* the state is gone: what fires is released unrun */
   int park;                    /* PARK_NONE, PARK_HELD or PARK_BORROWED (atomic) */
   int park_kind;
@@ -273,14 +272,12 @@ void cl_hostfn_refuse(lua_State *L) {
 
 static void run(lua_State *L, cl_hostq *q, cl_hostrec *r) {
   lua_rawgeti(L, LUA_REGISTRYINDEX, r->ref);
-  q->running++;
   cl_in_hostfn++;
   cl_hostq *outer = running_q;
   running_q = q;
   int st = lua_pcall(L, 0, 0, 0);
   running_q = outer;
   cl_in_hostfn--;
-  q->running--;
   if (st != LUA_OK) {   /* kept for the next wait to raise */
     luaL_getsubtable(L, LUA_REGISTRYINDEX, "cudalua.hosterrors");
     lua_insert(L, -2);
@@ -291,7 +288,7 @@ static void run(lua_State *L, cl_hostq *q, cl_hostrec *r) {
 
 /* runs the fired functions of q on L (whose thread owns q now); not nested in a running one */
 static int service(lua_State *L, cl_hostq *q) {
-  if (q->running) return 0;
+  if (cl_in_hostfn) return 0;
   int ran = 0;
   for (cl_hostrec *r = q->head; r;) {
     if (!fired(r)) { r = r->next; continue; }
@@ -309,11 +306,6 @@ static int service(lua_State *L, cl_hostq *q) {
 int cl_host_service(lua_State *L) {
   cl_hostq *q = queue_of(L);
   return q && armed(q) ? service(L, q) : 0;
-}
-
-int cl_host_running(lua_State *L) {
-  (void)L;
-  return cl_in_hostfn;
 }
 
 int cl_host_armed(lua_State *L) {
@@ -345,7 +337,7 @@ cl_hostq *cl_host_park_slow(lua_State *L, int kind) {
      not be touched (queue_of reads L's registry) nor the park state overwritten */
   if (parked_here) return NULL;
   cl_hostq *q = queue_of(L);
-  if (!q || q->running || !armed(q)) return NULL;
+  if (!q || cl_in_hostfn || !armed(q)) return NULL;
   parked_here = q;
   q->parked = L;
   q->parked_dev = cl_current_device();
@@ -485,7 +477,22 @@ static void defer(lua_State *L, cl_deferred *d, int capturing_too) {
 }
 
 void cl_defer(lua_State *L, cl_deferred *d) { defer(L, d, 0); }
-void cl_defer_end(lua_State *L, cl_deferred *d) { defer(L, d, 1); }
+
+typedef struct { cl_deferred later; void (*fn)(lua_State *, void *, void *); void *a, *b; } call_later;
+
+static void run_call(lua_State *L, cl_deferred *d) {
+  call_later *c = CL_DEFERRED_OWNER(d, call_later, later);
+  c->fn(L, c->a, c->b);
+  free(c);
+}
+
+int cl_defer_call(lua_State *L, int ends_capture, void (*fn)(lua_State *, void *, void *), void *a, void *b) {
+  call_later *c = malloc(sizeof *c);
+  if (!c) return 0;
+  c->later.fn = run_call; c->fn = fn; c->a = a; c->b = b;
+  defer(L, &c->later, ends_capture);
+  return 1;
+}
 
 /* runs q's releases; while a stream captures, only those that end a capture (the capture
    they end is what holds the others) */
@@ -509,13 +516,10 @@ void cl_flush_deferred(lua_State *L) {
 /* ---- waits ---- */
 
 /* the stream is stopped at a running host function: waiting for it there would never end */
-static void refuse_if_running(lua_State *L, const cl_hostq *q) {
-  (void)q;
+void cl_wait_check(lua_State *L) {
   if (cl_in_hostfn)
     luaL_error(L, "cudalua: a Lua host function cannot wait for the GPU (synchronize, blocking copies)");
 }
-
-void cl_wait_check(lua_State *L) { refuse_if_running(L, queue_of(L)); }
 
 /* while polling: spin first (a host function's round trip is a few microseconds), then yield,
    then sleep a little longer each time, up to 100 us */
@@ -537,7 +541,7 @@ static CUresult plain_wait(int kind, void *h) {
    it is the plain driver call; otherwise it polls, running them as they fire. A context-wide
    wait polls until none is pending (the legacy stream's query tells a failed context). */
 static CUresult wait_q(lua_State *L, cl_hostq *q, int kind, void *h) {
-  refuse_if_running(L, q);
+  cl_wait_check(L);
   for (unsigned i = 0;; i++) {
     if (!q || !armed(q)) return plain_wait(kind, h);
     service(L, q);
@@ -573,7 +577,7 @@ int cl_launch_blocks;
 static cl_hostq *waitable(lua_State *L) {
   if (cl_capturing) return NULL;
   cl_hostq *q = queue_of(L);
-  return q && !q->running && armed(q) ? q : NULL;
+  return q && !cl_in_hostfn && armed(q) ? q : NULL;
 }
 
 /* where launches block, work queued behind a pending host function would block in the driver:
@@ -706,7 +710,7 @@ void cl_host_graph_end(lua_State *L, cl_hostrec *const *recs, int n, int d, CUst
   }
   if (d < 0) return;
   if (!q->order[d]) {
-    CU(cuCtxGetCurrent, &q->order_ctx[d]);
+    CU0(cuCtxGetCurrent, &q->order_ctx[d]);
     cl_check(L, CU(cuEventCreate, &q->order[d], CU_EVENT_DISABLE_TIMING), where);
   }
   cl_check(L, CU(cuEventRecord, q->order[d], h), where);
@@ -718,8 +722,8 @@ void cl_host_dump(void *file) {
   pthread_mutex_lock(&queues_mu);
   fprintf(f, "host functions pending in the process: %u, helper %s\n", cl_host_pending, helper_on ? "on" : "off");
   for (cl_hostq *q = queues; q; q = q->next) {
-    fprintf(f, "  queue %p: armed %d, running %d, closed %d, park %d (kind %d, seq %u)\n", (void *)q, q->armed,
-            q->running, q->closed, q->park, q->park_kind, q->park_seq);
+    fprintf(f, "  queue %p: armed %d, closed %d, park %d (kind %d, seq %u)\n", (void *)q, q->armed,
+            q->closed, q->park, q->park_kind, q->park_seq);
     int k = 0;
     for (cl_hostrec *r = q->head; r && k < 8; r = r->next, k++)
       fprintf(f, "    record %p: word %u, fire %u, release %u, pending %d%s\n", (void *)r, *word_host(r->word),

@@ -215,8 +215,8 @@ void cl_kernel_shared(lua_State *L, cl_kernel *k, int kidx, unsigned shared) {
   cl_kernel_ctx(L, k);
   int optin = 0;
   CUdevice dev;
-  if (CU(cuCtxGetDevice, &dev) == CUDA_SUCCESS)
-    CU(cuDeviceGetAttribute, &optin, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, dev);
+  if (CU0(cuCtxGetDevice, &dev) == CUDA_SUCCESS)
+    CU0(cuDeviceGetAttribute, &optin, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, dev);
   if ((long long)shared + k->static_shared > optin)
     luaL_error(L, "cudalua: kernel '%s': %d bytes of dynamic shared memory asked for; with its %d "
                "bytes of static shared memory this device allows at most %d (its opt-in limit per block is %d)",
@@ -272,8 +272,8 @@ static const char *launch_hint(lua_State *L, const cl_launch *c, CUresult r) {
   if (!c->cluster[0]) return "";
   CUdevice dev;
   int ma = 0;
-  if (CU(cuCtxGetDevice, &dev) != CUDA_SUCCESS ||
-      CU(cuDeviceGetAttribute, &ma, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev) != CUDA_SUCCESS) return "";
+  if (CU0(cuCtxGetDevice, &dev) != CUDA_SUCCESS ||
+      CU0(cuDeviceGetAttribute, &ma, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev) != CUDA_SUCCESS) return "";
   if (ma < 9)
     return lua_pushfstring(L, "thread block clusters need a device of compute capability 9.0 or newer");
   return "";
@@ -326,9 +326,9 @@ static const char *coop_refusal(lua_State *L, cl_kernel *k, const cl_launch *c) 
   if (k->coop_threads != threads || k->coop_shared != c->shared) {
     CUdevice dev;
     int sms = 0, coop = 0, maxt = 0, per = 0;
-    if (CU(cuCtxGetDevice, &dev) != CUDA_SUCCESS ||
-        CU(cuDeviceGetAttribute, &coop, CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH, dev) != CUDA_SUCCESS ||
-        CU(cuDeviceGetAttribute, &sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev) != CUDA_SUCCESS ||
+    if (CU0(cuCtxGetDevice, &dev) != CUDA_SUCCESS ||
+        CU0(cuDeviceGetAttribute, &coop, CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH, dev) != CUDA_SUCCESS ||
+        CU0(cuDeviceGetAttribute, &sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev) != CUDA_SUCCESS ||
         CU(cuFuncGetAttribute, &maxt, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, k->fn) != CUDA_SUCCESS)
       return NULL;
     if (!coop) return "this device does not support cooperative launches";
@@ -404,7 +404,7 @@ int cl_kernel_launch(lua_State *L, cl_kernel *k, int kidx, int first, const cl_l
     : launch_ex(k, c, h, A.params));
   if (r != CUDA_SUCCESS) {
     const char *es = NULL;
-    CU(cuGetErrorString, r, &es);
+    CU0(cuGetErrorString, r, &es);
     const char *hint = launch_hint(L, c, r);
     launch_error(L, kidx, c, &A, h, lua_pushfstring(L, "%s (%s)%s%s", cl_errname(r), es ? es : "", *hint ? ": " : "", hint));
   }

@@ -233,7 +233,7 @@ static void reclaim(lua_State *L) {
   cl_wait_raw(L, CL_WAIT_CTX, NULL);
   CUmemoryPool pool;
   CUdevice dev;
-  if (CU(cuCtxGetDevice, &dev) == CUDA_SUCCESS && CU(cuDeviceGetDefaultMemPool, &pool, dev) == CUDA_SUCCESS)
+  if (CU0(cuCtxGetDevice, &dev) == CUDA_SUCCESS && CU(cuDeviceGetDefaultMemPool, &pool, dev) == CUDA_SUCCESS)
     CU(cuMemPoolTrimTo, pool, 0);
 }
 

@@ -16,18 +16,11 @@
 #define MODULE_MT "cudalua.module"
 typedef struct { CUmodule m; CUcontext ctx; } lmodule;
 
-static void unload_now(lua_State *L, CUmodule mod, CUcontext ctx) {
+static void unload(lua_State *L, void *mod, void *ctx) {
   cl_host_drain(L);   /* cuModuleUnload waits for the device: L's host functions run first */
   CUcontext prev = cl_ctx_swap(ctx);
-  CU(cuModuleUnload, mod);
+  CU(cuModuleUnload, (CUmodule)mod);
   cl_ctx_swap(prev);
-}
-
-typedef struct { cl_deferred later; CUmodule m; CUcontext ctx; } unload;
-static void unload_later(lua_State *L, cl_deferred *d) {
-  unload *u = CL_DEFERRED_OWNER(d, unload, later);
-  unload_now(L, u->m, u->ctx);
-  free(u);
 }
 
 static int m_close(lua_State *L) {
@@ -36,9 +29,7 @@ static int m_close(lua_State *L) {
      kernel of it can be launched again; queued launches still finish after unload */
   if (!m->m) return 0;
   /* cuModuleUnload waits for the device: not inside a host function or a capture */
-  unload *u = cl_must_defer(L) ? malloc(sizeof *u) : NULL;
-  if (u) { u->later.fn = unload_later; u->m = m->m; u->ctx = m->ctx; cl_defer(L, &u->later); }
-  else unload_now(L, m->m, m->ctx);
+  if (!(cl_must_defer(L) && cl_defer_call(L, 0, unload, m->m, m->ctx))) unload(L, m->m, m->ctx);
   m->m = NULL;
   return 0;
 }

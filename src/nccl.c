@@ -239,9 +239,9 @@ static int l_comm_init_all(lua_State *L) {
     lua_rawseti(L, list, i + 1);
   }
   CUcontext cur = NULL;
-  CU(cuCtxGetCurrent, &cur);
+  CU0(cuCtxGetCurrent, &cur);
   ncclResult_t r = nc.ncclCommInitAll(h, n, devs);
-  CU(cuCtxSetCurrent, cur);
+  CU0(cuCtxSetCurrent, cur);
   check(L, r, NULL, "comm_init_all");
   for (int i = 0; i < n; i++) {
     lua_rawgeti(L, list, i + 1);
@@ -437,24 +437,24 @@ static int c_async_error(lua_State *L) {
 static void close_comms(lua_State *L, lcomm **cs, int n) {
   cl_host_drain(L);   /* finalizing waits for the device: L's host functions run first */
   CUcontext cur = NULL;
-  CU(cuCtxGetCurrent, &cur);
+  CU0(cuCtxGetCurrent, &cur);
   /* one broken communicator of a list: finalizing the others would wait for it forever */
   int broken = 0;
   for (int i = 0; i < n; i++) {
     ncclResult_t e = 0;
-    CU(cuCtxSetCurrent, cs[i]->ctx);
+    CU0(cuCtxSetCurrent, cs[i]->ctx);
     if (nc.ncclCommGetAsyncError(cs[i]->c, &e) != 0 || e) broken = 1;
   }
   if (broken)
     for (int i = 0; i < n; i++) { nc.ncclCommAbort(cs[i]->c); cs[i]->c = NULL; }
   if (!broken && nc.ncclCommFinalize) {
     if (n > 1) nc.ncclGroupStart();
-    for (int i = 0; i < n; i++) if (cs[i]->c) { CU(cuCtxSetCurrent, cs[i]->ctx); nc.ncclCommFinalize(cs[i]->c); }
+    for (int i = 0; i < n; i++) if (cs[i]->c) { CU0(cuCtxSetCurrent, cs[i]->ctx); nc.ncclCommFinalize(cs[i]->c); }
     if (n > 1) nc.ncclGroupEnd();
   }
   for (int i = 0; i < n; i++)
-    if (cs[i]->c) { CU(cuCtxSetCurrent, cs[i]->ctx); nc.ncclCommDestroy(cs[i]->c); cs[i]->c = NULL; }
-  CU(cuCtxSetCurrent, cur);
+    if (cs[i]->c) { CU0(cuCtxSetCurrent, cs[i]->ctx); nc.ncclCommDestroy(cs[i]->c); cs[i]->c = NULL; }
+  CU0(cuCtxSetCurrent, cur);
 }
 
 /* communicators dropped inside a host function or a capture: finalizing and destroying them

@@ -9,23 +9,19 @@ typedef struct { cl_stream *s; int is_default; } lstream;
 
 cl_stream *cl_stream_ref(cl_stream *s) { if (s) s->refs++; return s; }
 
-typedef struct { cl_deferred later; cl_stream *s; } destroy_later;
-static void destroy_deferred(lua_State *L, cl_deferred *d) {
-  destroy_later *x = CL_DEFERRED_OWNER(d, destroy_later, later);
-  x->s->refs = 1;
-  cl_stream_unref(L, x->s);
-  free(x);
+/* queued work still completes after destroy; memory freed on it was ordered before */
+static void destroy(lua_State *L, void *p, void *unused) {
+  cl_stream *s = p;
+  (void)unused;
+  if (s->owned) cl_mem_forget_stream(L, s);   /* blocks cached for reuse on it are freed on it */
+  if (s->owned && s->h) CU(cuStreamDestroy, s->h);
+  free(s);
 }
 
 void cl_stream_unref(lua_State *L, cl_stream *s) {
   if (!s || --s->refs > 0) return;
   /* inside a host function (a launcher collected there, say) the driver is not called */
-  destroy_later *x = cl_in_hostfn ? malloc(sizeof *x) : NULL;
-  if (x) { x->later.fn = destroy_deferred; x->s = s; cl_defer(NULL, &x->later); return; }
-  /* queued work still completes after destroy; memory freed on it was ordered before */
-  if (s->owned) cl_mem_forget_stream(L, s);   /* blocks cached for reuse on it are freed on it */
-  if (s->owned && s->h) CU(cuStreamDestroy, s->h);
-  free(s);
+  if (!(cl_in_hostfn && cl_defer_call(NULL, 0, destroy, s, NULL))) destroy(L, s, NULL);
 }
 
 static lstream *checkls(lua_State *L, int idx) {
@@ -77,11 +73,7 @@ static void stream_options(lua_State *L, int *nonblocking, int *priority, int *h
                "{non_blocking =, priority =}, got %s", luaL_typename(L, 1));
   static const char *const names[] = {"non_blocking", "priority", NULL};
   cl_check_options(L, 1, "cudalua: cuda.stream", names);
-  if (lua_getfield(L, 1, "non_blocking") != LUA_TNIL) {
-    if (!lua_isboolean(L, -1))
-      luaL_error(L, "cudalua: cuda.stream: non_blocking must be a boolean, got %s", luaL_typename(L, -1));
-    *nonblocking = lua_toboolean(L, -1);
-  }
+  *nonblocking = cl_opt_bool(L, 1, "non_blocking", "cudalua: cuda.stream") == 1;
   if (lua_getfield(L, 1, "priority") != LUA_TNIL) {
     int isint;
     lua_Integer p = lua_tointegerx(L, -1, &isint);
@@ -91,7 +83,7 @@ static void stream_options(lua_State *L, int *nonblocking, int *priority, int *h
     *priority = (int)p;
     *has_priority = 1;
   }
-  lua_pop(L, 2);
+  lua_pop(L, 1);
 }
 
 /* cuda.stream([non_blocking | {non_blocking =, priority =}]): a priority outside the device's
@@ -181,15 +173,10 @@ static int s_device(lua_State *L) {
   return 1;
 }
 
-typedef struct { cl_deferred later; cl_stream *s; } unref_later;
-static void close_stream(lua_State *L, cl_stream *s) {
+static void close_stream(lua_State *L, void *s, void *unused) {
+  (void)unused;
   cl_capture_abandon(L, s);   /* a stream closed while capturing ends its capture */
   cl_stream_unref(L, s);
-}
-static void close_deferred(lua_State *L, cl_deferred *d) {
-  unref_later *u = CL_DEFERRED_OWNER(d, unref_later, later);
-  close_stream(L, u->s);
-  free(u);
 }
 
 static int s_close(lua_State *L) {
@@ -198,11 +185,8 @@ static int s_close(lua_State *L) {
   /* inside a host function the cudalua call it runs in may be queueing work on this stream,
      and ending its capture there would call the driver (on the helper thread, another thread
      than the capture's): the whole close is put off, to the next flush even if it captures */
-  unref_later *u = cl_must_defer(L) ? malloc(sizeof *u) : NULL;
-  if (u) {
-    u->later.fn = close_deferred; u->s = ls->s;
-    if (ls->s->capture_ref) cl_defer_end(L, &u->later); else cl_defer(L, &u->later);
-  } else close_stream(L, ls->s);
+  if (!(cl_must_defer(L) && cl_defer_call(L, ls->s->capture_ref != 0, close_stream, ls->s, NULL)))
+    close_stream(L, ls->s, NULL);
   ls->s = NULL;
   return 0;
 }
@@ -251,7 +235,7 @@ int cl_push_foreign_stream(lua_State *L, CUstream h, int blocking) {
      value, and the driver does not check handles) */
   CUcontext ctx = NULL;
   if (cl_driver_load()) {
-    CU(cuCtxGetCurrent, &ctx);
+    CU0(cuCtxGetCurrent, &ctx);
     if (!ctx) ctx = cl_ctx(L);
   }
   lstream *ls = lua_newuserdatauv(L, sizeof *ls, 0);

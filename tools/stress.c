@@ -44,7 +44,6 @@ static long long now_us(void) {
   return (long long)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
-/* beat(what): the state is alive and begins `what` */
 /* stacks, as raw addresses ("bt: 0x..."): tools/stress.sh turns them into functions and lines
    with addr2line. A crash prints the faulting thread's; a hang, every worker's. */
 static void print_stack(const char *what) {
@@ -70,6 +69,7 @@ static void on_crash(int sig) {
 
 static void on_dump(int sig) { (void)sig; print_stack("a worker"); }
 
+/* beat(what): the state is alive and begins `what` */
 static int l_beat(lua_State *L) {
   worker *w = lua_touserdata(L, lua_upvalueindex(1));
   const char *what = luaL_optstring(L, 1, "");
