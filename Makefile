@@ -98,7 +98,7 @@ docs:
 
 # compute-sanitizer (GPU machine): every example under memcheck with the leak check,
 # racecheck, synccheck and initcheck, as a table (tools/sanitize.sh)
-sanitize: cudalua.so build/embed_host
+sanitize: cudalua.so build/embed_host build/stress
 	@CUDA_DIR=$(CUDA_DIR) bash tools/sanitize.sh $(LUA)
 
 # tools/fuzz.lua: hostile calls of every public function and method, in child processes

@@ -356,11 +356,61 @@ def bench_cupy_helpers():
             times.append((time.perf_counter() - t0) / CHAIN * 1e6)
         out("cupy_graph_replay_us", statistics.median(times))
 
+    def host_functions():
+        # bench/raw_helpers.c's section 9: cuLaunchHostFunc through CuPy's Stream
+        HCHAIN, M = 1000, max(100, N // 50)
+        s = cp.cuda.Stream(non_blocking=True)
+        calls = [0]
+
+        def bump(arg):
+            calls[0] += 1
+
+        def timed(body, per):
+            times = []
+            for r in range(REPS + 1):
+                t0 = time.perf_counter()
+                body()
+                if r > 0:
+                    times.append((time.perf_counter() - t0) / per * 1e6)
+            return statistics.median(times)
+
+        def one_by_one():
+            for _ in range(M):
+                s.launch_host_func(bump, None)
+                s.synchronize()
+
+        def hundreds():
+            for _ in range(M // 100):
+                for _ in range(100):
+                    s.launch_host_func(bump, None)
+                s.synchronize()
+
+        out("cupy_hostfn_roundtrip_us", timed(one_by_one, M))
+        out("cupy_hostfn_batch_us", timed(hundreds, M // 100 * 100))
+        # CuPy has no host-node API: the chain is captured (as its test_capture_launch_host_func)
+        with s:
+            s.begin_capture()
+            for _ in range(HCHAIN):
+                s.launch_host_func(bump, None)
+            g = s.end_capture()
+        before = calls[0]
+
+        def replay():
+            g.launch(s)
+            s.synchronize()
+
+        replay()
+        us = timed(replay, HCHAIN)
+        if calls[0] - before != (REPS + 2) * HCHAIN:
+            note(f"cupy: host nodes ran {calls[0] - before} times")
+        out("cupy_hostfn_graph_replay_us", us)
+
     section("cupy reduce 2^28", reduce_big)
     section("cupy reduce 1234", reduce_small)
     section("cupy elementwise saxpy 2^28", elementwise)
     section("cupy plain launch", plain_launch)
     section("cupy graphs", graphs)
+    section("cupy host functions", host_functions)
 
 
 def bench_numba_helpers():

@@ -508,6 +508,53 @@ end)
 collectgarbage()
 
 ---------------------------------------------------------------------------------------------
+-- 9: Lua host functions on a stream of their own, as bench/raw_helpers.c's driver callbacks
+-- (cuLaunchHostFunc) and compare.py's CuPy ones: one then a synchronize, 100 then one
+-- synchronize, and a graph of 1000 host nodes in a chain replayed
+section("host functions", function()
+  local HCHAIN, M = 1000, math.max(100, N // 50)
+  local s = cuda.stream { non_blocking = true }
+  local calls = 0
+  local function bump() calls = calls + 1 end
+  local t = {}
+  for r = 0, REPS do
+    local t0 = now()
+    for _ = 1, M do
+      s:launch_host_func(bump)
+      s:synchronize()
+    end
+    if r > 0 then t[r] = (now() - t0) / M * 1e6 end
+  end
+  out("hostfn_roundtrip_us", median(t))
+  t = {}
+  for r = 0, REPS do
+    local t0 = now()
+    for _ = 1, M // 100 do
+      for _ = 1, 100 do s:launch_host_func(bump) end
+      s:synchronize()
+    end
+    if r > 0 then t[r] = (now() - t0) / (M // 100 * 100) * 1e6 end
+  end
+  out("hostfn_batch_us", median(t))
+  local g = cuda.graph()
+  local prev
+  for _ = 1, HCHAIN do prev = g:host(bump, prev and { prev } or nil) end
+  local x = g:instantiate()
+  local before = calls
+  t = {}
+  for r = -1, REPS do
+    local t0 = now()
+    x:launch(s)
+    s:synchronize()
+    if r > 0 then t[r] = (now() - t0) / HCHAIN * 1e6 end
+  end
+  if calls - before ~= (REPS + 2) * HCHAIN then note(("host nodes ran %d times"):format(calls - before)) end
+  out("hostfn_graph_replay_us", median(t))
+  x:close(); g:close(); s:close()
+end)
+collectgarbage()
+
+---------------------------------------------------------------------------------------------
 -- 7: compiles of the vecadd module: cold (a source no cache has seen), a hit in the process,
 -- and a hit on disk in a new process (lua5.4 children with a cache directory of their own)
 section("compile", function()

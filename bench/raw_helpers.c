@@ -6,7 +6,9 @@
      * reduce of 1234 float64: one block, then an 8-byte copy back;
      * the plain launch of the kernel bench/helpers.lua launches with forall, same grid and block;
      * a chain of 1000 empty kernels: launched one by one, built as a graph and instantiated
-       (cuGraphAddKernelNode x1000 + cuGraphInstantiate), replayed (cuGraphLaunch).
+       (cuGraphAddKernelNode x1000 + cuGraphInstantiate), replayed (cuGraphLaunch);
+     * host functions: cuLaunchHostFunc + cuStreamSynchronize one at a time, 100 then one sync,
+       and a graph of HCHAIN host nodes in a chain (cuGraphAddHostNode) replayed.
    Build: gcc -O2 -I$CUDA_DIR/include raw_helpers.c -L$CUDA_DIR/lib64 -lcuda -lnvrtc -lm
    Env:   BENCH_LAUNCHES (default 100000), BENCH_REPS (default 5)
    raw_helpers --compile-only: only compiles the kernels with NVRTC (sm_90), no GPU needed */
@@ -56,6 +58,7 @@ static const char *KSRC =
 #define SMALL_N 1234                 /* float64 elements */
 #define FORALL_N (1 << 16)
 #define CHAIN 1000
+#define HCHAIN 1000                  /* host nodes in section 9's graph */
 
 
 /* fills n float32 (or float64) elements at d with 1 */
@@ -67,6 +70,10 @@ static void fill_ones(CUdeviceptr d, size_t n, int f64) {
   CK(cuMemsetD2D32(d, 8, w[0], 1, n));
   CK(cuMemsetD2D32(d + 4, 8, w[1], 1, n));
 }
+
+/* the host function of section 9: what a Lua one does at the least, a counter bumped */
+static volatile long host_calls;
+static void CUDA_CB host_bump(void *arg) { (void)arg; host_calls++; }
 
 static CUgraph build_chain(CUfunction f) {
   CUgraph g;
@@ -253,6 +260,53 @@ int main(int argc, char **argv) {
     out("diag_graph_replay_events_us", median(t, REPS));
     CK(cuGraphExecDestroy(x));
     CK(cuGraphDestroy(g));
+  }
+
+  /* 9: host functions on a stream of its own (cudalua's Lua ones: bench/helpers.lua) */
+  {
+    CUstream s;
+    CK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    int M = N / 50 > 100 ? N / 50 : 100;
+    for (int r = -1; r < REPS; r++) {
+      double t0 = now();
+      for (int i = 0; i < M; i++) {
+        CK(cuLaunchHostFunc(s, host_bump, NULL));
+        CK(cuStreamSynchronize(s));
+      }
+      if (r >= 0) t[r] = (now() - t0) / M * 1e6;
+    }
+    out("hostfn_roundtrip_us", median(t, REPS));
+    for (int r = -1; r < REPS; r++) {
+      double t0 = now();
+      for (int j = 0; j < M / 100; j++) {
+        for (int i = 0; i < 100; i++) CK(cuLaunchHostFunc(s, host_bump, NULL));
+        CK(cuStreamSynchronize(s));
+      }
+      if (r >= 0) t[r] = (now() - t0) / (M / 100 * 100) * 1e6;
+    }
+    out("hostfn_batch_us", median(t, REPS));
+    CUgraph g;
+    CK(cuGraphCreate(&g, 0));
+    CUDA_HOST_NODE_PARAMS hp = {host_bump, NULL};
+    CUgraphNode prev = NULL, node;
+    for (int i = 0; i < HCHAIN; i++) {
+      CK(cuGraphAddHostNode(&node, g, prev ? &prev : NULL, prev ? 1 : 0, &hp));
+      prev = node;
+    }
+    CUgraphExec x;
+    CK(cuGraphInstantiate(&x, g, 0));
+    long before = host_calls;
+    for (int r = -2; r < REPS; r++) {
+      double t0 = now();
+      CK(cuGraphLaunch(x, s));
+      CK(cuStreamSynchronize(s));
+      if (r >= 0) t[r] = (now() - t0) / HCHAIN * 1e6;
+    }
+    if (host_calls - before != (long)(REPS + 2) * HCHAIN) fprintf(stderr, PROG ": host nodes ran %ld times\n", host_calls - before);
+    out("hostfn_graph_replay_us", median(t, REPS));
+    CK(cuGraphExecDestroy(x));
+    CK(cuGraphDestroy(g));
+    CK(cuStreamDestroy(s));
   }
 
   CK(cuEventDestroy(e0));

@@ -521,12 +521,21 @@ void cl_wait_check(lua_State *L) {
     luaL_error(L, "cudalua: a Lua host function cannot wait for the GPU (synchronize, blocking copies)");
 }
 
-/* while polling: spin first (a host function's round trip is a few microseconds), then yield,
-   then sleep a little longer each time, up to 100 us */
-static void backoff(unsigned i) {
-  if (i < 64) return;
-  if (i < 256) { sched_yield(); return; }
-  struct timespec ts = {0, (i < 1024 ? 20 : 100) * 1000L};
+/* while polling, by the time since the last host function ran (or the wait began): spin for
+   the first 50 us (a host function's round trip through the GPU is a few microseconds, and a
+   chain of them keeps coming at that pace), yield up to 0.5 ms, then sleep (a 20 us request
+   sleeps about 70 us on Linux), 100 us after 5 ms */
+static double now_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e6 + ts.tv_nsec * 1e-3;
+}
+
+static void backoff(double since) {
+  double idle = now_us() - since;
+  if (idle < 50) return;
+  if (idle < 500) { sched_yield(); return; }
+  struct timespec ts = {0, (idle < 5000 ? 20 : 100) * 1000L};
   nanosleep(&ts, NULL);
 }
 
@@ -542,15 +551,16 @@ static CUresult plain_wait(int kind, void *h) {
    wait polls until none is pending (the legacy stream's query tells a failed context). */
 static CUresult wait_q(lua_State *L, cl_hostq *q, int kind, void *h) {
   cl_wait_check(L);
+  double since = now_us();
   for (unsigned i = 0;; i++) {
     if (!q || !armed(q)) return plain_wait(kind, h);
-    service(L, q);
+    if (service(L, q)) since = now_us();
     CUresult r = kind == CL_WAIT_STREAM ? CU(cuStreamQuery, (CUstream)h)
                : kind == CL_WAIT_EVENT ? CU(cuEventQuery, (CUevent)h)
                : (i & 15) == 15 ? CU(cuStreamQuery, CU_STREAM_LEGACY) : CUDA_ERROR_NOT_READY;
     if ((kind == CL_WAIT_CTX || kind == CL_WAIT_HOSTFNS) && r == CUDA_SUCCESS) r = CUDA_ERROR_NOT_READY;
     if (r != CUDA_ERROR_NOT_READY) return r;
-    backoff(i);
+    backoff(since);
   }
 }
 

@@ -17,7 +17,8 @@
 #      Records that NCCL's own code causes are shown apart as "+N nccl" (tools/sanitize.awk).
 #      examples/nccl_launch.lua and spec 21's one-process-per-GPU row start their ranks under a
 #      sanitizer each (CUDALUA_WORKER_WRAP); their summaries add up in the row.
-#      SANITIZE_LOG: where the logs go (default build/sanitize).
+#      SANITIZE_LOG: where the logs go (default build/sanitize). SANITIZE_STRESS: seconds of
+#      build/stress (3 Lua states on threads) under memcheck and synccheck (default 60, 0: none).
 #      Stopping this script (Ctrl-C, a timeout around make sanitize) stops the runs it started.
 LUA=${1:-lua5.4}
 CUDA_DIR=${CUDA_DIR:-/usr/local/cuda}
@@ -48,6 +49,10 @@ rows=()       # "name|tools|command..." in table order
 for f in $EXAMPLES; do rows+=("$f|$TOOLS|$LUA $f"); done
 if [ -x build/embed_host ]; then
   for mode in single threads; do rows+=("embed_host $mode|$TOOLS|build/embed_host $mode"); done
+fi
+# several Lua states on threads with host functions, captures and frees (tools/stress.c)
+if [ -x build/stress ] && [ "${SANITIZE_STRESS:-60}" -gt 0 ]; then
+  rows+=("stress ${SANITIZE_STRESS:-60} s 3 states|memcheck synccheck|build/stress -t 3 -s ${SANITIZE_STRESS:-60} -S 7 -w 400 tools/stress.lua")
 fi
 if [ -n "$SANITIZE_SPECS" ]; then   # a row per spec file, so that they run at once too
   for f in $SPEC_FILES; do
