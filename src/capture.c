@@ -64,7 +64,10 @@ static int s_begin_capture(lua_State *L) {
   if (s->capture_ref) return luaL_error(L, "cudalua: stream:begin_capture: the stream is already capturing");
   cl_use_ctx(L, s->ctx);
   cl_host_reserve(L);   /* no page-locked allocation may happen during the capture */
-  cl_check(L, CU(cuStreamBeginCapture, s->h, m[mode]), "stream:begin_capture");
+  cl_capture_enter(L);
+  CUresult r = CU(cuStreamBeginCapture, s->h, m[mode]);
+  if (r != CUDA_SUCCESS) __atomic_sub_fetch(&cl_capturing, 1, __ATOMIC_SEQ_CST);
+  cl_check(L, r, "stream:begin_capture");
   lua_newtable(L);
   cuuint64_t id = capture_id(L, s);
   if (id) {
@@ -74,7 +77,6 @@ static int s_begin_capture(lua_State *L) {
     lua_pop(L, 1);
   }
   s->capture_ref = luaL_ref(L, LUA_REGISTRYINDEX);
-  __atomic_add_fetch(&cl_capturing, 1, __ATOMIC_SEQ_CST);
   if (s->blocking) __atomic_add_fetch(&cl_capturing_blocking, 1, __ATOMIC_SEQ_CST);
   return 0;
 }

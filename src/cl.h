@@ -300,6 +300,12 @@ CUresult cl_wait_raw(lua_State *L, int kind, void *h);
 void cl_wait_check(lua_State *L);   /* raises where no wait may be (in a running host function) */
 void cl_wait(lua_State *L, int kind, void *h, const char *what);  /* raises */
 void cl_host_drain(lua_State *L);   /* before a driver call that waits for the whole device */
+/* device-wide waits (cuCtxSynchronize) and captures exclude each other: a claim is held around
+   such a wait; a capture begins once none is held, and none is given while one runs */
+int cl_ctx_claim(void);     /* 1: claimed; 0: a stream captures (then no device-wide wait) */
+void cl_ctx_unclaim(void);
+int cl_ctx_claim_or_defer(lua_State *L, cl_deferred *d);   /* 0: d was put off instead */
+void cl_capture_enter(lua_State *L);   /* counted in cl_capturing once no claim is held */
 int cl_host_service(lua_State *L);   /* runs L's fired host functions */
 int cl_host_armed(lua_State *L);     /* L's host functions queued and not yet run */
 void cl_host_raise(lua_State *L);

@@ -539,11 +539,68 @@ static void backoff(double since) {
   nanosleep(&ts, NULL);
 }
 
+/* ---- device-wide waits and captures ----
+   The driver refuses cuCtxSynchronize while any thread's stream captures, whatever the
+   capture's mode, and ends that capture (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, then
+   ..._INVALIDATED at the capture's next call): seen in tools/stress.c with a free on one
+   thread and a capture beginning on another, between the free's test of cl_capturing and its
+   wait. So the two exclude each other: a device-wide wait holds a claim, and a capture counts
+   itself first and then begins only once no claim is held (seq_cst: each sees the other). */
+static unsigned ctx_claims;
+static __thread unsigned my_claims;   /* a thread's claims nest (a free inside a wait's) */
+
+int cl_ctx_claim(void) {
+  if (my_claims) { my_claims++; return 1; }
+  __atomic_add_fetch(&ctx_claims, 1, __ATOMIC_SEQ_CST);
+  if (__atomic_load_n(&cl_capturing, __ATOMIC_SEQ_CST)) {
+    __atomic_sub_fetch(&ctx_claims, 1, __ATOMIC_SEQ_CST);
+    return 0;
+  }
+  my_claims = 1;
+  return 1;
+}
+
+void cl_ctx_unclaim(void) {
+  if (--my_claims == 0) __atomic_sub_fetch(&ctx_claims, 1, __ATOMIC_SEQ_CST);
+}
+
+static void backoff(double since);
+static double now_us(void);
+
+/* a release that needs a device-wide wait while a stream captures: put off to the state's next
+   flush after the captures; a closing state (nothing flushes it) waits for them to end */
+int cl_ctx_claim_or_defer(lua_State *L, cl_deferred *d) {
+  if (cl_ctx_claim()) return 1;
+  if (!releasing && L && queue_of(L)) { defer(L, d, 0); return 0; }
+  double since = now_us();
+  while (!cl_ctx_claim()) backoff(since);
+  return 1;
+}
+
+/* s:begin_capture: the device-wide waits under way end first (they may wait for this state's
+   host functions: those run meanwhile) */
+void cl_capture_enter(lua_State *L) {
+  __atomic_add_fetch(&cl_capturing, 1, __ATOMIC_SEQ_CST);
+  cl_hostq *q = queue_of(L);
+  double since = now_us();
+  while (__atomic_load_n(&ctx_claims, __ATOMIC_SEQ_CST)) {
+    if (q && armed(q) && service(L, q)) since = now_us();
+    backoff(since);
+  }
+}
+
+static CUresult ctx_sync(void) {
+  if (!cl_ctx_claim()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  CUresult r = CU0(cuCtxSynchronize);
+  cl_ctx_unclaim();
+  return r;
+}
+
 static CUresult plain_wait(int kind, void *h) {
   if (kind == CL_WAIT_STREAM) return CU0(cuStreamSynchronize, (CUstream)h);
   if (kind == CL_WAIT_EVENT) return CU0(cuEventSynchronize, (CUevent)h);
   if (kind == CL_WAIT_HOSTFNS) return CUDA_SUCCESS;
-  return CU0(cuCtxSynchronize);
+  return ctx_sync();
 }
 
 /* Every blocking wait of cudalua goes through here: with none of L's host functions pending
@@ -568,6 +625,9 @@ CUresult cl_wait_raw(lua_State *L, int kind, void *h) { return wait_q(L, queue_o
 
 void cl_wait(lua_State *L, int kind, void *h, const char *what) {
   CUresult r = cl_wait_raw(L, kind, h);
+  if (kind == CL_WAIT_CTX && r == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
+    luaL_error(L, "cudalua: %s: the whole device cannot be waited for while a stream is capturing "
+               "(another thread began a capture: wait after it ends)", what);
   cl_check(L, r, what);
   cl_host_raise(L);
 }

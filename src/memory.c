@@ -355,13 +355,30 @@ static void free_later(lua_State *L, cl_deferred *d) {
   cl_mem_unref(L, m);
 }
 
+/* the release waits for the whole device: memory several streams used is settled with a
+   device-wide wait (but a device block only blocking streams used is freed on the legacy one) */
+static int waits_for_device(const cl_mem *m) {
+  if (!m->used || !m->multi) return 0;
+  return m->multi >= 2 || m->kind != CL_DEVICE || m->ipc;
+}
+
+static void release(lua_State *L, cl_mem *m);
+
 void cl_mem_unref(lua_State *L, cl_mem *m) {
   if (!m || --m->refs > 0) return;
+  m->later.fn = free_later;
   if (must_defer(L, m)) {
-    m->later.fn = free_later;
     cl_defer(L, &m->later);
     return;
   }
+  /* no capture may begin during that wait (src/hostfn.c): while one runs, put off */
+  int claimed = waits_for_device(m);
+  if (claimed && !cl_ctx_claim_or_defer(L, &m->later)) return;
+  release(L, m);
+  if (claimed) cl_ctx_unclaim();
+}
+
+static void release(lua_State *L, cl_mem *m) {
   CUresult r = CUDA_SUCCESS;
   if (m->kind == CL_HOST) {
     if (m->registered > 0) {
