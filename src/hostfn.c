@@ -556,7 +556,8 @@ int cl_ctx_claim(void) {
     __atomic_sub_fetch(&ctx_claims, 1, __ATOMIC_SEQ_CST);
     return 0;
   }
-  my_claims = 1;
+  my_claims = 1;   /* nothing between a claim and its unclaim raises (a claim never let go
+                      would keep every capture from beginning) */
   return 1;
 }
 
@@ -577,13 +578,17 @@ int cl_ctx_claim_or_defer(lua_State *L, cl_deferred *d) {
   return 1;
 }
 
-/* s:begin_capture: the device-wide waits under way end first (they may wait for this state's
-   host functions: those run meanwhile) */
+/* s:begin_capture: counted as capturing once no device-wide wait is under way. While one is,
+   the count is taken back and this state's host functions run (the wait may be for them):
+   never held, so that a thread that waits for this capture's end (another state retrying a
+   refused wait, say) can run the work the device-wide wait waits for */
 void cl_capture_enter(lua_State *L) {
-  __atomic_add_fetch(&cl_capturing, 1, __ATOMIC_SEQ_CST);
   cl_hostq *q = queue_of(L);
   double since = now_us();
-  while (__atomic_load_n(&ctx_claims, __ATOMIC_SEQ_CST)) {
+  for (;;) {
+    __atomic_add_fetch(&cl_capturing, 1, __ATOMIC_SEQ_CST);
+    if (!__atomic_load_n(&ctx_claims, __ATOMIC_SEQ_CST)) return;
+    __atomic_sub_fetch(&cl_capturing, 1, __ATOMIC_SEQ_CST);
     if (q && armed(q) && service(L, q)) since = now_us();
     backoff(since);
   }
@@ -627,7 +632,7 @@ void cl_wait(lua_State *L, int kind, void *h, const char *what) {
   CUresult r = cl_wait_raw(L, kind, h);
   if (kind == CL_WAIT_CTX && r == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
     luaL_error(L, "cudalua: %s: the whole device cannot be waited for while a stream is capturing "
-               "(another thread began a capture: wait after it ends)", what);
+               "(wait after the capture ends: on another thread, it may have just begun)", what);
   cl_check(L, r, what);
   cl_host_raise(L);
 }

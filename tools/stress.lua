@@ -117,7 +117,7 @@ function M.run(seed, seconds, thread, solo)
       t.ops = t.ops + 1
       local l = lanes[rng(1, #lanes)]
       local s = l.s
-      local op = rng(1, 16)
+      local op = rng(1, 17)
       if op <= 3 then
         beat("add")
         local v = rng(-50, 50)
@@ -224,6 +224,19 @@ function M.run(seed, seconds, thread, solo)
       elseif op == 15 then
         beat("device synchronize")
         waiting(locked, try_sync, cuda.synchronize)
+      elseif op == 17 then
+        -- memory two streams used, one non-blocking, is freed after a wait for the whole
+        -- device, which another thread's capture must not meet (src/hostfn.c's claims)
+        beat("two-stream array dropped")
+        local on = l.kind ~= "legacy" and s or nil
+        local close = rng(1, 2) == 1
+        waiting(function()   -- stream-less (legacy lane): refused while another state captures
+          local a = cuda.device_array(rng(1, 1 << 12), "float32", on)
+          a:fill(1, on)
+          a:fill(2, idle)
+          if close then a:close() end
+        end)
+        if not close then collectgarbage() end
       else
         beat("drop and collect")
         scratch = {}

@@ -4,11 +4,13 @@
 # other with consecutive seeds, until SECONDS have passed; tallies what ended badly:
 #   crash (a signal), hang (the watchdog's status 3, or the child's time limit), wrong (status 1).
 # STRESS_WRAP runs each child under a tool (compute-sanitizer); STRESS_HANG sets the watchdog's
-# limit (default 60 s). The last line: "stress: N runs (seeds A..B), S sequences, O operations,
-# C crashes, H hangs, W wrong"; exit 1 if any of those is not 0.
+# limit (default 60 s); STRESS_LOGS: where failed runs' whole output is kept (build/stress-logs).
+# The last line: "stress: N runs (seeds A..B), S sequences, O operations, C crashes, H hangs,
+# W wrong"; exit 1 if any of those is not 0.
 set -u
 total=${1:-60}; threads=${2:-3}; seed=${3:-$(( $(date +%s) % 100000 ))}; child=${4:-30}
 hang=${STRESS_HANG:-60}
+logs=${STRESS_LOGS:-build/stress-logs}
 end=$(( $(date +%s) + total ))
 first=$seed; runs=0; crashes=0; hangs=0; wrong=0; seqs=0; ops=0
 log=$(mktemp)
@@ -38,6 +40,10 @@ while [ "$(date +%s)" -lt "$end" ]; do
     3|124|137) hangs=$(( hangs + 1 )); echo "stress: seed $seed: hang (status $rc)"; grep -A150 "HANG" "$log" | head -150 ;;
     *) crashes=$(( crashes + 1 )); echo "stress: seed $seed: crash (status $rc)"; grep -A40 "CRASH" "$log" | head -40 ;;
   esac
+  # a failed run's whole output is kept (the lines above are its summary)
+  if [ "$rc" -ne 0 ]; then
+    mkdir -p "$logs" && cp "$log" "$logs/seed-$seed.log" && echo "stress: seed $seed: whole output in $logs/seed-$seed.log"
+  fi
   seed=$(( seed + 1 ))
 done
 echo "stress: $runs runs (seeds $first..$(( seed - 1 )), $threads threads each), $seqs sequences, $ops operations, $crashes crashes, $hangs hangs, $wrong wrong"
