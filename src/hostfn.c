@@ -125,6 +125,7 @@ typedef struct cl_hostq {
   int parked_dev;              /* the selected device of the parked thread */
   CUevent order[CL_MAXDEV];    /* recorded after each graph launch with host nodes, per device */
   CUcontext order_ctx[CL_MAXDEV];
+  int servicing;               /* service() runs on it (by the thread that owns it now) */
   cl_deferred *later;          /* releases put off (only the state's thread, or the helper
                                   while it has the state borrowed, touches it) */
   struct cl_hostq *next;       /* every queue, for the helper */
@@ -276,20 +277,24 @@ static void run(lua_State *L, cl_hostq *q, cl_hostrec *r) {
   cl_hostq *outer = running_q;
   running_q = q;
   int st = lua_pcall(L, 0, 0, 0);
-  running_q = outer;
-  cl_in_hostfn--;
-  if (st != LUA_OK) {   /* kept for the next wait to raise */
+  /* the error is kept for the next wait to raise, still as inside the function: keeping it may
+     start a collection, whose frees must be put off (a free waits, and its wait would run the
+     functions again, this one included, before service releases it) */
+  if (st != LUA_OK) {
     luaL_getsubtable(L, LUA_REGISTRYINDEX, "cudalua.hosterrors");
     lua_insert(L, -2);
     lua_rawseti(L, -2, (lua_Integer)lua_rawlen(L, -2) + 1);
     lua_pop(L, 1);
   }
+  running_q = outer;
+  cl_in_hostfn--;
 }
 
 /* runs the fired functions of q on L (whose thread owns q now); not nested in a running one */
 static int service(lua_State *L, cl_hostq *q) {
-  if (cl_in_hostfn) return 0;
+  if (cl_in_hostfn || q->servicing) return 0;
   int ran = 0;
+  q->servicing = 1;   /* never inside itself: a record runs once, and is released once */
   for (cl_hostrec *r = q->head; r;) {
     if (!fired(r)) { r = r->next; continue; }
     run(L, q, r);
@@ -298,6 +303,7 @@ static int service(lua_State *L, cl_hostq *q) {
     ran++;
     r = next;
   }
+  q->servicing = 0;
   /* what the functions closed is released by the cudalua call that waited, once it no longer
      uses anything (cl_flush_deferred at its end): not here, in the middle of it */
   return ran;
@@ -547,12 +553,13 @@ static void backoff(double since) {
    wait. So the two exclude each other: a device-wide wait holds a claim, and a capture counts
    itself first and then begins only once no claim is held (seq_cst: each sees the other). */
 static unsigned ctx_claims;
+static unsigned capture_intents;      /* captures about to begin (cl_capture_enter) */
 static __thread unsigned my_claims;   /* a thread's claims nest (a free inside a wait's) */
 
 int cl_ctx_claim(void) {
   if (my_claims) { my_claims++; return 1; }
   __atomic_add_fetch(&ctx_claims, 1, __ATOMIC_SEQ_CST);
-  if (__atomic_load_n(&cl_capturing, __ATOMIC_SEQ_CST)) {
+  if (__atomic_load_n(&capture_intents, __ATOMIC_SEQ_CST) || __atomic_load_n(&cl_capturing, __ATOMIC_SEQ_CST)) {
     __atomic_sub_fetch(&ctx_claims, 1, __ATOMIC_SEQ_CST);
     return 0;
   }
@@ -578,20 +585,23 @@ int cl_ctx_claim_or_defer(lua_State *L, cl_deferred *d) {
   return 1;
 }
 
-/* s:begin_capture: counted as capturing once no device-wide wait is under way. While one is,
-   the count is taken back and this state's host functions run (the wait may be for them):
-   never held, so that a thread that waits for this capture's end (another state retrying a
-   refused wait, say) can run the work the device-wide wait waits for */
+/* s:begin_capture: counted as capturing once no device-wide wait is under way. The intent is
+   told first (claims refused from then on), and taken back while a claim is held, as this
+   state's host functions run (the wait may be for them): never held, so that a thread that
+   waits for this capture's end (another state retrying a refused wait, say) can run the work
+   the device-wide wait waits for. cl_capturing itself only ever counts captures under way. */
 void cl_capture_enter(lua_State *L) {
   cl_hostq *q = queue_of(L);
   double since = now_us();
   for (;;) {
-    __atomic_add_fetch(&cl_capturing, 1, __ATOMIC_SEQ_CST);
-    if (!__atomic_load_n(&ctx_claims, __ATOMIC_SEQ_CST)) return;
-    __atomic_sub_fetch(&cl_capturing, 1, __ATOMIC_SEQ_CST);
+    __atomic_add_fetch(&capture_intents, 1, __ATOMIC_SEQ_CST);
+    if (!__atomic_load_n(&ctx_claims, __ATOMIC_SEQ_CST)) break;
+    __atomic_sub_fetch(&capture_intents, 1, __ATOMIC_SEQ_CST);
     if (q && armed(q) && service(L, q)) since = now_us();
     backoff(since);
   }
+  __atomic_add_fetch(&cl_capturing, 1, __ATOMIC_SEQ_CST);
+  __atomic_sub_fetch(&capture_intents, 1, __ATOMIC_SEQ_CST);
 }
 
 static CUresult ctx_sync(void) {
@@ -628,12 +638,16 @@ static CUresult wait_q(lua_State *L, cl_hostq *q, int kind, void *h) {
 
 CUresult cl_wait_raw(lua_State *L, int kind, void *h) { return wait_q(L, queue_of(L), kind, h); }
 
-void cl_wait(lua_State *L, int kind, void *h, const char *what) {
-  CUresult r = cl_wait_raw(L, kind, h);
-  if (kind == CL_WAIT_CTX && r == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
+void cl_wait_result(lua_State *L, CUresult r, const char *what) {
+  if (r == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
     luaL_error(L, "cudalua: %s: the whole device cannot be waited for while a stream is capturing "
                "(wait after the capture ends: on another thread, it may have just begun)", what);
   cl_check(L, r, what);
+}
+
+void cl_wait(lua_State *L, int kind, void *h, const char *what) {
+  CUresult r = cl_wait_raw(L, kind, h);
+  cl_wait_result(L, r, what);
   cl_host_raise(L);
 }
 
@@ -659,7 +673,7 @@ static cl_hostq *waitable(lua_State *L) {
    they are run first. A host function's error is left for the next wait, as without. */
 void cl_host_before_enqueue(lua_State *L, const char *what) {
   cl_hostq *q = waitable(L);
-  if (q) cl_check(L, wait_q(L, q, CL_WAIT_CTX, NULL), what);
+  if (q) cl_check(L, wait_q(L, q, CL_WAIT_HOSTFNS, NULL), what);
 }
 
 /* where launches block, so does queueing a host function: it has run when the call returns */
@@ -849,12 +863,16 @@ static int q_gc(lua_State *L) {
   /* what is still put off goes now (no later wait of this state will), even while another
      state's stream captures; without the queue, releases asked for meanwhile run at once */
   releasing++;
-  while (d) {
-    cl_deferred *next = d->next;
-    __atomic_sub_fetch(&deferred_count, 1, __ATOMIC_RELAXED);
-    d->fn(L, d);
-    d = next;
-  }
+  /* first those that end a capture of this state's: the others' frees may wait for the whole
+     device, which waits for every capture to end (cl_ctx_claim_or_defer) */
+  for (int pass = 0; pass < 2; pass++)
+    for (cl_deferred **p = &d; *p;) {
+      cl_deferred *e = *p;
+      if (pass == 0 && !e->capturing_too) { p = &e->next; continue; }
+      *p = e->next;
+      __atomic_sub_fetch(&deferred_count, 1, __ATOMIC_RELAXED);
+      e->fn(L, e);
+    }
   releasing--;
   if (mine) free_queue(q);
   return 0;

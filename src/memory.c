@@ -73,7 +73,7 @@ static CUresult settle(lua_State *L, cl_mem *m) {
 
 void cl_mem_settle(lua_State *L, cl_mem *m) {
   if (!m->used) return;
-  cl_check(L, settle(L, m), "waiting for queued work on an array");
+  cl_wait_result(L, settle(L, m), "waiting for queued work on an array");
   cl_host_raise(L);
 }
 
@@ -252,6 +252,7 @@ static CUresult alloc_gpu(lua_State *L, cl_mem *m, cl_stream *s, int zero) {
     if (r == CUDA_SUCCESS && zero) {
       if (!cl_concurrent_managed(m->ctx)) r = cl_wait_raw(L, CL_WAIT_CTX, NULL);
       if (r == CUDA_SUCCESS) memset(m->host, 0, b);
+      else { CU(cuMemFree, m->dptr); m->dptr = 0; m->host = NULL; }   /* (refused while capturing) */
     }
   } else if (m->bytes) {   /* CL_DEVICE */
     m->dptr = ncache ? cache_get(m->bytes, m->ctx, s) : 0;
@@ -332,7 +333,7 @@ cl_mem *cl_mem_new(lua_State *L, int kind, size_t bytes, cl_stream *s, int flags
     mem_free(m);
     char buf[160];
     snprintf(buf, sizeof buf, "%s of %zu bytes", what, bytes);
-    cl_check(L, r, buf);
+    cl_wait_result(L, r, buf);   /* (a managed array's zeroing waits for the device) */
   }
   return m;
 }
