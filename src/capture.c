@@ -30,9 +30,11 @@ static cuuint64_t capture_id(lua_State *L, cl_stream *s) {
 int cl_capture_push_keep(lua_State *L, cl_stream *s) {
   if (!s) return 0;
   if (s->capture_ref) { lua_rawgeti(L, LUA_REGISTRYINDEX, s->capture_ref); return 1; }
+  /* another stream of this state's may capture: without the driver's word unless one does (a
+     launch in one state while another state captures asks nothing) */
+  if (lua_getfield(L, LUA_REGISTRYINDEX, CAPTURES) != LUA_TTABLE) { lua_pop(L, 1); return 0; }
   cuuint64_t id = capture_id(L, s);
-  if (!id) return 0;
-  luaL_getsubtable(L, LUA_REGISTRYINDEX, CAPTURES);
+  if (!id) { lua_pop(L, 1); return 0; }
   lua_rawgeti(L, -1, (lua_Integer)id);
   lua_remove(L, -2);
   if (lua_istable(L, -1)) return 1;
@@ -86,7 +88,10 @@ static void end_capture_state(lua_State *L, cl_stream *s, cuuint64_t id) {
     luaL_getsubtable(L, LUA_REGISTRYINDEX, CAPTURES);
     lua_pushnil(L);
     lua_rawseti(L, -2, (lua_Integer)id);
-    lua_pop(L, 1);
+    lua_pushnil(L);
+    int more = lua_next(L, -2);   /* the state's last capture: the table goes (see above) */
+    lua_pop(L, more ? 3 : 1);
+    if (!more) { lua_pushnil(L); lua_setfield(L, LUA_REGISTRYINDEX, CAPTURES); }
   }
   luaL_unref(L, LUA_REGISTRYINDEX, s->capture_ref);
   s->capture_ref = 0;

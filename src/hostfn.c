@@ -550,8 +550,8 @@ static void backoff(double since) {
    capture's mode, and ends that capture (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, then
    ..._INVALIDATED at the capture's next call): seen in tools/stress.c with a free on one
    thread and a capture beginning on another, between the free's test of cl_capturing and its
-   wait. So the two exclude each other: a device-wide wait holds a claim, and a capture counts
-   itself first and then begins only once no claim is held (seq_cst: each sees the other). */
+   wait. So the two exclude each other: a device-wide wait holds a claim, and a capture tells
+   its intent first and then begins only once no claim is held (seq_cst: each sees the other). */
 static unsigned ctx_claims;
 static unsigned capture_intents;      /* captures about to begin (cl_capture_enter) */
 static __thread unsigned my_claims;   /* a thread's claims nest (a free inside a wait's) */
@@ -571,9 +571,6 @@ int cl_ctx_claim(void) {
 void cl_ctx_unclaim(void) {
   if (--my_claims == 0) __atomic_sub_fetch(&ctx_claims, 1, __ATOMIC_SEQ_CST);
 }
-
-static void backoff(double since);
-static double now_us(void);
 
 /* a release that needs a device-wide wait while a stream captures: put off to the state's next
    flush after the captures; a closing state (nothing flushes it) waits for them to end */
