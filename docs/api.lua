@@ -58,7 +58,8 @@ function cuda.mem_info() end
 --- Seconds from a monotonic clock (for timing on the host).
 function cuda.time() end
 
---- Sleeps for the given seconds.
+--- Sleeps for the given seconds. The thread is idle meanwhile, so this state's Lua host
+-- functions that come due run (as at a wait; their errors are raised by the next wait).
 function cuda.sleep(seconds) end
 
 --- Whether kernels of device a may use device b's memory once peer access is on.

@@ -265,4 +265,39 @@ print("queued")
     assert.is_true(ok, out)
     assert.equal("queued\n", out)
   end)
+
+  -- a thread that retries a wait refused while another state captures sleeps between tries;
+  -- another thread's device-wide wait may be waiting for this state's host functions meanwhile
+  -- (tools/stress.c under load: a capture stalled for seconds). cuda.sleep is a wait for time:
+  -- the functions that come due run in it, their errors left for the next wait.
+  gpu("cuda.sleep runs the state's host functions that come due; their errors wait for a wait", function()
+    local out, ok = child([==[
+math.randomseed(2405)
+local s = cuda.stream(true)
+local spin = cuda.kernel([[extern "C" __global__ void spin(long long c) {
+  long long t0 = clock64(); while (clock64() - t0 < c) {} }]], "spin")
+local m = cuda.mapped_array(1, "int32")
+m[1] = 0
+local want, seen = math.random(3, 9), {}
+spin[{ 1, 1, s }](20000000)   -- about 10 ms: they fire during the sleeps below
+for i = 1, want do
+  K("tick")[{ 1, 1, s }](m)
+  s:launch_host_func(function() seen[#seen + 1] = m[1] == i and i or -i end)
+end
+s:launch_host_func(function() error("sleep-error", 0) end)
+local last = false
+s:launch_host_func(function() last = true end)
+local t0 = cuda.time()
+while not last and cuda.time() - t0 < 20 do cuda.sleep(0.001) end
+print(#seen == want, table.concat(seen, ",") == table.concat((function()
+  local t = {} for i = 1, want do t[i] = i end return t end)(), ","), last)
+print(pcall(s.synchronize, s))
+-- inside a host function it only sleeps
+s:launch_host_func(function() cuda.sleep(0.001); seen[#seen + 1] = "in" end)
+s:synchronize()
+print(seen[#seen], s:query())
+]==])
+    assert.is_true(ok, out)
+    assert.equal("true\ttrue\ttrue\nfalse\tcudalua: a Lua host function failed: sleep-error\nin\ttrue\n", out)
+  end)
 end)

@@ -167,6 +167,8 @@ typedef struct cl_stream {
   CUcontext ctx;       /* its device's context */
   int owned;           /* destroy the handle with the last reference */
   int blocking;        /* synchronises with the legacy stream */
+  int freeing;         /* its cached blocks being freed by any thread now (atomic, memory.c):
+                          its destruction waits for them */
 } cl_stream;
 cl_stream *cl_stream_ref(cl_stream *s);
 void cl_stream_unref(lua_State *L, cl_stream *s);   /* L: the state dropping it, or NULL */
@@ -287,7 +289,7 @@ void cl_open_launch(lua_State *L);
 void cl_open_random(lua_State *L);
 void cl_open_progress(lua_State *L);
 void cl_open_cache(lua_State *L);
-void cl_open_hostfn(lua_State *L);
+void cl_open_hostfn(lua_State *L);   /* the state's host-function queue; cuda.sleep into the table on top */
 void cl_open_graph(lua_State *L);
 void cl_open_capture(lua_State *L);   /* capture.c: the stream's capture methods */
 /* graph.c: a graph object for h (pushed); a host function's record the graph now runs */

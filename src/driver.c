@@ -565,14 +565,6 @@ static int l_time(lua_State *L) {
 }
 
 /* cuda.sleep(seconds) */
-static int l_sleep(lua_State *L) {
-  lua_Number s = luaL_checknumber(L, 1);
-  luaL_argcheck(L, s >= 0 && s < 1e9, 1, "seconds must be >= 0 and < 1e9");
-  struct timespec ts = {(time_t)s, (long)((s - (time_t)s) * 1e9)};
-  while (nanosleep(&ts, &ts) != 0) {}
-  return 0;
-}
-
 /* The last Lua state using cudalua has closed: every object has been freed, so nothing of
    cudalua's is left on the devices once each has finished its work. The pools give their spare
    memory back and the primary contexts are released (a host program's runtime keeps its own
@@ -621,6 +613,6 @@ void cl_open_driver(lua_State *L) {
     {"can_access_peer", l_can_access_peer}, {"enable_peer_access", l_enable_peer_access},
     {"disable_peer_access", l_disable_peer_access}, {"device_count", l_device_count},
     {"driver_version", l_driver_version}, {"nvrtc_version", l_nvrtc_version}, {"jitlink_version", l_jitlink_version},
-    {"mem_info", l_mem_info}, {"nvrtc_identity", l_nvrtc_identity}, {"jitlink_identity", l_jitlink_identity}, {"time", l_time}, {"sleep", l_sleep}, {NULL, NULL}};
+    {"mem_info", l_mem_info}, {"nvrtc_identity", l_nvrtc_identity}, {"jitlink_identity", l_jitlink_identity}, {"time", l_time}, {NULL, NULL}};
   luaL_setfuncs(L, f, 0);
 }

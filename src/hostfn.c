@@ -908,7 +908,34 @@ void cl_hostfn_shutdown(void) {
   pthread_mutex_unlock(&helper_mu);
 }
 
+/* cuda.sleep(seconds): the thread is idle, so this state's host functions that fire meanwhile
+   run (their errors are left for the next wait, as before a launch): another thread's
+   device-wide wait may be waiting for them, and a loop that retries a wait refused while
+   another state captures sleeps between tries (tools/stress.lua's did, and a wait of a third
+   thread for its host functions stalled that capture for seconds). Only this thread arms its
+   queue: with nothing armed at the start, it simply sleeps. */
+static int l_sleep(lua_State *L) {
+  lua_Number sec = luaL_checknumber(L, 1);
+  luaL_argcheck(L, sec >= 0 && sec < 1e9, 1, "seconds must be >= 0 and < 1e9");
+  double end = now_us() + sec * 1e6;
+  cl_hostq *q = cl_in_hostfn ? NULL : queue_of(L);
+  for (;;) {
+    if (q && armed(q)) service(L, q);
+    double left = end - now_us();
+    if (left <= 0) break;
+    if (q && armed(q) && left > 50) left = 50;   /* polls for the next firing */
+    long long ns = (long long)(left * 1e3);
+    struct timespec ts = {(time_t)(ns / 1000000000LL), (long)(ns % 1000000000LL)};
+    nanosleep(&ts, NULL);
+  }
+  if (q) cl_flush_deferred(L);
+  return 0;
+}
+
+/* the state's queue (once per state), and cuda.sleep into the table on top */
 void cl_open_hostfn(lua_State *L) {
+  lua_pushcfunction(L, l_sleep);
+  lua_setfield(L, -2, "sleep");
   if (lua_rawgetp(L, LUA_REGISTRYINDEX, &hostq_key) != LUA_TNIL) { lua_pop(L, 1); return; }
   lua_pop(L, 1);
   cl_hostq *q = calloc(1, sizeof *q);

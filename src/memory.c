@@ -7,6 +7,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <pthread.h>
+#include <sched.h>
 #include "cl.h"
 
 #define BIG (2u << 20)          /* pageable arrays this large are mmapped with huge pages */
@@ -128,9 +129,12 @@ static pthread_mutex_t cache_mu = PTHREAD_MUTEX_INITIALIZER;
 
 /* takes cache[i] out into *out (cache_mu held); it is freed by free_blocks once the lock is
    let go: a free may park the Lua thread (hostfn.c), and a host function run meanwhile may
-   allocate */
+   allocate. Its stream, which may be another state's, counts the free under way: that state's
+   thread destroying the stream meanwhile waits for it (cl_mem_forget_stream), or the free would
+   use a destroyed stream (a crash in cuMemFreeAsync, seen in tools/stress.c) */
 static void evict(int i, block *out) {
   *out = cache[i];
+  if (out->s) __atomic_add_fetch(&out->s->freeing, 1, __ATOMIC_SEQ_CST);
   cached -= cache[i].bytes;
   memmove(&cache[i], &cache[i + 1], (size_t)(--ncache - i) * sizeof *cache);
 }
@@ -140,6 +144,7 @@ static void free_blocks(lua_State *L, block *v, int n) {
   for (int i = 0; i < n; i++) {
     CUcontext prev = cl_ctx_swap(v[i].ctx);
     CUresult r = CU(cuMemFreeAsync, v[i].p, v[i].s ? v[i].s->h : NULL);
+    if (v[i].s) __atomic_sub_fetch(&v[i].s->freeing, 1, __ATOMIC_SEQ_CST);   /* s may go now */
     if (r != CUDA_SUCCESS) warn(L, "cuMemFreeAsync", r);
     cl_ctx_swap(prev);
   }
@@ -190,7 +195,12 @@ static void cache_drop(lua_State *L, cl_stream *s, int all, size_t limit) {
   free_blocks(L, out, n);
 }
 
-void cl_mem_forget_stream(lua_State *L, cl_stream *s) { if (ncache) cache_drop(L, s, 0, (size_t)-1); }
+/* s is being destroyed (its state's thread): its blocks are freed on it first, those another
+   thread took out of the cache included (a free on a stream is never waited for long) */
+void cl_mem_forget_stream(lua_State *L, cl_stream *s) {
+  if (__atomic_load_n(&ncache, __ATOMIC_SEQ_CST)) cache_drop(L, s, 0, (size_t)-1);
+  while (__atomic_load_n(&s->freeing, __ATOMIC_SEQ_CST)) sched_yield();
+}
 
 /* cuda.block_cache([max_bytes]) -> bytes cached now, the limit before the call (to restore it
    later); 0 turns the cache off */

@@ -117,7 +117,7 @@ function M.run(seed, seconds, thread, solo)
       t.ops = t.ops + 1
       local l = lanes[rng(1, #lanes)]
       local s = l.s
-      local op = rng(1, 17)
+      local op = rng(1, 18)
       if op <= 3 then
         beat("add")
         local v = rng(-50, 50)
@@ -237,6 +237,18 @@ function M.run(seed, seconds, thread, solo)
           if close then a:close() end
         end)
         if not close then collectgarbage() end
+      elseif op == 18 then
+        -- blocks cached for reuse on a stream, then the stream closed, while other threads'
+        -- frees evict blocks of the one cache (src/memory.c: a stream outlives the frees that
+        -- another thread has under way on it; a crash in cuMemFreeAsync before)
+        beat("stream closed with cached blocks")
+        local st = cuda.stream(rng(1, 2) == 1)
+        for _ = 1, rng(1, 6) do
+          local a = cuda.device_array(rng(1, 64) * 256, "float32", st)
+          a:fill(3, st)
+          a:close()
+        end
+        st:close()
       else
         beat("drop and collect")
         scratch = {}
