@@ -53,33 +53,7 @@ void cl_host_access(lua_State *L, cl_array *a) {
   }
 }
 
-void cl_check_options(lua_State *L, int idx, const char *where, const char *const names[]) {
-  lua_pushnil(L);
-  while (lua_next(L, idx)) {
-    lua_pop(L, 1);
-    const char *k = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
-    int i = 0;
-    while (k && names[i] && strcmp(k, names[i])) i++;
-    if (k && names[i]) continue;
-    const char *key = luaL_tolstring(L, -1, NULL);
-    luaL_Buffer b;
-    luaL_buffinit(L, &b);
-    for (i = 0; names[i]; i++) { if (i) luaL_addstring(&b, ", "); luaL_addstring(&b, names[i]); }
-    luaL_pushresult(&b);
-    luaL_error(L, "%s: unknown option '%s' (%s)", where, key, lua_tostring(L, -1));
-  }
-}
-
 /* shape: an integer or a table of 1..8 integers >= 0 */
-int cl_opt_bool(lua_State *L, int idx, const char *key, const char *where) {
-  int t = lua_getfield(L, idx, key);
-  if (t != LUA_TNIL && t != LUA_TBOOLEAN)
-    luaL_error(L, "%s: %s must be a boolean, got %s", where, key, luaL_typename(L, -1));
-  int v = t == LUA_TNIL ? -1 : lua_toboolean(L, -1);
-  lua_pop(L, 1);
-  return v;
-}
-
 int cl_parse_shape(lua_State *L, int idx, int64_t *shape, const char *where) {
   int ndim = 0;
   if (lua_type(L, idx) == LUA_TNUMBER) {
@@ -391,31 +365,6 @@ static int a_len(lua_State *L) {
   return 1;
 }
 
-/* ---- methods ---- */
-
-static void push_table(lua_State *L, cl_array *a, const char *base, int d, size_t *off) {
-  lua_createtable(L, (int)a->shape[d], 0);
-  int isz = cl_dtypes[a->dtype].size;
-  for (int64_t i = 1; i <= a->shape[d]; i++) {
-    if (d + 1 < a->ndim) push_table(L, a, base, d + 1, off);
-    else { cl_pushvalue(L, a->dtype, base + *off * isz); (*off)++; }
-    lua_rawseti(L, -2, i);
-  }
-}
-
-static int a_totable(lua_State *L) {
-  cl_array *a = cl_checkarray(L, 1);
-  if (!cl_is_host(a)) {   /* through a host copy */
-    lua_pushcfunction(L, cl_a_copy_to_host); lua_pushvalue(L, 1);
-    lua_call(L, 1, 1);
-    a = lua_touserdata(L, -1);
-  }
-  cl_host_access(L, a);
-  size_t off = 0;
-  push_table(L, a, cl_hostptr(a), 0, &off);
-  return 1;
-}
-
 static int a_slice(lua_State *L) {
   cl_array *a = cl_checkarray(L, 1);
   lua_Integer n = a->shape[0];
@@ -579,15 +528,14 @@ static int l_array_info(lua_State *L) {
 
 void cl_open_array(lua_State *L) {
   static const luaL_Reg m[] = {
-    {"copy_to_host", cl_a_copy_to_host}, {"copy_to_device", cl_a_copy_to_device},
-    {"get", a_get}, {"set", a_set}, {"totable", a_totable}, {"fill", cl_a_fill},
+    {"get", a_get}, {"set", a_set},
     {"slice", a_slice}, {"reshape", a_reshape}, {"view", a_view}, {"advise", a_advise}, {"ptr", a_ptr}, {"close", a_close},
     {NULL, NULL}};
   static const luaL_Reg f[] = {
     {"array", cl_l_array}, {"zeros", l_zeros}, {"pinned_array", l_pinned_array},
     {"mapped_array", l_mapped_array}, {"managed_array", l_managed_array},
     {"device_array", l_device_array}, {"device_array_like", l_device_array_like},
-    {"to_device", cl_l_to_device}, {"array_info", l_array_info}, {"copy", cl_l_copy}, {NULL, NULL}};
+    {"array_info", l_array_info}, {NULL, NULL}};
   luaL_newmetatable(L, CL_ARRAY);
   lua_pushvalue(L, -1);
   lua_rawsetp(L, LUA_REGISTRYINDEX, &array_key);
@@ -598,7 +546,7 @@ void cl_open_array(lua_State *L) {
   lua_pushcfunction(L, a_close); lua_setfield(L, -2, "__close");
   lua_pushcfunction(L, a_tostring); lua_setfield(L, -2, "__tostring");
   lua_pop(L, 1);
-  luaL_newlib(L, m);
+  luaL_newlib(L, m);   /* copy.c adds the copies (copy_to_host, fill, totable...) */
   lua_setfield(L, LUA_REGISTRYINDEX, CL_ARRAY ".methods");
 
   luaL_setfuncs(L, f, 0);

@@ -4,11 +4,6 @@
 #include "cl.h"
 
 
-/* registry: capture id -> the capture's keep table, so that streams joined to a capture (by
-   an event) find the table of the stream that began it */
-#define CAPTURES "cudalua.captures"
-/* in a keep table: the list of captured host functions' records */
-#define HOSTRECS "cudalua.hostrecs"
 
 static cl_stream *capstream(lua_State *L, const char *where) {
   int is_default;
@@ -18,43 +13,8 @@ static cl_stream *capstream(lua_State *L, const char *where) {
   return s;
 }
 
-/* the capture id of s, 0 when it is not capturing */
-static cuuint64_t capture_id(lua_State *L, cl_stream *s) {
-  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
-  cuuint64_t id = 0;
-  if (CU(cuStreamGetCaptureInfo, s->h, &st, &id, NULL, NULL, NULL, NULL) != CUDA_SUCCESS ||
-      st != CU_STREAM_CAPTURE_STATUS_ACTIVE) return 0;
-  return id;
-}
 
-int cl_capture_push_keep(lua_State *L, cl_stream *s) {
-  if (!s) return 0;
-  if (s->capture_ref) { lua_rawgeti(L, LUA_REGISTRYINDEX, s->capture_ref); return 1; }
-  /* another stream of this state's may capture: without the driver's word unless one does (a
-     launch in one state while another state captures asks nothing) */
-  if (lua_getfield(L, LUA_REGISTRYINDEX, CAPTURES) != LUA_TTABLE) { lua_pop(L, 1); return 0; }
-  cuuint64_t id = capture_id(L, s);
-  if (!id) { lua_pop(L, 1); return 0; }
-  lua_rawgeti(L, -1, (lua_Integer)id);
-  lua_remove(L, -2);
-  if (lua_istable(L, -1)) return 1;
-  lua_pop(L, 1);
-  return 0;
-}
 
-void cl_capture_add_hostrec(lua_State *L, int keepidx, int boxidx) {
-  keepidx = lua_absindex(L, keepidx);
-  boxidx = lua_absindex(L, boxidx);
-  if (lua_getfield(L, keepidx, HOSTRECS) != LUA_TTABLE) {
-    lua_pop(L, 1);
-    lua_newtable(L);
-    lua_pushvalue(L, -1);
-    lua_setfield(L, keepidx, HOSTRECS);
-  }
-  lua_pushvalue(L, boxidx);
-  lua_rawseti(L, -2, (lua_Integer)lua_rawlen(L, -2) + 1);
-  lua_pop(L, 1);
-}
 
 /* s:begin_capture([mode]): mode "global" (default), "thread_local" or "relaxed" */
 static int s_begin_capture(lua_State *L) {
@@ -70,58 +30,24 @@ static int s_begin_capture(lua_State *L) {
   CUresult r = CU(cuStreamBeginCapture, s->h, m[mode]);
   if (r != CUDA_SUCCESS) __atomic_sub_fetch(&cl_capturing, 1, __ATOMIC_SEQ_CST);
   cl_check(L, r, "stream:begin_capture");
-  lua_newtable(L);
-  cuuint64_t id = capture_id(L, s);
-  if (id) {
-    luaL_getsubtable(L, LUA_REGISTRYINDEX, CAPTURES);
-    lua_pushvalue(L, -2);
-    lua_rawseti(L, -2, (lua_Integer)id);
-    lua_pop(L, 1);
-  }
-  s->capture_ref = luaL_ref(L, LUA_REGISTRYINDEX);
-  if (s->blocking) __atomic_add_fetch(&cl_capturing_blocking, 1, __ATOMIC_SEQ_CST);
+  cl_capture_begun(L, s);
   return 0;
 }
 
-static void end_capture_state(lua_State *L, cl_stream *s, cuuint64_t id) {
-  if (id) {
-    luaL_getsubtable(L, LUA_REGISTRYINDEX, CAPTURES);
-    lua_pushnil(L);
-    lua_rawseti(L, -2, (lua_Integer)id);
-    lua_pushnil(L);
-    int more = lua_next(L, -2);   /* the state's last capture: the table goes (see above) */
-    lua_pop(L, more ? 3 : 1);
-    if (!more) { lua_pushnil(L); lua_setfield(L, LUA_REGISTRYINDEX, CAPTURES); }
-  }
-  luaL_unref(L, LUA_REGISTRYINDEX, s->capture_ref);
-  s->capture_ref = 0;
-  __atomic_sub_fetch(&cl_capturing, 1, __ATOMIC_SEQ_CST);
-  if (s->blocking) __atomic_sub_fetch(&cl_capturing_blocking, 1, __ATOMIC_SEQ_CST);
-  cl_flush_deferred(L);
-}
 
-/* the stream is closed or collected while it captures: the capture is ended and dropped */
-void cl_capture_abandon(lua_State *L, cl_stream *s) {
-  if (!s || !s->capture_ref) return;
-  CUcontext prev = cl_ctx_swap(s->ctx);
-  cuuint64_t id = capture_id(L, s);
-  CUgraph h = NULL;
-  if (CU(cuStreamEndCapture, s->h, &h) == CUDA_SUCCESS && h) CU(cuGraphDestroy, h);
-  cl_ctx_swap(prev);
-  end_capture_state(L, s, id);
-}
 
 /* s:end_capture() -> graph */
 static int s_end_capture(lua_State *L) {
   cl_stream *s = capstream(L, "stream:end_capture");
   if (!s->capture_ref) return luaL_error(L, "cudalua: stream:end_capture: the stream is not capturing");
   cl_use_ctx(L, s->ctx);
-  cuuint64_t id = capture_id(L, s);
+  cuuint64_t id = cl_capture_id(L, s);
   CUgraph h = NULL;
   CUresult r = CU(cuStreamEndCapture, s->h, &h);
   lua_rawgeti(L, LUA_REGISTRYINDEX, s->capture_ref);
   int refs = lua_gettop(L);
-  end_capture_state(L, s, id);
+  cl_capture_ended(L, s, id);
+  cl_flush_deferred(L);   /* what the capture held off */
   if (r != CUDA_SUCCESS) {
     if (h) CU(cuGraphDestroy, h);
     return luaL_error(L, "cudalua: stream:end_capture: the capture failed (%s); the stream is usable again", cl_errname(r));
@@ -131,7 +57,7 @@ static int s_end_capture(lua_State *L) {
   lua_pushvalue(L, refs);
   lua_setiuservalue(L, g, 1);
   /* the captured host functions run at each launch of the graph */
-  if (lua_getfield(L, refs, HOSTRECS) == LUA_TTABLE) {
+  if (lua_getfield(L, refs, CL_CAPTURE_HOSTRECS) == LUA_TTABLE) {
     lua_Integer n = (lua_Integer)lua_rawlen(L, -1);
     for (lua_Integer i = 1; i <= n; i++) {
       lua_rawgeti(L, -1, i);

@@ -1,4 +1,21 @@
-/* cl.h: what the C files of cudalua share with each other (not installed). */
+/* cl.h: what the C files of cudalua share with each other (not installed).
+
+   Layers, bottom first: a file calls only the files before it (tools/layers.lua checks this
+   against the object files: make layers).
+     layers: embedded driver opts hostfn capstate wait memory
+             dtype stream event array interop ipc copy module kernel compile link
+             launch graph capture random progress cache nvtx nccl device embed core
+   embedded: the Lua parts and CUDA headers, as data. driver: loading libcuda, NVRTC,
+   nvJitLink and NCCL; contexts; errors. opts..wait: ordering (what captures, the host-function
+   queue, the releases put off, waits). memory: device and host blocks. dtype..link: one file
+   per Lua type, each with its metatable, check/push functions and methods. launch..capture:
+   submitting work (launch configuration, arguments, launches, graphs, captures). The rest:
+   Lua entry points; core.c opens them all, bottom first.
+   Upward uses still to be removed (issue 25), each allowed by name until then:
+     allow: array cl_cai_view          (the array check takes CUDA Array Interface objects)
+     allow: module cl_kernel_index     (the kernel type is made in module.c, its methods are in
+     allow: module cl_kernel_name       launch.c: kernel.c will own the type)
+     allow: module cl_kernel_shared */
 #ifndef CUDALUA_CL_H
 #define CUDALUA_CL_H
 
@@ -14,6 +31,7 @@
 #define CUDALUA_VERSION "0.2.0"
 
 typedef struct cl_hostrec cl_hostrec;   /* hostfn.c: a Lua host function's record */
+typedef struct cl_hostq cl_hostq;       /* hostfn.c: a state's host-function queue */
 
 /* ---- driver.c: libcuda and NVRTC, opened with dlopen at run time ---- */
 #define CL_CUDA_FUNCS(X) \
@@ -130,7 +148,13 @@ static inline CUcontext cl_ctx_swap(CUcontext c) {
   return cur;
 }
 const char *cl_errname(CUresult r);
-void cl_open_driver(lua_State *L); /* registers the system functions in the table on top */
+void cl_open_driver(lua_State *L); /* the toolkit libraries' versions and identities, into the table on top */
+void cl_need_driver(lua_State *L);  /* raises the driver's load error */
+CUcontext cl_ctx_of_device(int d);  /* its primary context, NULL until made */
+int cl_peer_enabled_dev(int a, int b);
+void cl_peer_set(int a, int b, int on);
+void cl_open_device(lua_State *L); /* device.c: the system functions, into the table on top */
+void cl_open_wait(lua_State *L);   /* wait.c: cuda.sleep, into the table on top */
 void cl_open_nvtx(lua_State *L);   /* nvtx.c: core.nvtx, profile_start/stop */
 
 /* ---- dtype.c: element types ---- */
@@ -175,6 +199,11 @@ void cl_stream_unref(lua_State *L, cl_stream *s);   /* L: the state dropping it,
 /* the stream at idx: nil/0/default stream -> NULL (legacy); raises for other values */
 cl_stream *cl_tostream(lua_State *L, int idx, const char *where);
 cl_stream *cl_stream_of(lua_State *L, int idx, int *is_default);
+int cl_push_foreign_stream(lua_State *L, CUstream h, int blocking);   /* a stream object for h, not owned */
+cl_stream *cl_checkstream(lua_State *L, int idx);   /* a method's self: NULL for the default stream */
+CUstream cl_stream_use(lua_State *L, cl_stream *s);  /* its context made current; its handle */
+void cl_open_event(lua_State *L);   /* event.c: events, and stream:wait_event */
+CUevent cl_checkevent(lua_State *L, int idx);
 /* s (NULL: the legacy stream of ctx) may carry work of context ctx; raises naming both devices */
 void cl_stream_check(lua_State *L, cl_stream *s, CUcontext ctx, const char *where, const char *what);
 void cl_open_stream(lua_State *L);
@@ -270,6 +299,7 @@ void cl_open_interop(lua_State *L);
 cl_array *cl_cai_view(lua_State *L, int idx);
 void cl_wait_cai_stream(lua_State *L, lua_Integer h, lua_Integer ptr);   /* an interface's stream field */
 /* copy.c */
+void cl_open_copy(lua_State *L);   /* the arrays' copy methods, cuda.to_device and cuda.copy */
 void cl_copy(lua_State *L, cl_array *dst, cl_array *src, cl_stream *s, int sync, const char *where);
 int cl_l_to_device(lua_State *L);
 int cl_a_copy_to_host(lua_State *L);
@@ -310,9 +340,13 @@ void cl_ctx_unclaim(void);
 int cl_ctx_claim_or_defer(lua_State *L, cl_deferred *d);   /* 0: d was put off instead */
 void cl_capture_enter(lua_State *L);   /* counted in cl_capturing once no claim is held */
 int cl_host_service(lua_State *L);   /* runs L's fired host functions */
+int cl_host_service_q(lua_State *L, cl_hostq *q);
+cl_hostq *cl_host_queue(lua_State *L);   /* NULL once the state closes */
+int cl_host_q_armed(cl_hostq *q);       /* its firings pending */
+int cl_defer_if_open(lua_State *L, cl_deferred *d);   /* 0: the state is closing, not put off */
 int cl_host_armed(lua_State *L);     /* L's host functions queued and not yet run */
 void cl_host_raise(lua_State *L);
-int cl_launch_host_func(lua_State *L, cl_stream *s);   /* stream:launch_host_func, fn at 2 */
+void cl_host_enqueue(lua_State *L, CUstream h, int fidx, const char *where);   /* the function at fidx */
 /* graph host nodes: a record per node, owned by a userdata the graph keeps (pushed) */
 cl_hostrec *cl_hostrec_new(lua_State *L, int fidx, const char *where);
 cl_hostrec *cl_hostrec_copy(lua_State *L, const cl_hostrec *r, const char *where);
@@ -407,6 +441,7 @@ void cl_kernel_occupancy(lua_State *L, cl_kernel *k, size_t shared);   /* fills 
 void cl_kernel_shared(lua_State *L, cl_kernel *k, int kidx, unsigned shared);
 int cl_kernel_launch(lua_State *L, cl_kernel *k, int kidx, int first, const cl_launch *c);
 const char *cl_kernel_name(lua_State *L, int kidx);      /* pushes it; slow path only */
+int cl_kernel_index(lua_State *L);   /* the kernel's __index: k[{grid, block}] launchers and methods */
 /* kernel arguments converted for the driver */
 typedef struct cl_args {
   uint64_t slots[CL_MAXPARAMS][2];
@@ -420,14 +455,23 @@ typedef struct cl_args {
    allow_pageable (then listed in tmp for the caller to copy) */
 void cl_marshal(lua_State *L, cl_kernel *k, int kidx, int first, int nargs, cl_args *a,
                 int allow_pageable);
-/* stream capture: legacy-stream use and waits are refused while a capture runs */
-extern int cl_capturing;
+/* ---- capstate.c: what captures, and each capture's keep table ---- */
+/* hostfn.c counts them (the layers below read the counts) */
+extern int cl_capturing;            /* streams capturing now, in this process (atomic) */
 extern int cl_capturing_blocking;   /* blocking streams capturing: the legacy stream is refused */
+/* raises where a capture forbids the use: the legacy stream s NULL, or a wait (waits) */
 void cl_capture_guard(lua_State *L, cl_stream *s, int waits, const char *where);
-/* capture.c: pushes the table that keeps what a capture of s uses alive (s the capture's
-   stream or one joined to it) and returns 1; 0 (nothing pushed) when s is not capturing */
+cuuint64_t cl_capture_id(lua_State *L, cl_stream *s);   /* 0: s is not capturing */
+void cl_capture_begun(lua_State *L, cl_stream *s);    /* its keep table made and registered */
+void cl_capture_ended(lua_State *L, cl_stream *s, cuuint64_t id);   /* and dropped */
+/* pushes the table that keeps what a capture of s uses alive (s the capture's stream or one
+   joined to it) and returns 1; 0 (nothing pushed) when s is not capturing */
 int cl_capture_push_keep(lua_State *L, cl_stream *s);
+#define CL_CAPTURE_HOSTRECS "cudalua.hostrecs"   /* in a keep table: its host nodes' boxes */
 void cl_capture_add_hostrec(lua_State *L, int keepidx, int boxidx);   /* a captured host node */
-void cl_capture_abandon(lua_State *L, cl_stream *s);   /* s closes while capturing: ends it */
+int cl_capture_abandon(lua_State *L, cl_stream *s);   /* s closes while capturing: 1, ended */
+
+/* ---- nccl.c ---- */
+int luaopen_cudalua_nccl_core(lua_State *L);   /* the NCCL functions (core.nccl) */
 
 #endif

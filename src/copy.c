@@ -206,3 +206,40 @@ int cl_a_fill(lua_State *L) {
   return 1;
 }
 
+/* ---- methods ---- */
+
+static void push_table(lua_State *L, cl_array *a, const char *base, int d, size_t *off) {
+  lua_createtable(L, (int)a->shape[d], 0);
+  int isz = cl_dtypes[a->dtype].size;
+  for (int64_t i = 1; i <= a->shape[d]; i++) {
+    if (d + 1 < a->ndim) push_table(L, a, base, d + 1, off);
+    else { cl_pushvalue(L, a->dtype, base + *off * isz); (*off)++; }
+    lua_rawseti(L, -2, i);
+  }
+}
+
+/* a:totable(): nested Lua tables (a device array through a host copy) */
+static int a_totable(lua_State *L) {
+  cl_array *a = cl_checkarray(L, 1);
+  if (!cl_is_host(a)) {   /* through a host copy */
+    lua_pushcfunction(L, cl_a_copy_to_host); lua_pushvalue(L, 1);
+    lua_call(L, 1, 1);
+    a = lua_touserdata(L, -1);
+  }
+  cl_host_access(L, a);
+  size_t off = 0;
+  push_table(L, a, cl_hostptr(a), 0, &off);
+  return 1;
+}
+
+/* the copies: array methods (added to array.c's method table) and cuda.to_device, cuda.copy */
+void cl_open_copy(lua_State *L) {
+  static const luaL_Reg m[] = {
+    {"copy_to_host", cl_a_copy_to_host}, {"copy_to_device", cl_a_copy_to_device},
+    {"fill", cl_a_fill}, {"totable", a_totable}, {NULL, NULL}};
+  static const luaL_Reg f[] = {{"to_device", cl_l_to_device}, {"copy", cl_l_copy}, {NULL, NULL}};
+  lua_getfield(L, LUA_REGISTRYINDEX, CL_ARRAY ".methods");
+  luaL_setfuncs(L, m, 0);
+  lua_pop(L, 1);
+  luaL_setfuncs(L, f, 0);
+}

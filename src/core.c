@@ -21,7 +21,6 @@ static int load_part(lua_State *L) {
   return 1;
 }
 
-int luaopen_cudalua_nccl_core(lua_State *L);   /* nccl.c */
 
 /* require "cudalua.nccl" before require "cudalua": Lua's C searcher finds this in cudalua.so;
    it loads cudalua, whose preload table has the Lua part */
@@ -77,9 +76,12 @@ int luaopen_cudalua(lua_State *L) {
   lua_newtable(L);   /* the core: C functions the Lua parts build on */
   int core = lua_gettop(L);
   cl_open_driver(L);
+  cl_open_device(L);
   cl_open_dtype(L);
   cl_open_stream(L);
+  cl_open_event(L);     /* adds stream:wait_event */
   cl_open_array(L);
+  cl_open_copy(L);      /* adds the arrays' copy methods */
   cl_open_memory(L);
   cl_open_compile(L);
   cl_open_link(L);
@@ -89,7 +91,9 @@ int luaopen_cudalua(lua_State *L) {
   cl_open_progress(L);
   cl_open_cache(L);
   cl_open_hostfn(L);
+  cl_open_wait(L);
   cl_open_graph(L);
+  cl_open_capture(L);   /* adds the stream's capture methods */
   cl_open_interop(L);
   cl_open_ipc(L);
   cl_open_nvtx(L);

@@ -13,6 +13,16 @@
 #include "cl.h"
 
 cl_api cu;
+int cl_launch_blocks;   /* CUDA_LAUNCH_BLOCKING (or a sanitizer): launches return once run */
+/* no driver use inside a Lua host function (CUDA's rule): hostfn.c sets these, every driver
+   call's guard (cl_use_ctx) reads them */
+unsigned cl_host_pending;      /* firings pending in the process (atomic) */
+__thread int cl_in_hostfn;     /* this thread runs a Lua host function now */
+
+void cl_hostfn_refuse(lua_State *L) {
+  luaL_error(L, "cudalua: a Lua host function cannot use the GPU (launches, copies, allocations, waits): "
+                "CUDA forbids it, and the stream waits for the function; queue the work after it instead");
+}
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static int drv_state;        /* 0 not tried, 1 ok, -1 failed */
@@ -204,11 +214,12 @@ void cl_check(lua_State *L, CUresult r, const char *what) {
   luaL_error(L, "cudalua: %s: %s (%s)", what, cl_errname(r), s ? s : "no description");
 }
 
-static void need_driver(lua_State *L) {
+void cl_need_driver(lua_State *L) {
   if (!cl_driver_load()) luaL_error(L, "%s", drv_err);
 }
 
 static CUcontext ctx_of(int d) { return __atomic_load_n(&dev_ctx[d], __ATOMIC_ACQUIRE); }
+CUcontext cl_ctx_of_device(int d) { return d >= 0 && d < MAXDEV ? ctx_of(d) : NULL; }
 
 /* The primary context, so a host program that uses the runtime API shares memory with us. */
 /* (driver calls under `lock` are not parked: a host function the helper ran meanwhile could
@@ -246,7 +257,7 @@ static CUcontext primary(lua_State *L, int d) {
 }
 
 CUcontext cl_ctx(lua_State *L) {
-  need_driver(L);
+  cl_need_driver(L);
   CUcontext want = ctx_of(tl_dev);
   if (!want) want = primary(L, tl_dev);
   cl_use_ctx(L, want);
@@ -264,7 +275,7 @@ int cl_device_of(CUcontext c) {
 }
 
 CUcontext cl_device_ctx(lua_State *L, int dev) {
-  need_driver(L);
+  cl_need_driver(L);
   if (dev < 0 || dev >= dev_count) luaL_error(L, "cudalua: device id %d out of range (0..%d)", dev, dev_count - 1);
   CUcontext c = ctx_of(dev);
   return c ? c : primary(L, dev);
@@ -273,28 +284,12 @@ CUcontext cl_device_ctx(lua_State *L, int dev) {
 /* peer access cudalua enabled: [from][to], kernels in from's context may use to's memory */
 static unsigned char peer_on[MAXDEV][MAXDEV];
 
+int cl_peer_enabled_dev(int a, int b) { return peer_on[a][b]; }
+void cl_peer_set(int a, int b, int on) { peer_on[a][b] = (unsigned char)on; }
+
 int cl_peer_enabled(CUcontext from, CUcontext to) {
   int a = cl_device_of(from), b = cl_device_of(to);
   return a >= 0 && b >= 0 && peer_on[a][b];
-}
-
-/* waits for every device cudalua has a context on (memory a device's kernels used on another
-   device is freed after this), running Lua host functions meanwhile; raises only as
-   cl_wait_raw does inside a host function */
-CUresult cl_sync_all_devices(lua_State *L) {
-  cl_wait_check(L);   /* before switching: a raise must not leave another context current */
-  CUcontext cur = NULL;
-  CUresult r = CUDA_SUCCESS;
-  CU0(cuCtxGetCurrent, &cur);
-  for (int d = 0; d < dev_count; d++) {
-    CUcontext c = ctx_of(d);
-    if (!c) continue;
-    CU0(cuCtxSetCurrent, c);
-    CUresult r2 = cl_wait_raw(L, CL_WAIT_CTX, NULL);
-    if (r == CUDA_SUCCESS) r = r2;
-  }
-  CU0(cuCtxSetCurrent, cur);
-  return r;
 }
 
 int cl_device_attr(CUdevice_attribute a) {
@@ -319,178 +314,6 @@ int cl_concurrent_managed(CUcontext ctx) {
     __atomic_store_n(&cache[d], v, __ATOMIC_RELAXED);
   }
   return v == 2;
-}
-
-/* ---- Lua functions ---- */
-
-static int l_is_available(lua_State *L) {
-  lua_pushboolean(L, cl_driver_load());
-  return 1;
-}
-
-/* cuda.launches_block(): do launches return only once their work has run? */
-static int l_launches_block(lua_State *L) {
-  lua_pushboolean(L, cl_driver_load() && cl_launch_blocks);
-  return 1;
-}
-
-static int l_driver_error(lua_State *L) {
-  if (cl_driver_load()) lua_pushnil(L); else lua_pushstring(L, drv_err);
-  return 1;
-}
-
-static void setint(lua_State *L, const char *k, lua_Integer v) {
-  lua_pushinteger(L, v); lua_setfield(L, -2, k);
-}
-
-static int l_devices(lua_State *L) {
-  need_driver(L);
-  lua_createtable(L, dev_count, 0);
-  for (int i = 0; i < dev_count; i++) {
-    CUdevice dev; char name[256] = "?"; size_t mem = 0; int ma = 0, mi = 0, sms = 0, pci = 0;
-    cl_check(L, CU0(cuDeviceGet, &dev, i), "cuDeviceGet");
-    CU0(cuDeviceGetName, name, sizeof name, dev);
-    CU0(cuDeviceTotalMem, &mem, dev);
-    CU0(cuDeviceGetAttribute, &ma, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev);
-    CU0(cuDeviceGetAttribute, &mi, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev);
-    CU0(cuDeviceGetAttribute, &sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
-    CU0(cuDeviceGetAttribute, &pci, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, dev);
-    lua_createtable(L, 0, 14);
-    setint(L, "id", i);
-    lua_pushstring(L, name); lua_setfield(L, -2, "name");
-    lua_createtable(L, 2, 0);
-    lua_pushinteger(L, ma); lua_rawseti(L, -2, 1);
-    lua_pushinteger(L, mi); lua_rawseti(L, -2, 2);
-    lua_setfield(L, -2, "compute_capability");
-    setint(L, "multiprocessors", sms);
-    setint(L, "total_memory", (lua_Integer)mem);
-    setint(L, "pci_bus_id", pci);
-    int v = 0;
-    CU0(cuDeviceGetAttribute, &v, CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS, dev);
-    lua_pushboolean(L, v); lua_setfield(L, -2, "concurrent_managed_access");
-    CU0(cuDeviceGetAttribute, &v, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK, dev);
-    setint(L, "max_threads_per_block", v);
-    CU0(cuDeviceGetAttribute, &v, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK, dev);
-    setint(L, "max_shared_memory_per_block", v);
-    CU0(cuDeviceGetAttribute, &v, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, dev);
-    setint(L, "max_shared_memory_per_block_optin", v);
-    CU0(cuDeviceGetAttribute, &v, CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH, dev);
-    lua_pushboolean(L, v); lua_setfield(L, -2, "cooperative_launch");
-    CU0(cuDeviceGetAttribute, &v, CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH, dev);
-    lua_pushboolean(L, v); lua_setfield(L, -2, "cluster_launch");
-    lua_rawseti(L, -2, i + 1);
-  }
-  return 1;
-}
-
-static int check_device(lua_State *L, int idx) {
-  lua_Integer d = luaL_checkinteger(L, idx);
-  need_driver(L);
-  luaL_argcheck(L, d >= 0 && d < dev_count, idx,
-                lua_pushfstring(L, "device id %d out of range (0..%d)", (int)d, dev_count - 1));
-  return (int)d;
-}
-
-static int l_select_device(lua_State *L) {
-  int d = check_device(L, 1);
-  CUcontext c = cl_device_ctx(L, d);   /* may raise: the selection stays as it was */
-  tl_dev = d;
-  cl_use_ctx(L, c);
-  return 0;
-}
-
-/* whether device a's kernels can use device b's memory */
-static int can_peer(lua_State *L, int a, int b) {
-  int can = 0;
-  if (a == b) return 1;
-  CUdevice da, db;
-  cl_check(L, CU0(cuDeviceGet, &da, a), "cuDeviceGet");
-  cl_check(L, CU0(cuDeviceGet, &db, b), "cuDeviceGet");
-  cl_check(L, CU(cuDeviceCanAccessPeer, &can, da, db), "can_access_peer");
-  return can;
-}
-
-/* can_access_peer(a, b) -> true when device a's kernels can use device b's memory */
-static int l_can_access_peer(lua_State *L) {
-  int a = check_device(L, 1), b = check_device(L, 2);
-  lua_pushboolean(L, can_peer(L, a, b));
-  return 1;
-}
-
-/* device a's access to the memory of device b's default pool */
-static CUresult pool_access(lua_State *L, int a, int b, CUmemAccess_flags flags) {
-  CUdevice db;
-  CUmemoryPool pool;
-  CUresult r = CU0(cuDeviceGet, &db, b);
-  if (r == CUDA_SUCCESS) r = CU(cuDeviceGetDefaultMemPool, &pool, db);
-  CUmemAccessDesc d;
-  memset(&d, 0, sizeof d);
-  d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  d.location.id = a;
-  d.flags = flags;
-  if (r == CUDA_SUCCESS) r = CU(cuMemPoolSetAccess, pool, &d, 1);
-  return r;
-}
-
-/* enable_peer_access(a, b): device a's kernels may use device b's memory from now on */
-static int l_enable_peer_access(lua_State *L) {
-  int a = check_device(L, 1), b = check_device(L, 2);
-  if (a == b || peer_on[a][b]) return 0;
-  if (!can_peer(L, a, b))
-    return luaL_error(L, "cudalua: enable_peer_access: device %d cannot reach device %d's memory "
-                      "(cuda.can_access_peer(%d, %d) is false); copies between them still work", a, b, a, b);
-  CUcontext ca = cl_device_ctx(L, a), cb = cl_device_ctx(L, b);
-  CUcontext prev = cl_ctx_swap(ca);
-  CUresult r = CU(cuCtxEnablePeerAccess, cb, 0);
-  cl_ctx_swap(prev);
-  if (r != CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED) cl_check(L, r, "enable_peer_access");
-  /* device arrays come from b's stream-ordered pool, which peer access does not cover: its
-     memory is opened to device a as well */
-  cl_check(L, pool_access(L, a, b, CU_MEM_ACCESS_FLAGS_PROT_READWRITE), "enable_peer_access (memory pool)");
-  peer_on[a][b] = 1;
-  return 0;
-}
-
-/* disable_peer_access(a, b) */
-static int l_disable_peer_access(lua_State *L) {
-  int a = check_device(L, 1), b = check_device(L, 2);
-  if (a == b || !peer_on[a][b]) return 0;
-  CUcontext ca = cl_device_ctx(L, a), cb = cl_device_ctx(L, b);
-  CUcontext prev = cl_ctx_swap(ca);
-  CUresult r = CU(cuCtxDisablePeerAccess, cb);
-  cl_ctx_swap(prev);
-  if (r != CUDA_ERROR_PEER_ACCESS_NOT_ENABLED) cl_check(L, r, "disable_peer_access");
-  cl_check(L, pool_access(L, a, b, CU_MEM_ACCESS_FLAGS_PROT_NONE), "disable_peer_access (memory pool)");
-  peer_on[a][b] = 0;
-  return 0;
-}
-
-static int l_device_count(lua_State *L) {
-  lua_pushinteger(L, cl_ndevices());
-  return 1;
-}
-
-static int l_current_device(lua_State *L) {
-  need_driver(L);
-  lua_pushinteger(L, tl_dev);
-  return 1;
-}
-
-static int l_synchronize(lua_State *L) {
-  if (!lua_isnone(L, 1))
-    return luaL_error(L, "cudalua: cuda.synchronize: takes no arguments, got %s (a stream: stream:synchronize())", luaL_typename(L, 1));
-  cl_ctx(L);
-  cl_capture_guard(L, NULL, 1, "synchronize");
-  cl_wait(L, CL_WAIT_CTX, NULL, "synchronize");
-  cl_flush_deferred(L);   /* what host functions closed meanwhile: nothing here uses it now */
-  return 0;
-}
-
-static int l_driver_version(lua_State *L) {
-  int v = 0;
-  if (!cl_driver_load() || CU0(cuDriverGetVersion, &v) != CUDA_SUCCESS) return 0;
-  lua_pushinteger(L, v);
-  return 1;
 }
 
 static int l_nvrtc_version(lua_State *L) {
@@ -548,22 +371,6 @@ static int l_jitlink_version(lua_State *L) {
   return 3;
 }
 
-static int l_mem_info(lua_State *L) {
-  size_t fr = 0, tot = 0;
-  cl_ctx(L);
-  cl_check(L, CU(cuMemGetInfo, &fr, &tot), "cuMemGetInfo");
-  lua_pushinteger(L, (lua_Integer)fr); lua_pushinteger(L, (lua_Integer)tot);
-  return 2;
-}
-
-/* cuda.time(): a monotonic wall clock in seconds, for timing from Lua (os.clock is CPU time) */
-static int l_time(lua_State *L) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  lua_pushnumber(L, (lua_Number)ts.tv_sec + ts.tv_nsec * 1e-9);
-  return 1;
-}
-
 /* cuda.sleep(seconds) */
 /* The last Lua state using cudalua has closed: every object has been freed, so nothing of
    cudalua's is left on the devices once each has finished its work. The pools give their spare
@@ -605,14 +412,10 @@ void cl_release_contexts(void) {
   pthread_mutex_unlock(&lock);
 }
 
+/* the toolkit libraries' versions and identities (the compile cache's key) */
 void cl_open_driver(lua_State *L) {
   static const luaL_Reg f[] = {
-    {"is_available", l_is_available}, {"driver_error", l_driver_error}, {"launches_block", l_launches_block},
-    {"devices", l_devices}, {"select_device", l_select_device},
-    {"current_device", l_current_device}, {"synchronize", l_synchronize},
-    {"can_access_peer", l_can_access_peer}, {"enable_peer_access", l_enable_peer_access},
-    {"disable_peer_access", l_disable_peer_access}, {"device_count", l_device_count},
-    {"driver_version", l_driver_version}, {"nvrtc_version", l_nvrtc_version}, {"jitlink_version", l_jitlink_version},
-    {"mem_info", l_mem_info}, {"nvrtc_identity", l_nvrtc_identity}, {"jitlink_identity", l_jitlink_identity}, {"time", l_time}, {NULL, NULL}};
+    {"nvrtc_version", l_nvrtc_version}, {"jitlink_version", l_jitlink_version},
+    {"nvrtc_identity", l_nvrtc_identity}, {"jitlink_identity", l_jitlink_identity}, {NULL, NULL}};
   luaL_setfuncs(L, f, 0);
 }

@@ -4,7 +4,6 @@
 #include "cl.h"
 #include "cudalua.h"
 
-int cl_push_foreign_stream(lua_State *L, CUstream h, int blocking);   /* stream.c */
 
 typedef struct { void (*release)(void *, uint64_t); void *ud; } host_release;
 

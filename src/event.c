@@ -156,6 +156,16 @@ static int e_tostring(lua_State *L) {
   return 1;
 }
 
+/* stream:wait_event(e): the event may be another device's. A stream method that takes an
+   event, so it is here, above both: event.c adds it to the stream's methods */
+static int s_wait_event(lua_State *L) {
+  cl_stream *s = cl_checkstream(L, 1);
+  CUevent e = cl_checkevent(L, 2);
+  CUstream h = cl_stream_use(L, s);
+  cl_check(L, CU(cuStreamWaitEvent, h, e, 0), "stream:wait_event");
+  return 0;
+}
+
 void cl_open_event(lua_State *L) {
   static const luaL_Reg m[] = {
     {"record", e_record}, {"query", e_query}, {"synchronize", e_synchronize},
@@ -170,4 +180,7 @@ void cl_open_event(lua_State *L) {
   lua_pushcfunction(L, l_event); lua_setfield(L, -2, "event");
   lua_pushcfunction(L, e_elapsed_time); lua_setfield(L, -2, "event_elapsed_time");
   lua_pushcfunction(L, l_open_ipc_event); lua_setfield(L, -2, "open_ipc_event");
+  lua_getfield(L, LUA_REGISTRYINDEX, "cudalua.stream.methods");
+  lua_pushcfunction(L, s_wait_event); lua_setfield(L, -2, "wait_event");
+  lua_pop(L, 1);
 }

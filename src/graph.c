@@ -809,5 +809,4 @@ void cl_open_graph(lua_State *L) {
   lua_pushcfunction(L, e_tostring); lua_setfield(L, -2, "__tostring");
   lua_pop(L, 1);
   lua_pushcfunction(L, l_graph); lua_setfield(L, -2, "graph");
-  cl_open_capture(L);
 }

@@ -112,7 +112,7 @@ struct cl_hostrec {
   cl_hostrec *prev, *next;     /* q's records with pending firings, oldest armed first */
 };
 
-typedef struct cl_hostq {
+struct cl_hostq {
   pthread_mutex_t mu;          /* the list and counts, against the helper thread */
   pthread_cond_t cv;           /* the helper gives a borrowed state back */
   cl_hostrec *head, *tail;
@@ -129,10 +129,11 @@ typedef struct cl_hostq {
   cl_deferred *later;          /* releases put off (only the state's thread, or the helper
                                   while it has the state borrowed, touches it) */
   struct cl_hostq *next;       /* every queue, for the helper */
-} cl_hostq;
+};
 enum { PARK_NONE, PARK_HELD, PARK_BORROWED };
 
-unsigned cl_host_pending;      /* firings pending in the process (atomic) */
+int cl_capturing;   /* streams capturing now, in this process (changed atomically: any thread) */
+int cl_capturing_blocking;   /* of them, blocking ones: the legacy stream's work would depend on them */
 
 static const char hostq_key = 0;   /* registry: a userdata holding the state's queue */
 static cl_hostq *queues;
@@ -152,6 +153,8 @@ static cl_hostq *queue_of(lua_State *L) {
 }
 
 static int armed(cl_hostq *q) { return __atomic_load_n(&q->armed, __ATOMIC_ACQUIRE); }
+int cl_host_q_armed(cl_hostq *q) { return armed(q); }
+cl_hostq *cl_host_queue(lua_State *L) { return queue_of(L); }
 
 static int fired(const cl_hostrec *r) {
   return __atomic_load_n(word_host(r->word), __ATOMIC_ACQUIRE) == r->fire;
@@ -263,13 +266,8 @@ void cl_hostrec_ops(const cl_hostrec *r, CUstreamBatchMemOpParams op[2]) {
 
 /* ---- running host functions ---- */
 
-__thread int cl_in_hostfn;
 static __thread cl_hostq *running_q;   /* the queue whose host function runs on this thread */
 
-void cl_hostfn_refuse(lua_State *L) {
-  luaL_error(L, "cudalua: a Lua host function cannot use the GPU (launches, copies, allocations, waits): "
-                "CUDA forbids it, and the stream waits for the function; queue the work after it instead");
-}
 
 static void run(lua_State *L, cl_hostq *q, cl_hostrec *r) {
   lua_rawgeti(L, LUA_REGISTRYINDEX, r->ref);
@@ -308,6 +306,8 @@ static int service(lua_State *L, cl_hostq *q) {
      uses anything (cl_flush_deferred at its end): not here, in the middle of it */
   return ran;
 }
+
+int cl_host_service_q(lua_State *L, cl_hostq *q) { return service(L, q); }
 
 int cl_host_service(lua_State *L) {
   cl_hostq *q = queue_of(L);
@@ -484,6 +484,14 @@ static void defer(lua_State *L, cl_deferred *d, int capturing_too) {
 
 void cl_defer(lua_State *L, cl_deferred *d) { defer(L, d, 0); }
 
+/* puts d off to the state's next flush, unless the state is closing (its releases run now,
+   and none is put off again): 0 then */
+int cl_defer_if_open(lua_State *L, cl_deferred *d) {
+  if (releasing || !L || !queue_of(L)) return 0;
+  defer(L, d, 0);
+  return 1;
+}
+
 typedef struct { cl_deferred later; void (*fn)(lua_State *, void *, void *); void *a, *b; } call_later;
 
 static void run_call(lua_State *L, cl_deferred *d) {
@@ -519,166 +527,6 @@ void cl_flush_deferred(lua_State *L) {
   if (q) flush_queue(L, q);
 }
 
-/* ---- waits ---- */
-
-/* the stream is stopped at a running host function: waiting for it there would never end */
-void cl_wait_check(lua_State *L) {
-  if (cl_in_hostfn)
-    luaL_error(L, "cudalua: a Lua host function cannot wait for the GPU (synchronize, blocking copies)");
-}
-
-/* while polling, by the time since the last host function ran (or the wait began): spin for
-   the first 50 us (a host function's round trip through the GPU is a few microseconds, and a
-   chain of them keeps coming at that pace), yield up to 0.5 ms, then sleep (a 20 us request
-   sleeps about 70 us on Linux), 100 us after 5 ms */
-static double now_us(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1e6 + ts.tv_nsec * 1e-3;
-}
-
-static void backoff(double since) {
-  double idle = now_us() - since;
-  if (idle < 50) return;
-  if (idle < 500) { sched_yield(); return; }
-  struct timespec ts = {0, (idle < 5000 ? 20 : 100) * 1000L};
-  nanosleep(&ts, NULL);
-}
-
-/* ---- device-wide waits and captures ----
-   The driver refuses cuCtxSynchronize while any thread's stream captures, whatever the
-   capture's mode, and ends that capture (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, then
-   ..._INVALIDATED at the capture's next call): seen in tools/stress.c with a free on one
-   thread and a capture beginning on another, between the free's test of cl_capturing and its
-   wait. So the two exclude each other: a device-wide wait holds a claim, and a capture tells
-   its intent first and then begins only once no claim is held (seq_cst: each sees the other). */
-static unsigned ctx_claims;
-static unsigned capture_intents;      /* captures about to begin (cl_capture_enter) */
-static __thread unsigned my_claims;   /* a thread's claims nest (a free inside a wait's) */
-
-int cl_ctx_claim(void) {
-  if (my_claims) { my_claims++; return 1; }
-  __atomic_add_fetch(&ctx_claims, 1, __ATOMIC_SEQ_CST);
-  if (__atomic_load_n(&capture_intents, __ATOMIC_SEQ_CST) || __atomic_load_n(&cl_capturing, __ATOMIC_SEQ_CST)) {
-    __atomic_sub_fetch(&ctx_claims, 1, __ATOMIC_SEQ_CST);
-    return 0;
-  }
-  my_claims = 1;   /* nothing between a claim and its unclaim raises (a claim never let go
-                      would keep every capture from beginning) */
-  return 1;
-}
-
-void cl_ctx_unclaim(void) {
-  if (--my_claims == 0) __atomic_sub_fetch(&ctx_claims, 1, __ATOMIC_SEQ_CST);
-}
-
-/* a release that needs a device-wide wait while a stream captures: put off to the state's next
-   flush after the captures; a closing state (nothing flushes it) waits for them to end */
-int cl_ctx_claim_or_defer(lua_State *L, cl_deferred *d) {
-  if (cl_ctx_claim()) return 1;
-  if (!releasing && L && queue_of(L)) { defer(L, d, 0); return 0; }
-  double since = now_us();
-  while (!cl_ctx_claim()) backoff(since);
-  return 1;
-}
-
-/* s:begin_capture: counted as capturing once no device-wide wait is under way. The intent is
-   told first (claims refused from then on), and taken back while a claim is held, as this
-   state's host functions run (the wait may be for them): never held, so that a thread that
-   waits for this capture's end (another state retrying a refused wait, say) can run the work
-   the device-wide wait waits for. cl_capturing itself only ever counts captures under way. */
-void cl_capture_enter(lua_State *L) {
-  cl_hostq *q = queue_of(L);
-  double since = now_us();
-  for (;;) {
-    __atomic_add_fetch(&capture_intents, 1, __ATOMIC_SEQ_CST);
-    if (!__atomic_load_n(&ctx_claims, __ATOMIC_SEQ_CST)) break;
-    __atomic_sub_fetch(&capture_intents, 1, __ATOMIC_SEQ_CST);
-    if (q && armed(q) && service(L, q)) since = now_us();
-    backoff(since);
-  }
-  __atomic_add_fetch(&cl_capturing, 1, __ATOMIC_SEQ_CST);
-  __atomic_sub_fetch(&capture_intents, 1, __ATOMIC_SEQ_CST);
-}
-
-static CUresult ctx_sync(void) {
-  if (!cl_ctx_claim()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-  CUresult r = CU0(cuCtxSynchronize);
-  cl_ctx_unclaim();
-  return r;
-}
-
-static CUresult plain_wait(int kind, void *h) {
-  if (kind == CL_WAIT_STREAM) return CU0(cuStreamSynchronize, (CUstream)h);
-  if (kind == CL_WAIT_EVENT) return CU0(cuEventSynchronize, (CUevent)h);
-  if (kind == CL_WAIT_HOSTFNS) return CUDA_SUCCESS;
-  return ctx_sync();
-}
-
-/* Every blocking wait of cudalua goes through here: with none of L's host functions pending
-   it is the plain driver call; otherwise it polls, running them as they fire. A context-wide
-   wait polls until none is pending (the legacy stream's query tells a failed context). */
-static CUresult wait_q(lua_State *L, cl_hostq *q, int kind, void *h) {
-  cl_wait_check(L);
-  double since = now_us();
-  for (unsigned i = 0;; i++) {
-    if (!q || !armed(q)) return plain_wait(kind, h);
-    if (service(L, q)) since = now_us();
-    CUresult r = kind == CL_WAIT_STREAM ? CU(cuStreamQuery, (CUstream)h)
-               : kind == CL_WAIT_EVENT ? CU(cuEventQuery, (CUevent)h)
-               : (i & 15) == 15 ? CU(cuStreamQuery, CU_STREAM_LEGACY) : CUDA_ERROR_NOT_READY;
-    if ((kind == CL_WAIT_CTX || kind == CL_WAIT_HOSTFNS) && r == CUDA_SUCCESS) r = CUDA_ERROR_NOT_READY;
-    if (r != CUDA_ERROR_NOT_READY) return r;
-    backoff(since);
-  }
-}
-
-CUresult cl_wait_raw(lua_State *L, int kind, void *h) { return wait_q(L, queue_of(L), kind, h); }
-
-void cl_wait_result(lua_State *L, CUresult r, const char *what) {
-  if (r == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
-    luaL_error(L, "cudalua: %s: the whole device cannot be waited for while a stream is capturing "
-               "(wait after the capture ends: on another thread, it may have just begun)", what);
-  cl_check(L, r, what);
-}
-
-void cl_wait(lua_State *L, int kind, void *h, const char *what) {
-  CUresult r = cl_wait_raw(L, kind, h);
-  cl_wait_result(L, r, what);
-  cl_host_raise(L);
-}
-
-/* before a driver call that waits for the whole device by itself (frees of host-visible
-   memory, module unloads, the legacy stream's synchronous copies): L's own host functions are
-   run first (no device-wide wait: while another thread captures, the driver refuses one and
-   ends that capture); never raises */
-void cl_host_drain(lua_State *L) {
-  if (L && !cl_in_hostfn && cl_host_armed(L)) cl_wait_raw(L, CL_WAIT_HOSTFNS, NULL);
-}
-
-int cl_launch_blocks;
-
-/* L's queue when it has armed calls this thread may wait for now: inside a host function or a
-   capture no wait may be; nothing armed, nothing to wait for */
-static cl_hostq *waitable(lua_State *L) {
-  if (cl_capturing) return NULL;
-  cl_hostq *q = queue_of(L);
-  return q && !cl_in_hostfn && armed(q) ? q : NULL;
-}
-
-/* where launches block, work queued behind a pending host function would block in the driver:
-   they are run first. A host function's error is left for the next wait, as without. */
-void cl_host_before_enqueue(lua_State *L, const char *what) {
-  cl_hostq *q = waitable(L);
-  if (q) cl_check(L, wait_q(L, q, CL_WAIT_HOSTFNS, NULL), what);
-}
-
-/* where launches block, so does queueing a host function: it has run when the call returns */
-void cl_host_after_enqueue(lua_State *L, CUstream h, const char *what) {
-  cl_hostq *q = cl_launch_blocks ? waitable(L) : NULL;
-  if (q) cl_check(L, wait_q(L, q, CL_WAIT_STREAM, h), what);
-}
-
 /* ---- stream:launch_host_func and graph host nodes ---- */
 
 static cl_hostq *need_queue(lua_State *L) {
@@ -687,32 +535,18 @@ static cl_hostq *need_queue(lua_State *L) {
   return q;
 }
 
-/* stream:launch_host_func(fn); s NULL: the legacy stream of the current context */
-int cl_launch_host_func(lua_State *L, cl_stream *s) {
-  luaL_checktype(L, 2, LUA_TFUNCTION);
+/* queues the host function at fidx on h: a record, its word's two operations, armed */
+void cl_host_enqueue(lua_State *L, CUstream h, int fidx, const char *where) {
   cl_hostq *q = need_queue(L);
-  CUstream h = s ? s->h : NULL;
   CUstreamBatchMemOpParams op[2];
-  cl_capture_guard(L, s, 0, "stream:launch_host_func");
-  if (cl_capturing && s && cl_capture_push_keep(L, s)) {
-    /* captured: a host node of the graph the capture makes, run at each launch of it */
-    cl_hostrec *r = cl_hostrec_new(L, 2, "stream:launch_host_func");
-    cl_hostrec_ops(r, op);
-    cl_check(L, CU(cuStreamBatchMemOp, h, 2, op, 0), "stream:launch_host_func");
-    cl_capture_add_hostrec(L, lua_gettop(L) - 1, lua_gettop(L));
-    return 0;
-  }
-  CL_BEFORE_ENQUEUE(L, "stream:launch_host_func");
-  cl_hostrec *r = rec_new(L, q, 2, 1, "stream:launch_host_func");
+  cl_hostrec *r = rec_new(L, q, fidx, 1, where);
   cl_hostrec_ops(r, op);
   arm(q, r, 1);
   CUresult res = CU(cuStreamBatchMemOp, h, 2, op, 0);
   if (res != CUDA_SUCCESS) {
     release(L, q, r);   /* never queued: nothing will write the word */
-    cl_check(L, res, "stream:launch_host_func");
+    cl_check(L, res, where);
   }
-  cl_host_after_enqueue(L, h, "stream:launch_host_func");
-  return 0;
 }
 
 /* graph host nodes: a record owned by a box userdata (pushed), which the graph keeps */
@@ -908,34 +742,8 @@ void cl_hostfn_shutdown(void) {
   pthread_mutex_unlock(&helper_mu);
 }
 
-/* cuda.sleep(seconds): the thread is idle, so this state's host functions that fire meanwhile
-   run (their errors are left for the next wait, as before a launch): another thread's
-   device-wide wait may be waiting for them, and a loop that retries a wait refused while
-   another state captures sleeps between tries (tools/stress.lua's did, and a wait of a third
-   thread for its host functions stalled that capture for seconds). Only this thread arms its
-   queue: with nothing armed at the start, it simply sleeps. */
-static int l_sleep(lua_State *L) {
-  lua_Number sec = luaL_checknumber(L, 1);
-  luaL_argcheck(L, sec >= 0 && sec < 1e9, 1, "seconds must be >= 0 and < 1e9");
-  double end = now_us() + sec * 1e6;
-  cl_hostq *q = cl_in_hostfn ? NULL : queue_of(L);
-  for (;;) {
-    if (q && armed(q)) service(L, q);
-    double left = end - now_us();
-    if (left <= 0) break;
-    if (q && armed(q) && left > 50) left = 50;   /* polls for the next firing */
-    long long ns = (long long)(left * 1e3);
-    struct timespec ts = {(time_t)(ns / 1000000000LL), (long)(ns % 1000000000LL)};
-    nanosleep(&ts, NULL);
-  }
-  if (q) cl_flush_deferred(L);
-  return 0;
-}
-
-/* the state's queue (once per state), and cuda.sleep into the table on top */
+/* the state's queue (once per state) */
 void cl_open_hostfn(lua_State *L) {
-  lua_pushcfunction(L, l_sleep);
-  lua_setfield(L, -2, "sleep");
   if (lua_rawgetp(L, LUA_REGISTRYINDEX, &hostq_key) != LUA_TNIL) { lua_pop(L, 1); return; }
   lua_pop(L, 1);
   cl_hostq *q = calloc(1, sizeof *q);

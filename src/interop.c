@@ -248,7 +248,16 @@ static int a_cai(lua_State *L) {
   return 1;
 }
 
+/* sync_stream_handle(h): waits for a stream known only by its handle (CUDA Array Interface:
+   1 is the legacy stream, 2 the per-thread one) */
+static int l_sync_stream_handle(lua_State *L) {
+  cl_wait_cai_stream(L, luaL_checkinteger(L, 1), 0);
+  return 0;
+}
+
 void cl_open_interop(lua_State *L) {
+  lua_pushcfunction(L, l_sync_stream_handle);
+  lua_setfield(L, -2, "sync_stream_handle");
   luaL_getmetatable(L, CL_ARRAY);
   lua_pushcfunction(L, a_cai);
   lua_setfield(L, -2, "__cuda_array_interface");

@@ -11,29 +11,6 @@
 #define EXPORTED "cudalua.ipc.exported"   /* handles this state made */
 #define TAG "cudalua-ipc-mem:"
 
-void cl_add_hex(luaL_Buffer *b, const void *p, size_t n) {
-  static const char digits[] = "0123456789abcdef";
-  const unsigned char *c = p;
-  for (size_t i = 0; i < n; i++) {
-    luaL_addchar(b, digits[c[i] >> 4]);
-    luaL_addchar(b, digits[c[i] & 15]);
-  }
-}
-
-static int hexval(char c) {
-  return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
-}
-
-int cl_hex_decode(const char *s, void *out, size_t n) {
-  unsigned char *o = out;
-  for (size_t i = 0; i < n; i++) {
-    int hi = hexval(s[2 * i]), lo = hi < 0 ? -1 : hexval(s[2 * i + 1]);
-    if (lo < 0) return 0;
-    o[i] = (unsigned char)(hi << 4 | lo);
-  }
-  return 1;
-}
-
 /* a:ipc_handle() -> "cudalua-ipc-mem:<handle>:<offset>:<bytes>" for this array (a view too) */
 static int a_ipc_handle(lua_State *L) {
   cl_array *a = cl_checkarray(L, 1);

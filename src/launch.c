@@ -56,24 +56,7 @@ static cl_array *karray(lua_State *L, const cl_kernel *k, int idx) {
   return a;
 }
 
-int cl_capturing;   /* streams capturing now, in this process (changed atomically: any thread) */
-int cl_capturing_blocking;   /* of them, blocking ones: the legacy stream's work would depend on them */
 
-void cl_capture_guard(lua_State *L, cl_stream *s, int waits, const char *where) {
-  if (!cl_capturing) return;
-  if (!s) {
-    /* the legacy stream: its work would depend on a capturing blocking stream; and a wait for
-       the whole device is refused by the driver while any stream captures (and it ends the
-       capture: CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, seen with another thread's capture) */
-    if (cl_capturing_blocking || waits)
-      luaL_error(L, "cudalua: %s: the legacy default stream cannot be used while a stream is "
-                 "capturing (pass the capturing stream, or end the capture first)", where);
-    return;
-  }
-  if (waits && s->capture_ref)
-    luaL_error(L, "cudalua: %s: this would wait for a stream that is capturing (pageable host "
-               "memory or no stream given); use pinned or device arrays and the stream", where);
-}
 
 void cl_marshal(lua_State *L, cl_kernel *k, int kidx, int first, int nargs, cl_args *A,
                 int allow_pageable) {

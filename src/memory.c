@@ -112,6 +112,26 @@ static void pressure_sub(size_t bytes) {
   while (!__atomic_compare_exchange_n(&pressure, &p, p > bytes ? p - bytes : 0, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
 }
 
+/* ---- stream handles: memory last used on a stream keeps it (freed in its order after the
+   Lua object is gone); the last reference destroys it ---- */
+
+cl_stream *cl_stream_ref(cl_stream *s) { if (s) s->refs++; return s; }
+
+/* queued work still completes after destroy; memory freed on it was ordered before */
+static void destroy(lua_State *L, void *p, void *unused) {
+  cl_stream *s = p;
+  (void)unused;
+  if (s->owned) cl_mem_forget_stream(L, s);   /* blocks cached for reuse on it are freed on it */
+  if (s->owned && s->h) CU(cuStreamDestroy, s->h);
+  free(s);
+}
+
+void cl_stream_unref(lua_State *L, cl_stream *s) {
+  if (!s || --s->refs > 0) return;
+  /* inside a host function (a launcher collected there, say) the driver is not called */
+  if (!(cl_in_hostfn && cl_defer_call(NULL, 0, destroy, s, NULL))) destroy(L, s, NULL);
+}
+
 /* ---- the block cache ----
    Device blocks freed by arrays are kept a while for the next allocation of the same size on
    the same stream (CuPy's pool does the same): a pool call costs about as much as a whole small

@@ -351,7 +351,6 @@ static int k_tostring(lua_State *L) {
   return 1;
 }
 
-int cl_kernel_index(lua_State *L);   /* launch.c: k[{grid, block}] and methods */
 
 void cl_open_module(lua_State *L) {
   luaL_newmetatable(L, MODULE_MT);

@@ -24,7 +24,34 @@ static int l_isatty(lua_State *L) {
   return 2;
 }
 
+/* wait_flag(mapped uint32 array, value, stream): spins until a kernel on the stream has stored
+   value in the array's first element; the stream is queried now and then, so a failed kernel
+   raises instead of hanging. A cuStreamSynchronize round trip costs microseconds more. */
+static int l_wait_flag(lua_State *L) {
+  cl_array *a = cl_checkarray(L, 1);
+  uint32_t want = (uint32_t)luaL_checkinteger(L, 2);
+  cl_stream *s = cl_tostream(L, 3, "wait_flag");
+  if ((a->kind != CL_MAPPED && a->kind != CL_PINNED) || a->dtype != CL_U32)
+    return luaL_error(L, "wait_flag: needs a mapped uint32 array");
+  volatile uint32_t *p = cl_hostptr(a);
+  CUstream h = cl_stream_use(L, s);
+  for (unsigned spins = 1;; spins++) {
+    if (*p == want) return 0;
+    if ((spins & 1023) == 0) {
+      cl_host_service(L);
+      CUresult r = CU(cuStreamQuery, h);
+      if (r == CUDA_SUCCESS) {
+        if (*p == want) return 0;
+        return luaL_error(L, "wait_flag: the stream finished without storing the value");
+      }
+      if (r != CUDA_ERROR_NOT_READY) cl_check(L, r, "waiting for a kernel");
+    }
+  }
+}
+
 void cl_open_progress(lua_State *L) {
+  lua_pushcfunction(L, l_wait_flag);
+  lua_setfield(L, -2, "wait_flag");
   lua_pushcfunction(L, l_isatty);
   lua_setfield(L, -2, "isatty");
 }

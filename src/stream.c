@@ -7,22 +7,6 @@
 #define STREAM_MT "cudalua.stream"
 typedef struct { cl_stream *s; int is_default; } lstream;
 
-cl_stream *cl_stream_ref(cl_stream *s) { if (s) s->refs++; return s; }
-
-/* queued work still completes after destroy; memory freed on it was ordered before */
-static void destroy(lua_State *L, void *p, void *unused) {
-  cl_stream *s = p;
-  (void)unused;
-  if (s->owned) cl_mem_forget_stream(L, s);   /* blocks cached for reuse on it are freed on it */
-  if (s->owned && s->h) CU(cuStreamDestroy, s->h);
-  free(s);
-}
-
-void cl_stream_unref(lua_State *L, cl_stream *s) {
-  if (!s || --s->refs > 0) return;
-  /* inside a host function (a launcher collected there, say) the driver is not called */
-  if (!(cl_in_hostfn && cl_defer_call(NULL, 0, destroy, s, NULL))) destroy(L, s, NULL);
-}
 
 static lstream *checkls(lua_State *L, int idx) {
   lstream *ls = luaL_checkudata(L, idx, STREAM_MT);
@@ -45,11 +29,15 @@ void cl_stream_check(lua_State *L, cl_stream *s, CUcontext ctx, const char *wher
 }
 
 /* the stream's context made current (the selected device's for the default stream) */
-static CUstream use_stream(lua_State *L, cl_stream *s) {
+CUstream cl_stream_use(lua_State *L, cl_stream *s) {
   if (s) { cl_use_ctx(L, s->ctx); return s->h; }
   cl_ctx(L);
   return NULL;
 }
+#define use_stream cl_stream_use
+
+/* the stream object at idx as a method's self: NULL for the default stream; raises when closed */
+cl_stream *cl_checkstream(lua_State *L, int idx) { return checkls(L, idx)->s; }
 
 cl_stream *cl_tostream(lua_State *L, int idx, const char *where) {
   int t = lua_type(L, idx);
@@ -149,21 +137,26 @@ static int s_query(lua_State *L) {
   return 1;
 }
 
-CUevent cl_checkevent(lua_State *L, int idx);
-
-/* stream:wait_event(e): the event may be another device's */
-static int s_wait_event(lua_State *L) {
-  lstream *ls = checkls(L, 1);
-  CUevent e = cl_checkevent(L, 2);
-  CUstream h = use_stream(L, ls->s);
-  cl_check(L, CU(cuStreamWaitEvent, h, e, 0), "stream:wait_event");
-  return 0;
-}
-
+/* stream:launch_host_func(fn): run by this state's thread at its next wait (src/hostfn.c);
+   while the stream captures, a host node of the graph, run at each of its launches */
 static int s_launch_host_func(lua_State *L) {
   lstream *ls = checkls(L, 1);
-  use_stream(L, ls->s);
-  return cl_launch_host_func(L, ls->s);
+  cl_stream *s = ls->s;
+  CUstream h = use_stream(L, s);
+  luaL_checktype(L, 2, LUA_TFUNCTION);
+  cl_capture_guard(L, s, 0, "stream:launch_host_func");
+  if (cl_capturing && s && cl_capture_push_keep(L, s)) {
+    CUstreamBatchMemOpParams op[2];
+    cl_hostrec *r = cl_hostrec_new(L, 2, "stream:launch_host_func");
+    cl_hostrec_ops(r, op);
+    cl_check(L, CU(cuStreamBatchMemOp, h, 2, op, 0), "stream:launch_host_func");
+    cl_capture_add_hostrec(L, lua_gettop(L) - 1, lua_gettop(L));
+    return 0;
+  }
+  CL_BEFORE_ENQUEUE(L, "stream:launch_host_func");
+  cl_host_enqueue(L, h, 2, "stream:launch_host_func");
+  cl_host_after_enqueue(L, h, "stream:launch_host_func");
+  return 0;
 }
 
 /* stream:device() -> the device id it belongs to (the selected one for the default stream) */
@@ -175,7 +168,8 @@ static int s_device(lua_State *L) {
 
 static void close_stream(lua_State *L, void *s, void *unused) {
   (void)unused;
-  cl_capture_abandon(L, s);   /* a stream closed while capturing ends its capture */
+  /* a stream closed while capturing ends its capture; then what the capture held off goes */
+  if (cl_capture_abandon(L, s)) cl_flush_deferred(L);
   cl_stream_unref(L, s);
 }
 
@@ -249,50 +243,16 @@ int cl_push_foreign_stream(lua_State *L, CUstream h, int blocking) {
   return 1;
 }
 
-/* wait_flag(mapped uint32 array, value, stream): spins until a kernel on the stream has stored
-   value in the array's first element; the stream is queried now and then, so a failed kernel
-   raises instead of hanging. A cuStreamSynchronize round trip costs microseconds more. */
-static int l_wait_flag(lua_State *L) {
-  cl_array *a = cl_checkarray(L, 1);
-  uint32_t want = (uint32_t)luaL_checkinteger(L, 2);
-  cl_stream *s = cl_tostream(L, 3, "wait_flag");
-  if ((a->kind != CL_MAPPED && a->kind != CL_PINNED) || a->dtype != CL_U32)
-    return luaL_error(L, "wait_flag: needs a mapped uint32 array");
-  volatile uint32_t *p = cl_hostptr(a);
-  CUstream h = use_stream(L, s);
-  for (unsigned spins = 1;; spins++) {
-    if (*p == want) return 0;
-    if ((spins & 1023) == 0) {
-      cl_host_service(L);
-      CUresult r = CU(cuStreamQuery, h);
-      if (r == CUDA_SUCCESS) {
-        if (*p == want) return 0;
-        return luaL_error(L, "wait_flag: the stream finished without storing the value");
-      }
-      if (r != CUDA_ERROR_NOT_READY) cl_check(L, r, "waiting for a kernel");
-    }
-  }
-}
-
-/* sync_stream_handle(h): waits for a stream known only by its handle (CUDA Array Interface:
-   1 is the legacy stream, 2 the per-thread one) */
-static int l_sync_stream_handle(lua_State *L) {
-  cl_wait_cai_stream(L, luaL_checkinteger(L, 1), 0);
-  return 0;
-}
-
-void cl_open_event(lua_State *L);
-
 void cl_open_stream(lua_State *L) {
   static const luaL_Reg m[] = {
-    {"synchronize", s_synchronize}, {"query", s_query}, {"wait_event", s_wait_event},
+    {"synchronize", s_synchronize}, {"query", s_query},
     {"close", s_close}, {"handle", s_handle}, {"launch_host_func", s_launch_host_func},
     {"device", s_device},
     {NULL, NULL}};
   luaL_newmetatable(L, STREAM_MT);
   luaL_newlib(L, m);
   lua_pushvalue(L, -1);
-  lua_setfield(L, LUA_REGISTRYINDEX, STREAM_MT ".methods");   /* capture.c adds its methods */
+  lua_setfield(L, LUA_REGISTRYINDEX, STREAM_MT ".methods");   /* capture.c and event.c add theirs */
   lua_pushcclosure(L, s_index, 1);
   lua_setfield(L, -2, "__index");
   lua_pushcfunction(L, s_close); lua_setfield(L, -2, "__gc");
@@ -306,7 +266,4 @@ void cl_open_stream(lua_State *L) {
   lua_pushcfunction(L, l_stream); lua_setfield(L, -2, "stream");
   lua_pushcfunction(L, l_default_stream); lua_setfield(L, -2, "default_stream");
   lua_pushcfunction(L, l_stream_priority_range); lua_setfield(L, -2, "stream_priority_range");
-  lua_pushcfunction(L, l_wait_flag); lua_setfield(L, -2, "wait_flag");
-  lua_pushcfunction(L, l_sync_stream_handle); lua_setfield(L, -2, "sync_stream_handle");
-  cl_open_event(L);
 }

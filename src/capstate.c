@@ -1,0 +1,106 @@
+/* capstate.c: what captures in the process and in this state: the guard that refuses what a
+   capture forbids (the legacy stream, waits), and each capture's keep table (what its graph
+   uses, kept alive; registered by capture id so that streams joined to it find it). The Lua
+   methods that begin and end captures are in capture.c. */
+#include "cl.h"
+
+/* registry: capture id -> the capture's keep table, so that streams joined to a capture (by
+   an event) find the table of the stream that began it */
+#define CAPTURES "cudalua.captures"
+
+void cl_capture_guard(lua_State *L, cl_stream *s, int waits, const char *where) {
+  if (!cl_capturing) return;
+  if (!s) {
+    /* the legacy stream: its work would depend on a capturing blocking stream; and a wait for
+       the whole device is refused by the driver while any stream captures (and it ends the
+       capture: CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, seen with another thread's capture) */
+    if (cl_capturing_blocking || waits)
+      luaL_error(L, "cudalua: %s: the legacy default stream cannot be used while a stream is "
+                 "capturing (pass the capturing stream, or end the capture first)", where);
+    return;
+  }
+  if (waits && s->capture_ref)
+    luaL_error(L, "cudalua: %s: this would wait for a stream that is capturing (pageable host "
+               "memory or no stream given); use pinned or device arrays and the stream", where);
+}
+
+/* the capture id of s, 0 when it is not capturing */
+cuuint64_t cl_capture_id(lua_State *L, cl_stream *s) {
+  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+  cuuint64_t id = 0;
+  if (CU(cuStreamGetCaptureInfo, s->h, &st, &id, NULL, NULL, NULL, NULL) != CUDA_SUCCESS ||
+      st != CU_STREAM_CAPTURE_STATUS_ACTIVE) return 0;
+  return id;
+}
+
+/* s has begun capturing: its keep table (registered under the capture's id, for the streams
+   joined to it) */
+void cl_capture_begun(lua_State *L, cl_stream *s) {
+  lua_newtable(L);
+  cuuint64_t id = cl_capture_id(L, s);
+  if (id) {
+    luaL_getsubtable(L, LUA_REGISTRYINDEX, CAPTURES);
+    lua_pushvalue(L, -2);
+    lua_rawseti(L, -2, (lua_Integer)id);
+    lua_pop(L, 1);
+  }
+  s->capture_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  if (s->blocking) __atomic_add_fetch(&cl_capturing_blocking, 1, __ATOMIC_SEQ_CST);
+}
+
+int cl_capture_push_keep(lua_State *L, cl_stream *s) {
+  if (!s) return 0;
+  if (s->capture_ref) { lua_rawgeti(L, LUA_REGISTRYINDEX, s->capture_ref); return 1; }
+  /* another stream of this state's may capture: without the driver's word unless one does (a
+     launch in one state while another state captures asks nothing) */
+  if (lua_getfield(L, LUA_REGISTRYINDEX, CAPTURES) != LUA_TTABLE) { lua_pop(L, 1); return 0; }
+  cuuint64_t id = cl_capture_id(L, s);
+  if (!id) { lua_pop(L, 1); return 0; }
+  lua_rawgeti(L, -1, (lua_Integer)id);
+  lua_remove(L, -2);
+  if (lua_istable(L, -1)) return 1;
+  lua_pop(L, 1);
+  return 0;
+}
+
+void cl_capture_add_hostrec(lua_State *L, int keepidx, int boxidx) {
+  keepidx = lua_absindex(L, keepidx);
+  boxidx = lua_absindex(L, boxidx);
+  if (lua_getfield(L, keepidx, CL_CAPTURE_HOSTRECS) != LUA_TTABLE) {
+    lua_pop(L, 1);
+    lua_newtable(L);
+    lua_pushvalue(L, -1);
+    lua_setfield(L, keepidx, CL_CAPTURE_HOSTRECS);
+  }
+  lua_pushvalue(L, boxidx);
+  lua_rawseti(L, -2, (lua_Integer)lua_rawlen(L, -2) + 1);
+  lua_pop(L, 1);
+}
+
+void cl_capture_ended(lua_State *L, cl_stream *s, cuuint64_t id) {
+  if (id) {
+    luaL_getsubtable(L, LUA_REGISTRYINDEX, CAPTURES);
+    lua_pushnil(L);
+    lua_rawseti(L, -2, (lua_Integer)id);
+    lua_pushnil(L);
+    int more = lua_next(L, -2);   /* the state's last capture: the table goes (see above) */
+    lua_pop(L, more ? 3 : 1);
+    if (!more) { lua_pushnil(L); lua_setfield(L, LUA_REGISTRYINDEX, CAPTURES); }
+  }
+  luaL_unref(L, LUA_REGISTRYINDEX, s->capture_ref);
+  s->capture_ref = 0;
+  __atomic_sub_fetch(&cl_capturing, 1, __ATOMIC_SEQ_CST);
+  if (s->blocking) __atomic_sub_fetch(&cl_capturing_blocking, 1, __ATOMIC_SEQ_CST);
+}
+
+/* the stream is closed or collected while it captures: the capture is ended and dropped */
+int cl_capture_abandon(lua_State *L, cl_stream *s) {
+  if (!s || !s->capture_ref) return 0;
+  CUcontext prev = cl_ctx_swap(s->ctx);
+  cuuint64_t id = cl_capture_id(L, s);
+  CUgraph h = NULL;
+  if (CU(cuStreamEndCapture, s->h, &h) == CUDA_SUCCESS && h) CU(cuGraphDestroy, h);
+  cl_ctx_swap(prev);
+  cl_capture_ended(L, s, id);
+  return 1;
+}
