@@ -6,6 +6,7 @@ local core = ...
 local cache = require "cudalua.cache"
 local modules = require "cudalua.module"
 local includes = require "cudalua.headers"
+local check = require "cudalua.check"
 local M = {}
 
 -- the type kernel code computes with for a dtype, and the header that declares it: complex
@@ -289,74 +290,25 @@ local COMPILE_OPTS = { options = "table", name = "string", headers = "table", ar
   name_expressions = "table", cache = "boolean", include_dirs = "table", relocatable = "boolean",
   lto = "boolean", debug = "boolean", lineinfo = "boolean" }
 
--- a cudalua stream? (each caller says what it expected in its own words)
-function M.is_stream(v)
-  local mt = getmetatable(v)
-  return type(mt) == "table" and rawget(mt, "__name") == "cudalua.stream"
-end
-
-function M.check_table(opts, known, where, level)
-  if opts == nil then return {} end
-  if type(opts) ~= "table" then error(("%s: opts must be a table, got %s"):format(where, type(opts)), level) end
-  for k, v in pairs(opts) do
-    if not known[k] then
-      local names = {}
-      for n in pairs(known) do names[#names + 1] = n end
-      table.sort(names)
-      error(("%s: unknown option '%s' (%s)"):format(where, tostring(k), table.concat(names, ", ")), level)
-    end
-    if type(v) ~= known[k] then
-      error(("%s: opts.%s must be a %s, got %s"):format(where, k, known[k], type(v)), level)
-    end
-  end
-  return opts
-end
-
--- a list of strings and nothing else: a named key in it ({lineinfo = true} given as an option
--- string) would be lost without a word
-function M.check_list(list, what, where, level)
-  local n = #list
-  for k in pairs(list) do
-    if math.type(k) ~= "integer" or k < 1 or k > n then
-      error(("%s: %s is a list; it has the key %s (an option for opts itself?)"):format(where, what,
-            type(k) == "string" and ("'" .. k .. "'") or tostring(k)), level)
-    end
-  end
-end
-
-function M.check_strings(list, what, where, level)
-  M.check_list(list, what, where, level + 1)
-  for i = 1, #list do
-    if type(list[i]) ~= "string" then error(("%s: %s[%d] must be a string"):format(where, what, i), level) end
-  end
-end
-
-function M.check_arch(arch, where, level)
-  if arch and not arch:match("^sm_%d+[af]?$") and not arch:match("^compute_%d+[af]?$") then
-    error(("%s: arch must look like \"sm_90\" or \"compute_90\", got %q"):format(where, arch), level)
-  end
-end
-
-local check_table, check_strings, check_arch = M.check_table, M.check_strings, M.check_arch
 
 -- error levels count from the user's call of cuda.compile or cuda.kernel, both of which call
 -- compile() below, which calls this
 local function check_opts(opts)
   local level = 5
-  opts = check_table(opts, COMPILE_OPTS, "cuda.compile", level)
-  check_strings(opts.options or {}, "opts.options", "cuda.compile", level)
+  opts = check.table(opts, COMPILE_OPTS, "cuda.compile", level)
+  check.strings(opts.options or {}, "opts.options", "cuda.compile", level)
   for k, v in pairs(opts.headers or {}) do
     if type(k) ~= "string" or type(v) ~= "string" then
       error("cuda.compile: opts.headers maps header names to their source text (strings)", level - 1)
     end
   end
-  check_strings(opts.name_expressions or {}, "opts.name_expressions", "cuda.compile", level)
-  check_strings(opts.include_dirs or {}, "opts.include_dirs", "cuda.compile", level)
+  check.strings(opts.name_expressions or {}, "opts.name_expressions", "cuda.compile", level)
+  check.strings(opts.include_dirs or {}, "opts.include_dirs", "cuda.compile", level)
   for i, d in ipairs(opts.include_dirs or {}) do
     local is_dir = select(3, core.file_info(d))
     if not is_dir then error(("cuda.compile: opts.include_dirs[%d] is not a directory: %s"):format(i, d), level - 1) end
   end
-  check_arch(opts.arch, "cuda.compile", level)
+  check.arch(opts.arch, "cuda.compile", level)
   if opts.lto and opts.arch and opts.arch:match("^compute_") then
     error("cuda.compile: lto = true needs an sm_ arch (LTO-IR is linked for a real architecture)", level - 1)
   end

@@ -4,7 +4,7 @@
 local core = ...
 local compile = require "cudalua.compile"
 local modules = require "cudalua.module"
-local check_table, check_strings, check_arch = compile.check_table, compile.check_strings, compile.check_arch
+local check = require "cudalua.check"
 local device_arch = compile.device_arch
 local M = {}
 
@@ -54,8 +54,8 @@ local function link_arch(arch, where, level)
 end
 
 function M.load_module(v, opts)
-  opts = check_table(opts, LOAD_OPTS, "cuda.load_module", 3)
-  check_arch(opts.arch, "cuda.load_module", 3)
+  opts = check.table(opts, LOAD_OPTS, "cuda.load_module", 3)
+  check.arch(opts.arch, "cuda.load_module", 3)
   local data, kind, path = image_of(v, "cuda.load_module", 3)
   local name = opts.name or path or ("<" .. modules.holds[kind] .. ">")
   local f = { image = data, kind = kind, log = "", name = name, arch = opts.arch }
@@ -90,10 +90,10 @@ function M.link(inputs, opts)
   if type(inputs) ~= "table" or #inputs == 0 then
     error("cuda.link: expected a list of modules or images, got " .. (type(inputs) == "table" and "an empty table" or type(inputs)), 2)
   end
-  compile.check_list(inputs, "the list of inputs", "cuda.link", 3)
-  opts = check_table(opts, LINK_OPTS, "cuda.link", 3)
-  check_arch(opts.arch, "cuda.link", 3)
-  check_strings(opts.options or {}, "opts.options", "cuda.link", 3)
+  check.list(inputs, "the list of inputs", "cuda.link", 3)
+  opts = check.table(opts, LINK_OPTS, "cuda.link", 3)
+  check.arch(opts.arch, "cuda.link", 3)
+  check.strings(opts.options or {}, "opts.options", "cuda.link", 3)
   local list, info, arch, lto = {}, {}, opts.arch, false
   for i, v in ipairs(inputs) do
     local data, kind, name
