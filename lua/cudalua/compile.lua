@@ -7,6 +7,7 @@ local cache = require "cudalua.cache"
 local modules = require "cudalua.module"
 local includes = require "cudalua.headers"
 local check = require "cudalua.check"
+local system = require "cudalua.system"
 local M = {}
 
 -- the type kernel code computes with for a dtype, and the header that declares it: complex
@@ -248,43 +249,8 @@ M.find_kernels = find_kernels
 
 modules.demangle_function, modules.param_codes = M.demangle_function, param_codes
 
----------------------------------------------------------------------------------------------
--- "cc90": the current device's compute capability, for cache keys (needs no NVRTC)
--- also returns the device and its compute_capability {major, minor}; level: as error()'s
-local cc_of, cap_of = {}, {}
-local function device_cc(level, what)
-  if not core.is_available() then
-    error((what or "cuda.compile") .. ": " .. core.driver_error()
-          .. "; give opts.arch (e.g. \"sm_90\") to compile without a GPU", level or 3)
-  end
-  local dev = core.current_device()
-  if not cc_of[dev] then
-    local cc = core.devices()[dev + 1].compute_capability
-    cc_of[dev], cap_of[dev] = ("cc%d%d"):format(cc[1], cc[2]), cc
-  end
-  return cc_of[dev], dev, cap_of[dev]
-end
-
--- the arch NVRTC compiles for: the device's own (sm_90 on Hopper), or PTX of the newest NVRTC
--- knows for a newer device
-local arch_of = {}
-local function device_arch(level, what)
-  local _, dev, cc = device_cc((level or 3) + 1, what)
-  if arch_of[dev] then return arch_of[dev] end
-  local want = cc[1] * 10 + cc[2]
-  local archs = core.nvrtc_archs()
-  local best = 0
-  for _, a in ipairs(archs) do
-    if a == want then arch_of[dev] = "sm_" .. want; return arch_of[dev] end
-    if a <= want and a > best then best = a end
-  end
-  if best == 0 then
-    error(("%s: NVRTC cannot compile for compute capability %d.%d"):format(what or "cuda.compile", cc[1], cc[2]), level or 3)
-  end
-  arch_of[dev] = "compute_" .. best -- PTX the driver compiles for the newer device
-  return arch_of[dev]
-end
-M.device_arch = device_arch
+-- bench/cuda_cpp.lua asks it which arch a compile without opts.arch gets
+M.device_arch = system.device_arch
 
 local COMPILE_OPTS = { options = "table", name = "string", headers = "table", arch = "string",
   name_expressions = "table", cache = "boolean", include_dirs = "table", relocatable = "boolean",
@@ -342,10 +308,9 @@ local function module_of(e, name)
                        name = name, arch = e.arch, relocatable = e.relocatable, source = true }
 end
 
-local jitlink_id   -- found once a process, as the cache does NVRTC's
 local function pipeline(opts, options)
   if opts.debug or opts.relocatable or opts.lto or has_option(options, PTXAS_OPTIONS) then return "nvrtc" end
-  jitlink_id = jitlink_id or core.jitlink_identity()
+  local jitlink_id = system.jitlink_identity()
   return jitlink_id:match(":none$") and "nvrtc" or PIPELINE .. " " .. jitlink_id
 end
 
@@ -360,8 +325,8 @@ end
 
 -- nvJitLink assembles NVRTC's PTX only when it is at least as new
 local function jitlink_usable()
-  local ja, ji = core.jitlink_version()
-  local na, ni = core.nvrtc_version()
+  local ja, ji = system.jitlink_version()
+  local na, ni = system.nvrtc_version()
   return ja and na and ja > 0 and (ja > na or (ja == na and ji >= ni))
 end
 
@@ -372,7 +337,7 @@ local function compile(src, opts, quiet)
   -- the cache is consulted before anything loads NVRTC (~5 ms): without an explicit arch the
   -- key holds the device's compute capability, and the arch NVRTC gets is chosen on a miss
   local arch = opts.arch
-  local arch_key = arch or device_cc(4)
+  local arch_key = arch or system.device_cc(4)
   local name = opts.name or "cudalua_kernel.cu"
   local output = opts.lto and "ltoir" or nil
   -- the user's folders first, as with nvcc: they may hold a newer CCCL
@@ -419,7 +384,7 @@ local function compile(src, opts, quiet)
     end
     cache.stats.misses = cache.stats.misses + 1
   end
-  arch = arch or device_arch(4)
+  arch = arch or system.device_arch(4)
   if opts.lto and arch:match("^compute_") then
     error("cuda.compile: lto = true needs an sm_ arch; this device's is newer than NVRTC knows", 3)
   end

@@ -2,6 +2,7 @@
 -- include/cccl), stand-ins for the standard headers NVRTC lacks, <cub/cub.cuh> without its
 -- host-side parts, and the user's own header files, read so that the compile cache sees them.
 local core = ...
+local system = require "cudalua.system"
 local M = {}
 
 ---------------------------------------------------------------------------------------------
@@ -12,7 +13,7 @@ local toolkit
 local function toolkit_includes()
   if toolkit then return toolkit end
   toolkit = {}
-  local nvpath = core.nvrtc_identity():match("^(.*):%d+:%d+$")
+  local nvpath = system.nvrtc_identity():match("^(.*):%d+:%d+$")
   local cands = { os.getenv("CUDA_HOME"), os.getenv("CUDA_PATH"), os.getenv("CUDA_DIR"),
                   nvpath and nvpath:match("^(.*)/lib[^/]*/[^/]*$"),
                   nvpath and nvpath:match("^(.*)/lib[^/]*/[^/]*/[^/]*$"), "/usr/local/cuda" }

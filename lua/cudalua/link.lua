@@ -2,10 +2,9 @@
 -- or LTO-IR built elsewhere; cuda.link joins relocatable code, PTX, fatbins and LTO-IR into one
 -- module with nvJitLink (src/link.c).
 local core = ...
-local compile = require "cudalua.compile"
 local modules = require "cudalua.module"
 local check = require "cudalua.check"
-local device_arch = compile.device_arch
+local system = require "cudalua.system"
 local M = {}
 
 -- cuda.load_module(path or bytes [, opts]): a cubin, fatbin, PTX or LTO-IR built elsewhere
@@ -33,7 +32,7 @@ end
 
 -- LTO-IR is linked into a cubin by nvJitLink before it can be loaded
 local function jitlink(inputs, arch, lto, extra, where, level)
-  local have, why = core.jitlink_version()
+  local have, why = system.jitlink_version()
   if not have then error(why, level) end
   local options = { "-arch=" .. arch }
   if lto then options[#options + 1] = "-lto" end
@@ -46,7 +45,7 @@ local function jitlink(inputs, arch, lto, extra, where, level)
 end
 
 local function link_arch(arch, where, level)
-  arch = arch or device_arch(level + 1, where)
+  arch = arch or system.device_arch(level + 1, where)
   if arch:match("^compute_") then
     error(("%s: linking needs an sm_ arch, got %s"):format(where, arch), level)
   end
