@@ -8,6 +8,7 @@ local modules = require "cudalua.module"
 local includes = require "cudalua.headers"
 local check = require "cudalua.check"
 local system = require "cudalua.system"
+local signature = require "cudalua.signature"
 local M = {}
 
 -- the type kernel code computes with for a dtype, and the header that declares it: complex
@@ -20,187 +21,6 @@ function M.value_type(dtype) return VALUE[dtype.name] or dtype.ctype, HEADER[dty
 
 local PROBE = modules.PROBE
 local PROBE_SRC = '\n#line 1 "cudalua-probe"\ntemplate<typename T> __global__ void ' .. PROBE .. '() {}\n'
-
----------------------------------------------------------------------------------------------
--- Itanium C++ ABI demangling, for the one shape we generate: _Z13__cudalua_sigIF<ret><params>EEvv
-local builtin = { v = "void", b = "bool", c = "char", a = "signed char", h = "unsigned char",
-  s = "short", t = "unsigned short", i = "int", j = "unsigned int", l = "long",
-  m = "unsigned long", x = "long long", y = "unsigned long long", f = "float", d = "double",
-  e = "long double", n = "__int128", o = "unsigned __int128", w = "wchar_t", z = "..." }
-local code_of = { bool = "b", char = "a", ["signed char"] = "a", ["unsigned char"] = "A",
-  short = "s", ["unsigned short"] = "S", int = "i", ["unsigned int"] = "I", long = "l",
-  ["unsigned long"] = "L", ["long long"] = "l", ["unsigned long long"] = "L", float = "f",
-  double = "d", __half = "e", _Float16 = "e", __nv_bfloat16 = "E",
-  float2 = "c", double2 = "C" }   -- cuFloatComplex and cuDoubleComplex: {re, im} from Lua
-local std_abbrev = { a = "std::allocator", b = "std::basic_string", s = "std::string",
-  i = "std::istream", o = "std::ostream", d = "std::iostream" }
-
--- mode "function": a plain mangled function name, _Z<name><params>, as nvcc names C++ kernels
-local function demangle_params(s, mode)
-  local pos, subs = 1, {}
-  local function fail(why) error(("cannot read the type signature %s (%s at %d)"):format(s, why, pos), 0) end
-  local function peek(n) return s:sub(pos, pos + (n or 1) - 1) end
-  local parse_type, template_args
-  local function source_name()
-    local len = s:match("^%d+", pos)
-    if not len then fail("expected a name") end
-    pos = pos + #len
-    local name = s:sub(pos, pos + tonumber(len) - 1)
-    pos = pos + tonumber(len)
-    return name
-  end
-  local function add(t) subs[#subs + 1] = t; return t end
-  local function with_template(t)
-    if peek() == "I" then
-      local args = template_args()
-      local names = {}
-      for i, a in ipairs(args) do names[i] = a.name end
-      t = add { kind = "class", name = t.name .. "<" .. table.concat(names, ", ") .. ">" }
-    end
-    return t
-  end
-  function template_args()
-    pos = pos + 1 -- I
-    local args = {}
-    while peek() ~= "E" do
-      if pos > #s then fail("unterminated template arguments") end
-      if peek() == "L" then -- literal: L<type><value>E
-        local e = s:find("E", pos, true) or fail("bad literal")
-        local lit = s:sub(pos + 1, e - 1) -- <builtin type letter><value>, n for minus
-        local v = builtin[lit:sub(1, 1)] and lit:sub(2) or lit
-        if lit:sub(1, 1) == "b" then v = v == "1" and "true" or "false" end
-        args[#args + 1] = { kind = "literal", name = (v:gsub("^n", "-")) }
-        pos = e + 1
-      else
-        args[#args + 1] = parse_type()
-      end
-    end
-    pos = pos + 1
-    return args
-  end
-  function parse_type()
-    local c = peek()
-    if builtin[c] then pos = pos + 1; return { kind = "builtin", name = builtin[c] } end
-    if c == "D" then
-      local two = peek(2)
-      if two == "Dh" then pos = pos + 2; return { kind = "builtin", name = "_Float16" } end
-      if two == "Dn" then pos = pos + 2; return { kind = "builtin", name = "decltype(nullptr)" } end
-      local bits = s:match("^DF(%d+)_", pos)
-      if bits then pos = pos + 3 + #bits; return { kind = "builtin", name = "_Float" .. bits } end
-      fail("unsupported builtin type")
-    end
-    if c == "r" or c == "V" or c == "K" then
-      local q = s:match("^[rVK]+", pos)
-      pos = pos + #q
-      local inner = parse_type()
-      local words = {}
-      if q:find("K") then words[#words + 1] = "const" end
-      if q:find("V") then words[#words + 1] = "volatile" end
-      local w = table.concat(words, " ")
-      -- C spelling: a qualified pointer takes the qualifier after the star
-      local name = inner.kind == "ptr" and (inner.name .. " " .. w) or (w .. " " .. inner.name)
-      return add { kind = "qual", const = q:find("K") ~= nil, inner = inner, name = name }
-    end
-    if c == "P" or c == "R" or c == "O" then
-      pos = pos + 1
-      local inner = parse_type()
-      return add { kind = c == "P" and "ptr" or "ref", inner = inner,
-                   name = inner.name .. (c == "P" and "*" or "&") }
-    end
-    if c:match("%d") then
-      local t = add { kind = "class", name = source_name() }
-      return with_template(t)
-    end
-    if c == "N" then
-      pos = pos + 1
-      local parts = {}
-      while peek() ~= "E" do
-        if pos > #s then fail("unterminated nested name") end
-        if peek() == "S" then
-          parts[#parts + 1] = parse_type().name
-        else
-          parts[#parts + 1] = source_name()
-          add { kind = "class", name = table.concat(parts, "::") }
-          if peek() == "I" then
-            local t = with_template { name = table.concat(parts, "::") }
-            parts = { t.name }
-          end
-        end
-      end
-      pos = pos + 1
-      return { kind = "class", name = table.concat(parts, "::") }
-    end
-    if c == "S" then
-      local nx = s:sub(pos + 1, pos + 1)
-      if nx == "t" then
-        pos = pos + 2
-        local t = add { kind = "class", name = "std::" .. source_name() }
-        return with_template(t)
-      end
-      if std_abbrev[nx] then pos = pos + 2; return with_template { kind = "class", name = std_abbrev[nx] } end
-      local seq = s:match("^S(%w*)_", pos) or fail("bad substitution")
-      pos = pos + #seq + 2
-      local idx = seq == "" and 1 or tonumber(seq, 36) + 2
-      local t = subs[idx] or fail("substitution out of range")
-      return with_template(t)
-    end
-    if c == "F" then
-      pos = pos + 1
-      if peek() == "Y" then pos = pos + 1 end
-      local ret = parse_type()
-      local params = {}
-      while peek() ~= "E" do
-        if pos > #s then fail("unterminated function type") end
-        params[#params + 1] = parse_type()
-      end
-      pos = pos + 1
-      if #params == 1 and params[1].name == "void" then params = {} end
-      return add { kind = "function", ret = ret, params = params, name = "function" }
-    end
-    fail("unsupported type")
-  end
-  -- _Z <len>__cudalua_sig I F ... E E v v
-  if s:sub(1, 2) ~= "_Z" then fail("not a mangled name") end
-  pos = 3
-  if mode == "function" then
-    if peek() == "N" then parse_type() else add { kind = "class", name = source_name() } end
-    if peek() == "I" then fail("a template function") end
-    local params = {}
-    while pos <= #s do params[#params + 1] = parse_type() end
-    if #params == 1 and params[1].name == "void" then params = {} end
-    return params
-  end
-  add { kind = "class", name = source_name() } -- the template name is substitution S_
-  if peek() ~= "I" then fail("expected template arguments") end
-  local args = template_args()
-  if not args[1] or args[1].kind ~= "function" then fail("expected a function type") end
-  return args[1].params
-end
-
--- parameter types -> code letters (see src/module.c) and C spellings for messages
-local function param_codes(params)
-  local codes, types = {}, {}
-  for i, p in ipairs(params) do
-    local t = p
-    while t.kind == "qual" do t = t.inner end -- top-level qualifiers do not change passing
-    if t.kind == "ptr" then
-      local pointee = t.inner
-      codes[i] = (pointee.kind == "qual" and pointee.const) and "q" or "p"
-    elseif t.kind == "ref" then
-      error(("parameter %d is a reference (%s): kernels take values and pointers"):format(i, p.name), 0)
-    else
-      codes[i] = code_of[t.name] or "x"
-    end
-    types[i] = p.name
-  end
-  return table.concat(codes), types
-end
-M.demangle_params, M.param_codes = demangle_params, param_codes
--- the types of a C++ kernel from its mangled name, or nil where it cannot be read
-function M.demangle_function(sym)
-  local ok, params = pcall(demangle_params, sym, "function")
-  return ok and params or nil
-end
 
 ---------------------------------------------------------------------------------------------
 -- finding the kernels in a source: names of non-template __global__ functions
@@ -246,8 +66,6 @@ local function find_kernels(src)
   return names
 end
 M.find_kernels = find_kernels
-
-modules.demangle_function, modules.param_codes = M.demangle_function, param_codes
 
 -- bench/cuda_cpp.lua asks it which arch a compile without opts.arch gets
 M.device_arch = system.device_arch
@@ -468,10 +286,10 @@ local function compile(src, opts, quiet)
   for _, e in ipairs(wanted) do
     local sym, sig = lowered[e], lowered[PROBE .. "<decltype(" .. e .. ")>"]
     if sym and sig then
-      local ok, params = pcall(demangle_params, sig)
+      local ok, params = pcall(signature.demangle_params, sig)
       local entry = { symbol = sym }
       if ok then
-        local ok2, codes, types = pcall(param_codes, params)
+        local ok2, codes, types = pcall(signature.param_codes, params)
         if ok2 then entry.codes, entry.types = codes, types else entry.error = codes end
       else
         entry.error = params
