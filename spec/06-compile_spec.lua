@@ -1,12 +1,13 @@
 -- Runtime compilation: cuda.compile and its options, modules, cuda.kernel, the shipped headers,
 -- compile errors, and how parameter types are read from the compiler
--- (cudalua.signature's demangle_params and param_codes, cudalua.compile's find_kernels). Compiling needs no GPU when
+-- (cudalua.signature's demangle_params and param_codes, cudalua.probe's find_kernels). Compiling needs no GPU when
 -- the architecture is given; getting a kernel from a module does.
 local H = require "spec.helper"
 local C = require "spec.check"
 local cuda = H.cuda
 local CC = require "cudalua.compile"
 local SIG = require "cudalua.signature"
+local PR = require "cudalua.probe"
 local gpu = H.gpu(it, pending)
 local nogpu = C.nogpu(it, pending)
 local NO_DRIVER = "cudalua: no CUDA driver found ("
@@ -474,7 +475,7 @@ end)
 
 describe("find_kernels", function()
   it("names the non-template __global__ functions of a source, once each, in order", function()
-    assert.same({ "a", "b", "after_struct", "withreg", "e" }, CC.find_kernels([[
+    assert.same({ "a", "b", "after_struct", "withreg", "e" }, PR.find_kernels([[
 // __global__ void commented(int x) {}
 /* __global__ void blockcomment() {} */
 extern "C" __global__ __launch_bounds__(128, 4) void a(float *x) {}
@@ -495,8 +496,8 @@ e(int n) {}
   end)
 
   it("finds nothing in sources without kernels", function()
-    assert.same({}, CC.find_kernels(""))
-    assert.same({}, CC.find_kernels("__device__ void f() {}"))
-    assert.same({}, CC.find_kernels("/* __global__ void f() {} */"))
+    assert.same({}, PR.find_kernels(""))
+    assert.same({}, PR.find_kernels("__device__ void f() {}"))
+    assert.same({}, PR.find_kernels("/* __global__ void f() {} */"))
   end)
 end)
