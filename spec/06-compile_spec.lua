@@ -1,11 +1,13 @@
 -- Runtime compilation: cuda.compile and its options, modules, cuda.kernel, the shipped headers,
 -- compile errors, and how parameter types are read from the compiler
--- (cudalua.compile's demangle_params, param_codes, find_kernels). Compiling needs no GPU when
+-- (cudalua.signature's demangle_params and param_codes, cudalua.probe's find_kernels). Compiling needs no GPU when
 -- the architecture is given; getting a kernel from a module does.
 local H = require "spec.helper"
 local C = require "spec.check"
 local cuda = H.cuda
 local CC = require "cudalua.compile"
+local SIG = require "cudalua.signature"
+local PR = require "cudalua.probe"
 local gpu = H.gpu(it, pending)
 local nogpu = C.nogpu(it, pending)
 local NO_DRIVER = "cudalua: no CUDA driver found ("
@@ -389,25 +391,25 @@ describe("demangle_params", function()
 
   it("reads the parameter types of kernels as NVRTC mangles them", function()
     for _, s in ipairs(SIGS) do
-      local params = CC.demangle_params(s[1])
+      local params = SIG.demangle_params(s[1])
       assert.same(s[2], names(params), s[1])
     end
   end)
 
   it("marks pointers, qualifiers and classes", function()
-    local p = CC.demangle_params("_Z13__cudalua_sigIFv1PN2ns1QENS1_1WIfEEPS0_PKS0_EEvv")
+    local p = SIG.demangle_params("_Z13__cudalua_sigIFv1PN2ns1QENS1_1WIfEEPS0_PKS0_EEvv")
     assert.equal("class", p[1].kind)
     assert.equal("ptr", p[4].kind)
     assert.equal("class", p[4].inner.kind)
     assert.equal("qual", p[5].inner.kind)
     assert.is_true(p[5].inner.const)
-    local q = CC.demangle_params("_Z13__cudalua_sigIFvRiEEvv")
+    local q = SIG.demangle_params("_Z13__cudalua_sigIFvRiEEvv")
     assert.equal("ref", q[1].kind)
     assert.equal("int&", q[1].name)
   end)
 
   it("follows substitutions into pointers to pointers", function()
-    local p = CC.demangle_params("_Z13__cudalua_sigIFvPPfPKPKfPiS6_1PS7_EEvv")
+    local p = SIG.demangle_params("_Z13__cudalua_sigIFvPPfPKPKfPiS6_1PS7_EEvv")
     assert.equal(6, #p)
     assert.equal("float**", p[1].name)
     assert.equal("int*", p[3].name)
@@ -418,31 +420,31 @@ describe("demangle_params", function()
 
   it("spells a const pointer to const as C does", function()
     -- BUG: "const float* const*" comes out as "const const float**"
-    local p = CC.demangle_params("_Z13__cudalua_sigIFvPPfPKPKfPiS6_1PS7_EEvv")
+    local p = SIG.demangle_params("_Z13__cudalua_sigIFvPPfPKPKfPiS6_1PS7_EEvv")
     assert.equal("const float* const*", p[2].name)
   end)
 
   it("spells integer template arguments as numbers", function()
     -- BUG: A<3> comes out as "A<i3>" (the literal's type code is kept)
-    local p = CC.demangle_params("_Z13__cudalua_sigIFv1AILi3EEN2ns1WINS2_1QEEEEEvv")
+    local p = SIG.demangle_params("_Z13__cudalua_sigIFv1AILi3EEN2ns1WINS2_1QEEEEEvv")
     assert.same({ "A<3>", "ns::W<ns::Q>" }, names(p))
   end)
 
   it("rejects what it cannot read, saying where", function()
-    C.raises("cannot read the type signature abc (not a mangled name at 1)", CC.demangle_params, "abc")
-    C.raises("(not a mangled name at 1)", CC.demangle_params, "")
-    C.raises("(expected template arguments at 7)", CC.demangle_params, "_Z3foo")
-    C.raises("(expected a function type at 21)", CC.demangle_params, "_Z13__cudalua_sigIiEvv")
-    C.raises("(substitution out of range at 29)", CC.demangle_params, "_Z13__cudalua_sigIFvPfPKfS9_iEEvv")
-    C.raises("(unterminated function type at 23)", CC.demangle_params, "_Z13__cudalua_sigIFvPf")
-    C.raises("(unsupported type at 21)", CC.demangle_params, "_Z13__cudalua_sigIFvQEEvv")
+    C.raises("cannot read the type signature abc (not a mangled name at 1)", SIG.demangle_params, "abc")
+    C.raises("(not a mangled name at 1)", SIG.demangle_params, "")
+    C.raises("(expected template arguments at 7)", SIG.demangle_params, "_Z3foo")
+    C.raises("(expected a function type at 21)", SIG.demangle_params, "_Z13__cudalua_sigIiEvv")
+    C.raises("(substitution out of range at 29)", SIG.demangle_params, "_Z13__cudalua_sigIFvPfPKfS9_iEEvv")
+    C.raises("(unterminated function type at 23)", SIG.demangle_params, "_Z13__cudalua_sigIFvPf")
+    C.raises("(unsupported type at 21)", SIG.demangle_params, "_Z13__cudalua_sigIFvQEEvv")
   end)
 end)
 
 describe("param_codes", function()
   it("gives one code letter per parameter and the C spellings", function()
-    local p = CC.demangle_params("_Z13__cudalua_sigIFvdycsb6__halfxjaht13__nv_bfloat16EEvv")
-    local codes, types = CC.param_codes(p)
+    local p = SIG.demangle_params("_Z13__cudalua_sigIFvdycsb6__halfxjaht13__nv_bfloat16EEvv")
+    local codes, types = SIG.param_codes(p)
     assert.equal("dLasbelIaASE", codes)
     assert.same({ "double", "unsigned long long", "char", "short", "bool", "__half", "long long",
                   "unsigned int", "signed char", "unsigned char", "unsigned short", "__nv_bfloat16" }, types)
@@ -456,24 +458,24 @@ describe("param_codes", function()
       { "_Z13__cudalua_sigIFvPvPKvEEvv", "pq" },
       { "_Z13__cudalua_sigIFvDhEEvv", "e" },
     } do
-      assert.equal(s[2], (CC.param_codes(CC.demangle_params(s[1]))), s[1])
+      assert.equal(s[2], (SIG.param_codes(SIG.demangle_params(s[1]))), s[1])
     end
   end)
 
   it("treats top-level const as passing by value", function()
-    local codes = CC.param_codes { { kind = "qual", const = true, name = "const int", inner = { kind = "builtin", name = "int" } } }
+    local codes = SIG.param_codes { { kind = "qual", const = true, name = "const int", inner = { kind = "builtin", name = "int" } } }
     assert.equal("i", codes)
   end)
 
   it("rejects reference parameters", function()
-    C.raises("parameter 1 is a reference (int&): kernels take values and pointers", CC.param_codes,
-             CC.demangle_params("_Z13__cudalua_sigIFvRiEEvv"))
+    C.raises("parameter 1 is a reference (int&): kernels take values and pointers", SIG.param_codes,
+             SIG.demangle_params("_Z13__cudalua_sigIFvRiEEvv"))
   end)
 end)
 
 describe("find_kernels", function()
   it("names the non-template __global__ functions of a source, once each, in order", function()
-    assert.same({ "a", "b", "after_struct", "withreg", "e" }, CC.find_kernels([[
+    assert.same({ "a", "b", "after_struct", "withreg", "e" }, PR.find_kernels([[
 // __global__ void commented(int x) {}
 /* __global__ void blockcomment() {} */
 extern "C" __global__ __launch_bounds__(128, 4) void a(float *x) {}
@@ -494,8 +496,8 @@ e(int n) {}
   end)
 
   it("finds nothing in sources without kernels", function()
-    assert.same({}, CC.find_kernels(""))
-    assert.same({}, CC.find_kernels("__device__ void f() {}"))
-    assert.same({}, CC.find_kernels("/* __global__ void f() {} */"))
+    assert.same({}, PR.find_kernels(""))
+    assert.same({}, PR.find_kernels("__device__ void f() {}"))
+    assert.same({}, PR.find_kernels("/* __global__ void f() {} */"))
   end)
 end)

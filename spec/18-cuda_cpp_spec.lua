@@ -126,6 +126,17 @@ describe("the user's own headers", function()
   before_each(function() dir = H.tmpdir() end)
   after_each(function() H.rmrf(dir) end)
 
+  it("are read from a source's #include lines once, in order, up to one a macro computes", function()
+    local found = HD.read_includes('#include <a.h>\n  # include "b/c.h"\n#include WHICH\n#include <d.h>\n')
+    assert.same({ { name = "a.h", quoted = false }, { name = "b/c.h", quoted = true } }, found.list)
+    assert.is_true(found.macro)
+    assert.is_true(found.foreign)
+    -- cudalua's own headers are no others; a commented-out #include names one all the same
+    assert.is_false(HD.read_includes("#include <cudalua/reduce.cuh>\n").foreign)
+    assert.is_true(HD.read_includes("// #include <cub/cub.cuh>\n").foreign)
+    assert.same({ list = {}, foreign = false }, HD.read_includes("__global__ void k() {}"))
+  end)
+
   it("come from opts.include_dirs, with <> and with quotes", function()
     os.execute("mkdir -p " .. H.q(dir .. "/inc/sub"))
     H.write(dir .. "/inc/mine.cuh", '#pragma once\n#include "sub/deeper.cuh"\n#define MINE (DEEPER + 1)\n')

@@ -7,7 +7,7 @@ local H = require "spec.helper"
 local C = require "spec.check"
 local cuda = H.cuda
 local MOD = require "cudalua.module"
-local CC = require "cudalua.compile"
+local SIG = require "cudalua.signature"
 local gpu = H.gpu(it, pending)
 local nogpu = C.nogpu(it, pending)
 
@@ -279,11 +279,11 @@ describe("signatures", function()
   end)
 
   it("C++ mangled names spell their kernels' types", function()
-    assert.equal("pdls", (CC.param_codes(CC.demangle_function("_Z5shiftPddxs"))))
-    assert.equal("qi", (CC.param_codes(CC.demangle_function("_ZN2ns1kEPKfi"))))
-    assert.equal("", (CC.param_codes(CC.demangle_function("_Z4noopv"))))
-    assert.is_nil(CC.demangle_function("_Z5scaleIfEvPT_S0_i")) -- a template: types not spelt plainly
-    assert.is_nil(CC.demangle_function("saxpy"))
+    assert.equal("pdls", (SIG.param_codes(SIG.demangle_function("_Z5shiftPddxs"))))
+    assert.equal("qi", (SIG.param_codes(SIG.demangle_function("_ZN2ns1kEPKfi"))))
+    assert.equal("", (SIG.param_codes(SIG.demangle_function("_Z4noopv"))))
+    assert.is_nil(SIG.demangle_function("_Z5scaleIfEvPT_S0_i")) -- a template: types not spelt plainly
+    assert.is_nil(SIG.demangle_function("saxpy"))
   end)
 end)
 

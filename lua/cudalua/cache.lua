@@ -5,6 +5,7 @@
 -- versions. Entries are written atomically (a temporary file renamed into place) and carry a
 -- checksum: a corrupt or truncated entry is ignored and written again.
 local core = ...
+local system = require "cudalua.system"
 local M = {}
 
 local MAGIC = "cudalua-cache-3"
@@ -34,7 +35,7 @@ local fixed
 local function fixed_part()
   if not fixed then
     -- build_id digests cudalua's Lua parts and kernel headers: a new cudalua, new keys
-    local h = { MAGIC, core.build_id, core.nvrtc_identity() }
+    local h = { MAGIC, core.build_id, system.nvrtc_identity() }
     fixed = core.hash(table.concat(h, "\0"))
   end
   return fixed

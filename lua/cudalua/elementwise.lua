@@ -8,6 +8,7 @@
 -- whose arrays are read and written 16 bytes at a time when every pointer allows it.
 local core = ...
 local compile = require "cudalua.compile"
+local check = require "cudalua.check"
 local M = {}
 
 -- "float32 x, float32 y" -> { {dtype=, name=}, ... }
@@ -203,7 +204,7 @@ function Elementwise.__call(self, ...)
   for k, v in pairs(opts or NO_OPTS) do
     if not EW_OPTS[k] then error(("%s: unknown option '%s' (block, stream)"):format(where, tostring(k)), 2) end
     if k == "stream" then
-      if not compile.is_stream(v) then
+      if not check.is_stream(v) then
         error(("%s: stream must be a cudalua stream, got %s"):format(where, type(v)), 2)
       end
       stream = v

@@ -2,6 +2,7 @@
 -- include/cccl), stand-ins for the standard headers NVRTC lacks, <cub/cub.cuh> without its
 -- host-side parts, and the user's own header files, read so that the compile cache sees them.
 local core = ...
+local system = require "cudalua.system"
 local M = {}
 
 ---------------------------------------------------------------------------------------------
@@ -12,7 +13,7 @@ local toolkit
 local function toolkit_includes()
   if toolkit then return toolkit end
   toolkit = {}
-  local nvpath = core.nvrtc_identity():match("^(.*):%d+:%d+$")
+  local nvpath = system.nvrtc_identity():match("^(.*):%d+:%d+$")
   local cands = { os.getenv("CUDA_HOME"), os.getenv("CUDA_PATH"), os.getenv("CUDA_DIR"),
                   nvpath and nvpath:match("^(.*)/lib[^/]*/[^/]*$"),
                   nvpath and nvpath:match("^(.*)/lib[^/]*/[^/]*/[^/]*$"), "/usr/local/cuda" }
@@ -123,6 +124,28 @@ local function from_options(options)
   return dirs, roots
 end
 
+-- a text's #include lines, read once for the cache key and for the way a cubin is made: list,
+-- the files the lines name in order ({name =, quoted =}), up to one whose file a macro computes
+-- (macro = true: nothing after it can be known); foreign, whether the text names a header
+-- beyond cudalua's own anywhere on a line (a commented-out #include counts: the way a cubin
+-- is made has always counted it)
+function M.read_includes(text)
+  local found = { list = {}, foreign = false }
+  if not text:find("#%s*include") then return found end
+  for line in text:gmatch("[^\n]+") do
+    for name in line:gmatch("#%s*include%s*[<\"]([^>\"]+)") do
+      if name:sub(1, 8) ~= "cudalua/" then found.foreign = true end
+    end
+    local rest = not found.macro and line:match("^%s*#%s*include%s*(.*)")
+    if rest then
+      local q, a = rest:match('^"([^"]+)"'), rest:match("^<([^>]+)>")
+      if q or a then found.list[#found.list + 1] = { name = q or a, quoted = q ~= nil }
+      else found.macro = true end
+    end
+  end
+  return found
+end
+
 local warned
 local function uncacheable(why)
   if not warned then
@@ -133,10 +156,11 @@ local function uncacheable(why)
 end
 
 -- the user's headers a source includes (through options' -I folders, quoted includes next to
--- the including file, forced includes, in-memory headers mem), as paths and content hashes
-local function user_headers(src, name, options, mem)
+-- the including file, forced includes, in-memory headers mem), as paths and content hashes;
+-- found: the source's read_includes
+local function user_headers(found, name, options, mem)
   local opt_dirs, roots = from_options(options)
-  if not src:find("#%s*include") and #roots == 0 then return "" end
+  if #found.list == 0 and not found.macro and #roots == 0 then return "" end
   local dirs = {}
   for _, d in ipairs(opt_dirs) do dirs[#dirs + 1] = normalize(d) end
   local tk = toolkit_includes()
@@ -146,14 +170,14 @@ local function user_headers(src, name, options, mem)
     end
   end
   local parts, seen, nfiles = {}, {}, 0
-  local scan
+  local walk
   local function visit(path, text, dir)
     if seen[path] then return true end
     seen[path] = true
     nfiles = nfiles + 1
     if nfiles > MAX_FILES then return false end
     parts[#parts + 1] = path .. "\0" .. core.hash(text)
-    return scan(text, dir)
+    return walk(M.read_includes(text), dir)
   end
   local function read(path)
     local f = io.open(path, "rb")
@@ -183,22 +207,17 @@ local function user_headers(src, name, options, mem)
     if not body then return true end
     return visit(p, body, dirname(p))
   end
-  function scan(text, dir)
-    for line in text:gmatch("[^\n]+") do
-      local rest = line:match("^%s*#%s*include%s*(.*)")
-      if rest then
-        local q, a = rest:match('^"([^"]+)"'), rest:match("^<([^>]+)>")
-        if not q and not a then return false end -- #include MACRO
-        if not include(q or a, dir, q ~= nil) then return false end
-      end
+  function walk(included, dir)
+    for _, inc in ipairs(included.list) do
+      if not include(inc.name, dir, inc.quoted) then return false end
     end
-    return true
+    return not included.macro
   end
   local base = dirname(name)
   for _, r in ipairs(roots) do
     if not include(r, base, true) then return uncacheable("an include file could not be followed") end
   end
-  if not scan(src, base) then
+  if not walk(found, base) then
     return uncacheable(nfiles > MAX_FILES and ("it includes more than " .. MAX_FILES .. " files")
                        or "an #include is computed by a macro")
   end

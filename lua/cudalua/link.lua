@@ -2,10 +2,9 @@
 -- or LTO-IR built elsewhere; cuda.link joins relocatable code, PTX, fatbins and LTO-IR into one
 -- module with nvJitLink (src/link.c).
 local core = ...
-local compile = require "cudalua.compile"
 local modules = require "cudalua.module"
-local check_table, check_strings, check_arch = compile.check_table, compile.check_strings, compile.check_arch
-local device_arch = compile.device_arch
+local check = require "cudalua.check"
+local system = require "cudalua.system"
 local M = {}
 
 -- cuda.load_module(path or bytes [, opts]): a cubin, fatbin, PTX or LTO-IR built elsewhere
@@ -33,7 +32,7 @@ end
 
 -- LTO-IR is linked into a cubin by nvJitLink before it can be loaded
 local function jitlink(inputs, arch, lto, extra, where, level)
-  local have, why = core.jitlink_version()
+  local have, why = system.jitlink_version()
   if not have then error(why, level) end
   local options = { "-arch=" .. arch }
   if lto then options[#options + 1] = "-lto" end
@@ -46,7 +45,7 @@ local function jitlink(inputs, arch, lto, extra, where, level)
 end
 
 local function link_arch(arch, where, level)
-  arch = arch or device_arch(level + 1, where)
+  arch = arch or system.device_arch(level + 1, where)
   if arch:match("^compute_") then
     error(("%s: linking needs an sm_ arch, got %s"):format(where, arch), level)
   end
@@ -54,8 +53,8 @@ local function link_arch(arch, where, level)
 end
 
 function M.load_module(v, opts)
-  opts = check_table(opts, LOAD_OPTS, "cuda.load_module", 3)
-  check_arch(opts.arch, "cuda.load_module", 3)
+  opts = check.table(opts, LOAD_OPTS, "cuda.load_module", 3)
+  check.arch(opts.arch, "cuda.load_module", 3)
   local data, kind, path = image_of(v, "cuda.load_module", 3)
   local name = opts.name or path or ("<" .. modules.holds[kind] .. ">")
   local f = { image = data, kind = kind, log = "", name = name, arch = opts.arch }
@@ -90,10 +89,10 @@ function M.link(inputs, opts)
   if type(inputs) ~= "table" or #inputs == 0 then
     error("cuda.link: expected a list of modules or images, got " .. (type(inputs) == "table" and "an empty table" or type(inputs)), 2)
   end
-  compile.check_list(inputs, "the list of inputs", "cuda.link", 3)
-  opts = check_table(opts, LINK_OPTS, "cuda.link", 3)
-  check_arch(opts.arch, "cuda.link", 3)
-  check_strings(opts.options or {}, "opts.options", "cuda.link", 3)
+  check.list(inputs, "the list of inputs", "cuda.link", 3)
+  opts = check.table(opts, LINK_OPTS, "cuda.link", 3)
+  check.arch(opts.arch, "cuda.link", 3)
+  check.strings(opts.options or {}, "opts.options", "cuda.link", 3)
   local list, info, arch, lto = {}, {}, opts.arch, false
   for i, v in ipairs(inputs) do
     local data, kind, name

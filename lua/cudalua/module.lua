@@ -5,6 +5,7 @@
 -- signature the user gives (m:get("k", "float*, int")), the PTX .param list, a C++ mangled
 -- name, the driver's parameter sizes.
 local core = ...
+local signature = require "cudalua.signature"
 local M = {}
 
 -- cuda.compile's probe kernel template: its instances are never listed
@@ -261,9 +262,9 @@ local function lookup(st, mod, expr, level)
     return { symbol = expr }
   end
   if st.info[symbol] then return st.info[symbol] end   -- types from the PTX
-  local params = M.demangle_function and M.demangle_function(symbol)
+  local params = signature.demangle_function(symbol)
   if params then
-    local ok, codes, types = pcall(M.param_codes, params)
+    local ok, codes, types = pcall(signature.param_codes, params)
     if ok then return { symbol = symbol, codes = codes, types = types } end
   end
   return { symbol = symbol }   -- the driver's sizes

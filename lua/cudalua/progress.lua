@@ -8,7 +8,7 @@
 -- the device lacks concurrent managed access (Windows, some older setups), touching managed
 -- memory while a kernel runs is not allowed: use cuda.mapped_array for the counter there.
 local core = ...
-local compile = require "cudalua.compile"
+local check = require "cudalua.check"
 local M = {}
 
 local function human(x)
@@ -46,7 +46,7 @@ function M.watch(counter, total, opts)
       error(("progress.watch: unknown option '%s' (stream, label, interval, out, line_interval)"):format(tostring(k)), 2)
     end
   end
-  if opts.stream ~= nil and not compile.is_stream(opts.stream) then
+  if opts.stream ~= nil and not check.is_stream(opts.stream) then
     error("progress.watch: stream must be a stream (cuda.stream()), got " .. type(opts.stream), 2)
   end
   if opts.out ~= nil and io.type(opts.out) ~= "file" then

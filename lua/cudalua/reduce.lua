@@ -4,6 +4,7 @@
 -- commute ("a + b", "a * b", bitwise ops) lets each lane fold its own elements first.
 local core = ...
 local compile = require "cudalua.compile"
+local check = require "cudalua.check"
 local gpus = require "cudalua.gpus"
 
 local M = {}
@@ -174,7 +175,7 @@ function Reducer:__call(arr, opts)
       end
     end
     if stream ~= nil and stream ~= 0 then
-      if not compile.is_stream(stream) then
+      if not check.is_stream(stream) then
         error("reduce: expected a stream, got " .. type(stream), 2)
       end
     elseif stream == 0 then

@@ -1,0 +1,55 @@
+-- cudalua.check: the checks of arguments and option tables that the Lua parts share, so that
+-- cuda.compile, cuda.link, cuda.load_module, cuda.reduce, cuda.elementwise and progress.watch
+-- refuse the same mistakes with the same words. level: as error()'s, counted from the caller.
+local M = {}
+
+-- a cudalua stream? (each caller says what it expected in its own words)
+function M.is_stream(v)
+  local mt = getmetatable(v)
+  return type(mt) == "table" and rawget(mt, "__name") == "cudalua.stream"
+end
+
+-- opts, or {} for nil; known maps each option to its Lua type
+function M.table(opts, known, where, level)
+  if opts == nil then return {} end
+  if type(opts) ~= "table" then error(("%s: opts must be a table, got %s"):format(where, type(opts)), level) end
+  for k, v in pairs(opts) do
+    if not known[k] then
+      local names = {}
+      for n in pairs(known) do names[#names + 1] = n end
+      table.sort(names)
+      error(("%s: unknown option '%s' (%s)"):format(where, tostring(k), table.concat(names, ", ")), level)
+    end
+    if type(v) ~= known[k] then
+      error(("%s: opts.%s must be a %s, got %s"):format(where, k, known[k], type(v)), level)
+    end
+  end
+  return opts
+end
+
+-- a list of strings and nothing else: a named key in it ({lineinfo = true} given as an option
+-- string) would be lost without a word
+function M.list(list, what, where, level)
+  local n = #list
+  for k in pairs(list) do
+    if math.type(k) ~= "integer" or k < 1 or k > n then
+      error(("%s: %s is a list; it has the key %s (an option for opts itself?)"):format(where, what,
+            type(k) == "string" and ("'" .. k .. "'") or tostring(k)), level)
+    end
+  end
+end
+
+function M.strings(list, what, where, level)
+  M.list(list, what, where, level + 1)
+  for i = 1, #list do
+    if type(list[i]) ~= "string" then error(("%s: %s[%d] must be a string"):format(where, what, i), level) end
+  end
+end
+
+function M.arch(arch, where, level)
+  if arch and not arch:match("^sm_%d+[af]?$") and not arch:match("^compute_%d+[af]?$") then
+    error(("%s: arch must look like \"sm_90\" or \"compute_90\", got %q"):format(where, arch), level)
+  end
+end
+
+return M
