@@ -34,7 +34,6 @@ CUstream cl_stream_use(lua_State *L, cl_stream *s) {
   cl_ctx(L);
   return NULL;
 }
-#define use_stream cl_stream_use
 
 /* the stream object at idx as a method's self: NULL for the default stream; raises when closed */
 cl_stream *cl_checkstream(lua_State *L, int idx) { return checkls(L, idx)->s; }
@@ -118,7 +117,7 @@ static int l_default_stream(lua_State *L) {
 
 static int s_synchronize(lua_State *L) {
   lstream *ls = checkls(L, 1);
-  CUstream h = use_stream(L, ls->s);
+  CUstream h = cl_stream_use(L, ls->s);
   cl_capture_guard(L, ls->s, 1, "stream:synchronize");
   cl_wait(L, CL_WAIT_STREAM, h, "stream:synchronize");
   cl_flush_deferred(L);   /* what host functions closed meanwhile: nothing here uses it now */
@@ -126,7 +125,7 @@ static int s_synchronize(lua_State *L) {
 }
 
 static int s_query(lua_State *L) {
-  CUstream h = use_stream(L, checkls(L, 1)->s);
+  CUstream h = cl_stream_use(L, checkls(L, 1)->s);
   cl_host_service(L);   /* a Lua host function on this stream may be what it waits for */
   CUresult r = CU(cuStreamQuery, h);
   cl_flush_deferred(L);
@@ -142,7 +141,7 @@ static int s_query(lua_State *L) {
 static int s_launch_host_func(lua_State *L) {
   lstream *ls = checkls(L, 1);
   cl_stream *s = ls->s;
-  CUstream h = use_stream(L, s);
+  CUstream h = cl_stream_use(L, s);
   luaL_checktype(L, 2, LUA_TFUNCTION);
   cl_capture_guard(L, s, 0, "stream:launch_host_func");
   if (cl_capturing && s && cl_capture_push_keep(L, s)) {
@@ -193,7 +192,7 @@ static int s_index(lua_State *L) {
   const char *k = lua_tostring(L, 2);
   if (k && !strcmp(k, "priority")) {
     if (!ls->s && !ls->is_default) return luaL_error(L, "cudalua: stream.priority: closed stream");
-    CUstream h = use_stream(L, ls->s);
+    CUstream h = cl_stream_use(L, ls->s);
     int p = 0;
     cl_check(L, CU(cuStreamGetPriority, h, &p), "stream.priority");
     lua_pushinteger(L, p);
