@@ -654,18 +654,13 @@ void cl_host_dump(void *file) {
 
 /* ---- the state's queue ---- */
 
+/* frees a closed queue: on the helper thread too, so no driver call here (see q_gc) */
 static void free_queue(cl_hostq *q) {
   for (cl_hostrec *r = q->head; r;) {   /* left over after a failed context */
     cl_hostrec *next = r->next;
     if (r->oneshot || r->dropped) rec_free(NULL, r);
     r = next;
   }
-  for (int d = 0; d < CL_MAXDEV; d++)
-    if (q->order[d]) {
-      CUcontext prev = cl_ctx_swap(q->order_ctx[d]);
-      CU0(cuEventDestroy, q->order[d]);
-      cl_ctx_swap(prev);
-    }
   pthread_mutex_destroy(&q->mu);
   pthread_cond_destroy(&q->cv);
   free(q);
@@ -678,6 +673,17 @@ static int q_gc(lua_State *L) {
   *pq = NULL;   /* finalizers after this one find no queue: no host function runs any more */
   cl_deferred *d = q->later;   /* taken before the helper may free the queue */
   q->later = NULL;
+  /* the graph launches' order events go here, on the state's thread: the helper, which frees
+     the queue once nothing is pending, must never call the driver. A driver call there waited
+     for the lock of another thread's cuMemFreeHost, which waited for the device, which waited
+     for a host function only the helper could run (a hang in spec 30's stress, seed 8572) */
+  for (int i = 0; i < CL_MAXDEV; i++)
+    if (q->order[i]) {
+      CUcontext prev = cl_ctx_swap(q->order_ctx[i]);
+      CU0(cuEventDestroy, q->order[i]);   /* one still pending is released once it completes */
+      cl_ctx_swap(prev);
+      q->order[i] = NULL;
+    }
   /* closed: what fires from now on is released unrun by the helper, which frees the queue
      once nothing is pending; without a helper and with nothing pending it is freed here (the
      helper looks at queues only through the list, under queues_mu) */
