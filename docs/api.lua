@@ -71,11 +71,14 @@ function cuda.enable_peer_access(a, b) end
 --- Turns peer access from a to b off again.
 function cuda.disable_peer_access(a, b) end
 
---- Device blocks freed by arrays are kept for reuse up to max_bytes (0 turns the cache off).
+--- Device blocks freed by arrays are kept for reuse up to max_bytes (0 turns the cache off). The
+-- limit is the process's; each state frees only the blocks it cached (a free is queued on the
+-- block's stream, which only its state may know to be capturing), so a lower limit frees this
+-- state's oldest blocks.
 -- @return the bytes cached now, and the limit before the call
 function cuda.block_cache(max_bytes) end
 
---- Frees the cached device blocks now (the limit stays).
+--- Frees the device blocks this state cached now (the limit stays).
 function cuda.empty_cache() end
 
 --- Element types

@@ -268,6 +268,49 @@ check(h[3] == v + 102, "the first state's array after the second closed", h[3])
     assert.matches("active contexts 0\n", out, 1, true)
   end)
 
+  -- found by tools/stress.c (seed 1699): a state on another thread evicted this state's cached
+  -- block onto its stream while that stream captured, and the capture failed
+  -- (CUDA_ERROR_STREAM_CAPTURE_INVALIDATED at the next launch)
+  gpu("a state frees only the blocks it cached: another state's eviction never reaches a capturing stream", function()
+    expect_ok(script(PRELUDE .. [[
+local n, v = math.random(1000, 5000), math.random(-100, 100)
+local k = cuda.kernel('extern "C" __global__ void add(int *x, int v, int n) { int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) x[i] += v; }', "add")
+local s = cuda.stream(true)
+local x = cuda.device_array(n, "int32", s)
+x:fill(0, s)
+local dropped = cuda.device_array(n, "int32", s)   -- cached on s, this state's
+dropped:close()
+local mine = cuda.block_cache()
+check(mine >= n * 4, "the dropped block was not cached", mine)
+-- another state caches a block of its own, empties the cache, lowers the limit to 0 and back:
+-- only its own block goes
+local other = [=[local c = require 'cudalua'
+local a = c.device_array(%d, 'float32'); a:close()
+local before = c.block_cache(); c.empty_cache(); local after = c.block_cache()
+local _, limit = c.block_cache(0); c.block_cache(limit)
+return before .. ' ' .. after .. ' ' .. c.block_cache()]=]
+local m = math.random(100, 900)
+local before, after, last = c_other_state(other:format(m)):match("^(%d+) (%d+) (%d+)$")
+check(tonumber(before) == mine + m * 4, "the other state's block was not cached", before, mine)
+check(tonumber(after) == mine and tonumber(last) == mine, "the other state freed this state's blocks", after, last)
+check(cuda.block_cache() == mine)
+-- the same on a thread of its own while this state's stream captures (relaxed: the other
+-- thread's driver calls are allowed)
+s:begin_capture("relaxed")
+before, after, last = c_thread_state(other:format(m)):match("^(%d+) (%d+) (%d+)$")
+check(tonumber(after) == mine and tonumber(last) == mine, "the other thread freed this state's blocks", after, last)
+k[{ (n + 127) // 128, 128, s }](x, v, n)
+local g = s:end_capture():instantiate()
+local runs = math.random(2, 5)
+for _ = 1, runs do g:launch(s) end
+s:synchronize()
+local h = x:copy_to_host()
+for i = 1, n do check(h[i] == v * runs, "element", i, h[i], v * runs) end
+cuda.empty_cache()
+check(cuda.block_cache() == 0, "this state's own blocks stay", cuda.block_cache())
+]]))
+  end)
+
   gpu("the embedding example runs in one state and in two states on two threads", function()
     local ok, out = run("make -s build/embed_host")
     assert(ok, "building build/embed_host failed:\n" .. out)

@@ -273,6 +273,7 @@ void cl_mem_settle(lua_State *L, cl_mem *m);      /* waits for queued work that 
 /* before stream-less work on m in context a or b: waits for any other device's work on m */
 void cl_mem_order(lua_State *L, cl_mem *m, CUcontext a, CUcontext b);
 void cl_mem_forget_stream(lua_State *L, cl_stream *s);   /* s is being destroyed */
+void cl_mem_forget_state(lua_State *L);   /* its state closes: the blocks it cached are freed */
 void cl_open_memory(lua_State *L);
 void cl_mem_release_all(void);                  /* the last state closed: block cache emptied */
 int cl_pageable_prepare(lua_State *L, cl_mem *m);               /* page-locks pageable memory for copies */

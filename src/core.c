@@ -47,6 +47,7 @@ static const char sentinel_key = 0;
 static int state_closed(lua_State *L) {
   pthread_mutex_lock(&states_mu);
   cl_flush_deferred(L);
+  cl_mem_forget_state(L);   /* the blocks it cached: only it may free them (memory.c) */
   if (--live_states == 0) {
     cl_mem_release_all();
     cl_idle_devices();      /* the helper thread releases closed states' host functions meanwhile */

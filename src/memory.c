@@ -138,25 +138,47 @@ void cl_stream_unref(lua_State *L, cl_stream *s) {
    array does in Lua, and arrays are made and dropped in loops. A block is handed out again only
    in the order of the stream it was freed on, as the driver's pool itself does, so queued work
    that used it is done before new work on that stream touches it. Bounded in blocks and bytes;
-   emptied before an allocation is retried after out-of-memory. One cache for the process:
-   states on other threads share it. */
+   emptied before an allocation is retried after out-of-memory. One cache for the process,
+   shared by the states on other threads, but a block is freed only by the state that cached
+   it: a free is queued on the block's stream, and another state's stream may be capturing
+   (the free would land in its graph and spoil the capture: CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+   in tools/stress.c, seed 1699, when a thread's eviction raced a capture's beginning). A state
+   that finds only others' blocks in a full cache frees its own block at once instead. */
 #define SLOTS 32
-typedef struct { CUdeviceptr p; size_t bytes; CUcontext ctx; cl_stream *s; } block;
+typedef struct { CUdeviceptr p; size_t bytes; CUcontext ctx; cl_stream *s; const void *owner; } block;
 static block cache[SLOTS];      /* oldest first */
 static int ncache;
 static size_t cached, cache_limit = (size_t)128 << 20;
 static pthread_mutex_t cache_mu = PTHREAD_MUTEX_INITIALIZER;
 
+/* the state L belongs to (its main thread): the owner of the blocks it caches. NULL (no state:
+   the last one is closing) owns every block */
+static const void *state_id(lua_State *L) {
+  if (!L) return NULL;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
+  const void *id = lua_topointer(L, -1);
+  lua_pop(L, 1);
+  return id;
+}
+
+static int owns(const void *me, int i) { return !me || cache[i].owner == me; }
+
 /* takes cache[i] out into *out (cache_mu held); it is freed by free_blocks once the lock is
    let go: a free may park the Lua thread (hostfn.c), and a host function run meanwhile may
-   allocate. Its stream, which may be another state's, counts the free under way: that state's
-   thread destroying the stream meanwhile waits for it (cl_mem_forget_stream), or the free would
-   use a destroyed stream (a crash in cuMemFreeAsync, seen in tools/stress.c) */
+   allocate. Its stream counts the free under way (a stream destroyed with the free in flight
+   would crash cuMemFreeAsync, seen in tools/stress.c; cl_mem_forget_stream waits for it) */
 static void evict(int i, block *out) {
   *out = cache[i];
   if (out->s) __atomic_add_fetch(&out->s->freeing, 1, __ATOMIC_SEQ_CST);
   cached -= cache[i].bytes;
   memmove(&cache[i], &cache[i + 1], (size_t)(--ncache - i) * sizeof *cache);
+}
+
+/* the oldest block of me's into *out; 0 when it has none cached (cache_mu held) */
+static int evict_oldest(const void *me, block *out) {
+  for (int i = 0; i < ncache; i++)
+    if (owns(me, i)) { evict(i, out); return 1; }
+  return 0;
 }
 
 /* frees evicted blocks in the order of their streams (L may be NULL) */
@@ -170,18 +192,25 @@ static void free_blocks(lua_State *L, block *v, int n) {
   }
 }
 
-/* keeps a freed block; 0 when it is not kept (too big, capturing, a stream not ours) */
+/* keeps a freed block; 0 when it is not kept (too big, capturing, a stream not ours, or no room
+   left once this state's own older blocks are gone) */
 static int cache_put(lua_State *L, CUdeviceptr p, size_t bytes, CUcontext ctx, cl_stream *s) {
-  if (bytes > cache_limit / 8 || cl_capturing || (s && !s->owned)) return 0;
+  if (!L || bytes > cache_limit / 8 || cl_capturing || (s && !s->owned)) return 0;
+  const void *me = state_id(L);
   block out[SLOTS];
-  int n = 0;
+  int n = 0, room = 1;
   pthread_mutex_lock(&cache_mu);
-  while (ncache && (ncache == SLOTS || cached + bytes > cache_limit)) evict(0, &out[n++]);
-  cache[ncache++] = (block){p, bytes, ctx, s};
-  cached += bytes;
+  while (ncache && (ncache == SLOTS || cached + bytes > cache_limit)) {
+    if (!evict_oldest(me, &out[n])) { room = 0; break; }
+    n++;
+  }
+  if (room) {
+    cache[ncache++] = (block){p, bytes, ctx, s, me};
+    cached += bytes;
+  }
   pthread_mutex_unlock(&cache_mu);
   free_blocks(L, out, n);
-  return 1;
+  return room;
 }
 
 static CUdeviceptr cache_get(size_t bytes, CUcontext ctx, cl_stream *s) {
@@ -199,27 +228,33 @@ static CUdeviceptr cache_get(size_t bytes, CUcontext ctx, cl_stream *s) {
   return p;
 }
 
-/* frees the cached blocks of stream s (it is being destroyed), or all with s NULL and all set;
-   or, with all and a limit, the oldest until at most limit bytes are cached */
-static void cache_drop(lua_State *L, cl_stream *s, int all, size_t limit) {
+/* frees the cached blocks of stream s (it is being destroyed), or with s NULL those of L's
+   state (all of them with L NULL); with a limit, the oldest of them until at most limit bytes
+   are cached */
+static void cache_drop(lua_State *L, cl_stream *s, size_t limit) {
+  const void *me = state_id(L);
   block out[SLOTS];
   int n = 0;
   pthread_mutex_lock(&cache_mu);
-  if (all && limit != (size_t)-1) {
-    while (ncache && cached > limit) evict(0, &out[n++]);
-  } else {
+  if (s) {
     for (int i = ncache - 1; i >= 0; i--)
-      if (all || cache[i].s == s) evict(i, &out[n++]);
+      if (cache[i].s == s) evict(i, &out[n++]);
+  } else {
+    while (cached > limit && evict_oldest(me, &out[n])) n++;
   }
   pthread_mutex_unlock(&cache_mu);
   free_blocks(L, out, n);
 }
 
-/* s is being destroyed (its state's thread): its blocks are freed on it first, those another
-   thread took out of the cache included (a free on a stream is never waited for long) */
+/* s is being destroyed (its state's thread): its blocks are freed on it first */
 void cl_mem_forget_stream(lua_State *L, cl_stream *s) {
-  if (__atomic_load_n(&ncache, __ATOMIC_SEQ_CST)) cache_drop(L, s, 0, (size_t)-1);
+  if (__atomic_load_n(&ncache, __ATOMIC_SEQ_CST)) cache_drop(L, s, 0);
   while (__atomic_load_n(&s->freeing, __ATOMIC_SEQ_CST)) sched_yield();
+}
+
+/* L's state is closing: the blocks it cached (on the legacy stream: its streams are gone) */
+void cl_mem_forget_state(lua_State *L) {
+  if (__atomic_load_n(&ncache, __ATOMIC_SEQ_CST)) cache_drop(L, NULL, 0);
 }
 
 /* cuda.block_cache([max_bytes]) -> bytes cached now, the limit before the call (to restore it
@@ -234,7 +269,7 @@ static int l_block_cache(lua_State *L) {
     pthread_mutex_lock(&cache_mu);
     cache_limit = (size_t)v;
     pthread_mutex_unlock(&cache_mu);
-    cache_drop(L, NULL, 1, (size_t)v);
+    cache_drop(L, NULL, (size_t)v);
   }
   pthread_mutex_lock(&cache_mu);
   lua_pushinteger(L, (lua_Integer)cached);
@@ -245,7 +280,7 @@ static int l_block_cache(lua_State *L) {
 
 /* cuda.empty_cache(): frees the cached blocks now (the limit stays) */
 static int l_empty_cache(lua_State *L) {
-  if (ncache) cache_drop(L, NULL, 1, (size_t)-1);
+  if (ncache) cache_drop(L, NULL, 0);
   return 0;
 }
 
@@ -259,7 +294,7 @@ static void reclaim(lua_State *L) {
   collect(L);
   collect(L);   /* finalizers of the first pass free the memory */
   if (cl_capturing) return;
-  if (ncache) cache_drop(L, NULL, 1, (size_t)-1);
+  if (ncache) cache_drop(L, NULL, 0);
   cl_wait_raw(L, CL_WAIT_CTX, NULL);
   CUmemoryPool pool;
   CUdevice dev;
@@ -471,7 +506,7 @@ static void release(lua_State *L, cl_mem *m) {
 }
 
 void cl_mem_release_all(void) {
-  if (ncache) cache_drop(NULL, NULL, 1, (size_t)-1);
+  if (ncache) cache_drop(NULL, NULL, 0);
   spare_acquire();
   while (spare) { cl_mem *m = spare; spare = m->next; free(m); }
   nspare = 0;
