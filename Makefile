@@ -28,7 +28,7 @@ LUA_LIB ?= $(firstword $(wildcard $(LUA_INCDIR)/../lib/liblua5.4.so.0) -llua5.4)
 # the busted runner under Lua 5.4, whatever `busted` runs by default
 BUSTED = $(LUA) -e "package.path='./?.lua;'..package.path; package.cpath='./?.so;'..package.cpath; require 'busted.runner'({standalone=false})" /dev/null
 
-.PHONY: all test examples bench install clean libs asan fuzz sanitize docs stress layers
+.PHONY: all test examples bench install clean libs asan fuzz sanitize docs stress layers lengths
 all: cudalua.so libs
 
 # the C embedding API (src/cudalua.h) as a static and a shared library
@@ -62,6 +62,10 @@ cudalua.so: $(OBJS)
 # against what the object files define and use (tools/layers.lua; CI runs it)
 layers: cudalua.so
 	@$(LUA) tools/layers.lua src/cl.h $(OBJS)
+
+# no function over 80 lines without a comment saying why (tools/lengths.lua; CI runs it)
+lengths:
+	@$(LUA) tools/lengths.lua src/*.c lua/cudalua/*.lua
 
 # the specs get a compile cache of their own, emptied first. With a GPU, the specs of the
 # driver-less behaviour (#nogpu) run in a second pass with the driver hidden.

@@ -183,98 +183,107 @@ local function array_of(v)
   if ok and n then return n, dt, kind ~= "array" and ptr or nil end
 end
 
--- ew(in1, in2, ... [, out1, ...] [, opts]) -> the outputs
-function Elementwise.__call(self, ...)
-  local args = table.pack(...)
-  local opts = nil
-  local nin, nout = #self.ins, #self.outs
-  -- a trailing plain table is the options, unless it is a {re, im} pair
+-- the call's options (a trailing plain table, unless it is a {re, im} pair; taken out of
+-- args) -> stream, block. The helpers below raise at level 3: the caller of __call
+local function call_options(self, args)
+  local where, opts = self.name, nil
   if args.n > 0 and type(args[args.n]) == "table" and getmetatable(args[args.n]) == nil
      and rawlen(args[args.n]) == 0 then
     opts = args[args.n]
     args[args.n] = nil   -- not an output either
     args.n = args.n - 1
   end
-  local where = self.name
+  local nin, nout = #self.ins, #self.outs
   if args.n ~= nin and args.n ~= nin + nout then
     error(("%s: expected %d inputs%s, got %d arguments"):format(where, nin,
-      (" (and optionally %d outputs)"):format(nout), args.n), 2)
+      (" (and optionally %d outputs)"):format(nout), args.n), 3)
   end
   local stream, block = nil, 256
   for k, v in pairs(opts or NO_OPTS) do
-    if not EW_OPTS[k] then error(("%s: unknown option '%s' (block, stream)"):format(where, tostring(k)), 2) end
+    if not EW_OPTS[k] then error(("%s: unknown option '%s' (block, stream)"):format(where, tostring(k)), 3) end
     if k == "stream" then
       if not check.is_stream(v) then
-        error(("%s: stream must be a cudalua stream, got %s"):format(where, type(v)), 2)
+        error(("%s: stream must be a cudalua stream, got %s"):format(where, type(v)), 3)
       end
       stream = v
     end
     if k == "block" then
-      if math.type(v) ~= "integer" or v < 1 or v > 1024 then error(where .. ": block must be an integer from 1 to 1024", 2) end
+      if math.type(v) ~= "integer" or v < 1 or v > 1024 then error(where .. ": block must be an integer from 1 to 1024", 3) end
       block = v
     end
   end
-  -- inputs: numbers broadcast, arrays all of one size
-  local cuda = self.cuda
-  -- mask: a bit per scalar input; ptrs: each array argument's device address by its position
-  -- (false: none), for the alignment check below; shape_of: the first array input; widest: the
-  -- widest itemsize among the arrays
-  local n, first, mask, ptrs, shape_of, widest = nil, nil, 0, {}, nil, self.out_widest
-  for i, p in ipairs(self.ins) do
+  return stream, block
+end
+
+-- what the arguments say: scan.n (elements) and scan.first (who said it), scan.mask (a bit
+-- per scalar input), scan.ptrs (each array argument's device address by position, false: none;
+-- for the alignment check), scan.shape_of (the first array input), scan.widest (the widest
+-- itemsize among the arrays)
+local function check_array(self, scan, v, p, role, i)
+  local where = self.name
+  local size, dt, ptr = array_of(v)
+  if not size then
+    if role == "output" then error(("%s: output %s must be an array, got %s"):format(where, p.name, type(v)), 4) end
+    error(("%s: input %s must be a number%s or an array, got %s"):format(where, p.name,
+      p.complex and ", a pair {re, im}" or "", type(v)), 4)
+  end
+  if dt ~= p.dtype then
+    error(("%s: %s %s is %s, the parameter %s"):format(where, role, p.name, tostring(dt), p.dtype.name), 4)
+  end
+  if scan.n and size ~= scan.n then
+    error(("%s: %s %s has %d elements, %s has %d"):format(where, role, p.name, size, scan.first, scan.n), 4)
+  end
+  scan.n, scan.first, scan.ptrs[i] = scan.n or size, scan.first or p.name, ptr or false
+end
+
+local function scan_args(self, args)
+  local nin = #self.ins
+  local scan = { mask = 0, ptrs = {}, widest = self.out_widest }
+  for i, p in ipairs(self.ins) do   -- numbers broadcast, arrays all of one size
     local v = args[i]
     if type(v) == "number" or type(v) == "boolean" or (p.complex and is_pair(v)) then
-      mask = mask | (1 << (i - 1))
+      scan.mask = scan.mask | (1 << (i - 1))
     else
-      local size, dt, ptr = array_of(v)
-      if not size then
-        error(("%s: input %s must be a number%s or an array, got %s"):format(where, p.name,
-          p.complex and ", a pair {re, im}" or "", type(v)), 2)
-      end
-      ptrs[i], shape_of, widest = ptr or false, shape_of or v, math.max(widest, p.itemsize)
-      if dt ~= p.dtype then
-        error(("%s: input %s is %s, the parameter %s"):format(where, p.name, tostring(dt), p.dtype.name), 2)
-      end
-      if n and size ~= n then error(("%s: input %s has %d elements, %s has %d"):format(where, p.name, size, first, n), 2) end
-      n, first = n or size, first or p.name
+      check_array(self, scan, v, p, "input", i)
+      scan.shape_of, scan.widest = scan.shape_of or v, math.max(scan.widest, p.itemsize)
     end
   end
   for j, p in ipairs(self.outs) do   -- the outputs go in args, after the inputs
-    local v = args[nin + j]
-    if v ~= nil then
-      local size, dt, ptr = array_of(v)
-      if not size then error(("%s: output %s must be an array, got %s"):format(where, p.name, type(v)), 2) end
-      if dt ~= p.dtype then
-        error(("%s: output %s is %s, the parameter %s"):format(where, p.name, tostring(dt), p.dtype.name), 2)
-      end
-      if n and size ~= n then error(("%s: output %s has %d elements, %s has %d"):format(where, p.name, size, first, n), 2) end
-      n, first = n or size, first or p.name
-      ptrs[nin + j] = ptr or false
-    end
+    if args[nin + j] ~= nil then check_array(self, scan, args[nin + j], p, "output", nin + j) end
   end
-  if not n then error(where .. ": no array among the inputs or outputs says how many elements", 2) end
+  if not scan.n then error(self.name .. ": no array among the inputs or outputs says how many elements", 3) end
+  return scan
+end
+
+-- the vector width: 16 bytes of the widest type, when every array's pointer allows it (a
+-- pageable host array has none: copied for the launch, it gets no vector loads)
+local function vector_width(self, args, scan)
+  local nin, w = #self.ins, 16 // scan.widest
+  if w == 1 or scan.n < w * 1024 then return 1 end
+  for i, p in ipairs(self.ins) do
+    if scan.mask & (1 << (i - 1)) == 0 and not aligned(scan.ptrs[i], p.itemsize, w) then return 1 end
+  end
   for j, p in ipairs(self.outs) do
-    if args[nin + j] == nil then args[nin + j] = cuda.device_array(shape_of and shape_of.shape or n, p.dtype, stream) end
+    local ptr = scan.ptrs[nin + j]
+    if ptr == nil then ptr = args[nin + j]:ptr() end   -- nil: allocated by the call
+    if not aligned(ptr, p.itemsize, w) then return 1 end
   end
-  -- the vector width: 16 bytes of the widest type, when every array's pointer allows it (a
-  -- pageable host array has none: copied for the launch, it gets no vector loads)
-  local w = 16 // widest
-  if w > 1 and n >= w * 1024 then
-    for i, p in ipairs(self.ins) do
-      if mask & (1 << (i - 1)) == 0 and not aligned(ptrs[i], p.itemsize, w) then w = 1; break end
-    end
-    if w > 1 then
-      for j, p in ipairs(self.outs) do
-        -- nil: allocated above
-        local ptr = ptrs[nin + j]
-        if ptr == nil then ptr = args[nin + j]:ptr() end
-        if not aligned(ptr, p.itemsize, w) then w = 1; break end
-      end
-    end
-  else
-    w = 1
+  return w
+end
+
+-- ew(in1, in2, ... [, out1, ...] [, opts]) -> the outputs
+function Elementwise.__call(self, ...)
+  local args = table.pack(...)
+  local nin, nout = #self.ins, #self.outs
+  local stream, block = call_options(self, args)
+  local scan = scan_args(self, args)
+  local cuda, n = self.cuda, scan.n
+  for j, p in ipairs(self.outs) do
+    if args[nin + j] == nil then args[nin + j] = cuda.device_array(scan.shape_of and scan.shape_of.shape or n, p.dtype, stream) end
   end
+  local w = vector_width(self, args, scan)
   local dev = cuda.current_device()
-  local k = kernel_for(self, mask, w, dev)
+  local k = kernel_for(self, scan.mask, w, dev)
   if n > 0 then
     local sms = sms_of[dev]
     if not sms then sms = cuda.devices()[dev + 1].multiprocessors; sms_of[dev] = sms end
