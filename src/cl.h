@@ -2,11 +2,12 @@
 
    Layers, bottom first: a file calls only the files before it (tools/layers.lua checks this
    against the object files: make layers).
-     layers: embedded driver opts hostfn capstate wait memory
+     layers: embedded loader driver opts hostfn capstate wait memory
              dtype stream event array interop ipc copy module kernel compile link
              launch graph capture random progress cache nvtx nccl device embed core
-   embedded: the Lua parts and CUDA headers, as data. driver: loading libcuda, NVRTC,
-   nvJitLink and NCCL; contexts; errors. opts..wait: ordering (what captures, the host-function
+   embedded: the Lua parts and CUDA headers, as data. loader: opening a library with dlopen
+   from its table (libcuda, NVRTC, nvJitLink, NCCL), naming its result codes. driver: the
+   tables of libcuda, NVRTC and nvJitLink; contexts; errors. opts..wait: ordering (what captures, the host-function
    queue, the releases put off, waits). memory: device and host blocks. dtype..link: one file
    per Lua type, each with its metatable, check/push functions and methods. launch..capture:
    submitting work (launch configuration, arguments, launches, graphs, captures). The rest:
@@ -21,6 +22,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <pthread.h>
 #include <lua.h>
 #include <lauxlib.h>
 #include <cuda.h>
@@ -32,6 +34,38 @@
 
 typedef struct cl_hostrec cl_hostrec;   /* hostfn.c: a Lua host function's record */
 typedef struct cl_hostq cl_hostq;       /* hostfn.c: a state's host-function queue */
+
+/* ---- loader.c: a library opened with dlopen at run time, described by a table ---- */
+/* libcuda, NVRTC and nvJitLink (driver.c) and NCCL (nccl.c) are each a cl_lib: where to look,
+   which entry points, the messages, the names of its result codes; then the state of loading it,
+   which cl_lib_load fills once. Its folders, in order: the library `near` was found in (when by
+   a path), then each of `dirs` (a name alone: the loader's path), each with every file name. */
+typedef struct { const char *name; void **slot; } cl_sym;   /* an entry point and its pointer */
+typedef struct { const char *env, *dir; } cl_libdir;   /* getenv(env) (skipped if unset) + dir */
+typedef struct cl_lib {
+  const char *env;                /* names the one file to open instead (CUDALUA_NCCL, ...) */
+  const char *const *names;       /* file names, newest first */
+  const cl_libdir *dirs;          /* ending with {NULL, NULL}; {NULL, ""}: the loader's path */
+  struct cl_lib *near;            /* loaded first: the two must come from one toolkit */
+  int flags;                      /* dlopen's (RTLD_LOCAL is added) */
+  const cl_sym *syms, *optional;  /* each ending with {NULL, NULL}; the optional are NULL when missing */
+  /* what the user sees, printf formats given (file, detail): `env` names a file that cannot be
+     opened (the file, dlerror), none found (the first name, ""), an entry point is missing (the
+     file, the entry point) */
+  const char *forced_fail, *not_found, *lacks;
+  int (*ready)(struct cl_lib *);  /* once the entry points are in: 0 (err written) fails the load */
+  const char *const *results;     /* result code -> name, from 0, `nresults` of them; else */
+  int nresults;
+  const char *(*result_of)(int);  /* the library's own names (NULL: none for this code) */
+  const char *unknown;            /* any other code, or the library not loaded */
+  /* the state, under `lock` (`state` also read without it) */
+  pthread_mutex_t lock;
+  int state;                      /* 0 not tried, 1 ok, -1 failed (not tried again) */
+  char path[700], err[1500];      /* where it was found; why not */
+} cl_lib;
+int cl_lib_load(cl_lib *l);       /* 1 when loaded (at the first call; any thread) */
+int cl_lib_ok(cl_lib *l);         /* 1 when loaded, without loading (no lock) */
+const char *cl_result_name(cl_lib *l, int r);   /* a result code's name, as the library says it */
 
 /* ---- driver.c: libcuda and NVRTC, opened with dlopen at run time ---- */
 #define CL_CUDA_FUNCS(X) \
@@ -86,7 +120,9 @@ typedef struct cl_hostq cl_hostq;       /* hostfn.c: a state's host-function que
   X(nvJitLinkCreate) X(nvJitLinkDestroy) X(nvJitLinkAddData) X(nvJitLinkComplete) \
   X(nvJitLinkGetLinkedCubinSize) X(nvJitLinkGetLinkedCubin) X(nvJitLinkGetLinkedPtxSize) \
   X(nvJitLinkGetLinkedPtx) X(nvJitLinkGetErrorLogSize) X(nvJitLinkGetErrorLog) \
-  X(nvJitLinkGetInfoLogSize) X(nvJitLinkGetInfoLog) X(nvJitLinkVersion)
+  X(nvJitLinkGetInfoLogSize) X(nvJitLinkGetInfoLog)
+/* newer: NULL when missing (12.3) */
+#define CL_JITLINK_OPTIONAL(X) X(nvJitLinkVersion)
 
 /* cuda.h maps names such as cuMemAlloc to cuMemAlloc_v2; the member takes the mapped name,
    so calls through the table use the same ABI as the prototypes we compile against. */
@@ -96,16 +132,14 @@ typedef struct cl_api {
   CL_CUDA_OPTIONAL(CL_MEMBER)
   CL_NVRTC_FUNCS(CL_MEMBER)
   CL_JITLINK_FUNCS(CL_MEMBER)
+  CL_JITLINK_OPTIONAL(CL_MEMBER)
 } cl_api;
 extern cl_api cu;
 
-int cl_driver_load(void);          /* 1 when libcuda was opened and cuInit succeeded */
-int cl_nvrtc_load(void);           /* 1 when NVRTC was opened */
-int cl_jitlink_load(void);         /* 1 when nvJitLink was opened */
-const char *cl_driver_error(void); /* why the driver is not usable */
-const char *cl_nvrtc_error(void);
-const char *cl_jitlink_error(void);
-const char *cl_nvrtc_path(void);
+/* the three libraries (cl_lib_load; .err says why not, .path where) */
+extern cl_lib cl_libcuda;          /* loaded: libcuda opened, cuInit succeeded, a device found */
+extern cl_lib cl_nvrtc, cl_nvjitlink;
+static inline int cl_driver_load(void) { return cl_lib_load(&cl_libcuda); }
 CUcontext cl_ctx(lua_State *L);    /* raises unless a GPU is usable; makes its context current */
 int cl_device_attr(CUdevice_attribute a);  /* attribute of the current device */
 int cl_current_device(void);
@@ -147,7 +181,7 @@ static inline CUcontext cl_ctx_swap(CUcontext c) {
   if (cur != c) cu.cuCtxSetCurrent(c);
   return cur;
 }
-const char *cl_errname(CUresult r);
+static inline const char *cl_errname(CUresult r) { return cl_result_name(&cl_libcuda, r); }
 void cl_open_driver(lua_State *L); /* the toolkit libraries' versions and identities, into the table on top */
 void cl_need_driver(lua_State *L);  /* raises the driver's load error */
 CUcontext cl_ctx_of_device(int d);  /* its primary context, NULL until made */

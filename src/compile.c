@@ -33,7 +33,7 @@ static int l_nvrtc_compile(lua_State *L) {
   luaL_checktype(L, 5, LUA_TTABLE);
   static const char *const outs[] = {"cubin", "ptx", "ltoir", NULL};
   int out = luaL_checkoption(L, 6, "cubin", outs);
-  if (!cl_nvrtc_load()) return luaL_error(L, "%s", cl_nvrtc_error());
+  if (!cl_lib_load(&cl_nvrtc)) return luaL_error(L, "%s", cl_nvrtc.err);
   int nopt = (int)lua_rawlen(L, 3), nh = (int)lua_rawlen(L, 4), nx = (int)lua_rawlen(L, 5);
   /* the strings stay referenced by the argument tables while NVRTC reads them */
   const char **opts = lua_newuserdatauv(L, sizeof(char *) * (nopt + 2 * nh + 1), 0);
@@ -52,7 +52,7 @@ static int l_nvrtc_compile(lua_State *L) {
   }
   nvrtcProgram prog;
   nvrtcResult r = cu.nvrtcCreateProgram(&prog, src, fname, nh, hsrc, hname);
-  if (r != NVRTC_SUCCESS) return luaL_error(L, "cuda.compile: %s", cu.nvrtcGetErrorString(r));
+  if (r != NVRTC_SUCCESS) return luaL_error(L, "cuda.compile: %s", cl_result_name(&cl_nvrtc, r));
   for (int i = 0; i < nx; i++) {
     lua_rawgeti(L, 5, i + 1);
     const char *e = lua_tostring(L, -1);
@@ -67,7 +67,7 @@ static int l_nvrtc_compile(lua_State *L) {
   if (r != NVRTC_SUCCESS) {
     lua_pushnil(L);
     lua_pushstring(L, log ? log : "");
-    lua_pushstring(L, cu.nvrtcGetErrorString(r));
+    lua_pushstring(L, cl_result_name(&cl_nvrtc, r));
     free(log);
     cu.nvrtcDestroyProgram(&prog);
     return 3;
@@ -187,7 +187,7 @@ static int l_ptx_strip(lua_State *L) {
 
 /* supported architectures, e.g. {75, 80, ..., 120} */
 static int l_nvrtc_archs(lua_State *L) {
-  if (!cl_nvrtc_load()) return luaL_error(L, "%s", cl_nvrtc_error());
+  if (!cl_lib_load(&cl_nvrtc)) return luaL_error(L, "%s", cl_nvrtc.err);
   int n = 0;
   cu.nvrtcGetNumSupportedArchs(&n);
   int *a = lua_newuserdatauv(L, sizeof(int) * (n ? n : 1), 0);

@@ -18,7 +18,7 @@ static int l_launches_block(lua_State *L) {
 }
 
 static int l_driver_error(lua_State *L) {
-  if (cl_driver_load()) lua_pushnil(L); else lua_pushstring(L, cl_driver_error());
+  if (cl_driver_load()) lua_pushnil(L); else lua_pushstring(L, cl_libcuda.err);
   return 1;
 }
 

@@ -1,5 +1,6 @@
-/* driver.c: opens libcuda and NVRTC at run time, owns contexts, system functions.
-   Nothing links against the CUDA libraries, so the module loads on machines without them. */
+/* driver.c: the tables of libcuda, NVRTC and nvJitLink (loader.c opens them at run time),
+   contexts, errors, system functions. Nothing links against the CUDA libraries, so the module
+   loads on machines without them. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <link.h>
@@ -24,9 +25,7 @@ void cl_hostfn_refuse(lua_State *L) {
                 "CUDA forbids it, and the stream waits for the function; queue the work after it instead");
 }
 
-static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static int drv_state;        /* 0 not tried, 1 ok, -1 failed */
-static char drv_err[256];
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;   /* the contexts */
 
 #define MAXDEV CL_MAXDEV
 /* primary contexts, retained once per process; written under `lock`, read without it by any
@@ -48,164 +47,97 @@ static int launches_block(void) {
   return dl_iterate_phdr(is_sanitizer, NULL) != 0;
 }
 
-int cl_driver_load(void) {
-  if (__atomic_load_n(&drv_state, __ATOMIC_ACQUIRE) == 1) return 1;   /* the common case, no lock */
-  pthread_mutex_lock(&lock);
-  if (drv_state == 0) {
-    /* CUDALUA_LIBCUDA names another driver library (the specs hide the driver with it) */
-    const char *lib = getenv("CUDALUA_LIBCUDA");
-    if (!lib || !*lib) lib = "libcuda.so.1";
-    void *h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
-      snprintf(drv_err, sizeof drv_err, "cudalua: no CUDA driver found (%s)", lib);
-      drv_state = -1;
-    } else {
-      const char *missing = NULL;
-      /* each entry point by the exact name the headers' prototype has (cuMemAlloc_v2, ...): a
-         newer variant under the plain name can take other arguments (cuCtxSynchronize_v2) */
+/* libcuda is usable once cuInit succeeded and there is a device (run by the loader, under
+   the library's lock, before it says the driver is loaded: dev_count is set by then) */
+static int driver_ready(cl_lib *l) {
+  CUresult r = CU0(cuInit, 0);
+  if (r != CUDA_SUCCESS) {
+    const char *n = "?"; CU0(cuGetErrorName, r, &n);
+    snprintf(l->err, sizeof l->err,
+             r == CUDA_ERROR_NO_DEVICE ? "cudalua: no CUDA device" : "cudalua: cuInit failed: %s", n);
+    return 0;
+  }
+  int n = 0;
+  CU0(cuDeviceGetCount, &n);
+  dev_count = n > MAXDEV ? MAXDEV : n;
+  if (dev_count <= 0) {
+    snprintf(l->err, sizeof l->err, "cudalua: no CUDA device");
+    return 0;
+  }
+  cl_launch_blocks = launches_block();
+  return 1;
+}
+
+static const char *cuda_result(int r) {
+  const char *n = NULL;
+  return CU0(cuGetErrorName, (CUresult)r, &n) == CUDA_SUCCESS ? n : NULL;
+}
+
+/* each entry point of libcuda by the exact name the headers' prototype has (cuMemAlloc_v2,
+   ...): a newer variant under the plain name can take other arguments (cuCtxSynchronize_v2).
+   NVRTC and nvJitLink by their plain names: those libraries export them as well as the
+   versioned ones the header's inline wrappers call. */
 #define CL_STR(f) #f
 #define CL_XSTR(f) CL_STR(f)
-#define CL_GET(f) if (!(*(void **)&cu.f = dlsym(h, CL_XSTR(f))) && !missing) missing = CL_XSTR(f);
-      CL_CUDA_FUNCS(CL_GET)
-#undef CL_GET
-#define CL_GET_OPT(f) *(void **)&cu.f = dlsym(h, CL_XSTR(f));
-      CL_CUDA_OPTIONAL(CL_GET_OPT)
-#undef CL_GET_OPT
-      CUresult r;
-      if (missing) {
-        snprintf(drv_err, sizeof drv_err, "cudalua: the CUDA driver is too old (it lacks %s)", missing);
-        drv_state = -1;
-      } else if ((r = CU0(cuInit, 0)) != CUDA_SUCCESS) {
-        const char *n = "?"; CU0(cuGetErrorName, r, &n);
-        snprintf(drv_err, sizeof drv_err,
-                 r == CUDA_ERROR_NO_DEVICE ? "cudalua: no CUDA device"
-                                           : "cudalua: cuInit failed: %s", n);
-        drv_state = -1;
-      } else {
-        int n = 0;
-        CU0(cuDeviceGetCount, &n);
-        dev_count = n > MAXDEV ? MAXDEV : n;
-        if (dev_count <= 0) {
-          snprintf(drv_err, sizeof drv_err, "cudalua: no CUDA device");
-          drv_state = -1;
-        } else {
-          cl_launch_blocks = launches_block();
-          __atomic_store_n(&drv_state, 1, __ATOMIC_RELEASE);
-        }
-      }
-    }
-  }
-  int ok = drv_state == 1;
-  pthread_mutex_unlock(&lock);
-  return ok;
-}
+#define CL_CUSYM(f) {CL_XSTR(f), (void **)&cu.f},
+#define CL_SYM(f) {#f, (void **)&cu.f},
+static const cl_sym cuda_syms[] = {CL_CUDA_FUNCS(CL_CUSYM) {NULL, NULL}};
+static const cl_sym cuda_opt[] = {CL_CUDA_OPTIONAL(CL_CUSYM) {NULL, NULL}};
+static const cl_sym nvrtc_syms[] = {CL_NVRTC_FUNCS(CL_SYM) {NULL, NULL}};
+static const cl_sym jitlink_syms[] = {CL_JITLINK_FUNCS(CL_SYM) {NULL, NULL}};
+static const cl_sym jitlink_opt[] = {CL_JITLINK_OPTIONAL(CL_SYM) {NULL, NULL}};
 
-const char *cl_driver_error(void) { return drv_err; }
+/* CUDALUA_LIBCUDA names another driver library (the specs hide the driver with it) */
+static const char *const cuda_names[] = {"libcuda.so.1", NULL};
+static const cl_libdir loader_path[] = {{NULL, ""}, {NULL, NULL}};
+cl_lib cl_libcuda = {
+  .env = "CUDALUA_LIBCUDA", .names = cuda_names, .dirs = loader_path, .flags = RTLD_NOW,
+  .syms = cuda_syms, .optional = cuda_opt,
+  .forced_fail = "cudalua: no CUDA driver found (%s)", .not_found = "cudalua: no CUDA driver found (%s)",
+  .lacks = "cudalua: the CUDA driver is too old (it lacks %.0s%s)",   /* %.0s: not the file */
+  .ready = driver_ready, .result_of = cuda_result, .unknown = "CUDA_ERROR_UNKNOWN",
+  .lock = PTHREAD_MUTEX_INITIALIZER};
 
 /* the NVRTC and nvJitLink libraries looked for, newest first (loading and the cache identity
-   use the same lists) */
-static const char *nvrtc_names[] = {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so", NULL};
-static const char *jitlink_names[] = {"libnvJitLink.so.13", "libnvJitLink.so.12", "libnvJitLink.so", NULL};
+   use the same lists): by the environment's name, else next to NVRTC (nvJitLink), on the
+   loader's path, then under CUDA_HOME, CUDA_PATH and /usr/local/cuda */
+static const char *const nvrtc_names[] = {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so", NULL};
+static const char *const jitlink_names[] = {"libnvJitLink.so.13", "libnvJitLink.so.12", "libnvJitLink.so", NULL};
+static const cl_libdir toolkit_dirs[] = {{NULL, ""}, {"CUDA_HOME", "/lib64"}, {"CUDA_PATH", "/lib64"},
+  {NULL, "/usr/local/cuda/lib64"}, {NULL, NULL}};
 
-/* a toolkit library: its state, where it was found, why not, and its entry points */
-typedef struct {
-  int state;                  /* 0 not tried, 1 ok, -1 failed */
-  char path[700], err[1500];
-  const char *const *names, *env, *what;
-  const char *const *syms;
-  void **const *slots;
-  const char *optional;       /* an entry point newer libraries have: NULL when missing */
-  const char *need;           /* what needs it, for the message */
-} toolkit_lib;
+static const char *nvrtc_result(int r) { return cu.nvrtcGetErrorString((nvrtcResult)r); }
 
-#define CL_SYMNAME(f) #f,
-#define CL_SYMSLOT(f) (void **)&cu.f,
-static const char *const nvrtc_syms[] = {CL_NVRTC_FUNCS(CL_SYMNAME) NULL};
-static void **const nvrtc_slots[] = {CL_NVRTC_FUNCS(CL_SYMSLOT)};
-static const char *const jitlink_syms[] = {CL_JITLINK_FUNCS(CL_SYMNAME) NULL};
-static void **const jitlink_slots[] = {CL_JITLINK_FUNCS(CL_SYMSLOT)};
+cl_lib cl_nvrtc = {
+  .env = "CUDALUA_NVRTC", .names = nvrtc_names, .dirs = toolkit_dirs, .flags = RTLD_LAZY,
+  .syms = nvrtc_syms,
+  .forced_fail = "cudalua: NVRTC not found (libnvrtc.so.13 or .12): CUDALUA_NVRTC=%s cannot be opened (%s)",
+  .not_found = "cudalua: NVRTC not found (libnvrtc.so.13 or .12; set CUDA_HOME or LD_LIBRARY_PATH)",
+  .lacks = "cudalua: %s lacks %s",
+  .result_of = nvrtc_result, .unknown = "NVRTC_ERROR unknown",
+  .lock = PTHREAD_MUTEX_INITIALIZER};
 
-static toolkit_lib nvrtc_lib = {0, "", "", nvrtc_names, "CUDALUA_NVRTC",
-  "NVRTC not found (libnvrtc.so.13 or .12", nvrtc_syms, nvrtc_slots, NULL, ""};
+/* nvJitLink has no function naming its results: its codes by value (newer libraries add codes
+   the headers of older toolkits lack) */
+static const char *const jitlink_results[] = {"NVJITLINK_SUCCESS", "NVJITLINK_ERROR_UNRECOGNIZED_OPTION",
+  "NVJITLINK_ERROR_MISSING_ARCH", "NVJITLINK_ERROR_INVALID_INPUT", "NVJITLINK_ERROR_PTX_COMPILE",
+  "NVJITLINK_ERROR_NVVM_COMPILE", "NVJITLINK_ERROR_INTERNAL", "NVJITLINK_ERROR_THREADPOOL",
+  "NVJITLINK_ERROR_UNRECOGNIZED_INPUT", "NVJITLINK_ERROR_FINALIZE", "NVJITLINK_ERROR_NULL_INPUT",
+  "NVJITLINK_ERROR_INCOMPATIBLE_OPTIONS", "NVJITLINK_ERROR_INCORRECT_INPUT_TYPE",
+  "NVJITLINK_ERROR_ARCH_MISMATCH", "NVJITLINK_ERROR_OUTDATED_LIBRARY", "NVJITLINK_ERROR_MISSING_FATBIN",
+  "NVJITLINK_ERROR_UNRECOGNIZED_ARCH", "NVJITLINK_ERROR_UNSUPPORTED_ARCH", "NVJITLINK_ERROR_LTO_NOT_ENABLED"};
+
 /* nvJitLink is looked for next to NVRTC first: the two must come from one toolkit */
-static toolkit_lib jitlink_lib = {0, "", "", jitlink_names, "CUDALUA_NVJITLINK",
-  "nvJitLink not found (libnvJitLink.so.13 or .12, from the CUDA toolkit", jitlink_syms, jitlink_slots,
-  "nvJitLinkVersion", ": linking and LTO-IR modules need it"};
-
-static void *try_open(toolkit_lib *t, const char *path) {
-  void *h = dlopen(path, RTLD_LAZY | RTLD_LOCAL);
-  if (h) snprintf(t->path, sizeof t->path, "%s", path);
-  return h;
-}
-
-/* opens t (lock held): the library its environment variable names, else by its names next to
-   `near` (a library already loaded), on the loader's path, then under CUDA_HOME, CUDA_PATH and
-   /usr/local/cuda; then its entry points. The library exports the plain names as well as the
-   versioned ones the header's inline wrappers call. */
-static int open_toolkit_lib(toolkit_lib *t, const char *near) {
-  if (t->state) return t->state == 1;
-  const char *forced = getenv(t->env);
-  void *h = NULL;
-  char buf[700];
-  if (forced && *forced) {
-    if (!(h = try_open(t, forced))) {
-      const char *why = dlerror();
-      snprintf(t->err, sizeof t->err, "cudalua: %s): %s=%s cannot be opened (%s)%s", t->what, t->env, forced,
-               why ? why : "?", t->need);
-    }
-  } else {
-    const char *homes[] = {getenv("CUDA_HOME"), getenv("CUDA_PATH"), "/usr/local/cuda"};
-    const char *slash = near ? strrchr(near, '/') : NULL;
-    for (int i = 0; !h && slash && t->names[i]; i++) {
-      snprintf(buf, sizeof buf, "%.*s/%s", (int)(slash - near), near, t->names[i]);
-      h = try_open(t, buf);
-    }
-    for (int j = -1; !h && j < 3; j++) {
-      if (j >= 0 && (!homes[j] || !*homes[j])) continue;
-      for (int i = 0; !h && t->names[i]; i++) {
-        if (j < 0) snprintf(buf, sizeof buf, "%s", t->names[i]);
-        else snprintf(buf, sizeof buf, "%s/lib64/%s", homes[j], t->names[i]);
-        h = try_open(t, buf);
-      }
-    }
-    if (!h) snprintf(t->err, sizeof t->err, "cudalua: %s; set CUDA_HOME or LD_LIBRARY_PATH)%s", t->what, t->need);
-  }
-  if (h) {
-    const char *missing = NULL;
-    for (int i = 0; t->syms[i]; i++)
-      if (!(*t->slots[i] = dlsym(h, t->syms[i])) && !missing && !(t->optional && !strcmp(t->optional, t->syms[i])))
-        missing = t->syms[i];
-    if (missing) snprintf(t->err, sizeof t->err, "cudalua: %s lacks %s", t->path, missing);
-    else t->state = 1;
-  }
-  if (t->state != 1) t->state = -1;
-  return t->state == 1;
-}
-
-int cl_nvrtc_load(void) {
-  pthread_mutex_lock(&lock);
-  int ok = open_toolkit_lib(&nvrtc_lib, NULL);
-  pthread_mutex_unlock(&lock);
-  return ok;
-}
-
-int cl_jitlink_load(void) {
-  pthread_mutex_lock(&lock);
-  if (!nvrtc_lib.state) open_toolkit_lib(&nvrtc_lib, NULL);
-  int ok = open_toolkit_lib(&jitlink_lib, nvrtc_lib.state == 1 ? nvrtc_lib.path : NULL);
-  pthread_mutex_unlock(&lock);
-  return ok;
-}
-
-const char *cl_nvrtc_error(void) { return nvrtc_lib.err; }
-const char *cl_nvrtc_path(void) { return nvrtc_lib.path; }
-const char *cl_jitlink_error(void) { return jitlink_lib.err; }
-
-const char *cl_errname(CUresult r) {
-  const char *n = NULL;
-  if (drv_state != 1 || CU0(cuGetErrorName, r, &n) != CUDA_SUCCESS || !n) return "CUDA_ERROR_UNKNOWN";
-  return n;
-}
+cl_lib cl_nvjitlink = {
+  .env = "CUDALUA_NVJITLINK", .names = jitlink_names, .dirs = toolkit_dirs, .near = &cl_nvrtc,
+  .flags = RTLD_LAZY, .syms = jitlink_syms, .optional = jitlink_opt,
+  .forced_fail = "cudalua: nvJitLink not found (libnvJitLink.so.13 or .12, from the CUDA toolkit): "
+                 "CUDALUA_NVJITLINK=%s cannot be opened (%s): linking and LTO-IR modules need it",
+  .not_found = "cudalua: nvJitLink not found (libnvJitLink.so.13 or .12, from the CUDA toolkit; "
+               "set CUDA_HOME or LD_LIBRARY_PATH): linking and LTO-IR modules need it",
+  .lacks = "cudalua: %s lacks %s",
+  .results = jitlink_results, .nresults = sizeof jitlink_results / sizeof jitlink_results[0],
+  .unknown = "NVJITLINK_ERROR", .lock = PTHREAD_MUTEX_INITIALIZER};
 
 void cl_check(lua_State *L, CUresult r, const char *what) {
   if (r == CUDA_SUCCESS) return;
@@ -215,7 +147,7 @@ void cl_check(lua_State *L, CUresult r, const char *what) {
 }
 
 void cl_need_driver(lua_State *L) {
-  if (!cl_driver_load()) luaL_error(L, "%s", drv_err);
+  if (!cl_driver_load()) luaL_error(L, "%s", cl_libcuda.err);
 }
 
 static CUcontext ctx_of(int d) { return __atomic_load_n(&dev_ctx[d], __ATOMIC_ACQUIRE); }
@@ -223,7 +155,7 @@ CUcontext cl_ctx_of_device(int d) { return d >= 0 && d < MAXDEV ? ctx_of(d) : NU
 
 /* The primary context, so a host program that uses the runtime API shares memory with us. */
 /* (driver calls under `lock` are not parked: a host function the helper ran meanwhile could
-   want the lock, compiling with NVRTC say) */
+   want the lock, making another device's context say) */
 static CUcontext primary(lua_State *L, int d) {
   CUcontext have = ctx_of(d);
   if (have) return have;
@@ -294,7 +226,7 @@ int cl_peer_enabled(CUcontext from, CUcontext to) {
 
 int cl_device_attr(CUdevice_attribute a) {
   int v = 0; CUdevice dev;
-  if (drv_state != 1 || CU0(cuDeviceGet, &dev, tl_dev) != CUDA_SUCCESS) return 0;
+  if (!cl_lib_ok(&cl_libcuda) || CU0(cuDeviceGet, &dev, tl_dev) != CUDA_SUCCESS) return 0;
   CU0(cuDeviceGetAttribute, &v, a, dev);
   return v;
 }
@@ -308,7 +240,7 @@ int cl_concurrent_managed(CUcontext ctx) {
   if (!v) {
     int a = 0;
     CUdevice dev;
-    if (drv_state == 1 && CU0(cuDeviceGet, &dev, d) == CUDA_SUCCESS)
+    if (cl_lib_ok(&cl_libcuda) && CU0(cuDeviceGet, &dev, d) == CUDA_SUCCESS)
       CU0(cuDeviceGetAttribute, &a, CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS, dev);
     v = a ? 2 : 1;
     __atomic_store_n(&cache[d], v, __ATOMIC_RELAXED);
@@ -318,9 +250,9 @@ int cl_concurrent_managed(CUcontext ctx) {
 
 static int l_nvrtc_version(lua_State *L) {
   int ma = 0, mi = 0;
-  if (!cl_nvrtc_load()) { lua_pushnil(L); lua_pushstring(L, nvrtc_lib.err); return 2; }
+  if (!cl_lib_load(&cl_nvrtc)) { lua_pushnil(L); lua_pushstring(L, cl_nvrtc.err); return 2; }
   cu.nvrtcVersion(&ma, &mi);
-  lua_pushinteger(L, ma); lua_pushinteger(L, mi); lua_pushstring(L, nvrtc_lib.path);
+  lua_pushinteger(L, ma); lua_pushinteger(L, mi); lua_pushstring(L, cl_nvrtc.path);
   return 3;
 }
 
@@ -358,16 +290,16 @@ static void push_identity(lua_State *L, const char *const *names, const char *en
   lua_pushfstring(L, "%s:none", what);
 }
 
-static int l_nvrtc_identity(lua_State *L) { push_identity(L, nvrtc_names, "CUDALUA_NVRTC", "nvrtc"); return 1; }
-static int l_jitlink_identity(lua_State *L) { push_identity(L, jitlink_names, "CUDALUA_NVJITLINK", "nvjitlink"); return 1; }
+static int l_nvrtc_identity(lua_State *L) { push_identity(L, cl_nvrtc.names, cl_nvrtc.env, "nvrtc"); return 1; }
+static int l_jitlink_identity(lua_State *L) { push_identity(L, cl_nvjitlink.names, cl_nvjitlink.env, "nvjitlink"); return 1; }
 
 /* jitlink_version() -> major, minor, path | nil, why; major 0 when the library is older than
    nvJitLinkVersion (12.3) */
 static int l_jitlink_version(lua_State *L) {
   unsigned ma = 0, mi = 0;
-  if (!cl_jitlink_load()) { lua_pushnil(L); lua_pushstring(L, jitlink_lib.err); return 2; }
+  if (!cl_lib_load(&cl_nvjitlink)) { lua_pushnil(L); lua_pushstring(L, cl_nvjitlink.err); return 2; }
   if (cu.nvJitLinkVersion) cu.nvJitLinkVersion(&ma, &mi);
-  lua_pushinteger(L, ma); lua_pushinteger(L, mi); lua_pushstring(L, jitlink_lib.path);
+  lua_pushinteger(L, ma); lua_pushinteger(L, mi); lua_pushstring(L, cl_nvjitlink.path);
   return 3;
 }
 
@@ -377,7 +309,7 @@ static int l_jitlink_version(lua_State *L) {
    memory back and the primary contexts are released (a host program's runtime keeps its own
    reference); a state opened later retains them again. */
 void cl_idle_devices(void) {
-  if (drv_state != 1) return;
+  if (!cl_lib_ok(&cl_libcuda)) return;
   CUcontext cur = NULL;
   CU0(cuCtxGetCurrent, &cur);
   for (int d = 0; d < dev_count; d++) {
@@ -390,7 +322,7 @@ void cl_idle_devices(void) {
 }
 
 void cl_release_contexts(void) {
-  if (drv_state != 1) return;
+  if (!cl_lib_ok(&cl_libcuda)) return;
   pthread_mutex_lock(&lock);
   CUcontext cur = NULL;
   CU0(cuCtxGetCurrent, &cur);

@@ -4,18 +4,6 @@
 #include <stdlib.h>
 #include "cl.h"
 
-/* the result codes by value (newer libraries add codes the headers of older toolkits lack) */
-static const char *jl_result(nvJitLinkResult r) {
-  static const char *const names[] = {"NVJITLINK_SUCCESS", "NVJITLINK_ERROR_UNRECOGNIZED_OPTION",
-    "NVJITLINK_ERROR_MISSING_ARCH", "NVJITLINK_ERROR_INVALID_INPUT", "NVJITLINK_ERROR_PTX_COMPILE",
-    "NVJITLINK_ERROR_NVVM_COMPILE", "NVJITLINK_ERROR_INTERNAL", "NVJITLINK_ERROR_THREADPOOL",
-    "NVJITLINK_ERROR_UNRECOGNIZED_INPUT", "NVJITLINK_ERROR_FINALIZE", "NVJITLINK_ERROR_NULL_INPUT",
-    "NVJITLINK_ERROR_INCOMPATIBLE_OPTIONS", "NVJITLINK_ERROR_INCORRECT_INPUT_TYPE",
-    "NVJITLINK_ERROR_ARCH_MISMATCH", "NVJITLINK_ERROR_OUTDATED_LIBRARY", "NVJITLINK_ERROR_MISSING_FATBIN",
-    "NVJITLINK_ERROR_UNRECOGNIZED_ARCH", "NVJITLINK_ERROR_UNSUPPORTED_ARCH", "NVJITLINK_ERROR_LTO_NOT_ENABLED"};
-  return (unsigned)r < sizeof names / sizeof names[0] ? names[r] : "NVJITLINK_ERROR";
-}
-
 /* the error log (or the info log) of h as a Lua string */
 static void push_log(lua_State *L, nvJitLinkHandle h, int error) {
   size_t n = 0;
@@ -35,7 +23,7 @@ static int l_jitlink(lua_State *L) {
   luaL_checktype(L, 1, LUA_TTABLE);
   luaL_checktype(L, 2, LUA_TTABLE);
   int want_ptx = lua_toboolean(L, 3);
-  if (!cl_jitlink_load()) return luaL_error(L, "%s", cl_jitlink_error());
+  if (!cl_lib_load(&cl_nvjitlink)) return luaL_error(L, "%s", cl_nvjitlink.err);
   int nopt = (int)lua_rawlen(L, 2), nin = (int)lua_rawlen(L, 1);
   if (nin == 0) return luaL_error(L, "cuda.link: nothing to link");
   const char **opts = lua_newuserdatauv(L, sizeof(char *) * (nopt + 1), 0);
@@ -54,7 +42,7 @@ static int l_jitlink(lua_State *L) {
   if (r != NVJITLINK_SUCCESS) {
     lua_pushnil(L);
     if (h) { push_log(L, h, 1); cu.nvJitLinkDestroy(&h); } else lua_pushliteral(L, "");
-    lua_pushstring(L, jl_result(r));
+    lua_pushstring(L, cl_result_name(&cl_nvjitlink, r));
     return 3;
   }
   for (int i = 0; i < nin && r == NVJITLINK_SUCCESS; i++) {
@@ -71,7 +59,7 @@ static int l_jitlink(lua_State *L) {
   if (r != NVJITLINK_SUCCESS) {
     lua_pushnil(L);
     push_log(L, h, 1);
-    lua_pushstring(L, jl_result(r));
+    lua_pushstring(L, cl_result_name(&cl_nvjitlink, r));
     cu.nvJitLinkDestroy(&h);
     return 3;
   }

@@ -42,56 +42,29 @@ enum { NCCL_INT8 = 0, NCCL_UINT8 = 1, NCCL_INT32 = 2, NCCL_UINT32 = 3, NCCL_INT6
 #define NCCL_MEMBER(name, ret, args) ret (*name) args;
 static struct { NCCL_FUNCS(NCCL_MEMBER) NCCL_OPTIONAL(NCCL_MEMBER) } nc;
 
-static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static int state;               /* 0 not tried, 1 ok, -1 failed */
-static char err[1200], path[600];
+#define NCCL_SYM(name, ret, args) {#name, (void **)&nc.name},
+static const cl_sym nccl_syms[] = {NCCL_FUNCS(NCCL_SYM) {NULL, NULL}};
+static const cl_sym nccl_opt[] = {NCCL_OPTIONAL(NCCL_SYM) {NULL, NULL}};
 
 /* libnccl.so.2: CUDALUA_NCCL names one; else NCCL_HOME/lib, the loader's path, Debian's
    multiarch folder and CUDA_HOME/lib64 */
-static int nccl_load(void) {
-  if (__atomic_load_n(&state, __ATOMIC_ACQUIRE) == 1) return 1;   /* every collective asks: no lock */
-  pthread_mutex_lock(&lock);
-  if (!state) {
-    void *h = NULL;
-    const char *forced = getenv("CUDALUA_NCCL"), *home = getenv("NCCL_HOME"), *cuda = getenv("CUDA_HOME");
-    if (forced && *forced) {
-      if ((h = dlopen(forced, RTLD_NOW | RTLD_LOCAL))) snprintf(path, sizeof path, "%s", forced);
-      else snprintf(err, sizeof err, "cudalua.nccl: NCCL not found: CUDALUA_NCCL=%s cannot be opened (%s)", forced, dlerror());
-    } else {
-      const char *tries[4] = {NULL, "libnccl.so.2", "/usr/lib/x86_64-linux-gnu/libnccl.so.2", NULL};
-      char b0[600] = "", b3[600] = "";
-      if (home && *home) { snprintf(b0, sizeof b0, "%s/lib/libnccl.so.2", home); tries[0] = b0; }
-      if (cuda && *cuda) { snprintf(b3, sizeof b3, "%s/lib64/libnccl.so.2", cuda); tries[3] = b3; }
-      for (int i = 0; i < 4 && !h; i++)
-        if (tries[i] && (h = dlopen(tries[i], RTLD_NOW | RTLD_LOCAL))) snprintf(path, sizeof path, "%s", tries[i]);
-      if (!h) snprintf(err, sizeof err, "cudalua.nccl: NCCL not found (libnccl.so.2; set NCCL_HOME or LD_LIBRARY_PATH)");
-    }
-    if (h) {
-      const char *missing = NULL;
-#define NCCL_GET(name, ret, args) if (!(*(void **)&nc.name = dlsym(h, #name)) && !missing) missing = #name;
-      NCCL_FUNCS(NCCL_GET)
-#undef NCCL_GET
-#define NCCL_GET_OPT(name, ret, args) *(void **)&nc.name = dlsym(h, #name);
-      NCCL_OPTIONAL(NCCL_GET_OPT)
-#undef NCCL_GET_OPT
-      if (missing) snprintf(err, sizeof err, "cudalua.nccl: %s lacks %s (too old an NCCL)", path, missing);
-      else __atomic_store_n(&state, 1, __ATOMIC_RELEASE);
-    }
-    if (state != 1) state = -1;
-  }
-  int ok = state == 1;
-  pthread_mutex_unlock(&lock);
-  return ok;
-}
+static const char *const nccl_names[] = {"libnccl.so.2", NULL};
+static const cl_libdir nccl_dirs[] = {{"NCCL_HOME", "/lib"}, {NULL, ""}, {NULL, "/usr/lib/x86_64-linux-gnu"},
+  {"CUDA_HOME", "/lib64"}, {NULL, NULL}};
+/* NCCL has no function naming its results (ncclGetErrorString gives the text) */
+static const char *const nccl_results[] = {"ncclSuccess", "ncclUnhandledCudaError", "ncclSystemError",
+  "ncclInternalError", "ncclInvalidArgument", "ncclInvalidUsage", "ncclRemoteError", "ncclInProgress"};
+static cl_lib nccl = {
+  .env = "CUDALUA_NCCL", .names = nccl_names, .dirs = nccl_dirs, .flags = RTLD_NOW,
+  .syms = nccl_syms, .optional = nccl_opt,
+  .forced_fail = "cudalua.nccl: NCCL not found: CUDALUA_NCCL=%s cannot be opened (%s)",
+  .not_found = "cudalua.nccl: NCCL not found (libnccl.so.2; set NCCL_HOME or LD_LIBRARY_PATH)",
+  .lacks = "cudalua.nccl: %s lacks %s (too old an NCCL)",
+  .results = nccl_results, .nresults = sizeof nccl_results / sizeof nccl_results[0], .unknown = "ncclError",
+  .lock = PTHREAD_MUTEX_INITIALIZER};
 
 static void need(lua_State *L) {
-  if (!nccl_load()) luaL_error(L, "%s", err);
-}
-
-static const char *result_name(ncclResult_t r) {
-  static const char *const names[] = {"ncclSuccess", "ncclUnhandledCudaError", "ncclSystemError",
-    "ncclInternalError", "ncclInvalidArgument", "ncclInvalidUsage", "ncclRemoteError", "ncclInProgress"};
-  return r >= 0 && r < (int)(sizeof names / sizeof names[0]) ? names[r] : "ncclError";
+  if (!cl_lib_load(&nccl)) luaL_error(L, "%s", nccl.err);
 }
 
 #define COMM_MT "cudalua.nccl_comm"
@@ -136,7 +109,7 @@ static void release_group(lua_State *L) {
 static void check(lua_State *L, ncclResult_t r, ncclComm_t c, const char *what) {
   if (r == 0) return;
   const char *last = c && nc.ncclGetLastError ? nc.ncclGetLastError(c) : NULL;
-  luaL_error(L, "cudalua.nccl: %s: %s (%s)%s%s", what, result_name(r), nc.ncclGetErrorString(r),
+  luaL_error(L, "cudalua.nccl: %s: %s (%s)%s%s", what, cl_result_name(&nccl, r), nc.ncclGetErrorString(r),
              last && *last ? ": " : "", last && *last ? last : "");
 }
 
@@ -158,9 +131,10 @@ static lcomm *push_comm(lua_State *L, ncclComm_t h, CUcontext ctx) {
 /* ---- library functions ---- */
 
 static int l_available(lua_State *L) {
-  lua_pushboolean(L, nccl_load());
-  if (state == 1) return 1;
-  lua_pushstring(L, err);
+  int ok = cl_lib_load(&nccl);
+  lua_pushboolean(L, ok);
+  if (ok) return 1;
+  lua_pushstring(L, nccl.err);
   return 2;
 }
 
@@ -427,7 +401,7 @@ static int c_async_error(lua_State *L) {
   ncclResult_t e = 0;
   check(L, nc.ncclCommGetAsyncError(c->c, &e), c->c, "async_error");
   if (!e) return 0;
-  lua_pushfstring(L, "%s (%s)", result_name(e), nc.ncclGetErrorString(e));
+  lua_pushfstring(L, "%s (%s)", cl_result_name(&nccl, e), nc.ncclGetErrorString(e));
   return 1;
 }
 
