@@ -403,10 +403,9 @@ typedef struct cl_kernel {
   CUfunction fn;
   CUcontext ctx;
   int nparams;
-  size_t argbytes;
   const void *array_mt;          /* the array metatable of this Lua state: fast type checks */
   char ptype[CL_MAXPARAMS];      /* one code per parameter, see module.c */
-  unsigned short psize[CL_MAXPARAMS], poff[CL_MAXPARAMS];
+  unsigned short psize[CL_MAXPARAMS];
   int occ_block, occ_grid;       /* occupancy cache for shared == occ_shared */
   size_t occ_shared;
   unsigned coop_threads, coop_shared;   /* the block and shared size coop_per was found for */
@@ -416,7 +415,6 @@ typedef struct cl_kernel {
   unsigned req_cluster[3];       /* __cluster_dims__ of the kernel; 0: none */
   unsigned char cache_config;    /* the preference k:set_attribute set last (module.c) */
   unsigned fattr_gen;            /* cl_fattr_gen when the cached attributes above were read */
-  int closed;
 } cl_kernel;
 void cl_kernel_refresh(cl_kernel *k);
 #define CL_KERNEL "cudalua.kernel"

@@ -130,7 +130,7 @@ static int l_module_kernel(lua_State *L) {
   lua_pop(L, 1);
   int have_info = cu.cuFuncGetParamInfo != NULL;
   char derived[CL_MAXPARAMS];
-  size_t dpo[CL_MAXPARAMS], dps[CL_MAXPARAMS];   /* what the counting learned: not asked again */
+  size_t dps[CL_MAXPARAMS];   /* the sizes the counting learned: not asked again */
   if (!codes) {
     /* no types known: count the parameters by asking for each until the driver says no */
     if (!have_info)
@@ -142,7 +142,7 @@ static int l_module_kernel(lua_State *L) {
     for (nc = 0; nc < last && CU(cuFuncGetParamInfo, k->fn, nc, &po, &ps) == CUDA_SUCCESS; nc++) {
       if (nc == CL_MAXPARAMS) continue;
       derived[nc] = ps == 8 ? 'U' : 'y';
-      dpo[nc] = po; dps[nc] = ps;
+      dps[nc] = ps;
       if (!words) continue;
       if (ps == 8) lua_pushliteral(L, "8 bytes: an array or an integer address");
       else lua_pushfstring(L, "%d bytes of unknown type", (int)ps);
@@ -155,14 +155,13 @@ static int l_module_kernel(lua_State *L) {
     codes = derived;
   }
   k->nparams = (int)nc;
-  /* the driver knows each parameter's size and offset: check the codes against it */
-  size_t off = 0;
+  /* the driver knows each parameter's size: check the codes against it */
   for (int i = 0; i < (int)nc; i++) {
-    size_t po = 0, ps = 0;
+    size_t po = 0, ps = 0;   /* the offset comes with the size; launches need only the size */
     k->ptype[i] = codes[i];
     int sz = code_size(codes[i]);
     if (have_info) {
-      if (codes == derived) { po = dpo[i]; ps = dps[i]; }
+      if (codes == derived) ps = dps[i];
       else if (CU(cuFuncGetParamInfo, k->fn, i, &po, &ps) != CUDA_SUCCESS)
         return luaL_error(L, "cudalua: kernel '%s': the driver reports fewer parameters than %d", sym, (int)nc);
       if (sz && (size_t)sz != ps)
@@ -172,19 +171,14 @@ static int l_module_kernel(lua_State *L) {
     } else if (!sz) {
       return luaL_error(L, "cudalua: kernel '%s': parameter %d is passed by value and this driver "
                         "cannot tell its size", sym, i + 1);
-    } else {
-      po = (off + sz - 1) / sz * sz;
     }
     k->psize[i] = (unsigned short)sz;
-    k->poff[i] = (unsigned short)po;
-    off = po + sz;
   }
   if (have_info && verify) {
     size_t po, ps;
     if (CU(cuFuncGetParamInfo, k->fn, (int)nc, &po, &ps) == CUDA_SUCCESS)
       return luaL_error(L, "cudalua: kernel '%s': the driver reports more parameters than %d", sym, (int)nc);
   }
-  k->argbytes = off;
   /* what launches check without a driver call: shared memory, the binary's architecture and
      compile-time cluster dimensions */
   k->static_shared = func_attr(k->fn, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES);
