@@ -3,20 +3,19 @@
    Layers, bottom first: a file calls only the files before it (tools/layers.lua checks this
    against the object files: make layers).
      layers: embedded loader driver opts hostfn capstate wait memory
-             dtype stream event array interop ipc copy module kernel compile link
-             launch graph capture random progress cache nvtx nccl device embed core
+             dtype stream event array interop ipc copy config kernel module compile link
+             args launch launcher graph capture random progress cache nvtx nccl device embed core
    embedded: the Lua parts and CUDA headers, as data. loader: opening a library with dlopen
    from its table (libcuda, NVRTC, nvJitLink, NCCL), naming its result codes. driver: the
    tables of libcuda, NVRTC and nvJitLink; contexts; errors. opts..wait: ordering (what captures, the host-function
    queue, the releases put off, waits). memory: device and host blocks. dtype..link: one file
-   per Lua type, each with its metatable, check/push functions and methods. launch..capture:
-   submitting work (launch configuration, arguments, launches, graphs, captures). The rest:
-   Lua entry points; core.c opens them all, bottom first.
+   per Lua type, each with its metatable, check/push functions and methods; config among them
+   is launch configurations, a C struct with no Lua type of its own (the kernel type reads its
+   shared memory sizes). args..capture: submitting work (arguments, launches, launchers,
+   graphs, captures). The rest: Lua entry points; core.c opens them all, each type before
+   the files that add methods to it.
    Upward uses still to be removed (issue 25), each allowed by name until then:
-     allow: array cl_cai_view          (the array check takes CUDA Array Interface objects)
-     allow: module cl_kernel_index     (the kernel type is made in module.c, its methods are in
-     allow: module cl_kernel_name       launch.c: kernel.c will own the type)
-     allow: module cl_kernel_shared */
+     allow: array cl_cai_view          (the array check takes CUDA Array Interface objects) */
 #ifndef CUDALUA_CL_H
 #define CUDALUA_CL_H
 
@@ -342,7 +341,7 @@ int cl_a_copy_to_device(lua_State *L);
 int cl_a_fill(lua_State *L);
 int cl_l_copy(lua_State *L);
 
-/* ---- compile.c, module.c, launch.c ---- */
+/* ---- compile.c, link.c, ipc.c, module.c and the entry points ---- */
 void cl_open_compile(lua_State *L);
 void cl_open_link(lua_State *L);
 void cl_open_ipc(lua_State *L);
@@ -350,7 +349,6 @@ void cl_open_ipc(lua_State *L);
 void cl_add_hex(luaL_Buffer *b, const void *p, size_t n);
 int cl_hex_decode(const char *s, void *out, size_t n);
 void cl_open_module(lua_State *L);
-void cl_open_launch(lua_State *L);
 void cl_open_random(lua_State *L);
 void cl_open_progress(lua_State *L);
 void cl_open_cache(lua_State *L);
@@ -427,34 +425,7 @@ static inline void cl_host_unpark(lua_State *L, struct cl_hostq *q) { if (q) cl_
 #define CU(f, ...) CL_PARKED(L, CL_PARK_ENQUEUE, cu.f(__VA_ARGS__))
 #define CU0(f, ...) (cu.f(__VA_ARGS__))
 
-#define CL_MAXPARAMS 64
-/* bumped by every k:set_attribute: kernel objects that share a CUfunction (the same symbol got
-   with another signature) then read the function's attributes again before they use them */
-extern unsigned cl_fattr_gen;
-#define CL_KERNEL_FRESH(k) \
-  do { if ((k)->fattr_gen != __atomic_load_n(&cl_fattr_gen, __ATOMIC_RELAXED)) cl_kernel_refresh(k); } while (0)
-typedef struct cl_kernel {
-  CUfunction fn;
-  CUcontext ctx;
-  int nparams;
-  size_t argbytes;
-  const void *array_mt;          /* the array metatable of this Lua state: fast type checks */
-  char ptype[CL_MAXPARAMS];      /* one code per parameter, see module.c */
-  unsigned short psize[CL_MAXPARAMS], poff[CL_MAXPARAMS];
-  int occ_block, occ_grid;       /* occupancy cache for shared == occ_shared */
-  size_t occ_shared;
-  unsigned coop_threads, coop_shared;   /* the block and shared size coop_per was found for */
-  unsigned coop_per, coop_sms;         /* co-resident blocks per multiprocessor, multiprocessors */
-  unsigned dyn_max;              /* dynamic shared memory a launch may ask for without opting in */
-  int static_shared, binary_version;
-  unsigned req_cluster[3];       /* __cluster_dims__ of the kernel; 0: none */
-  unsigned char cache_config;    /* the preference k:set_attribute set last (module.c) */
-  unsigned fattr_gen;            /* cl_fattr_gen when the cached attributes above were read */
-  int closed;
-} cl_kernel;
-void cl_kernel_refresh(cl_kernel *k);
-#define CL_KERNEL "cudalua.kernel"
-cl_kernel *cl_checkkernel(lua_State *L, int idx);
+/* ---- from config.c: launch configurations ---- */
 /* a launch configuration: k[{...}], k:launch{...}, forall, graph kernel nodes */
 typedef struct cl_launch {
   unsigned g[3], b[3], shared;
@@ -469,15 +440,67 @@ enum { CL_CFG_LAUNCH, CL_CFG_GRAPH, CL_CFG_FORALL };
    (stream, shared, cooperative, cluster) take no grid or block. */
 void cl_launch_parse(lua_State *L, int idx, cl_launch *c, int mode, const char *where,
                      const char *prefix);
+/* k[{...}]'s configuration: the table at 2 (the kernel's __index key, nothing above it); the
+   plain {grid, block [, stream [, shared]]} without a pass of cl_launch_parse */
+void cl_launch_bracket(lua_State *L, cl_launch *c);
+unsigned cl_launch_shared(lua_State *L, int idx);   /* a dynamic shared memory size; nil: 0 */
+/* does the cluster tile the grid? (a 0 in the cluster: no cluster in that dimension) Made
+   configurations are checked (config.c); a kernel's own cluster at its launches (launch.c) */
+static inline int cl_tiles(const unsigned g[3], const unsigned cl[3]) {
+  for (int d = 0; d < 3; d++) if (cl[d] && g[d] % cl[d]) return 0;
+  return 1;
+}
+
+/* ---- from kernel.c: the kernel type ---- */
+#define CL_MAXPARAMS 64
+/* bumped by every k:set_attribute: kernel objects that share a CUfunction (the same symbol got
+   with another signature) then read the function's attributes again before they use them */
+extern unsigned cl_fattr_gen;
+#define CL_KERNEL_FRESH(k) \
+  do { if ((k)->fattr_gen != __atomic_load_n(&cl_fattr_gen, __ATOMIC_RELAXED)) cl_kernel_refresh(k); } while (0)
+typedef struct cl_kernel {
+  CUfunction fn;
+  CUcontext ctx;
+  int nparams;
+  const void *array_mt;          /* the array metatable of this Lua state: fast type checks */
+  char ptype[CL_MAXPARAMS];      /* one code per parameter, see kernel.c */
+  unsigned short psize[CL_MAXPARAMS];
+  int occ_block, occ_grid;       /* occupancy cache for shared == occ_shared */
+  size_t occ_shared;
+  unsigned coop_threads, coop_shared;   /* the block and shared size coop_per was found for */
+  unsigned coop_per, coop_sms;         /* co-resident blocks per multiprocessor, multiprocessors */
+  unsigned dyn_max;              /* dynamic shared memory a launch may ask for without opting in */
+  int static_shared, binary_version;
+  unsigned req_cluster[3];       /* __cluster_dims__ of the kernel; 0: none */
+  unsigned char cache_config;    /* the preference k:set_attribute set last */
+  unsigned fattr_gen;            /* cl_fattr_gen when the cached attributes above were read */
+} cl_kernel;
+void cl_kernel_refresh(cl_kernel *k);
+#define CL_KERNEL "cudalua.kernel"
+/* a kernel with a launch configuration (launcher.c); its first user value is the kernel. The
+   functions below that take a kernel's stack index kidx take a launcher's too, for messages */
+#define CL_LAUNCHER "cudalua.launcher"
+cl_kernel *cl_checkkernel(lua_State *L, int idx);
+/* module_kernel's new kernel object (pushed) for fn of the module at modidx, in ctx: it keeps
+   the module and the info table at infoidx ({name=, types={...}}) as its user values */
+cl_kernel *cl_kernel_new(lua_State *L, CUfunction fn, CUcontext ctx, int modidx, int infoidx);
+/* then its parameters: codes (nc of them; NULL: their sizes asked of the driver, in words into
+   the info table's types) checked against the driver; known: the image's count (-1: none);
+   verify: the driver is asked whether there are more. sym names it in messages. Then the
+   attributes launches check without a driver call */
+void cl_kernel_describe(lua_State *L, cl_kernel *k, int infoidx, const char *sym, const char *codes,
+                        size_t nc, lua_Integer known, int verify);
 #define cl_kernel_ctx(L, k) cl_use_ctx(L, (k)->ctx)        /* its context made current */
 void cl_kernel_occupancy(lua_State *L, cl_kernel *k, size_t shared);   /* fills k->occ_* */
 /* dynamic shared memory over 48 KiB: opts the kernel in (once per size), or raises with the
    device's limit */
 void cl_kernel_shared(lua_State *L, cl_kernel *k, int kidx, unsigned shared);
-int cl_kernel_launch(lua_State *L, cl_kernel *k, int kidx, int first, const cl_launch *c);
+int cl_kernel_at(lua_State *L, int kidx);   /* the kernel's index: kidx, or a launcher's kernel pushed */
 const char *cl_kernel_name(lua_State *L, int kidx);      /* pushes it; slow path only */
-int cl_kernel_index(lua_State *L);   /* the kernel's __index: k[{grid, block}] launchers and methods */
-/* kernel arguments converted for the driver */
+int cl_kernel_index(lua_State *L);   /* the kernel's __index: methods and k.name */
+void cl_open_kernel(lua_State *L);   /* the kernel type; core.kernel_methods into the table on top */
+
+/* ---- from args.c: kernel arguments converted for the driver ---- */
 typedef struct cl_args {
   uint64_t slots[CL_MAXPARAMS][2];
   void *params[CL_MAXPARAMS];
@@ -490,6 +513,16 @@ typedef struct cl_args {
    allow_pageable (then listed in tmp for the caller to copy) */
 void cl_marshal(lua_State *L, cl_kernel *k, int kidx, int first, int nargs, cl_args *a,
                 int allow_pageable);
+
+/* ---- from launch.c: launches ---- */
+/* the kernel k (at kidx: it or its launcher) launched with c and the arguments from first to the
+   top of the stack */
+int cl_kernel_launch(lua_State *L, cl_kernel *k, int kidx, int first, const cl_launch *c);
+void cl_open_launch(lua_State *L);     /* adds k:launch */
+
+/* ---- from launcher.c: launchers ---- */
+void cl_open_launcher(lua_State *L);   /* the launcher type; adds k[{grid, block}] and k:forall */
+
 /* ---- capstate.c: what captures, and each capture's keep table ---- */
 /* hostfn.c counts them (the layers below read the counts) */
 extern int cl_capturing;            /* streams capturing now, in this process (atomic) */

@@ -76,6 +76,8 @@ int luaopen_cudalua(lua_State *L) {
   hold_sentinel(L);
   lua_newtable(L);   /* the core: C functions the Lua parts build on */
   int core = lua_gettop(L);
+  /* a type is opened before the files above it that add to it (said on their lines): they
+     find its metatable or methods table made */
   cl_open_driver(L);
   cl_open_device(L);
   cl_open_dtype(L);
@@ -86,8 +88,10 @@ int luaopen_cudalua(lua_State *L) {
   cl_open_memory(L);
   cl_open_compile(L);
   cl_open_link(L);
+  cl_open_kernel(L);
   cl_open_module(L);
-  cl_open_launch(L);
+  cl_open_launch(L);    /* adds k:launch */
+  cl_open_launcher(L);  /* adds k[{grid, block}] (the kernel's __index in front of kernel.c's) and k:forall */
   cl_open_random(L);
   cl_open_progress(L);
   cl_open_cache(L);

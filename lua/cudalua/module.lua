@@ -92,7 +92,7 @@ end
 M.elf_info = elf_info
 
 ---------------------------------------------------------------------------------------------
--- PTX: the .entry list and each entry's .param types, as code letters (see src/module.c)
+-- PTX: the .entry list and each entry's .param types, as code letters (see src/kernel.c)
 local ptx_code = { u64 = "U", s64 = "U", b64 = "U", f64 = "d", f32 = "f", u32 = "W", s32 = "W",
   b32 = "W", u16 = "H", s16 = "H", b16 = "H", f16 = "e", bf16 = "E", u8 = "B", s8 = "B", b8 = "B" }
 

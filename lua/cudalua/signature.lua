@@ -182,7 +182,7 @@ function M.demangle_params(s, mode)
   return args[1].params
 end
 
--- parameter types -> code letters (see src/module.c) and C spellings for messages
+-- parameter types -> code letters (see src/kernel.c) and C spellings for messages
 function M.param_codes(params)
   local codes, types = {}, {}
   for i, p in ipairs(params) do
