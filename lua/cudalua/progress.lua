@@ -41,11 +41,7 @@ function M.watch(counter, total, opts)
   end
   if opts ~= nil and type(opts) ~= "table" then error("progress.watch: options must be a table", 2) end
   opts = opts or {}
-  for k in pairs(opts) do
-    if k ~= "stream" and k ~= "label" and k ~= "interval" and k ~= "out" and k ~= "line_interval" then
-      error(("progress.watch: unknown option '%s' (stream, label, interval, out, line_interval)"):format(tostring(k)), 2)
-    end
-  end
+  check.options(opts, { "stream", "label", "interval", "out", "line_interval" }, "progress.watch", 3)
   if opts.stream ~= nil and not check.is_stream(opts.stream) then
     error("progress.watch: stream must be a stream (cuda.stream()), got " .. type(opts.stream), 2)
   end
