@@ -93,15 +93,19 @@ cl_array *cl_push_array(lua_State *L, cl_mem *m, size_t offset, int kind, int dt
   return a;
 }
 
+/* each step is checked before it is taken, so nothing overflows on the way */
+int cl_shape_mul(size_t *n, int ndim, const int64_t *shape) {
+  for (int i = 0; i < ndim; i++) {
+    if (shape[i] && *n > ((size_t)1 << 50) / (size_t)shape[i]) return 0;
+    *n *= (size_t)shape[i];
+  }
+  return 1;
+}
+
 cl_array *cl_newarray(lua_State *L, int kind, int dt, int ndim, const int64_t *shape,
                       cl_stream *s, int flags) {
   size_t n = 1, isz = cl_dtypes[dt].size;
-  for (int i = 0; i < ndim; i++) {
-    if (shape[i] && n > ((size_t)1 << 50) / (size_t)shape[i])
-      luaL_error(L, "cudalua: array too large");
-    n *= (size_t)shape[i];
-  }
-  if (n > ((size_t)1 << 50) / isz) luaL_error(L, "cudalua: array too large");
+  if (!cl_shape_mul(&n, ndim, shape) || n > ((size_t)1 << 50) / isz) luaL_error(L, "cudalua: array too large");
   if (kind == CL_DEVICE) cl_capture_guard(L, s, 0, "allocating a device array");
   /* the userdata exists before the memory, so an error in between leaks nothing */
   cl_array *a = cl_push_array(L, NULL, 0, kind, dt, ndim, shape);
@@ -329,9 +333,8 @@ static int a_index(lua_State *L) {
   const char *k = lua_tostring(L, 2);
   if (k) {
     /* methods first: one table lookup */
-    lua_getfield(L, LUA_REGISTRYINDEX, CL_ARRAY ".methods");
-    if (lua_getfield(L, -1, k) != LUA_TNIL) return 1;
-    lua_pop(L, 2);
+    if (lua_getfield(L, lua_upvalueindex(1), k) != LUA_TNIL) return 1;
+    lua_pop(L, 1);
     if (!strcmp(k, "closed")) { lua_pushboolean(L, a->mem == NULL); return 1; }
     if (!strcmp(k, "kind")) { lua_pushstring(L, cl_kind_names[a->kind]); return 1; }
     if (!strcmp(k, "dtype")) { cl_pushdtype(L, a->dtype); return 1; }
@@ -365,6 +368,15 @@ static int a_len(lua_State *L) {
   return 1;
 }
 
+/* a view of the array a at index 1 (slice, reshape, view): its memory referenced, read-only
+   if a is, and a foreign owner kept alive with it */
+static void push_view(lua_State *L, cl_array *a, size_t offset, int dt, int ndim, const int64_t *shape) {
+  cl_array *v = cl_push_array(L, cl_mem_ref(a->mem), offset, a->kind, dt, ndim, shape);
+  v->readonly = a->readonly;
+  lua_getiuservalue(L, 1, 1);
+  lua_setiuservalue(L, -2, 1);
+}
+
 static int a_slice(lua_State *L) {
   cl_array *a = cl_checkarray(L, 1);
   lua_Integer n = a->shape[0];
@@ -375,11 +387,7 @@ static int a_slice(lua_State *L) {
   int64_t shape[CL_MAXDIM];
   memcpy(shape, a->shape, sizeof shape);
   shape[0] = j - i + 1;
-  cl_array *v = cl_push_array(L, cl_mem_ref(a->mem), a->offset + (size_t)(i - 1) * row, a->kind,
-                           a->dtype, a->ndim, shape);
-  v->readonly = a->readonly;
-  lua_getiuservalue(L, 1, 1);   /* a foreign owner stays alive with the view */
-  lua_setiuservalue(L, -2, 1);
+  push_view(L, a, a->offset + (size_t)(i - 1) * row, a->dtype, a->ndim, shape);
   return 1;
 }
 
@@ -396,10 +404,7 @@ static int a_reshape(lua_State *L) {
   for (int i = 0; i < ndim; i++) n *= (size_t)shape[i];
   if (n != a->size)
     return luaL_error(L, "reshape: %I elements cannot take a shape of %I", (lua_Integer)a->size, (lua_Integer)n);
-  cl_array *v = cl_push_array(L, cl_mem_ref(a->mem), a->offset, a->kind, a->dtype, ndim, shape);
-  v->readonly = a->readonly;
-  lua_getiuservalue(L, 1, 1);
-  lua_setiuservalue(L, -2, 1);
+  push_view(L, a, a->offset, a->dtype, ndim, shape);
   return 1;
 }
 
@@ -428,10 +433,7 @@ static int a_view(lua_State *L) {
                         "(%d bytes): copy it first", (lua_Integer)a->offset, tn, (int)to);
     shape[a->ndim - 1] = (int64_t)(last / to);
   }
-  cl_array *v = cl_push_array(L, cl_mem_ref(a->mem), a->offset, a->kind, dt, a->ndim, shape);
-  v->readonly = a->readonly;
-  lua_getiuservalue(L, 1, 1);
-  lua_setiuservalue(L, -2, 1);
+  push_view(L, a, a->offset, dt, a->ndim, shape);
   return 1;
 }
 
@@ -536,18 +538,12 @@ void cl_open_array(lua_State *L) {
     {"mapped_array", l_mapped_array}, {"managed_array", l_managed_array},
     {"device_array", l_device_array}, {"device_array_like", l_device_array_like},
     {"array_info", l_array_info}, {NULL, NULL}};
-  luaL_newmetatable(L, CL_ARRAY);
-  lua_pushvalue(L, -1);
+  static const luaL_Reg meta[] = {
+    {"__newindex", a_newindex}, {"__len", a_len}, {"__gc", a_close}, {"__close", a_close},
+    {"__tostring", a_tostring}, {NULL, NULL}};
+  /* copy.c, interop.c and ipc.c add methods (copy_to_host, fill, totable, ipc_handle...) */
+  cl_class_define(L, &(cl_class){CL_ARRAY, m, a_index, meta});
+  luaL_getmetatable(L, CL_ARRAY);
   lua_rawsetp(L, LUA_REGISTRYINDEX, &array_key);
-  lua_pushcfunction(L, a_index); lua_setfield(L, -2, "__index");
-  lua_pushcfunction(L, a_newindex); lua_setfield(L, -2, "__newindex");
-  lua_pushcfunction(L, a_len); lua_setfield(L, -2, "__len");
-  lua_pushcfunction(L, a_close); lua_setfield(L, -2, "__gc");
-  lua_pushcfunction(L, a_close); lua_setfield(L, -2, "__close");
-  lua_pushcfunction(L, a_tostring); lua_setfield(L, -2, "__tostring");
-  lua_pop(L, 1);
-  luaL_newlib(L, m);   /* copy.c adds the copies (copy_to_host, fill, totable...) */
-  lua_setfield(L, LUA_REGISTRYINDEX, CL_ARRAY ".methods");
-
   luaL_setfuncs(L, f, 0);
 }

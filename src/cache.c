@@ -1,5 +1,5 @@
 /* cache.c: what the compile cache (lua/cudalua/cache.lua) needs from C: a fast 128-bit hash of
-   a string (two FNV-1a 64 lanes) and creating its directory. */
+   a string (FNV-1a 64, and a second lane of its own) and creating its directory. */
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
@@ -9,11 +9,8 @@
 static int l_hash(lua_State *L) {
   size_t n;
   const unsigned char *s = (const unsigned char *)luaL_checklstring(L, 1, &n);
-  uint64_t a = 0xcbf29ce484222325ULL, b = 0x84222325cbf29ce4ULL ^ n;
-  for (size_t i = 0; i < n; i++) {
-    a = (a ^ s[i]) * 0x100000001b3ULL;
-    b = (b ^ s[i] ^ (b >> 29)) * 0x100000001b3ULL;
-  }
+  uint64_t a = cl_fnv1a(CL_FNV_BASIS, s, n), b = 0x84222325cbf29ce4ULL ^ n;
+  for (size_t i = 0; i < n; i++) b = (b ^ s[i] ^ (b >> 29)) * CL_FNV_PRIME;   /* FNV-1a mixed with its high bits */
   char out[33];
   snprintf(out, sizeof out, "%016llx%016llx", (unsigned long long)a, (unsigned long long)b);
   lua_pushstring(L, out);

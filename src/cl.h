@@ -2,18 +2,20 @@
 
    Layers, bottom first: a file calls only the files before it (tools/layers.lua checks this
    against the object files: make layers).
-     layers: embedded loader driver opts hostfn capstate wait memory
+     layers: embedded class loader driver opts hostfn capstate wait memory
              dtype stream event array interop ipc copy config kernel module compile link
              args launch launcher graph capture random progress cache nvtx nccl device embed core
-   embedded: the Lua parts and CUDA headers, as data. loader: opening a library with dlopen
-   from its table (libcuda, NVRTC, nvJitLink, NCCL), naming its result codes. driver: the
-   tables of libcuda, NVRTC and nvJitLink; contexts; errors. opts..wait: ordering (what captures, the host-function
-   queue, the releases put off, waits). memory: device and host blocks. dtype..link: one file
-   per Lua type, each with its metatable, check/push functions and methods; config among them
-   is launch configurations, a C struct with no Lua type of its own (the kernel type reads its
-   shared memory sizes). args..capture: submitting work (arguments, launches, launchers,
-   graphs, captures). The rest: Lua entry points; core.c opens them all, each type before
-   the files that add methods to it.
+   embedded: the Lua parts and CUDA headers, as data. class: a Lua type's metatable, made from
+   one description. loader: opening a library with dlopen from its table (libcuda, NVRTC,
+   nvJitLink, NCCL), naming its result codes. driver: the tables of libcuda, NVRTC and
+   nvJitLink; contexts; errors. opts: small helpers (options tables, keep sets, hex, hashes).
+   hostfn..wait: ordering (what captures, the host-function queue, the releases put off,
+   waits). memory: device and host blocks. dtype..link: one file per Lua type, each with its
+   metatable, check/push functions and methods; config among them is launch configurations, a
+   C struct with no Lua type of its own (the kernel type reads its shared memory sizes).
+   args..capture: submitting work (arguments, launches, launchers, graphs, captures). The
+   rest: Lua entry points; core.c opens them all, each type before the files that add methods
+   to it.
    Upward uses still to be removed (issue 25), each allowed by name until then:
      allow: array cl_cai_view          (the array check takes CUDA Array Interface objects) */
 #ifndef CUDALUA_CL_H
@@ -30,6 +32,33 @@
 #include <nvJitLink.h>
 
 #define CUDALUA_VERSION "0.2.0"
+
+/* ---- from class.c: a Lua type, declared once ---- */
+typedef struct cl_class {
+  const char *name;          /* "cudalua.array": the metatable's registry key and its __name */
+  const luaL_Reg *methods;   /* NULL: none. Also kept in the registry as name ".methods" */
+  lua_CFunction index;       /* __index as a function (fields besides the methods), given the
+                                methods table as upvalue 1; NULL: __index is the methods table */
+  const luaL_Reg *meta;      /* the other metamethods: __gc, __close, __tostring, __len... */
+} cl_class;
+void cl_class_define(lua_State *L, const cl_class *c);   /* makes (or remakes) its metatable */
+
+/* ---- from opts.c: small helpers the files share ---- */
+/* raises "where: unknown option 'k' (names...)" for a key of the table at idx not in names */
+void cl_check_options(lua_State *L, int idx, const char *where, const char *const names[]);
+/* options[key] of the table at idx: nil (-1), or a boolean (0, 1); raises "where: key must be a
+   boolean, got T" */
+int cl_opt_bool(lua_State *L, int idx, const char *key, const char *where);
+/* keeps the value at idx alive with the set at tidx (t[value] = true: keeping it again does not
+   grow the set); values that are not collectable need no keeping */
+void cl_keep(lua_State *L, int tidx, int idx);
+/* handles as text: n bytes as 2n hex digits, and back (0 unless all are hex digits) */
+void cl_add_hex(luaL_Buffer *b, const void *p, size_t n);
+int cl_hex_decode(const char *s, void *out, size_t n);
+/* FNV-1a (64 bits) of n bytes at p, going on from h: CL_FNV_BASIS to begin */
+#define CL_FNV_BASIS 0xcbf29ce484222325ULL
+#define CL_FNV_PRIME 0x100000001b3ULL
+uint64_t cl_fnv1a(uint64_t h, const void *p, size_t n);
 
 typedef struct cl_hostrec cl_hostrec;   /* hostfn.c: a Lua host function's record */
 typedef struct cl_hostq cl_hostq;       /* hostfn.c: a state's host-function queue */
@@ -259,9 +288,27 @@ int cl_defer_call(lua_State *L, int ends_capture, void (*fn)(lua_State *L, void 
 #define CL_DEFERRED_OWNER(d, type, member) ((type *)(void *)((char *)(d) - offsetof(type, member)))
 void cl_flush_deferred(lua_State *L);
 
-/* ---- array.c: host and device arrays ---- */
-enum { CL_HOST, CL_PINNED, CL_MAPPED, CL_MANAGED, CL_DEVICE, CL_FOREIGN };
-#define CL_MAXDIM 8
+/* ---- from memory.c: the memory blocks behind arrays ---- */
+enum { CL_HOST, CL_PINNED, CL_MAPPED, CL_MANAGED, CL_DEVICE, CL_FOREIGN };   /* kinds */
+/* cl_mem.spread: where the queued work that uses a block is (with used). Each covers the ones
+   before it, and a block never goes back down while used: that order is still owed. */
+typedef enum {
+  CL_ONE_STREAM,         /* its stream only: waited for there, freed in its order */
+  CL_BLOCKING_STREAMS,   /* several streams, all blocking: the legacy stream orders them */
+  CL_ANY_STREAMS,        /* non-blocking ones too: the whole context is waited for */
+  CL_OTHER_DEVICES       /* another device's work too (or on another device's memory): every
+                            device is waited for */
+} cl_mem_spread;
+typedef enum {           /* cl_mem.ipc: device memory shared with other processes */
+  CL_IPC_NONE,
+  CL_IPC_EXPORTABLE,     /* made with cuMemAlloc (the pool's memory cannot be exported) */
+  CL_IPC_OPENED          /* another process's, opened from its handle: closed, not freed */
+} cl_mem_ipc;
+typedef enum {           /* cl_mem.registered: pageable host memory page-locked for copies */
+  CL_REGISTER_FAILED = -1,   /* the system refused (memlock limits): copies go the pageable way */
+  CL_UNREGISTERED = 0,
+  CL_REGISTERED = 1          /* with cuMemHostRegister: unregistered before it is freed */
+} cl_mem_registered;
 typedef struct cl_mem {
   int refs;            /* arrays (and views) that point into it */
   int kind;
@@ -270,31 +317,24 @@ typedef struct cl_mem {
   size_t bytes;
   CUcontext ctx;
   cl_stream *stream;   /* last stream that used it (NULL with used: legacy) */
-  int used, multi;     /* used by queued work; on more than one stream (3: by another device) */
-  int registered;      /* pageable memory page-locked with cuMemHostRegister */
+  int used;            /* used by queued work */
+  cl_mem_spread spread;   /* on which streams and devices */
+  cl_mem_registered registered;
   int portable;        /* host-visible memory every device reaches (pinned, mapped, managed) */
   CUcontext use_ctx;   /* the context whose work used it last (with used) */
-  int ipc;             /* 1: exportable (cuMemAlloc); 2: opened from another process's handle */
+  cl_mem_ipc ipc;
   void (*release)(void *ud, CUdeviceptr p);  /* foreign memory */
   void *ud;
   struct cl_mem *next; /* in the list of spare records (memory.c) */
   cl_deferred later;   /* a free put off (memory.c) */
 } cl_mem;
-typedef struct cl_array {
-  cl_mem *mem;         /* NULL once closed */
-  size_t offset;       /* bytes into mem: views */
-  int kind, dtype, ndim, readonly;
-  int64_t shape[CL_MAXDIM];
-  size_t size;         /* elements */
-} cl_array;
-#define CL_ARRAY "cudalua.array"
-cl_array *cl_toarray(lua_State *L, int idx);      /* NULL unless a cudalua array */
-cl_array *cl_checkarray(lua_State *L, int idx);   /* raises if not an open array */
-size_t cl_nbytes(const cl_array *a);
-CUdeviceptr cl_devptr(const cl_array *a);         /* 0 for pageable host arrays */
-void *cl_hostptr(const cl_array *a);              /* NULL for device arrays */
 enum { CL_ZERO = 1, CL_IPC = 2 };                 /* cl_mem_new's and cl_newarray's flags */
 cl_mem *cl_mem_new(lua_State *L, int kind, size_t bytes, cl_stream *s, int flags);
+/* a block's record, one reference and the rest zero (cl_mem_new's, and those of memory made
+   elsewhere: foreign views, handles opened from other processes); raises when out of host
+   memory. cl_mem_discard gives back one never attached to an array. */
+cl_mem *cl_mem_record(lua_State *L, int kind, size_t bytes, CUcontext ctx);
+void cl_mem_discard(cl_mem *m);
 int cl_mem_device(const cl_mem *m);               /* its device, -1 for host memory any reaches */
 /* an array a kernel or copy in context ctx may use: raises naming both devices otherwise */
 void cl_mem_reach(lua_State *L, cl_mem *m, CUcontext ctx, const char *where);
@@ -310,6 +350,22 @@ void cl_mem_forget_state(lua_State *L);   /* its state closes: the blocks it cac
 void cl_open_memory(lua_State *L);
 void cl_mem_release_all(void);                  /* the last state closed: block cache emptied */
 int cl_pageable_prepare(lua_State *L, cl_mem *m);               /* page-locks pageable memory for copies */
+
+/* ---- from array.c: host and device arrays ---- */
+#define CL_MAXDIM 8
+typedef struct cl_array {
+  cl_mem *mem;         /* NULL once closed */
+  size_t offset;       /* bytes into mem: views */
+  int kind, dtype, ndim, readonly;
+  int64_t shape[CL_MAXDIM];
+  size_t size;         /* elements */
+} cl_array;
+#define CL_ARRAY "cudalua.array"
+cl_array *cl_toarray(lua_State *L, int idx);      /* NULL unless a cudalua array */
+cl_array *cl_checkarray(lua_State *L, int idx);   /* raises if not an open array */
+size_t cl_nbytes(const cl_array *a);
+CUdeviceptr cl_devptr(const cl_array *a);         /* 0 for pageable host arrays */
+void *cl_hostptr(const cl_array *a);              /* NULL for device arrays */
 cl_array *cl_newarray(lua_State *L, int kind, int dt, int ndim, const int64_t *shape,
                       cl_stream *s, int flags);
 void cl_open_array(lua_State *L);
@@ -318,36 +374,29 @@ int cl_is_host(const cl_array *a);                /* memory the CPU can read */
 void cl_host_access(lua_State *L, cl_array *a);   /* waits if managed memory needs it */
 void cl_still_open(lua_State *L, cl_array *a, const char *where);   /* after a wait: not closed meanwhile */
 int cl_l_array(lua_State *L);                     /* cuda.array */
-/* raises "where: unknown option 'k' (names...)" for a key of the table at idx not in names */
-void cl_check_options(lua_State *L, int idx, const char *where, const char *const names[]);
-/* options[key] of the table at idx: nil (-1), or a boolean (0, 1); raises "where: key must be a
-   boolean, got T" */
-int cl_opt_bool(lua_State *L, int idx, const char *key, const char *where);
 int cl_parse_shape(lua_State *L, int idx, int64_t *shape, const char *where);
+/* *n times the extents of shape; 0 when that would pass 2^50 (no array is that large, and
+   byte counts of such products cannot overflow) */
+int cl_shape_mul(size_t *n, int ndim, const int64_t *shape);
 cl_array *cl_push_array(lua_State *L, cl_mem *m, size_t offset, int kind, int dt, int ndim,
                         const int64_t *shape);      /* a new array object on m (not referenced) */
 void cl_push_shape(lua_State *L, cl_array *a);
+
+/* ---- from interop.c: the CUDA Array Interface ---- */
 void cl_open_interop(lua_State *L);
-/* interop.c: a value with __cuda_array_interface at idx is replaced by a view of its memory;
-   NULL (stack unchanged) for a value without one; raises for a bad interface */
+/* a value with __cuda_array_interface at idx is replaced by a view of its memory; NULL (stack
+   unchanged) for a value without one; raises for a bad interface */
 cl_array *cl_cai_view(lua_State *L, int idx);
 void cl_wait_cai_stream(lua_State *L, lua_Integer h, lua_Integer ptr);   /* an interface's stream field */
-/* copy.c */
+
+/* ---- from copy.c: the arrays' copies ---- */
 void cl_open_copy(lua_State *L);   /* the arrays' copy methods, cuda.to_device and cuda.copy */
 void cl_copy(lua_State *L, cl_array *dst, cl_array *src, cl_stream *s, int sync, const char *where);
-int cl_l_to_device(lua_State *L);
-int cl_a_copy_to_host(lua_State *L);
-int cl_a_copy_to_device(lua_State *L);
-int cl_a_fill(lua_State *L);
-int cl_l_copy(lua_State *L);
 
 /* ---- compile.c, link.c, ipc.c, module.c and the entry points ---- */
 void cl_open_compile(lua_State *L);
 void cl_open_link(lua_State *L);
 void cl_open_ipc(lua_State *L);
-/* ipc.c: handles as text: n bytes as 2n hex digits, and back (0 unless all are hex digits) */
-void cl_add_hex(luaL_Buffer *b, const void *p, size_t n);
-int cl_hex_decode(const char *s, void *out, size_t n);
 void cl_open_module(lua_State *L);
 void cl_open_random(lua_State *L);
 void cl_open_progress(lua_State *L);

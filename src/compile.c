@@ -99,12 +99,6 @@ static int ident_char(unsigned char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '$';
 }
 
-static uint64_t name_hash(const char *p, size_t n) {
-  uint64_t h = 0xcbf29ce484222325ULL;
-  for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)p[i]) * 0x100000001b3ULL;
-  return h;
-}
-
 typedef struct { const char *name; size_t len, line_start, line_end; int used; } pvar;
 
 /* ptx_strip(ptx) -> ptx, number of declarations dropped. Drops the module-local .global
@@ -153,7 +147,7 @@ static int l_ptx_strip(lua_State *L) {
   size_t *tab = calloc(tsize, sizeof *tab);   /* index + 1 into v; 0: empty */
   if (!tab) { free(v); return luaL_error(L, "cudalua: out of host memory"); }
   for (size_t i = 0; i < nv; i++) {
-    size_t j = name_hash(v[i].name, v[i].len) & (tsize - 1);
+    size_t j = cl_fnv1a(CL_FNV_BASIS, v[i].name, v[i].len) & (tsize - 1);
     while (tab[j]) j = (j + 1) & (tsize - 1);
     tab[j] = i + 1;
   }
@@ -161,7 +155,7 @@ static int l_ptx_strip(lua_State *L) {
     if (!ident_char((unsigned char)s[at])) { at++; continue; }
     size_t b = at;
     while (at < n && ident_char((unsigned char)s[at])) at++;
-    size_t j = name_hash(s + b, at - b) & (tsize - 1);
+    size_t j = cl_fnv1a(CL_FNV_BASIS, s + b, at - b) & (tsize - 1);
     for (; tab[j]; j = (j + 1) & (tsize - 1)) {
       pvar *p = &v[tab[j] - 1];
       if (p->len == at - b && !memcmp(p->name, s + b, p->len) && (b < p->line_start || b >= p->line_end)) p->used = 1;

@@ -87,7 +87,7 @@ static cl_array *host_from(lua_State *L, int idx, int dtidx) {
 }
 
 /* cuda.to_device(host_array | table [, dtype] [, stream]) */
-int cl_l_to_device(lua_State *L) {
+static int l_to_device(lua_State *L) {
   int sidx = 2, dtidx = 0;
   lua_settop(L, 3);
   if (lua_type(L, 2) == LUA_TSTRING || (lua_type(L, 2) == LUA_TUSERDATA && !luaL_testudata(L, 2, "cudalua.stream")))
@@ -109,7 +109,7 @@ int cl_l_to_device(lua_State *L) {
 }
 
 /* a:copy_to_host([into] [, stream]) */
-int cl_a_copy_to_host(lua_State *L) {
+static int a_copy_to_host(lua_State *L) {
   cl_array *a = cl_checkarray(L, 1);
   int into = 0, sidx = 2;
   lua_settop(L, 3);
@@ -130,7 +130,7 @@ int cl_a_copy_to_host(lua_State *L) {
 }
 
 /* d:copy_to_device(src [, stream]): src is an array or a table */
-int cl_a_copy_to_device(lua_State *L) {
+static int a_copy_to_device(lua_State *L) {
   cl_array *d = cl_checkarray(L, 1);
   lua_settop(L, 3);
   if (cl_is_host(d)) return luaL_error(L, "copy_to_device: the array is a host array (%s)", cl_kind_names[d->kind]);
@@ -150,7 +150,7 @@ int cl_a_copy_to_device(lua_State *L) {
 
 /* cuda.copy(dst, src [, stream]): any two arrays of one dtype and size, on one device, two
    devices (a peer copy) or the host; finished on return without a stream */
-int cl_l_copy(lua_State *L) {
+static int l_copy(lua_State *L) {
   lua_settop(L, 3);
   cl_array *dst = cl_checkarray(L, 1), *src = cl_checkarray(L, 2);
   cl_stream *s = cl_tostream(L, 3, "cuda.copy");
@@ -160,7 +160,7 @@ int cl_l_copy(lua_State *L) {
   return 1;
 }
 
-int cl_a_fill(lua_State *L) {
+static int a_fill(lua_State *L) {
   cl_array *a = cl_checkarray(L, 1);
   char v[CL_MAXITEM];
   int isz = cl_dtypes[a->dtype].size;
@@ -222,7 +222,7 @@ static void push_table(lua_State *L, cl_array *a, const char *base, int d, size_
 static int a_totable(lua_State *L) {
   cl_array *a = cl_checkarray(L, 1);
   if (!cl_is_host(a)) {   /* through a host copy */
-    lua_pushcfunction(L, cl_a_copy_to_host); lua_pushvalue(L, 1);
+    lua_pushcfunction(L, a_copy_to_host); lua_pushvalue(L, 1);
     lua_call(L, 1, 1);
     a = lua_touserdata(L, -1);
   }
@@ -235,9 +235,9 @@ static int a_totable(lua_State *L) {
 /* the copies: array methods (added to array.c's method table) and cuda.to_device, cuda.copy */
 void cl_open_copy(lua_State *L) {
   static const luaL_Reg m[] = {
-    {"copy_to_host", cl_a_copy_to_host}, {"copy_to_device", cl_a_copy_to_device},
-    {"fill", cl_a_fill}, {"totable", a_totable}, {NULL, NULL}};
-  static const luaL_Reg f[] = {{"to_device", cl_l_to_device}, {"copy", cl_l_copy}, {NULL, NULL}};
+    {"copy_to_host", a_copy_to_host}, {"copy_to_device", a_copy_to_device},
+    {"fill", a_fill}, {"totable", a_totable}, {NULL, NULL}};
+  static const luaL_Reg f[] = {{"to_device", l_to_device}, {"copy", l_copy}, {NULL, NULL}};
   lua_getfield(L, LUA_REGISTRYINDEX, CL_ARRAY ".methods");
   luaL_setfuncs(L, m, 0);
   lua_pop(L, 1);

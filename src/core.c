@@ -105,11 +105,10 @@ int luaopen_cudalua(lua_State *L) {
   luaopen_cudalua_nccl_core(L); lua_setfield(L, core, "nccl");
   lua_pushstring(L, CUDALUA_VERSION); lua_setfield(L, core, "version");
   /* identifies this build's Lua parts and headers: the compile cache key holds it */
-  uint64_t h = 0xcbf29ce484222325ULL;
+  uint64_t h = CL_FNV_BASIS;
   for (int k = 0; k < 2; k++) {
     const cl_blob *b = k ? cl_kernel_headers : cl_lua_parts;
-    for (int i = 0; b[i].name; i++)
-      for (size_t j = 0; j < b[i].len; j++) h = (h ^ (unsigned char)b[i].data[j]) * 0x100000001b3ULL;
+    for (int i = 0; b[i].name; i++) h = cl_fnv1a(h, b[i].data, b[i].len);
   }
   lua_pushfstring(L, "%s-%p", CUDALUA_VERSION, (void *)(uintptr_t)h);
   lua_setfield(L, core, "build_id");

@@ -235,11 +235,8 @@ static int l_dtype(lua_State *L) {
 }
 
 void cl_open_dtype(lua_State *L) {
-  luaL_newmetatable(L, DTYPE_MT);
-  lua_pushcfunction(L, dt_tostring); lua_setfield(L, -2, "__tostring");
-  lua_pushcfunction(L, dt_index); lua_setfield(L, -2, "__index");
-  lua_pushliteral(L, "cudalua.dtype"); lua_setfield(L, -2, "__name");
-  lua_pop(L, 1);
+  static const luaL_Reg meta[] = {{"__tostring", dt_tostring}, {NULL, NULL}};
+  cl_class_define(L, &(cl_class){DTYPE_MT, NULL, dt_index, meta});
   lua_createtable(L, CL_NDTYPE, 0);
   for (int i = 0; i < CL_NDTYPE; i++) {
     int *p = lua_newuserdatauv(L, sizeof(int), 0);

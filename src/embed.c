@@ -56,7 +56,7 @@ int cudalua_to_array(lua_State *L, int idx, cudalua_array_info *info) {
   info->dtype = cl_dtypes[a->dtype].name;
   info->itemsize = cl_dtypes[a->dtype].size;
   info->nbytes = cl_nbytes(a);
-  info->stream = a->mem->used && !a->mem->multi && a->mem->stream ? (void *)a->mem->stream->h : NULL;
+  info->stream = a->mem->used && a->mem->spread == CL_ONE_STREAM && a->mem->stream ? (void *)a->mem->stream->h : NULL;
   return 1;
 }
 

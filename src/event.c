@@ -170,13 +170,9 @@ void cl_open_event(lua_State *L) {
   static const luaL_Reg m[] = {
     {"record", e_record}, {"query", e_query}, {"synchronize", e_synchronize},
     {"elapsed_time", e_elapsed_time}, {"close", e_close}, {"ipc_handle", e_ipc_handle}, {NULL, NULL}};
-  luaL_newmetatable(L, EVENT_MT);
-  luaL_newlib(L, m);
-  lua_setfield(L, -2, "__index");
-  lua_pushcfunction(L, e_close); lua_setfield(L, -2, "__gc");
-  lua_pushcfunction(L, e_close); lua_setfield(L, -2, "__close");
-  lua_pushcfunction(L, e_tostring); lua_setfield(L, -2, "__tostring");
-  lua_pop(L, 1);
+  static const luaL_Reg meta[] = {
+    {"__gc", e_close}, {"__close", e_close}, {"__tostring", e_tostring}, {NULL, NULL}};
+  cl_class_define(L, &(cl_class){EVENT_MT, m, NULL, meta});
   lua_pushcfunction(L, l_event); lua_setfield(L, -2, "event");
   lua_pushcfunction(L, e_elapsed_time); lua_setfield(L, -2, "event_elapsed_time");
   lua_pushcfunction(L, l_open_ipc_event); lua_setfield(L, -2, "open_ipc_event");

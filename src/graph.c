@@ -62,21 +62,15 @@ static lnode *checknode(lua_State *L, int idx, lgraph *g, const char *where) {
   return n;
 }
 
-/* only collectable values need keeping alive (strings are copied where they are used) */
-static int collectable(lua_State *L, int idx) {
-  int t = lua_type(L, idx);
-  return t == LUA_TUSERDATA || t == LUA_TTABLE || t == LUA_TFUNCTION || t == LUA_TTHREAD;
-}
+/* the user value holding a graph's keep set, and an executable graph's (its 1 is its graph) */
+enum { GRAPH_KEEP = 1, EXEC_KEEP = 2 };
 
-/* keeps value at idx alive with the graph at gidx, as a set (t[value] = true): keeping the
-   same object again does not grow the table */
-static void keep(lua_State *L, int gidx, int idx) {
-  if (!collectable(L, idx)) return;
+/* keeps the value at idx alive with the graph or executable graph at uidx, in its keep set
+   (user value uv): keeping the same object again, set_args in a loop say, does not grow it */
+static void keep(lua_State *L, int uidx, int uv, int idx) {
   idx = lua_absindex(L, idx);
-  lua_getiuservalue(L, gidx, 1);
-  lua_pushvalue(L, idx);
-  lua_pushboolean(L, 1);
-  lua_rawset(L, -3);
+  lua_getiuservalue(L, uidx, uv);
+  cl_keep(L, -1, idx);
   lua_pop(L, 1);
 }
 
@@ -156,7 +150,7 @@ void *cl_push_graph(lua_State *L, CUgraph h, CUcontext ctx) {
   g->ctx = ctx;
   luaL_setmetatable(L, GRAPH_MT);
   lua_newtable(L);
-  lua_setiuservalue(L, -2, 1);
+  lua_setiuservalue(L, -2, GRAPH_KEEP);
   g->g = h;
   return g;
 }
@@ -234,8 +228,8 @@ static int g_kernel(lua_State *L) {
     if (added) CU(cuGraphDestroyNode, h);   /* added, its attributes refused */
     luaL_error(L, "cudalua: graph:kernel '%s': %s", cl_kernel_name(L, 2), cl_errname(r));
   }
-  for (int i = 0; i < nargs; i++) keep(L, 1, first + i);
-  keep(L, 1, 2);
+  for (int i = 0; i < nargs; i++) keep(L, 1, GRAPH_KEEP, first + i);
+  keep(L, 1, GRAPH_KEEP, 2);
   lnode *n = push_node(L, 1, N_KERNEL);
   memcpy(n->g, cfg.g, sizeof n->g); memcpy(n->b, cfg.b, sizeof n->b); n->shared = cfg.shared;
   n->n = h;
@@ -246,10 +240,10 @@ static int g_kernel(lua_State *L) {
 /* the address an array has for copies in graphs: pageable memory is page-locked first */
 static CUdeviceptr copy_addr(lua_State *L, cl_array *a, int idx, const char *where) {
   if (a->kind == CL_HOST) {
-    if (cl_nbytes(a) && a->mem->registered <= 0) {   /* -1: an earlier page-lock failed */
+    if (cl_nbytes(a) && a->mem->registered != CL_REGISTERED) {   /* tried again if it failed before */
       CUresult r = CU(cuMemHostRegister, a->mem->host, a->mem->bytes, CU_MEMHOSTREGISTER_PORTABLE);
       if (r != CUDA_SUCCESS) luaL_error(L, "cudalua: %s: cannot page-lock host array %d (%s): use a pinned array for graph copies", where, idx, cl_errname(r));
-      a->mem->registered = 1;
+      a->mem->registered = CL_REGISTERED;
     }
     return (CUdeviceptr)(uintptr_t)cl_hostptr(a);
   }
@@ -291,7 +285,7 @@ static int g_memcpy(lua_State *L) {
   CUgraphNode *deps = deps_of(L, 4, g, &nd, "graph:memcpy", small);
   CUgraphNode h;
   cl_check(L, CU(cuGraphAddMemcpyNode, &h, g->g, deps, nd, &p, ctx), "graph:memcpy");
-  keep(L, 1, 2); keep(L, 1, 3);
+  keep(L, 1, GRAPH_KEEP, 2); keep(L, 1, GRAPH_KEEP, 3);
   lnode *n = push_node(L, 1, N_MEMCPY);
   n->n = h;
   return 1;
@@ -343,7 +337,7 @@ static int g_memset(lua_State *L) {
   CUgraphNode h;
   cl_check(L, CU(cuGraphAddMemsetNode, &h, g->g, deps, nd, &p[0], ctx), "graph:memset");
   for (int k = 1; k < parts; k++) cl_check(L, CU(cuGraphAddMemsetNode, &h, g->g, &h, 1, &p[k], ctx), "graph:memset");
-  keep(L, 1, 2);
+  keep(L, 1, GRAPH_KEEP, 2);
   lnode *n = push_node(L, 1, N_MEMSET);
   n->n = h;
   n->parts = parts;
@@ -365,7 +359,7 @@ static int g_host(lua_State *L) {
   CUDA_BATCH_MEM_OP_NODE_PARAMS p = {g->ctx, 2, op, 0};
   CUgraphNode h;
   cl_check(L, CU(cuGraphAddBatchMemOpNode, &h, g->g, deps, nd, &p), "graph:host");
-  keep(L, 1, 5);
+  keep(L, 1, GRAPH_KEEP, 5);
   cl_graph_add_hostrec(L, 1, r);
   lnode *n = push_node(L, 1, N_HOST);
   n->n = h;
@@ -399,7 +393,7 @@ static void own_host_nodes(lua_State *L, int gidx, CUgraph emb, int depth) {
     cl_hostrec_ops(c, op);
     p.paramArray = op;
     cl_check(L, CU(cuGraphBatchMemOpNodeSetParams, v[i], &p), "graph:child");
-    keep(L, gidx, -1);
+    keep(L, gidx, GRAPH_KEEP, -1);
     cl_graph_add_hostrec(L, gidx, c);
     lua_pop(L, 1);
   }
@@ -435,7 +429,7 @@ static int g_child(lua_State *L) {
   CUgraphNode h;
   cl_use_ctx(L, g->ctx);
   cl_check(L, CU(cuGraphAddChildGraphNode, &h, g->g, deps, nd, c->g), "graph:child");
-  keep(L, 1, 2);   /* its objects */
+  keep(L, 1, GRAPH_KEEP, 2);   /* its objects */
   if (c->nrecs) {
     CUgraph emb;
     cl_check(L, CU(cuGraphChildGraphNodeGetGraph, h, &emb), "graph:child");
@@ -547,7 +541,7 @@ static int g_instantiate(lua_State *L) {
   memset(e, 0, sizeof *e);
   luaL_setmetatable(L, EXEC_MT);
   lua_pushvalue(L, 1); lua_setiuservalue(L, -2, 1);
-  lua_newtable(L); lua_setiuservalue(L, -2, 2);
+  lua_newtable(L); lua_setiuservalue(L, -2, EXEC_KEEP);
   e->ctx = g->ctx;
   cl_use_ctx(L, g->ctx);
   exec_take_recs(L, e, g);
@@ -641,24 +635,25 @@ static int e_upload(lua_State *L) {
   return 1;
 }
 
-/* keeps value at idx alive with the executable graph at eidx, as a set (t[value] = true), so
-   that set_args and the like in a loop do not grow the table */
-static void exec_keep(lua_State *L, int eidx, int idx) {
-  if (!collectable(L, idx)) return;
-  idx = lua_absindex(L, idx);
-  lua_getiuservalue(L, eidx, 2);
-  lua_pushvalue(L, idx);
-  lua_pushboolean(L, 1);
-  lua_rawset(L, -3);
-  lua_pop(L, 1);
-}
-
 /* the graph an executable graph was made from (exec:update does not change it) */
 static lgraph *exec_graph(lua_State *L, int eidx) {
   lua_getiuservalue(L, eidx, 1);
   lgraph *g = lua_touserdata(L, -1);
   lua_pop(L, 1);
   return g;
+}
+
+/* the node at 2 for the setter where of the executable graph at 1: a node of its graph, of the
+   kind the setter changes */
+static lnode *exec_node(lua_State *L, int kind, const char *where) {
+  lnode *n = checknode(L, 2, NULL, where);
+  if (n->owner != exec_graph(L, 1))
+    luaL_error(L, "cudalua: %s: the node is not from this executable graph's graph", where);
+  if (n->kind != kind && kind == N_KERNEL)
+    luaL_error(L, "cudalua: %s: a %s node has no arguments", where, node_kinds[n->kind]);
+  if (n->kind != kind)
+    luaL_error(L, "cudalua: %s: expected a %s node, got a %s node", where, node_kinds[kind], node_kinds[n->kind]);
+  return n;
 }
 
 /* exec:set_args(node, {args}) or exec:set_args(node, ...): new arguments for a kernel node,
@@ -668,9 +663,7 @@ static lgraph *exec_graph(lua_State *L, int eidx) {
    {re, im}) */
 static int e_set_args(lua_State *L) {
   lexec *e = checkexec(L, 1);
-  lnode *n = checknode(L, 2, NULL, "graph_exec:set_args");
-  if (n->owner != exec_graph(L, 1)) return luaL_error(L, "cudalua: graph_exec:set_args: the node is not from this executable graph's graph");
-  if (n->kind != N_KERNEL) return luaL_error(L, "cudalua: graph_exec:set_args: a %s node has no arguments", node_kinds[n->kind]);
+  lnode *n = exec_node(L, N_KERNEL, "graph_exec:set_args");
   lua_getiuservalue(L, 2, 2);
   cl_kernel *k = cl_checkkernel(L, -1);
   if (lua_gettop(L) == 4 && lua_type(L, 3) == LUA_TTABLE && !lua_getmetatable(L, 3) &&
@@ -692,7 +685,7 @@ static int e_set_args(lua_State *L) {
   CUDA_KERNEL_NODE_PARAMS p;
   kernel_params(n, k, &A, &p);
   cl_check(L, CU(cuGraphExecKernelNodeSetParams, e->e, n->n, &p), "graph_exec:set_args");
-  for (int i = 0; i < nargs; i++) exec_keep(L, 1, first + i);
+  for (int i = 0; i < nargs; i++) keep(L, 1, EXEC_KEEP, first + i);
   lua_settop(L, 1);
   return 1;
 }
@@ -700,14 +693,12 @@ static int e_set_args(lua_State *L) {
 /* exec:set_memcpy(node, dst, src) */
 static int e_set_memcpy(lua_State *L) {
   lexec *e = checkexec(L, 1);
-  lnode *n = checknode(L, 2, NULL, "graph_exec:set_memcpy");
-  if (n->owner != exec_graph(L, 1)) return luaL_error(L, "cudalua: graph_exec:set_memcpy: the node is not from this executable graph's graph");
-  if (n->kind != N_MEMCPY) return luaL_error(L, "cudalua: graph_exec:set_memcpy: expected a memcpy node, got a %s node", node_kinds[n->kind]);
+  lnode *n = exec_node(L, N_MEMCPY, "graph_exec:set_memcpy");
   CUDA_MEMCPY3D p;
   cl_use_ctx(L, e->ctx);
   memcpy_params(L, 3, 4, &p, "graph_exec:set_memcpy", e->ctx);
   cl_check(L, CU(cuGraphExecMemcpyNodeSetParams, e->e, n->n, &p, e->ctx), "graph_exec:set_memcpy");
-  exec_keep(L, 1, 3); exec_keep(L, 1, 4);
+  keep(L, 1, EXEC_KEEP, 3); keep(L, 1, EXEC_KEEP, 4);
   lua_settop(L, 1);
   return 1;
 }
@@ -715,15 +706,13 @@ static int e_set_memcpy(lua_State *L) {
 /* exec:set_memset(node, dst, value) */
 static int e_set_memset(lua_State *L) {
   lexec *e = checkexec(L, 1);
-  lnode *n = checknode(L, 2, NULL, "graph_exec:set_memset");
-  if (n->owner != exec_graph(L, 1)) return luaL_error(L, "cudalua: graph_exec:set_memset: the node is not from this executable graph's graph");
-  if (n->kind != N_MEMSET) return luaL_error(L, "cudalua: graph_exec:set_memset: expected a memset node, got a %s node", node_kinds[n->kind]);
+  lnode *n = exec_node(L, N_MEMSET, "graph_exec:set_memset");
   CUDA_MEMSET_NODE_PARAMS p[CL_MAXITEM / 4];
   cl_use_ctx(L, e->ctx);
   if (memset_params(L, 3, 4, p, "graph_exec:set_memset", e->ctx) != 1 || n->parts != 1)
     return luaL_error(L, "cudalua: graph_exec:set_memset: 8 and 16-byte elements are several memsets; build the graph again");
   cl_check(L, CU(cuGraphExecMemsetNodeSetParams, e->e, n->n, &p[0], e->ctx), "graph_exec:set_memset");
-  exec_keep(L, 1, 3);
+  keep(L, 1, EXEC_KEEP, 3);
   lua_settop(L, 1);
   return 1;
 }
@@ -745,7 +734,7 @@ static int e_update(lua_State *L) {
                       w >= 0 && w < (int)(sizeof why / sizeof why[0]) ? why[w] : "unknown reason");
   }
   cl_check(L, r, "graph_exec:update");
-  exec_keep(L, 1, 2);
+  keep(L, 1, EXEC_KEEP, 2);
   exec_take_recs(L, e, g);
   lua_settop(L, 1);
   return 1;
@@ -792,21 +781,13 @@ void cl_open_graph(lua_State *L) {
     {"launch", e_launch}, {"upload", e_upload}, {"set_args", e_set_args},
     {"set_memcpy", e_set_memcpy}, {"set_memset", e_set_memset}, {"update", e_update},
     {"close", e_close}, {NULL, NULL}};
-  luaL_newmetatable(L, GRAPH_MT);
-  luaL_newlib(L, gm); lua_setfield(L, -2, "__index");
-  lua_pushcfunction(L, graph_gc); lua_setfield(L, -2, "__gc");
-  lua_pushcfunction(L, graph_close); lua_setfield(L, -2, "__close");
-  lua_pushcfunction(L, g_tostring); lua_setfield(L, -2, "__tostring");
-  lua_pop(L, 1);
-  luaL_newmetatable(L, NODE_MT);
-  lua_pushcfunction(L, n_index); lua_setfield(L, -2, "__index");
-  lua_pushcfunction(L, n_tostring); lua_setfield(L, -2, "__tostring");
-  lua_pop(L, 1);
-  luaL_newmetatable(L, EXEC_MT);
-  luaL_newlib(L, em); lua_setfield(L, -2, "__index");
-  lua_pushcfunction(L, e_gc); lua_setfield(L, -2, "__gc");
-  lua_pushcfunction(L, e_close); lua_setfield(L, -2, "__close");
-  lua_pushcfunction(L, e_tostring); lua_setfield(L, -2, "__tostring");
-  lua_pop(L, 1);
+  static const luaL_Reg gmeta[] = {
+    {"__gc", graph_gc}, {"__close", graph_close}, {"__tostring", g_tostring}, {NULL, NULL}};
+  static const luaL_Reg nmeta[] = {{"__tostring", n_tostring}, {NULL, NULL}};
+  static const luaL_Reg emeta[] = {
+    {"__gc", e_gc}, {"__close", e_close}, {"__tostring", e_tostring}, {NULL, NULL}};
+  cl_class_define(L, &(cl_class){GRAPH_MT, gm, NULL, gmeta});
+  cl_class_define(L, &(cl_class){NODE_MT, NULL, n_index, nmeta});
+  cl_class_define(L, &(cl_class){EXEC_MT, em, NULL, emeta});
   lua_pushcfunction(L, l_graph); lua_setfield(L, -2, "graph");
 }

@@ -571,11 +571,7 @@ cl_hostrec *cl_hostrec_new(lua_State *L, int fidx, const char *where) {
   cl_hostq *q = need_queue(L);
   hostbox *b = lua_newuserdatauv(L, sizeof *b, 0);
   b->r = NULL;
-  if (luaL_newmetatable(L, HOSTBOX_MT)) {
-    lua_pushcfunction(L, box_gc);
-    lua_setfield(L, -2, "__gc");
-  }
-  lua_setmetatable(L, -2);
+  luaL_setmetatable(L, HOSTBOX_MT);
   b->r = rec_new(L, q, fidx, 0, where);
   return b->r;
 }
@@ -748,10 +744,12 @@ void cl_hostfn_shutdown(void) {
   pthread_mutex_unlock(&helper_mu);
 }
 
-/* the state's queue (once per state) */
+/* the state's queue and the type of graph host nodes' boxes (once per state) */
 void cl_open_hostfn(lua_State *L) {
   if (lua_rawgetp(L, LUA_REGISTRYINDEX, &hostq_key) != LUA_TNIL) { lua_pop(L, 1); return; }
   lua_pop(L, 1);
+  static const luaL_Reg box_meta[] = {{"__gc", box_gc}, {NULL, NULL}};
+  cl_class_define(L, &(cl_class){HOSTBOX_MT, NULL, NULL, box_meta});
   cl_hostq *q = calloc(1, sizeof *q);
   if (!q) luaL_error(L, "cudalua: out of host memory");
   pthread_mutex_init(&q->mu, NULL);

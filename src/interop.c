@@ -35,10 +35,7 @@ static const char cache_key = 0;   /* registry: object -> its last view (weak ke
 static cl_array *foreign_view(lua_State *L, lua_Integer ptr, int dt, int ndim,
                               const int64_t *shape, int readonly, int owner) {
   size_t n = 1;
-  for (int i = 0; i < ndim; i++) {
-    if (shape[i] && n > ((size_t)1 << 50) / (size_t)shape[i]) luaL_error(L, "as_cuda_array: shape too large");
-    n *= (size_t)shape[i];
-  }
+  if (!cl_shape_mul(&n, ndim, shape)) luaL_error(L, "as_cuda_array: shape too large");
   size_t bytes = n * cl_dtypes[dt].size;
   CUcontext ctx = cl_ctx(L);
   int portable = 0;
@@ -70,9 +67,8 @@ static cl_array *foreign_view(lua_State *L, lua_Integer ptr, int dt, int ndim,
   cl_array *a = cl_push_array(L, NULL, 0, CL_FOREIGN, dt, ndim, shape);
   a->readonly = readonly;
   if (owner) { lua_pushvalue(L, owner); lua_setiuservalue(L, -2, 1); }
-  cl_mem *m = calloc(1, sizeof *m);
-  if (!m) luaL_error(L, "cudalua: out of host memory");
-  m->refs = 1; m->kind = CL_FOREIGN; m->dptr = (CUdeviceptr)ptr; m->bytes = bytes; m->ctx = ctx;
+  cl_mem *m = cl_mem_record(L, CL_FOREIGN, bytes, ctx);
+  m->dptr = (CUdeviceptr)ptr;
   m->portable = portable;
   a->mem = m;
   return a;
@@ -239,9 +235,9 @@ static int a_cai(lua_State *L) {
   lua_setfield(L, -2, "version");
   /* work still queued on the stream that last used it: consumers wait for that stream; work
      of two devices is waited for here, as no one stream covers it */
-  if (a->mem->used && a->mem->multi == 3) cl_mem_settle(L, a->mem);
+  if (a->mem->used && a->mem->spread == CL_OTHER_DEVICES) cl_mem_settle(L, a->mem);
   if (a->mem->used) {
-    cl_stream *s = a->mem->multi ? NULL : a->mem->stream;
+    cl_stream *s = a->mem->spread == CL_ONE_STREAM ? a->mem->stream : NULL;
     lua_pushinteger(L, s ? (lua_Integer)(uintptr_t)s->h : 1);   /* 1: the legacy stream */
     lua_setfield(L, -2, "stream");
   }

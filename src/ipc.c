@@ -4,7 +4,6 @@
    cuda.open_ipc_array(handle, shape, dtype) to get an array on the same memory. Events do the
    same in event.c (cuda.event{interprocess = true}). */
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include "cl.h"
 
@@ -15,9 +14,9 @@
 static int a_ipc_handle(lua_State *L) {
   cl_array *a = cl_checkarray(L, 1);
   cl_mem *m = a->mem;
-  if (a->kind != CL_DEVICE || m->ipc != 1)
+  if (a->kind != CL_DEVICE || m->ipc != CL_IPC_EXPORTABLE)
     return luaL_error(L, "cudalua: ipc_handle: %s", a->kind != CL_DEVICE ? "only device arrays can be shared"
-                      : m->ipc == 2 ? "this array was opened from another process's handle; share that handle"
+                      : m->ipc == CL_IPC_OPENED ? "this array was opened from another process's handle; share that handle"
                       : "this array's memory comes from the stream-ordered pool, which cannot be shared; "
                         "make it with cuda.device_array(shape, dtype, {ipc = true})");
   CUipcMemHandle h;
@@ -57,10 +56,7 @@ static int l_open_ipc_array(lua_State *L) {
       sscanf(s + tag + hexn, ":%18lld:%18lld%c", &off, &bytes, &end) != 2 || off < 0 || bytes < 0)
     return luaL_argerror(L, 1, "not a memory handle from array:ipc_handle()");
   size_t want = cl_dtypes[dt].size;
-  for (int i = 0; i < ndim; i++) {
-    if (shape[i] && want > ((size_t)1 << 50) / (size_t)shape[i]) return luaL_error(L, "cuda.open_ipc_array: shape too large");
-    want *= (size_t)shape[i];
-  }
+  if (!cl_shape_mul(&want, ndim, shape)) return luaL_error(L, "cuda.open_ipc_array: shape too large");
   if (want > (size_t)bytes)
     return luaL_error(L, "cudalua: cuda.open_ipc_array: the shape and dtype need %I bytes, the handle covers %I",
                       (lua_Integer)want, (lua_Integer)bytes);
@@ -73,17 +69,16 @@ static int l_open_ipc_array(lua_State *L) {
                       "another process, not the one that made it)");
   CUcontext ctx = cl_ctx(L);
   cl_array *a = cl_push_array(L, NULL, (size_t)off, CL_DEVICE, dt, ndim, shape);
-  cl_mem *m = calloc(1, sizeof *m);
-  if (!m) return luaL_error(L, "cudalua: out of host memory");
+  cl_mem *m = cl_mem_record(L, CL_DEVICE, 0, ctx);   /* before the handle is opened: no leak */
   CUresult r = CU(cuIpcOpenMemHandle, &m->dptr, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
   if (r != CUDA_SUCCESS) {
-    free(m);
+    cl_mem_discard(m);
     if (r == CUDA_ERROR_INVALID_CONTEXT || r == CUDA_ERROR_INVALID_DEVICE)
       return luaL_error(L, "cudalua: cuda.open_ipc_array: %s (a handle opens in another process, not the one "
                         "that made it)", cl_errname(r));
     cl_check(L, r, "cuda.open_ipc_array");
   }
-  m->refs = 1; m->kind = CL_DEVICE; m->ipc = 2; m->ctx = ctx; m->bytes = 0;
+  m->ipc = CL_IPC_OPENED;
   a->mem = m;   /* from here the array closes the handle when it goes */
   CUdeviceptr base = 0;
   size_t size = 0;

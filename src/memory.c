@@ -25,14 +25,15 @@ static void warn(lua_State *L, const char *what, CUresult r) {
 
 void cl_mem_use(cl_mem *m, cl_stream *s, CUcontext ctx) {
   if (m->used && m->stream == s && ctx == m->use_ctx) return;
-  /* another stream: the legacy stream orders blocking streams, not non-blocking ones (2);
-     work of two devices (3), or another device's on device memory, is waited for on every
-     device. Never back down: that order is still owed */
+  /* another stream: the legacy stream orders blocking streams, not non-blocking ones; work of
+     two devices, or another device's on device memory, is waited for on every device. Never
+     back down: that order is still owed */
   int other = m->used ? ctx != m->use_ctx
                       : m->kind != CL_HOST && !m->portable && m->ctx && ctx != m->ctx;
-  if (other) m->multi = 3;
-  else if (m->used && m->multi < 3)
-    m->multi = m->multi == 2 || (m->stream && !m->stream->blocking) || (s && !s->blocking) ? 2 : 1;
+  if (other) m->spread = CL_OTHER_DEVICES;
+  else if (m->used && m->spread < CL_OTHER_DEVICES)
+    m->spread = m->spread == CL_ANY_STREAMS || (m->stream && !m->stream->blocking) || (s && !s->blocking)
+              ? CL_ANY_STREAMS : CL_BLOCKING_STREAMS;
   cl_stream_ref(s);
   cl_stream_unref(NULL, m->stream);   /* (hot path, no state: the stream's object holds it too) */
   m->stream = s;
@@ -58,16 +59,17 @@ void cl_mem_reach(lua_State *L, cl_mem *m, CUcontext ctx, const char *where) {
 static CUresult settle(lua_State *L, cl_mem *m) {
   if (!m->used) return CUDA_SUCCESS;
   CUresult r;
-  if (m->multi == 3) r = cl_sync_all_devices(L);   /* checks for a running host function itself */
+  if (m->spread == CL_OTHER_DEVICES) r = cl_sync_all_devices(L);   /* checks for a running host function itself */
   else {   /* in the context that used it: the legacy stream is a context's */
     cl_wait_check(L);   /* before switching: a raise must not leave another context current */
     CUcontext prev = m->use_ctx ? cl_ctx_swap(m->use_ctx) : NULL;
-    r = m->multi ? cl_wait_raw(L, CL_WAIT_CTX, NULL) : cl_wait_raw(L, CL_WAIT_STREAM, m->stream ? m->stream->h : NULL);
+    r = m->spread != CL_ONE_STREAM ? cl_wait_raw(L, CL_WAIT_CTX, NULL)
+                                   : cl_wait_raw(L, CL_WAIT_STREAM, m->stream ? m->stream->h : NULL);
     if (prev) cl_ctx_swap(prev);
   }
   if (r == CUDA_SUCCESS) {
     cl_stream_unref(L, m->stream);
-    m->stream = NULL; m->used = 0; m->multi = 0;
+    m->stream = NULL; m->used = 0; m->spread = CL_ONE_STREAM;
   }
   return r;
 }
@@ -81,15 +83,17 @@ void cl_mem_settle(lua_State *L, cl_mem *m) {
 /* a context's legacy stream orders its own work, not another device's: stream-less work on m
    (finished on return, or ordered after all earlier work) first waits for the other device's */
 void cl_mem_order(lua_State *L, cl_mem *m, CUcontext a, CUcontext b) {
-  if (m->used && (m->multi == 3 || (m->use_ctx != a && m->use_ctx != b))) cl_mem_settle(L, m);
+  if (m->used && (m->spread == CL_OTHER_DEVICES || (m->use_ctx != a && m->use_ctx != b))) cl_mem_settle(L, m);
 }
 
 int cl_pageable_prepare(lua_State *L, cl_mem *m) {
-  if (m->kind != CL_HOST || m->registered || m->bytes < REGISTER_MIN) return m->registered > 0;
+  if (m->kind != CL_HOST || m->registered != CL_UNREGISTERED || m->bytes < REGISTER_MIN)
+    return m->registered == CL_REGISTERED;
   /* page-locking once lets every later copy run at pinned speed; if the system refuses
      (memlock limits), copies go the driver's pageable way */
-  m->registered = CU(cuMemHostRegister, m->host, m->bytes, CU_MEMHOSTREGISTER_PORTABLE) == CUDA_SUCCESS ? 1 : -1;
-  return m->registered > 0;
+  m->registered = CU(cuMemHostRegister, m->host, m->bytes, CU_MEMHOSTREGISTER_PORTABLE) == CUDA_SUCCESS
+                ? CL_REGISTERED : CL_REGISTER_FAILED;
+  return m->registered == CL_REGISTERED;
 }
 
 /* Lua's collector sees only the small userdata of an array, not the memory behind it: after
@@ -305,7 +309,7 @@ static void reclaim(lua_State *L) {
 static CUresult alloc_gpu(lua_State *L, cl_mem *m, cl_stream *s, int zero) {
   CUresult r = CUDA_SUCCESS;
   size_t b = m->bytes ? m->bytes : 1;
-  if (m->ipc == 1) {   /* exportable: the stream-ordered pool's memory cannot be shared */
+  if (m->ipc == CL_IPC_EXPORTABLE) {   /* the stream-ordered pool's memory cannot be shared */
     r = CU(cuMemAlloc, &m->dptr, b);
   } else if (m->kind == CL_PINNED || m->kind == CL_MAPPED) {
     r = CU(cuMemHostAlloc, &m->host, b, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP);
@@ -357,6 +361,16 @@ static void mem_free(cl_mem *m) {
   free(m);
 }
 
+/* every block's record, cl_mem_new's and those of memory made elsewhere (interop.c, ipc.c) */
+cl_mem *cl_mem_record(lua_State *L, int kind, size_t bytes, CUcontext ctx) {
+  cl_mem *m = mem_alloc();
+  if (!m) luaL_error(L, "cudalua: out of host memory");
+  m->refs = 1; m->kind = kind; m->bytes = bytes; m->ctx = ctx;
+  return m;
+}
+
+void cl_mem_discard(cl_mem *m) { mem_free(m); }
+
 cl_mem *cl_mem_new(lua_State *L, int kind, size_t bytes, cl_stream *s, int flags) {
   int zero = flags & CL_ZERO;
   if (kind != CL_HOST) pressure_add(L, bytes);
@@ -365,9 +379,7 @@ cl_mem *cl_mem_new(lua_State *L, int kind, size_t bytes, cl_stream *s, int flags
   if (kind != CL_HOST) {
     if (s) { cl_use_ctx(L, s->ctx); ctx = s->ctx; } else ctx = cl_ctx(L);
   }
-  cl_mem *m = mem_alloc();
-  if (!m) { luaL_error(L, "cudalua: out of host memory"); return NULL; }
-  m->refs = 1; m->kind = kind; m->bytes = bytes;
+  cl_mem *m = cl_mem_record(L, kind, bytes, ctx);   /* ctx NULL for pageable host memory */
   if (kind == CL_HOST) {
     if (bytes >= BIG) {
       void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -383,9 +395,8 @@ cl_mem *cl_mem_new(lua_State *L, int kind, size_t bytes, cl_stream *s, int flags
     }
     return m;
   }
-  m->ctx = ctx;   /* the stream's device, else the selected one */
   m->portable = kind == CL_PINNED || kind == CL_MAPPED || kind == CL_MANAGED;
-  m->ipc = kind == CL_DEVICE && (flags & CL_IPC) ? 1 : 0;
+  m->ipc = kind == CL_DEVICE && (flags & CL_IPC) ? CL_IPC_EXPORTABLE : CL_IPC_NONE;
   const char *what = kind == CL_PINNED ? "cuda.pinned_array" : kind == CL_MAPPED ? "cuda.mapped_array"
                    : kind == CL_MANAGED ? "cuda.managed_array" : "cuda.device_array";
   CUresult r = alloc_gpu(L, m, s, zero);
@@ -412,7 +423,7 @@ cl_mem *cl_mem_ref(cl_mem *m) { if (m) m->refs++; return m; }
    Freed at the end of the capture, and when the waiting call is done. */
 static int must_defer(lua_State *L, const cl_mem *m) {
   if (!cl_must_defer(L)) return 0;   /* (never at the state's close) */
-  return cl_in_hostfn || ((m->kind != CL_HOST || m->registered > 0) && m->kind != CL_FOREIGN);
+  return cl_in_hostfn || ((m->kind != CL_HOST || m->registered == CL_REGISTERED) && m->kind != CL_FOREIGN);
 }
 
 static void free_later(lua_State *L, cl_deferred *d) {
@@ -424,8 +435,8 @@ static void free_later(lua_State *L, cl_deferred *d) {
 /* the release waits for the whole device: memory several streams used is settled with a
    device-wide wait (but a device block only blocking streams used is freed on the legacy one) */
 static int waits_for_device(const cl_mem *m) {
-  if (!m->used || !m->multi) return 0;
-  return m->multi >= 2 || m->kind != CL_DEVICE || m->ipc;
+  if (!m->used || m->spread == CL_ONE_STREAM) return 0;
+  return m->spread >= CL_ANY_STREAMS || m->kind != CL_DEVICE || m->ipc != CL_IPC_NONE;
 }
 
 static void release(lua_State *L, cl_mem *m);
@@ -447,7 +458,7 @@ void cl_mem_unref(lua_State *L, cl_mem *m) {
 static void release(lua_State *L, cl_mem *m) {
   CUresult r = CUDA_SUCCESS;
   if (m->kind == CL_HOST) {
-    if (m->registered > 0) {
+    if (m->registered == CL_REGISTERED) {
       r = settle(L, m);
       cl_host_drain(L);   /* it waits for the whole device */
       if (r == CUDA_SUCCESS) r = CU(cuMemHostUnregister, m->host);
@@ -461,26 +472,27 @@ static void release(lua_State *L, cl_mem *m) {
   /* freed memory no longer counts toward the next collection */
   if (m->kind != CL_FOREIGN) pressure_sub(m->bytes);
   /* used on one stream (or on blocking ones, which the legacy stream orders): kept for reuse */
-  if (m->kind == CL_DEVICE && m->dptr && m->multi < 2 && !m->ipc &&
-      cache_put(L, m->dptr, m->bytes, m->ctx, m->multi ? NULL : m->stream)) {
+  if (m->kind == CL_DEVICE && m->dptr && m->spread < CL_ANY_STREAMS && m->ipc == CL_IPC_NONE &&
+      cache_put(L, m->dptr, m->bytes, m->ctx, m->spread == CL_ONE_STREAM ? m->stream : NULL)) {
     cl_stream_unref(L, m->stream);
     mem_free(m);
     return;
   }
   CUcontext prev = cl_ctx_swap(m->ctx);
-  if (m->kind == CL_DEVICE && m->ipc) {
+  if (m->kind == CL_DEVICE && m->ipc != CL_IPC_NONE) {
     /* shared with other processes: freed (or closed) once nothing here uses it */
     r = settle(L, m);
     cl_host_drain(L);   /* these wait for the whole device */
-    if (r == CUDA_SUCCESS && m->dptr) r = m->ipc == 1 ? CU(cuMemFree, m->dptr) : CU(cuIpcCloseMemHandle, m->dptr);
-    if (r != CUDA_SUCCESS) warn(L, m->ipc == 1 ? "cuMemFree" : "cuIpcCloseMemHandle", r);
+    int mine = m->ipc == CL_IPC_EXPORTABLE;
+    if (r == CUDA_SUCCESS && m->dptr) r = mine ? CU(cuMemFree, m->dptr) : CU(cuIpcCloseMemHandle, m->dptr);
+    if (r != CUDA_SUCCESS) warn(L, mine ? "cuMemFree" : "cuIpcCloseMemHandle", r);
   } else if (m->kind == CL_DEVICE) {
     if (m->dptr) {
       CUstream h = NULL;
       int idle = 0;
-      if (m->multi == 3) idle = (r = cl_sync_all_devices(L)) == CUDA_SUCCESS;   /* other devices used it */
-      else if (m->multi == 2) idle = (r = cl_wait_raw(L, CL_WAIT_CTX, NULL)) == CUDA_SUCCESS;  /* non-blocking streams too */
-      else if (m->multi) h = CU_STREAM_LEGACY;          /* ordered after every blocking stream */
+      if (m->spread == CL_OTHER_DEVICES) idle = (r = cl_sync_all_devices(L)) == CUDA_SUCCESS;
+      else if (m->spread == CL_ANY_STREAMS) idle = (r = cl_wait_raw(L, CL_WAIT_CTX, NULL)) == CUDA_SUCCESS;
+      else if (m->spread == CL_BLOCKING_STREAMS) h = CU_STREAM_LEGACY;   /* ordered after each of them */
       else if (m->stream) h = m->stream->h;
       /* once nothing queued uses it, the block may be reused on any stream */
       if (r == CUDA_SUCCESS && !(idle && cache_put(L, m->dptr, m->bytes, m->ctx, NULL)))

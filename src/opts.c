@@ -1,5 +1,6 @@
-/* opts.c: small helpers the Lua types share: options tables (unknown keys refused by name,
-   booleans checked) and handles written as hex text. */
+/* opts.c: small helpers the files share: options tables (unknown keys refused by name,
+   booleans checked), keep sets (Lua objects kept alive while the GPU may use them), handles
+   written as hex text, and FNV-1a hashes. */
 #include <string.h>
 #include "cl.h"
 
@@ -30,6 +31,15 @@ int cl_opt_bool(lua_State *L, int idx, const char *key, const char *where) {
   return v;
 }
 
+void cl_keep(lua_State *L, int tidx, int idx) {
+  int t = lua_type(L, idx);   /* strings are copied where they are used */
+  if (t != LUA_TUSERDATA && t != LUA_TTABLE && t != LUA_TFUNCTION && t != LUA_TTHREAD) return;
+  tidx = lua_absindex(L, tidx);
+  lua_pushvalue(L, idx);
+  lua_pushboolean(L, 1);
+  lua_rawset(L, tidx);
+}
+
 static int hexval(char c) {
   return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
 }
@@ -51,4 +61,10 @@ int cl_hex_decode(const char *s, void *out, size_t n) {
     o[i] = (unsigned char)(hi << 4 | lo);
   }
   return 1;
+}
+
+uint64_t cl_fnv1a(uint64_t h, const void *p, size_t n) {
+  const unsigned char *c = p;
+  for (size_t i = 0; i < n; i++) h = (h ^ c[i]) * CL_FNV_PRIME;
+  return h;
 }

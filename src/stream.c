@@ -248,16 +248,9 @@ void cl_open_stream(lua_State *L) {
     {"close", s_close}, {"handle", s_handle}, {"launch_host_func", s_launch_host_func},
     {"device", s_device},
     {NULL, NULL}};
-  luaL_newmetatable(L, STREAM_MT);
-  luaL_newlib(L, m);
-  lua_pushvalue(L, -1);
-  lua_setfield(L, LUA_REGISTRYINDEX, STREAM_MT ".methods");   /* capture.c and event.c add theirs */
-  lua_pushcclosure(L, s_index, 1);
-  lua_setfield(L, -2, "__index");
-  lua_pushcfunction(L, s_close); lua_setfield(L, -2, "__gc");
-  lua_pushcfunction(L, s_close); lua_setfield(L, -2, "__close");
-  lua_pushcfunction(L, s_tostring); lua_setfield(L, -2, "__tostring");
-  lua_pop(L, 1);
+  static const luaL_Reg meta[] = {
+    {"__gc", s_close}, {"__close", s_close}, {"__tostring", s_tostring}, {NULL, NULL}};
+  cl_class_define(L, &(cl_class){STREAM_MT, m, s_index, meta});   /* capture.c and event.c add methods */
   lstream *ls = lua_newuserdatauv(L, sizeof *ls, 0);
   ls->s = NULL; ls->is_default = 1;
   luaL_setmetatable(L, STREAM_MT);

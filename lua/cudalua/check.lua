@@ -9,6 +9,20 @@ function M.is_stream(v)
   return type(mt) == "table" and rawget(mt, "__name") == "cudalua.stream"
 end
 
+-- raises for the option k, not one of names (a list, in the order the message gives them)
+function M.unknown(k, names, where, level)
+  error(("%s: unknown option '%s' (%s)"):format(where, tostring(k), table.concat(names, ", ")), level)
+end
+
+-- every key of opts is one of names (a list)
+function M.options(opts, names, where, level)
+  for k in pairs(opts) do
+    local known = false
+    for i = 1, #names do known = known or names[i] == k end
+    if not known then M.unknown(k, names, where, level + 1) end
+  end
+end
+
 -- opts, or {} for nil; known maps each option to its Lua type
 function M.table(opts, known, where, level)
   if opts == nil then return {} end
@@ -18,7 +32,7 @@ function M.table(opts, known, where, level)
       local names = {}
       for n in pairs(known) do names[#names + 1] = n end
       table.sort(names)
-      error(("%s: unknown option '%s' (%s)"):format(where, tostring(k), table.concat(names, ", ")), level)
+      M.unknown(k, names, where, level + 1)
     end
     if type(v) ~= known[k] then
       error(("%s: opts.%s must be a %s, got %s"):format(where, k, known[k], type(v)), level)

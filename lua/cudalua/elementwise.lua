@@ -200,7 +200,7 @@ local function call_options(self, args)
   end
   local stream, block = nil, 256
   for k, v in pairs(opts or NO_OPTS) do
-    if not EW_OPTS[k] then error(("%s: unknown option '%s' (block, stream)"):format(where, tostring(k)), 3) end
+    if not EW_OPTS[k] then check.unknown(k, { "block", "stream" }, where, 4) end
     if k == "stream" then
       if not check.is_stream(v) then
         error(("%s: stream must be a cudalua stream, got %s"):format(where, type(v)), 3)

@@ -27,8 +27,6 @@ end
 
 local advised = setmetatable({}, { __mode = "k" })
 
-local WATCH_OPTS = { stream = true, label = true, interval = true, out = true, line_interval = true }
-
 -- the counter and total checked -> the counter's kind (raises at the caller of watch)
 local function check_counter(counter, total)
   local n, _, kind = core.array_info(counter)
@@ -47,11 +45,7 @@ end
 local function check_watch_options(opts)
   if opts ~= nil and type(opts) ~= "table" then error("progress.watch: options must be a table", 3) end
   opts = opts or {}
-  for k in pairs(opts) do
-    if not WATCH_OPTS[k] then
-      error(("progress.watch: unknown option '%s' (stream, label, interval, out, line_interval)"):format(tostring(k)), 3)
-    end
-  end
+  check.options(opts, { "stream", "label", "interval", "out", "line_interval" }, "progress.watch", 4)
   if opts.stream ~= nil and not check.is_stream(opts.stream) then
     error("progress.watch: stream must be a stream (cuda.stream()), got " .. type(opts.stream), 3)
   end

@@ -3,6 +3,7 @@
 -- powers of the jump matrix (src/random.c) instead of a serial host loop.
 local core = ...
 local gpus = require "cudalua.gpus"
+local check = require "cudalua.check"
 local M = {}
 
 local init_kernel, matrices = {}, {}   -- per device
@@ -83,11 +84,7 @@ function M.create_xoroshiro128p_states(n, seed, subsequence_start, stream)
       error("create_xoroshiro128p_states: with an options table, subsequence_start and stream go in it, not after it", 2)
     end
     local o = seed
-    for k in pairs(o) do
-      if k ~= "seed" and k ~= "subsequence_start" and k ~= "stream" then
-        error(("create_xoroshiro128p_states: unknown option '%s' (seed, subsequence_start, stream)"):format(tostring(k)), 2)
-      end
-    end
+    check.options(o, { "seed", "subsequence_start", "stream" }, "create_xoroshiro128p_states", 3)
     seed, subsequence_start, stream = o.seed, o.subsequence_start, o.stream
   end
   if seed == nil then -- as Numba: no seed, a random one

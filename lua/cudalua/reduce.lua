@@ -169,11 +169,7 @@ function Reducer:__call(arr, opts)
       error("reduce: options must be a table {init=, res=, stream=}, got " .. type(opts), 2)
     end
     init, stream, res = opts.init, opts.stream, opts.res
-    for k in pairs(opts) do
-      if k ~= "init" and k ~= "stream" and k ~= "res" then
-        error(("reduce: unknown option '%s' (init, res, stream)"):format(tostring(k)), 2)
-      end
-    end
+    check.options(opts, { "init", "res", "stream" }, "reduce", 3)
     if stream ~= nil and stream ~= 0 then
       if not check.is_stream(stream) then
         error("reduce: expected a stream, got " .. type(stream), 2)
@@ -255,9 +251,7 @@ function M.reduce(cuda, expr, opts)
   end
   if opts ~= nil then
     if type(opts) ~= "table" then error("cuda.reduce: options must be a table, got " .. type(opts), 3) end
-    for k in pairs(opts) do
-      if k ~= "init" then error(("cuda.reduce: unknown option '%s' (init)"):format(tostring(k)), 3) end
-    end
+    check.options(opts, { "init" }, "cuda.reduce", 4)
     if opts.init ~= nil and type(opts.init) ~= "number" then
       error("cuda.reduce: init must be a number, got " .. type(opts.init), 3)
     end

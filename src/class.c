@@ -1,0 +1,22 @@
+/* class.c: how a Lua type of cudalua is declared. Each type file describes its type once (a
+   cl_class: name, methods, __index function, metamethods) and cl_class_define makes the
+   metatable from it, so every type is registered the same way. */
+#include "cl.h"
+
+void cl_class_define(lua_State *L, const cl_class *c) {
+  luaL_newmetatable(L, c->name);   /* also sets __name: error messages name the type */
+  int nup = 0;
+  if (c->methods) {
+    lua_newtable(L);
+    luaL_setfuncs(L, c->methods, 0);
+    /* other files add their methods to the type through the registry (copy.c, capture.c...) */
+    lua_pushfstring(L, "%s.methods", c->name);
+    lua_pushvalue(L, -2);
+    lua_rawset(L, LUA_REGISTRYINDEX);
+    nup = 1;
+  }
+  if (c->index) lua_pushcclosure(L, c->index, nup);   /* the methods as its upvalue 1 */
+  if (c->index || c->methods) lua_setfield(L, -2, "__index");
+  if (c->meta) luaL_setfuncs(L, c->meta, 0);
+  lua_pop(L, 1);
+}
