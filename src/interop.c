@@ -104,12 +104,114 @@ static int ints(lua_State *L, int t, int n, int64_t *out) {
   return ok;
 }
 
+/* what an interface table says, read in steps (each raises for what is wrong in its field) */
+typedef struct {
+  lua_Integer ptr;
+  int readonly, dt, ndim, sdim;   /* sdim: the interface's own (0 for a 0-d array, made 1-d) */
+  int64_t shape[CL_MAXDIM];
+} cai_desc;
+
+/* data = {ptr, readonly} and typestr */
+static void cai_data(lua_State *L, int cai, cai_desc *d) {
+  int ok;
+  lua_getfield(L, cai, "version");
+  lua_Integer version = lua_tointegerx(L, -1, &ok);
+  if (!ok || version < 1 || version > 3)
+    fail(L, "unsupported version %s (1 to 3)", luaL_tolstring(L, -1, NULL));
+  if (lua_getfield(L, cai, "data") != LUA_TTABLE)
+    fail(L, "data must be {ptr, readonly}, got %s", luaL_typename(L, -1));
+  lua_rawgeti(L, -1, 1);
+  d->ptr = lua_tointegerx(L, -1, &ok);
+  if (!ok) fail(L, "data[1] (the pointer) must be an integer, got %s", luaL_tolstring(L, -1, NULL));
+  int rt = lua_rawgeti(L, -2, 2);
+  if (rt != LUA_TNIL && rt != LUA_TBOOLEAN) fail(L, "data[2] (read-only) must be a boolean%s", "");
+  d->readonly = lua_toboolean(L, -1);
+  size_t tslen = 0;
+  const char *ts = lua_getfield(L, cai, "typestr") == LUA_TSTRING ? lua_tolstring(L, -1, &tslen) : NULL;
+  d->dt = ts && (tslen == 3 || tslen == 4) && strlen(ts) == tslen ? dtype_of(ts) : -1;
+  if (d->dt < 0)
+    fail(L, "unsupported typestr %s (supported: <f2 <f4 <f8 |i1 <i2 <i4 <i8 |u1 <u2 <u4 <u8 |b1 <V2 (bfloat16) <c8 <c16)",
+         ts ? lua_pushfstring(L, "'%s'", ts) : luaL_tolstring(L, -1, NULL));
+}
+
+/* shape (a 0-d array holds one element) */
+static void cai_shape(lua_State *L, int cai, cai_desc *d) {
+  if (lua_getfield(L, cai, "shape") != LUA_TTABLE)
+    fail(L, "shape must be a table of integers, got %s", luaL_typename(L, -1));
+  int ndim = (int)lua_rawlen(L, -1);
+  if (ndim > CL_MAXDIM) fail(L, "more than 8 dimensions%s", "");
+  if (!ints(L, -1, ndim, d->shape))
+    for (int i = 0; i < ndim; i++) {   /* the slow way, for the message */
+      lua_rawgeti(L, -1, i + 1);
+      if (!lua_isinteger(L, -1))
+        luaL_error(L, "as_cuda_array: shape[%d] must be an integer, got %s", i + 1, luaL_tolstring(L, -1, NULL));
+      lua_pop(L, 1);
+    }
+  for (int i = 0; i < ndim; i++)
+    if (d->shape[i] < 0) luaL_error(L, "as_cuda_array: shape[%d] is negative (%I)", i + 1, (lua_Integer)d->shape[i]);
+  d->sdim = d->ndim = ndim;
+  if (ndim == 0) { d->ndim = 1; d->shape[0] = 1; }
+}
+
+/* no mask; strides absent or those of a C-order (row-major) array */
+static void cai_layout(lua_State *L, int cai, const cai_desc *d) {
+  if (lua_getfield(L, cai, "mask") != LUA_TNIL) fail(L, "masked arrays are not supported%s", "");
+  if (lua_getfield(L, cai, "strides") == LUA_TNIL) return;
+  int sdim = d->sdim;
+  int64_t st[CL_MAXDIM], c = cl_dtypes[d->dt].size, f = c;
+  if (lua_type(L, -1) != LUA_TTABLE || (int)lua_rawlen(L, -1) != sdim || !ints(L, -1, sdim, st))
+    fail(L, "strides must be nil or one integer per dimension%s", "");
+  int is_c = 1, is_f = 1;
+  for (int i = sdim - 1; i >= 0; i--) { if (d->shape[i] > 1 && st[i] != c) is_c = 0; c *= d->shape[i]; }
+  for (int i = 0; i < sdim; i++) { if (d->shape[i] > 1 && st[i] != f) is_f = 0; f *= d->shape[i]; }
+  if (is_c) return;
+  if (is_f) fail(L, "Fortran-order (column-major) arrays are not supported: pass a C-order copy%s", "");
+  luaL_Buffer b;
+  luaL_buffinit(L, &b);
+  for (int i = 0; i < sdim; i++) { lua_pushfstring(L, i ? ", %I" : "%I", (lua_Integer)st[i]); luaL_addvalue(&b); }
+  luaL_pushresult(&b);
+  fail(L, "non-contiguous strides {%s} are not supported", lua_tostring(L, -1));
+}
+
+/* stream: the producer's work may still be queued there, waited for before the data is used */
+static void cai_stream(lua_State *L, int cai, const cai_desc *d) {
+  int ok;
+  if (lua_getfield(L, cai, "stream") == LUA_TNIL) return;
+  lua_Integer h = lua_tointegerx(L, -1, &ok);
+  if (!ok) fail(L, "stream must be an integer handle, got %s", luaL_tolstring(L, -1, NULL));
+  if (h == 0) fail(L, "stream 0 is not allowed by the interface (use 1 for the legacy stream)%s", "");
+  cl_wait_cai_stream(L, h, d->ptr);
+}
+
+/* the view made last time for the object at idx if it still describes the same memory, else
+   a new one, remembered (pushed either way) */
+static cl_array *cai_cached_view(lua_State *L, int idx, const cai_desc *d) {
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &cache_key);
+  int cache = lua_gettop(L);
+  lua_pushvalue(L, idx);
+  cl_array *v = NULL;
+  if (lua_rawget(L, cache) == LUA_TUSERDATA) {
+    v = lua_touserdata(L, -1);
+    if (!(v->mem && v->mem->dptr == (CUdeviceptr)d->ptr && v->dtype == d->dt && v->ndim == d->ndim &&
+          v->readonly == d->readonly && !memcmp(v->shape, d->shape, sizeof(int64_t) * d->ndim)))
+      v = NULL;
+  }
+  if (!v) {
+    lua_pop(L, 1);
+    v = foreign_view(L, d->ptr, d->dt, d->ndim, d->shape, d->readonly, idx);
+    lua_pushvalue(L, idx);
+    lua_pushvalue(L, -2);
+    lua_rawset(L, cache);
+  }
+  return v;
+}
+
 /* the value at idx, if its metatable has __cuda_array_interface, is replaced by a view of the
    memory it describes (the one made last time when that still fits); NULL, and the stack as it
    was, when it has none. Raises for a malformed interface or memory the driver does not know. */
 cl_array *cl_cai_view(lua_State *L, int idx) {
   idx = lua_absindex(L, idx);
-  int top = lua_gettop(L), ok;
+  int top = lua_gettop(L);
   luaL_checkstack(L, 2 * CL_MAXDIM + 16, "as_cuda_array");
   if (!lua_getmetatable(L, idx)) return NULL;
   lua_rawgetp(L, LUA_REGISTRYINDEX, &cai_key);
@@ -120,82 +222,12 @@ cl_array *cl_cai_view(lua_State *L, int idx) {
   if (t != LUA_TTABLE)
     fail(L, "__cuda_array_interface must be a table or give one, got %s", luaL_typename(L, -1));
   lua_settop(L, cai);
-  lua_getfield(L, cai, "version");
-  lua_Integer version = lua_tointegerx(L, -1, &ok);
-  if (!ok || version < 1 || version > 3)
-    fail(L, "unsupported version %s (1 to 3)", luaL_tolstring(L, -1, NULL));
-  if (lua_getfield(L, cai, "data") != LUA_TTABLE)
-    fail(L, "data must be {ptr, readonly}, got %s", luaL_typename(L, -1));
-  lua_rawgeti(L, -1, 1);
-  lua_Integer ptr = lua_tointegerx(L, -1, &ok);
-  if (!ok) fail(L, "data[1] (the pointer) must be an integer, got %s", luaL_tolstring(L, -1, NULL));
-  int rt = lua_rawgeti(L, -2, 2);
-  if (rt != LUA_TNIL && rt != LUA_TBOOLEAN) fail(L, "data[2] (read-only) must be a boolean%s", "");
-  int readonly = lua_toboolean(L, -1);
-  size_t tslen = 0;
-  const char *ts = lua_getfield(L, cai, "typestr") == LUA_TSTRING ? lua_tolstring(L, -1, &tslen) : NULL;
-  int dt = ts && (tslen == 3 || tslen == 4) && strlen(ts) == tslen ? dtype_of(ts) : -1;
-  if (dt < 0)
-    fail(L, "unsupported typestr %s (supported: <f2 <f4 <f8 |i1 <i2 <i4 <i8 |u1 <u2 <u4 <u8 |b1 <V2 (bfloat16) <c8 <c16)",
-         ts ? lua_pushfstring(L, "'%s'", ts) : luaL_tolstring(L, -1, NULL));
-  if (lua_getfield(L, cai, "shape") != LUA_TTABLE)
-    fail(L, "shape must be a table of integers, got %s", luaL_typename(L, -1));
-  int ndim = (int)lua_rawlen(L, -1);
-  if (ndim > CL_MAXDIM) fail(L, "more than 8 dimensions%s", "");
-  int64_t shape[CL_MAXDIM];
-  if (!ints(L, -1, ndim, shape))
-    for (int i = 0; i < ndim; i++) {   /* the slow way, for the message */
-      lua_rawgeti(L, -1, i + 1);
-      if (!lua_isinteger(L, -1))
-        luaL_error(L, "as_cuda_array: shape[%d] must be an integer, got %s", i + 1, luaL_tolstring(L, -1, NULL));
-      lua_pop(L, 1);
-    }
-  for (int i = 0; i < ndim; i++)
-    if (shape[i] < 0) luaL_error(L, "as_cuda_array: shape[%d] is negative (%I)", i + 1, (lua_Integer)shape[i]);
-  int sdim = ndim;
-  if (ndim == 0) { ndim = 1; shape[0] = 1; }   /* a 0-d array holds one element */
-  if (lua_getfield(L, cai, "mask") != LUA_TNIL) fail(L, "masked arrays are not supported%s", "");
-  if (lua_getfield(L, cai, "strides") != LUA_TNIL) {
-    int64_t st[CL_MAXDIM], c = cl_dtypes[dt].size, f = c;
-    if (lua_type(L, -1) != LUA_TTABLE || (int)lua_rawlen(L, -1) != sdim || !ints(L, -1, sdim, st))
-      fail(L, "strides must be nil or one integer per dimension%s", "");
-    int is_c = 1, is_f = 1;
-    for (int i = sdim - 1; i >= 0; i--) { if (shape[i] > 1 && st[i] != c) is_c = 0; c *= shape[i]; }
-    for (int i = 0; i < sdim; i++) { if (shape[i] > 1 && st[i] != f) is_f = 0; f *= shape[i]; }
-    if (!is_c) {
-      if (is_f) fail(L, "Fortran-order (column-major) arrays are not supported: pass a C-order copy%s", "");
-      luaL_Buffer b;
-      luaL_buffinit(L, &b);
-      for (int i = 0; i < sdim; i++) { lua_pushfstring(L, i ? ", %I" : "%I", (lua_Integer)st[i]); luaL_addvalue(&b); }
-      luaL_pushresult(&b);
-      fail(L, "non-contiguous strides {%s} are not supported", lua_tostring(L, -1));
-    }
-  }
-  if (lua_getfield(L, cai, "stream") != LUA_TNIL) {
-    lua_Integer h = lua_tointegerx(L, -1, &ok);
-    if (!ok) fail(L, "stream must be an integer handle, got %s", luaL_tolstring(L, -1, NULL));
-    if (h == 0) fail(L, "stream 0 is not allowed by the interface (use 1 for the legacy stream)%s", "");
-    /* the producer's work may still be queued there: wait for it before the data is used */
-    cl_wait_cai_stream(L, h, ptr);
-  }
-  /* the view made last time for this object, if it still describes the same memory */
-  lua_rawgetp(L, LUA_REGISTRYINDEX, &cache_key);
-  int cache = lua_gettop(L);
-  lua_pushvalue(L, idx);
-  cl_array *v = NULL;
-  if (lua_rawget(L, cache) == LUA_TUSERDATA) {
-    v = lua_touserdata(L, -1);
-    if (!(v->mem && v->mem->dptr == (CUdeviceptr)ptr && v->dtype == dt && v->ndim == ndim &&
-          v->readonly == readonly && !memcmp(v->shape, shape, sizeof(int64_t) * ndim)))
-      v = NULL;
-  }
-  if (!v) {
-    lua_pop(L, 1);
-    v = foreign_view(L, ptr, dt, ndim, shape, readonly, idx);
-    lua_pushvalue(L, idx);
-    lua_pushvalue(L, -2);
-    lua_rawset(L, cache);
-  }
+  cai_desc d;
+  cai_data(L, cai, &d);
+  cai_shape(L, cai, &d);
+  cai_layout(L, cai, &d);
+  cai_stream(L, cai, &d);
+  cl_array *v = cai_cached_view(L, idx, &d);
   lua_replace(L, idx);
   lua_settop(L, top);
   return v;
