@@ -22,10 +22,18 @@ cl_array *cl_toarray(lua_State *L, int idx) {
   return same ? p : NULL;
 }
 
+/* set by interop.c when it opens (it sits above this file: it makes arrays): the array check
+   then takes a foreign object with the CUDA Array Interface, replaced on the stack by a view of
+   its memory. A pointer, so that this file calls nothing above it; only the slow path (not a
+   cudalua array) goes through it */
+cl_array *(*cl_foreign_array)(lua_State *L, int idx);
+
 cl_array *cl_checkarray(lua_State *L, int idx) {
   cl_array *a = cl_toarray(L, idx);
-  /* a foreign object with the CUDA Array Interface: a view of it replaces it on the stack */
-  if (!a) a = cl_cai_view(L, idx);
+  if (!a) {
+    cl_array *(*foreign)(lua_State *, int) = __atomic_load_n(&cl_foreign_array, __ATOMIC_RELAXED);
+    if (foreign) a = foreign(L, idx);
+  }
   if (!a) luaL_typeerror(L, idx, "cudalua array");
   if (!a->mem) luaL_argerror(L, idx, "closed array");
   return a;

@@ -16,8 +16,9 @@
    args..capture: submitting work (arguments, launches, launchers, graphs, captures). The
    rest: Lua entry points; core.c opens them all, each type before the files that add methods
    to it.
-   Upward uses still to be removed (issue 25), each allowed by name until then:
-     allow: array cl_cai_view          (the array check takes CUDA Array Interface objects) */
+   No upward use is allowed: where a lower file needs what a higher one does (the array check
+   takes CUDA Array Interface objects, which interop.c makes views of), the higher one sets a
+   function pointer the lower one owns when it opens. */
 #ifndef CUDALUA_CL_H
 #define CUDALUA_CL_H
 
@@ -363,6 +364,7 @@ typedef struct cl_array {
 #define CL_ARRAY "cudalua.array"
 cl_array *cl_toarray(lua_State *L, int idx);      /* NULL unless a cudalua array */
 cl_array *cl_checkarray(lua_State *L, int idx);   /* raises if not an open array */
+extern cl_array *(*cl_foreign_array)(lua_State *L, int idx);   /* set by interop.c: see array.c */
 size_t cl_nbytes(const cl_array *a);
 CUdeviceptr cl_devptr(const cl_array *a);         /* 0 for pageable host arrays */
 void *cl_hostptr(const cl_array *a);              /* NULL for device arrays */

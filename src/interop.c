@@ -284,6 +284,8 @@ static int l_sync_stream_handle(lua_State *L) {
 }
 
 void cl_open_interop(lua_State *L) {
+  /* the array check takes CUDA Array Interface objects (every state stores the same value) */
+  __atomic_store_n(&cl_foreign_array, cl_cai_view, __ATOMIC_RELAXED);
   lua_pushcfunction(L, l_sync_stream_handle);
   lua_setfield(L, -2, "sync_stream_handle");
   luaL_getmetatable(L, CL_ARRAY);
