@@ -238,8 +238,11 @@ void cl_pushdtype(lua_State *L, int dt);
 void cl_open_dtype(lua_State *L);
 /* converts the Lua value at idx into one element at p; raises naming what and where */
 void cl_tovalue(lua_State *L, int idx, int dt, void *p, const char *where, lua_Integer index);
+/* the same for a real dtype (not complex), raising nothing: what went wrong, for the caller to
+   word (kernel arguments); the range checks are these, the elements' and the arguments' */
+enum { CL_CONV_OK, CL_CONV_TYPE /* not a number */, CL_CONV_RANGE, CL_CONV_NOTINT };
+int cl_convert(lua_State *L, int idx, int dt, void *p);
 void cl_complex_parts(int dt, const void *p, double *re, double *im);
-int cl_to_bf16(double v, uint16_t *b);   /* 0: does not fit */
 void cl_pushvalue(lua_State *L, int dt, const void *p);
 float cl_half_to_float(uint16_t h);
 uint16_t cl_float_to_half(float f);
@@ -504,6 +507,27 @@ static inline int cl_tiles(const unsigned g[3], const unsigned cl[3]) {
 
 /* ---- from kernel.c: the kernel type ---- */
 #define CL_MAXPARAMS 64
+/* the kinds of kernel parameters, one row each (kernel.c's cl_params, its comment says them):
+   the Lua parts map type names to code letters through it (core.param_types), kernels keep a
+   row per parameter and args.c converts each argument by its row */
+enum { CL_PARAM_VALUE,       /* a scalar: converted by cl_convert with the row's dtype */
+       CL_PARAM_COMPLEX,     /* a number or {re, im}: cl_tovalue with the row's dtype */
+       CL_PARAM_ARRAY, CL_PARAM_CONST_ARRAY,   /* T* and const T*: an array */
+       CL_PARAM_ADDRESS,     /* 8 bytes from PTX: an array or an integer address */
+       CL_PARAM_BYTES,       /* by value, of a type cudalua does not convert: a string */
+       CL_PARAM_UNKNOWN };   /* of a type not known at all: a string */
+typedef struct cl_param_kind {
+  char code;                  /* the letter the Lua parts give for it */
+  unsigned char how;          /* CL_PARAM_* */
+  unsigned char size, align;  /* bytes; 0: as the driver says */
+  signed char dtype;          /* the cl_dtypes entry a Lua value converts through; -1: none */
+  signed char dtype_neg;      /* PTX widths say no sign: negative integers convert through this */
+  unsigned char bools;        /* Lua booleans taken too, converted as bool */
+  const char *mangled;        /* its spellings in demangled names, ',' between them */
+  const char *declared;       /* the one-word names a signature string may give for it */
+  const char *ptx;            /* the PTX .param types */
+} cl_param_kind;
+extern const cl_param_kind cl_params[];
 /* bumped by every k:set_attribute: kernel objects that share a CUfunction (the same symbol got
    with another signature) then read the function's attributes again before they use them */
 extern unsigned cl_fattr_gen;
@@ -514,7 +538,7 @@ typedef struct cl_kernel {
   CUcontext ctx;
   int nparams;
   const void *array_mt;          /* the array metatable of this Lua state: fast type checks */
-  char ptype[CL_MAXPARAMS];      /* one code per parameter, see kernel.c */
+  unsigned char ptype[CL_MAXPARAMS];   /* each parameter's kind: its row of cl_params */
   unsigned short psize[CL_MAXPARAMS];
   int occ_block, occ_grid;       /* occupancy cache for shared == occ_shared */
   size_t occ_shared;

@@ -95,11 +95,68 @@ static int fit_error(lua_State *L, int idx, int dt, const char *where, lua_Integ
                     cl_dtypes[dt].name);
 }
 
+/* v as bfloat16, rounded to nearest even; 0 when a finite v does not fit (it rounds to inf) */
+static int to_bf16(double v, uint16_t *b) {
+  if (isfinite(v) && fabs(v) > FLT_MAX) return 0;   /* (float)v would be undefined */
+  *b = cl_float_to_bf16((float)v);
+  return !isfinite(v) || (*b & 0x7fff) != 0x7f80;
+}
+
+/* the one conversion of a Lua number (or a boolean for bool) to an element of a real dtype,
+   with the range checks; says what went wrong instead of raising, so that each caller words
+   it: elements here (cl_tovalue), kernel arguments in args.c */
+static inline int convert(lua_State *L, int idx, int dt, void *p) {
+  int t = lua_type(L, idx);
+  if (dt == CL_BOOL && t == LUA_TBOOLEAN) { *(uint8_t *)p = (uint8_t)lua_toboolean(L, idx); return CL_CONV_OK; }
+  if (t != LUA_TNUMBER) return CL_CONV_TYPE;
+  if (dt == CL_F32 || dt == CL_F64 || dt == CL_F16 || dt == CL_BF16) {
+    double v = lua_tonumber(L, idx);
+    if (dt == CL_F64) { *(double *)p = v; return CL_CONV_OK; }
+    if (dt == CL_BF16) {
+      uint16_t b;
+      if (!to_bf16(v, &b)) return CL_CONV_RANGE;
+      memcpy(p, &b, 2);
+      return CL_CONV_OK;
+    }
+    double lim = dt == CL_F32 ? FLT_MAX : 65504.0;
+    if (isfinite(v) && fabs(v) > lim) return CL_CONV_RANGE;
+    if (dt == CL_F32) *(float *)p = (float)v;
+    else *(uint16_t *)p = cl_float_to_half((float)v);
+    return CL_CONV_OK;
+  }
+  int isint;
+  lua_Integer i = lua_tointegerx(L, idx, &isint);
+  if (!isint) {
+    double v = lua_tonumber(L, idx);
+    /* uint64 values past 2^63 only exist as floats in Lua */
+    if (dt == CL_U64 && v == floor(v) && v >= 0 && v < 18446744073709551616.0) {
+      *(uint64_t *)p = (uint64_t)v; return CL_CONV_OK;
+    }
+    return v == floor(v) ? CL_CONV_RANGE : CL_CONV_NOTINT;   /* integral: past 64 bits */
+  }
+  /* nothing is written where the value does not fit */
+#define FIT(cond, T) if (!(cond)) return CL_CONV_RANGE; *(T *)p = (T)i; break
+  switch (dt) {
+    case CL_I8: FIT(i >= INT8_MIN && i <= INT8_MAX, int8_t);
+    case CL_I16: FIT(i >= INT16_MIN && i <= INT16_MAX, int16_t);
+    case CL_I32: FIT(i >= INT32_MIN && i <= INT32_MAX, int32_t);
+    case CL_I64: FIT(1, int64_t);
+    case CL_U8: FIT(i >= 0 && i <= UINT8_MAX, uint8_t);
+    case CL_U16: FIT(i >= 0 && i <= UINT16_MAX, uint16_t);
+    case CL_U32: FIT(i >= 0 && i <= (lua_Integer)UINT32_MAX, uint32_t);
+    case CL_U64: FIT(i >= 0, uint64_t);
+    case CL_BOOL: FIT(i == 0 || i == 1, uint8_t);
+  }
+#undef FIT
+  return CL_CONV_OK;
+}
+
+int cl_convert(lua_State *L, int idx, int dt, void *p) { return convert(L, idx, dt, p); }
+
 void cl_tovalue(lua_State *L, int idx, int dt, void *p, const char *where, lua_Integer index) {
   idx = lua_absindex(L, idx);   /* messages push strings */
-  int t = lua_type(L, idx);
-  if (dt == CL_BOOL && t == LUA_TBOOLEAN) { *(uint8_t *)p = (uint8_t)lua_toboolean(L, idx); return; }
   if (cl_is_complex(dt)) {   /* a number (imaginary part 0) or a pair {re, im} */
+    int t = lua_type(L, idx);
     double re = 0, im = 0;
     if (t == LUA_TNUMBER) re = lua_tonumber(L, idx);
     else if (t == LUA_TTABLE && lua_rawlen(L, idx) == 2 && lua_rawgeti(L, idx, 1) == LUA_TNUMBER &&
@@ -120,56 +177,17 @@ void cl_tovalue(lua_State *L, int idx, int dt, void *p, const char *where, lua_I
     memcpy(p, v, 8);
     return;
   }
-  if (t != LUA_TNUMBER)
-    luaL_error(L, "%s: expected a number for %s, got %s", at(L, where, index), cl_dtypes[dt].name,
-               luaL_typename(L, idx));
-  if (dt == CL_F32 || dt == CL_F64 || dt == CL_F16 || dt == CL_BF16) {
-    double v = lua_tonumber(L, idx);
-    if (dt == CL_F64) { *(double *)p = v; return; }
-    if (dt == CL_BF16) {
-      uint16_t b;
-      if (!cl_to_bf16(v, &b)) fit_error(L, idx, dt, where, index);
-      memcpy(p, &b, 2);
-      return;
-    }
-    double lim = dt == CL_F32 ? FLT_MAX : 65504.0;
-    if (isfinite(v) && fabs(v) > lim) fit_error(L, idx, dt, where, index);
-    if (dt == CL_F32) *(float *)p = (float)v;
-    else *(uint16_t *)p = cl_float_to_half((float)v);
-    return;
+  switch (convert(L, idx, dt, p)) {
+    case CL_CONV_TYPE:
+      luaL_error(L, "%s: expected a number for %s, got %s", at(L, where, index), cl_dtypes[dt].name,
+                 luaL_typename(L, idx));
+      break;
+    case CL_CONV_RANGE: fit_error(L, idx, dt, where, index); break;
+    case CL_CONV_NOTINT:
+      where = at(L, where, index);
+      luaL_error(L, "%s: value %s is not an integer (dtype %s)", where,
+                 luaL_tolstring(L, idx, NULL), cl_dtypes[dt].name);
   }
-  int isint;
-  lua_Integer i = lua_tointegerx(L, idx, &isint);
-  if (!isint) {
-    double v = lua_tonumber(L, idx);
-    /* uint64 values past 2^63 only exist as floats in Lua */
-    if (dt == CL_U64 && v == floor(v) && v >= 0 && v < 18446744073709551616.0) {
-      *(uint64_t *)p = (uint64_t)v; return;
-    }
-    if (v == floor(v)) fit_error(L, idx, dt, where, index);   /* integral, but past 64 bits */
-    where = at(L, where, index);
-    luaL_error(L, "%s: value %s is not an integer (dtype %s)", where,
-               luaL_tolstring(L, idx, NULL), cl_dtypes[dt].name);
-  }
-  switch (dt) {
-    case CL_I8: if (i < INT8_MIN || i > INT8_MAX) fit_error(L, idx, dt, where, index); *(int8_t *)p = (int8_t)i; break;
-    case CL_I16: if (i < INT16_MIN || i > INT16_MAX) fit_error(L, idx, dt, where, index); *(int16_t *)p = (int16_t)i; break;
-    case CL_I32: if (i < INT32_MIN || i > INT32_MAX) fit_error(L, idx, dt, where, index); *(int32_t *)p = (int32_t)i; break;
-    case CL_I64: *(int64_t *)p = i; break;
-    case CL_U8: if (i < 0 || i > UINT8_MAX) fit_error(L, idx, dt, where, index); *(uint8_t *)p = (uint8_t)i; break;
-    case CL_U16: if (i < 0 || i > UINT16_MAX) fit_error(L, idx, dt, where, index); *(uint16_t *)p = (uint16_t)i; break;
-    case CL_U32: if (i < 0 || i > (lua_Integer)UINT32_MAX) fit_error(L, idx, dt, where, index); *(uint32_t *)p = (uint32_t)i; break;
-    case CL_U64: if (i < 0) fit_error(L, idx, dt, where, index); *(uint64_t *)p = (uint64_t)i; break;
-    case CL_BOOL: if (i != 0 && i != 1) fit_error(L, idx, dt, where, index); *(uint8_t *)p = (uint8_t)i; break;
-  }
-}
-
-/* v as bfloat16, rounded to nearest even; 0 when a finite v does not fit (it rounds to inf).
-   Elements and kernel arguments both take bfloat16 values through here. */
-int cl_to_bf16(double v, uint16_t *b) {
-  if (isfinite(v) && fabs(v) > FLT_MAX) return 0;   /* (float)v would be undefined */
-  *b = cl_float_to_bf16((float)v);
-  return !isfinite(v) || (*b & 0x7fff) != 0x7f80;
 }
 
 /* a complex element's two parts */

@@ -4,7 +4,8 @@
    (args.c, launch.c for k:launch, launcher.c for k[{grid, block}](...) and k:forall), with
    configurations from config.c, below.
    A kernel knows its parameters' types, read by lua/cudalua/compile.lua from the compiler
-   itself (or from PTX, a mangled name or a signature the user gives), as one code letter each:
+   itself (or from PTX, a mangled name or a signature the user gives), as one code letter each.
+   cl_params lists the letters, each once; the Lua parts read its names (core.param_types):
      a int8  A uint8  s int16  S uint16  i int32  I uint32  l int64  L uint64
      f float  d double  e __half  E __nv_bfloat16  b bool  p pointer  q pointer to const
      c float2 (cuFloatComplex)  C double2 (cuDoubleComplex): a number or {re, im} from Lua
@@ -16,15 +17,42 @@
 #include <string.h>
 #include "cl.h"
 
-static int code_size(char c) {
-  switch (c) {
-    case 'a': case 'A': case 'b': case 'B': return 1;
-    case 's': case 'S': case 'e': case 'E': case 'H': return 2;
-    case 'i': case 'I': case 'f': case 'W': return 4;
-    case 'l': case 'L': case 'd': case 'p': case 'q': case 'U': case 'c': return 8;
-    case 'C': return 16;
-  }
-  return 0;
+#define V CL_PARAM_VALUE
+const cl_param_kind cl_params[] = {
+  /* code, how, size, align, dtype, dtype_neg, bools, mangled, declared, ptx */
+  {'a', V, 1, 1, CL_I8, -1, 0, "char,signed char", "int8_t", ""},
+  {'A', V, 1, 1, CL_U8, -1, 0, "unsigned char", "uint8_t", ""},
+  {'s', V, 2, 2, CL_I16, -1, 0, "short", "int16_t", ""},
+  {'S', V, 2, 2, CL_U16, -1, 0, "unsigned short", "uint16_t", ""},
+  {'i', V, 4, 4, CL_I32, -1, 0, "int", "int32_t", ""},
+  {'I', V, 4, 4, CL_U32, -1, 0, "unsigned int", "uint32_t", ""},
+  {'l', V, 8, 8, CL_I64, -1, 0, "long,long long", "int64_t,ptrdiff_t,intptr_t,ssize_t", ""},
+  {'L', V, 8, 8, CL_U64, -1, 0, "unsigned long,unsigned long long", "uint64_t,size_t,uintptr_t", ""},
+  {'f', V, 4, 4, CL_F32, -1, 0, "float", "float", "f32"},
+  {'d', V, 8, 8, CL_F64, -1, 0, "double", "double", "f64"},
+  {'e', V, 2, 2, CL_F16, -1, 0, "__half,_Float16", "__half,half", "f16"},
+  {'E', V, 2, 2, CL_BF16, -1, 0, "__nv_bfloat16", "__nv_bfloat16,nv_bfloat16", "bf16"},
+  {'b', V, 1, 1, CL_BOOL, -1, 1, "bool", "bool", ""},
+  {'c', CL_PARAM_COMPLEX, 8, 8, CL_C64, -1, 0, "float2", "float2,cuFloatComplex,cuComplex", ""},
+  {'C', CL_PARAM_COMPLEX, 16, 16, CL_C128, -1, 0, "double2", "double2,cuDoubleComplex", ""},
+  {'p', CL_PARAM_ARRAY, 8, 8, -1, -1, 0, "", "", ""},
+  {'q', CL_PARAM_CONST_ARRAY, 8, 8, -1, -1, 0, "", "", ""},
+  {'x', CL_PARAM_BYTES, 0, 0, -1, -1, 0, "", "", ""},
+  /* PTX types say the width, not the sign: either sign's range */
+  {'U', CL_PARAM_ADDRESS, 8, 8, -1, -1, 0, "", "", "u64,s64,b64"},
+  {'W', V, 4, 4, CL_U32, CL_I32, 0, "", "", "u32,s32,b32"},
+  {'H', V, 2, 2, CL_U16, CL_I16, 0, "", "", "u16,s16,b16"},
+  {'B', V, 1, 1, CL_U8, CL_I8, 1, "", "", "u8,s8,b8"},
+  {'y', CL_PARAM_UNKNOWN, 0, 0, -1, -1, 0, "", "", ""},
+  {0, 0, 0, 0, -1, -1, 0, NULL, NULL, NULL}
+};
+#undef V
+
+/* the row of code c; -1: none */
+static int param_row(char c) {
+  for (int r = 0; cl_params[r].code; r++)
+    if (cl_params[r].code == c) return r;
+  return -1;
 }
 
 static int func_attr(CUfunction f, CUfunction_attribute a) {
@@ -83,8 +111,10 @@ static void set_params(lua_State *L, cl_kernel *k, const char *sym, const char *
   k->nparams = (int)nc;
   for (int i = 0; i < (int)nc; i++) {
     size_t po = 0, ps = 0;   /* the offset comes with the size; launches need only the size */
-    k->ptype[i] = codes[i];
-    int sz = code_size(codes[i]);
+    int r = param_row(codes[i]);
+    if (r < 0) luaL_error(L, "cudalua: kernel '%s': parameter %d has no type code '%c'", sym, i + 1, codes[i]);
+    k->ptype[i] = (unsigned char)r;
+    int sz = cl_params[r].size;
     if (have_info) {
       if (sizes) ps = sizes[i];
       else if (CU(cuFuncGetParamInfo, k->fn, i, &po, &ps) != CUDA_SUCCESS)
@@ -364,7 +394,32 @@ int cl_kernel_index(lua_State *L) {
                     luaL_tolstring(L, 2, NULL));
 }
 
+/* core.param_types: {mangled = {name = code}, declared = ..., ptx = ...}, the names of
+   cl_params's three columns, for the Lua parts that read types (signature.lua, module.lua) */
+static void push_param_names(lua_State *L) {
+  static const char *const columns[] = {"mangled", "declared", "ptx"};
+  lua_createtable(L, 0, 3);
+  for (int col = 0; col < 3; col++) {
+    lua_newtable(L);
+    for (const cl_param_kind *k = cl_params; k->code; k++) {
+      const char *s = col == 0 ? k->mangled : col == 1 ? k->declared : k->ptx;
+      while (*s) {
+        const char *e = strchr(s, ',');
+        size_t n = e ? (size_t)(e - s) : strlen(s);
+        lua_pushlstring(L, s, n);
+        lua_pushlstring(L, &k->code, 1);
+        lua_rawset(L, -3);
+        s += n + (e != NULL);
+      }
+    }
+    lua_setfield(L, -2, columns[col]);
+  }
+}
+
 void cl_open_kernel(lua_State *L) {
+  push_param_names(L);
+  lua_setfield(L, -2, "param_types");
+
   static const luaL_Reg mt[] = {
     {"__index", cl_kernel_index}, {"__tostring", k_tostring}, {"__call", k_call}, {NULL, NULL}};
   luaL_newmetatable(L, CL_KERNEL);

@@ -92,9 +92,9 @@ end
 M.elf_info = elf_info
 
 ---------------------------------------------------------------------------------------------
--- PTX: the .entry list and each entry's .param types, as code letters (see src/kernel.c)
-local ptx_code = { u64 = "U", s64 = "U", b64 = "U", f64 = "d", f32 = "f", u32 = "W", s32 = "W",
-  b32 = "W", u16 = "H", s16 = "H", b16 = "H", f16 = "e", bf16 = "E", u8 = "B", s8 = "B", b8 = "B" }
+-- PTX: the .entry list and each entry's .param types, as code letters (src/kernel.c's
+-- cl_params says which)
+local ptx_code = core.param_types.ptx
 
 local function ptx_entries(ptx)
   local entries = {}
@@ -125,11 +125,9 @@ M.ptx_entries = ptx_entries
 
 ---------------------------------------------------------------------------------------------
 -- signatures the user gives: "float*, const float *x, int n"
-local named = { float = "f", double = "d", bool = "b", __half = "e", half = "e",
-  __nv_bfloat16 = "E", nv_bfloat16 = "E", int8_t = "a", uint8_t = "A", int16_t = "s",
-  uint16_t = "S", int32_t = "i", uint32_t = "I", int64_t = "l", uint64_t = "L", size_t = "L",
-  ptrdiff_t = "l", intptr_t = "l", uintptr_t = "L", ssize_t = "l",
-  float2 = "c", cuFloatComplex = "c", cuComplex = "c", double2 = "C", cuDoubleComplex = "C" }
+-- the one-word type names a signature may give, and builtin integer types by their demangled
+-- spelling: src/kernel.c's cl_params
+local named, mangled = core.param_types.declared, core.param_types.mangled
 local int_word = { signed = true, unsigned = true, short = true, long = true, char = true, int = true }
 local qualifier = { const = true, volatile = true, __restrict__ = true, restrict = true,
   __restrict = true, struct = true, class = true, union = true, enum = true, __grid_constant__ = true }
@@ -141,10 +139,11 @@ local function int_code(words)
     if not int_word[w] then return nil end
     n[w] = (n[w] or 0) + 1
   end
-  if n.char then return n.unsigned and "A" or "a" end   -- plain char is signed on x86-64
-  if n.short then return n.unsigned and "S" or "s" end
-  if n.long then return n.unsigned and "L" or "l" end   -- long and long long: 8 bytes here
-  return n.unsigned and "I" or "i"
+  local u = n.unsigned and "unsigned " or ""
+  if n.char then return mangled[n.unsigned and "unsigned char" or "signed char"] end   -- plain char is signed on x86-64
+  if n.short then return mangled[u .. "short"] end
+  if n.long then return mangled[u .. "long"] end   -- long and long long: 8 bytes here
+  return mangled[u .. "int"]
 end
 
 local function parse_signature(sig)

@@ -2,17 +2,15 @@
 -- from its probe instantiations (_Z13__cudalua_sigIF<ret><params>EEvv: the Itanium C++ ABI
 -- spelling of decltype(kernel)); a module loaded without source from a C++ kernel's own
 -- symbol (_Z<name><params>, as nvcc names it). Only the shapes those names take are read.
+local core = ...
 local M = {}
 
 local builtin = { v = "void", b = "bool", c = "char", a = "signed char", h = "unsigned char",
   s = "short", t = "unsigned short", i = "int", j = "unsigned int", l = "long",
   m = "unsigned long", x = "long long", y = "unsigned long long", f = "float", d = "double",
   e = "long double", n = "__int128", o = "unsigned __int128", w = "wchar_t", z = "..." }
-local code_of = { bool = "b", char = "a", ["signed char"] = "a", ["unsigned char"] = "A",
-  short = "s", ["unsigned short"] = "S", int = "i", ["unsigned int"] = "I", long = "l",
-  ["unsigned long"] = "L", ["long long"] = "l", ["unsigned long long"] = "L", float = "f",
-  double = "d", __half = "e", _Float16 = "e", __nv_bfloat16 = "E",
-  float2 = "c", double2 = "C" }   -- cuFloatComplex and cuDoubleComplex: {re, im} from Lua
+-- the code letter of each type as a demangled name spells it: src/kernel.c's cl_params
+local code_of = core.param_types.mangled
 local std_abbrev = { a = "std::allocator", b = "std::basic_string", s = "std::string",
   i = "std::istream", o = "std::ostream", d = "std::iostream" }
 
