@@ -101,9 +101,8 @@ static int l_module_kernel(lua_State *L) {
 }
 
 void cl_open_module(lua_State *L) {
-  luaL_newmetatable(L, MODULE_MT);
-  lua_pushcfunction(L, m_close); lua_setfield(L, -2, "__gc");
-  lua_pop(L, 1);
+  static const luaL_Reg meta[] = {{"__gc", m_close}, {NULL, NULL}};
+  cl_class_define(L, &(cl_class){MODULE_MT, NULL, NULL, meta});
   lua_pushcfunction(L, l_module_load); lua_setfield(L, -2, "module_load");
   lua_pushcfunction(L, l_module_kernel); lua_setfield(L, -2, "module_kernel");
   lua_pushcfunction(L, l_module_functions); lua_setfield(L, -2, "module_functions");
