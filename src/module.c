@@ -4,7 +4,9 @@
 #include <string.h>
 #include "cl.h"
 
-#define MODULE_MT "cudalua.module"
+/* one device's loaded CUmodule; the user's module object is lua/cudalua/module.lua's
+   "cudalua.module", which keeps one of these a device */
+#define MODULE_MT "cudalua.loaded_module"
 typedef struct { CUmodule m; CUcontext ctx; } lmodule;
 
 static void unload(lua_State *L, void *mod, void *ctx) {
