@@ -419,18 +419,14 @@ static void push_param_names(lua_State *L) {
 void cl_open_kernel(lua_State *L) {
   push_param_names(L);
   lua_setfield(L, -2, "param_types");
-
-  static const luaL_Reg mt[] = {
-    {"__index", cl_kernel_index}, {"__tostring", k_tostring}, {"__call", k_call}, {NULL, NULL}};
-  luaL_newmetatable(L, CL_KERNEL);
-  luaL_setfuncs(L, mt, 0);
-  lua_pop(L, 1);
+  static const luaL_Reg mt[] = {{"__tostring", k_tostring}, {"__call", k_call}, {NULL, NULL}};
   static const luaL_Reg methods[] = {
     {"attributes", k_attributes}, {"set_attribute", k_set_attribute}, {"occupancy", k_occupancy}, {"info", k_info},
     {"handle", k_handle}, {"max_blocks_per_sm", k_max_blocks}, {NULL, NULL}};
-  /* kernel methods live in a table Lua can extend (launch.c and launcher.c add theirs) */
-  luaL_newlib(L, methods);
-  lua_pushvalue(L, -1);
-  lua_setfield(L, LUA_REGISTRYINDEX, CL_KERNEL ".methods");
+  /* kernel methods live in a table Lua can extend (launch.c and launcher.c add theirs), kept in
+     the registry as CL_KERNEL ".methods", where cl_kernel_index reads them (launcher.c's
+     __index, put in front of this one, calls it rather than taking it as an upvalue) */
+  cl_class_define(L, &(cl_class){CL_KERNEL, methods, cl_kernel_index, mt});
+  lua_getfield(L, LUA_REGISTRYINDEX, CL_KERNEL ".methods");
   lua_setfield(L, -2, "kernel_methods");
 }

@@ -106,7 +106,5 @@ void cl_open_launcher(lua_State *L) {
   lua_pop(L, 1);
   static const luaL_Reg mt[] = {
     {"__call", launcher_call}, {"__gc", launcher_gc}, {"__tostring", launcher_tostring}, {NULL, NULL}};
-  luaL_newmetatable(L, CL_LAUNCHER);
-  luaL_setfuncs(L, mt, 0);
-  lua_pop(L, 1);
+  cl_class_define(L, &(cl_class){CL_LAUNCHER, NULL, NULL, mt});
 }

@@ -4,7 +4,9 @@
 #include <string.h>
 #include "cl.h"
 
-#define MODULE_MT "cudalua.module"
+/* one device's loaded CUmodule; the user's module object is lua/cudalua/module.lua's
+   "cudalua.module", which keeps one of these a device */
+#define MODULE_MT "cudalua.loaded_module"
 typedef struct { CUmodule m; CUcontext ctx; } lmodule;
 
 static void unload(lua_State *L, void *mod, void *ctx) {
@@ -101,9 +103,8 @@ static int l_module_kernel(lua_State *L) {
 }
 
 void cl_open_module(lua_State *L) {
-  luaL_newmetatable(L, MODULE_MT);
-  lua_pushcfunction(L, m_close); lua_setfield(L, -2, "__gc");
-  lua_pop(L, 1);
+  static const luaL_Reg meta[] = {{"__gc", m_close}, {NULL, NULL}};
+  cl_class_define(L, &(cl_class){MODULE_MT, NULL, NULL, meta});
   lua_pushcfunction(L, l_module_load); lua_setfield(L, -2, "module_load");
   lua_pushcfunction(L, l_module_kernel); lua_setfield(L, -2, "module_kernel");
   lua_pushcfunction(L, l_module_functions); lua_setfield(L, -2, "module_functions");

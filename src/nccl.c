@@ -495,14 +495,9 @@ int luaopen_cudalua_nccl_core(lua_State *L) {
     {"available", l_available}, {"version", l_version}, {"unique_id", l_unique_id},
     {"comm_init_rank", l_comm_init_rank}, {"comm_init_all", l_comm_init_all},
     {"group", l_group}, {NULL, NULL}};
-  if (luaL_newmetatable(L, COMM_MT)) {
-    luaL_newlib(L, m);
-    lua_setfield(L, -2, "__index");
-    lua_pushcfunction(L, c_close); lua_setfield(L, -2, "__gc");
-    lua_pushcfunction(L, c_close); lua_setfield(L, -2, "__close");
-    lua_pushcfunction(L, c_tostring); lua_setfield(L, -2, "__tostring");
-  }
-  lua_pop(L, 1);
+  static const luaL_Reg meta[] = {
+    {"__gc", c_close}, {"__close", c_close}, {"__tostring", c_tostring}, {NULL, NULL}};
+  cl_class_define(L, &(cl_class){COMM_MT, m, NULL, meta});
   luaL_newlib(L, f);
   return 1;
 }

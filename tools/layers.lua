@@ -2,8 +2,11 @@
 -- the "layers:" lines at the top of src/cl.h, bottom first; a file may use what the files
 -- before it define (functions and variables, read from the object files with nm), never what
 -- a file after it defines, except the uses listed there on "allow: FILE SYMBOL" lines.
+-- Also checks src/cl.h's headings: each function and variable declared there sits under a
+-- "/* ---- from X.c: ... ---- */" heading naming the file that defines it, in layer order.
 -- Prints each upward use (LAYERS_VERBOSE=1: every pair of files with what one uses of the
--- other); exits 1 if there is any, or if an object's file is missing from the list.
+-- other) and each misplaced declaration; exits 1 if there is any, or if an object's file is
+-- missing from the list.
 -- `make layers` runs it; CI runs it after the build.
 local clh = assert(arg[1], "usage: lua tools/layers.lua src/cl.h build/*.o")
 
@@ -78,5 +81,56 @@ end
 table.sort(upward)
 for _, u in ipairs(upward) do print("layers: upward: " .. u) end
 bad = bad + #upward
-print(("layers: %d files in %d layers, %d calls between files, %d upward"):format(#files, #order, #list, #upward))
+
+-- cl.h's headings: each function and variable it declares (outside braces and #defines) sits
+-- under a "/* ---- from X.c: ... ---- */" heading naming the file whose object defines it, and
+-- the headings' files follow the layers
+local misplaced, heading, last, depth, stmt, comment, macro = 0, nil, 0, 0, {}, false, false
+local function declared(st, lineno)
+  local name = st:match("([%w_]+)%s*%(") or st:match("([%w_]+)%s*%b[]%s*$") or st:match("([%w_]+)%s*$")
+  local from = heading and heading:match("^from ([%w_]+)%.c")
+  if name and defined[name] and defined[name] ~= from then
+    print(("layers: %s:%d: %s (%s.c) is under the heading %q"):format(clh, lineno, name, defined[name],
+                                                                   heading or "(none)"))
+    misplaced = misplaced + 1
+  end
+end
+local lineno = 0
+for line in io.lines(clh) do
+  lineno = lineno + 1
+  local h = line:match("^/%* %-%-%-%- (.-) %-%-%-%- %*/")
+  if h then
+    heading = h
+    local f = h:match("^from ([%w_]+)%.c")
+    if not (f and rank[f] and rank[f] >= last) then
+      print(("layers: %s:%d: the heading %q does not follow the layers"):format(clh, lineno, h))
+      misplaced = misplaced + 1
+    end
+    last = f and rank[f] or last
+  end
+  local in_macro = macro or line:match("^%s*#") ~= nil
+  macro = in_macro and line:match("\\%s*$") ~= nil
+  local code = ""
+  while line ~= "" and not in_macro do   -- the line without its comments
+    local at = line:find(comment and "*/" or "/*", 1, true)
+    if not comment then code = code .. line:sub(1, at and at - 1) end
+    line = at and line:sub(at + 2) or ""
+    comment = at and not comment or (not at and comment)
+  end
+  for c in code:gmatch(".") do
+    if c == "{" or c == "}" then
+      depth = depth + (c == "{" and 1 or -1)
+      stmt = {}   -- a struct's or an inline function's body: no declaration of a defined symbol
+    elseif depth == 0 and c == ";" then
+      declared(table.concat(stmt), lineno)
+      stmt = {}
+    elseif depth == 0 then
+      stmt[#stmt + 1] = c
+    end
+  end
+  stmt[#stmt + 1] = " "
+end
+bad = bad + misplaced
+print(("layers: %d files in %d layers, %d calls between files, %d upward, %d declarations under the wrong heading")
+      :format(#files, #order, #list, #upward, misplaced))
 os.exit(bad == 0 and 0 or 1)
