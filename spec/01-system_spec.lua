@@ -5,7 +5,7 @@ local C = require "spec.check"
 local cuda = H.cuda
 local gpu = H.gpu(it, pending)
 local nogpu = C.nogpu(it, pending)
-local NO_DRIVER = "cudalua: no CUDA driver found ("
+local NO_DRIVER = "no CUDA driver found ("
 
 -- detect() writes to any object with :write
 local function capture()

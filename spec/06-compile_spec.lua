@@ -10,7 +10,7 @@ local SIG = require "cudalua.signature"
 local PR = require "cudalua.probe"
 local gpu = H.gpu(it, pending)
 local nogpu = C.nogpu(it, pending)
-local NO_DRIVER = "cudalua: no CUDA driver found ("
+local NO_DRIVER = "no CUDA driver found ("
 local ARCH = { arch = "sm_90" }
 
 local function with(t, extra)

@@ -8,7 +8,7 @@ local C = require "spec.check"
 local cuda = H.cuda
 local gpu = H.gpu(it, pending)
 local nogpu = C.nogpu(it, pending)
-local NO_DRIVER = "cudalua: no CUDA driver found" -- (the library path follows)
+local NO_DRIVER = "no CUDA driver found" -- (the library path follows)
 
 local DTYPES = { "float32", "float64", "float16", "int8", "int16", "int32", "int64", "uint8", "uint16",
                  "uint32", "uint64" }

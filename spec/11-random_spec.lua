@@ -9,7 +9,7 @@ local cuda = H.cuda
 local R = require "cudalua.random"
 local gpu = H.gpu(it, pending)
 local nogpu = C.nogpu(it, pending)
-local NO_DRIVER = "cudalua: no CUDA driver found" -- (the library path follows)
+local NO_DRIVER = "no CUDA driver found" -- (the library path follows)
 
 ---------------------------------------------------------------------------------------------
 -- the CPU reference: Numba's init_xoroshiro128p_states, xoroshiro128p_next and _jump

@@ -9,7 +9,7 @@ local cuda = H.cuda
 local gpu = H.gpu(it, pending)
 local nogpu = C.nogpu(it, pending)
 local f32 = C.f32
-local NO_DRIVER = "cudalua: no CUDA driver found" -- (the library path follows)
+local NO_DRIVER = "no CUDA driver found" -- (the library path follows)
 
 local function cai(a) return getmetatable(a).__cuda_array_interface(a) end
 

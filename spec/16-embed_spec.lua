@@ -184,8 +184,8 @@ check(c_info(cuda.array({ 1 }, "int8")).values[1] == 1, "still works")
 
   nogpu("cudalua_push_device_array raises the no-driver error, which the host catches", function()
     local ok, out = script(PRELUDE .. [[
-raises("cudalua: no CUDA driver found", c_push_device_array, 4096, "float32", 1, 16)
-raises("cudalua: no CUDA driver found", c_push_owned, 4096, "float32", 16)
+raises("no CUDA driver found", c_push_device_array, 4096, "float32", 1, 16)
+raises("no CUDA driver found", c_push_owned, 4096, "float32", 16)
 check(c_info(cuda.array({ 2 }, "int8")).values[1] == 2, "still works")
 ]])
     expect_ok(ok, out)

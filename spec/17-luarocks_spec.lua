@@ -97,7 +97,7 @@ local cuda = require "cudalua"
 print(cuda.is_available(), pcall(cuda.device_array, 4, "float32"))
 ]])
     assert(ok, "the fresh process failed:\n" .. out)
-    assert.matches("false\tfalse\tcudalua: no CUDA driver found", out, 1, true)
+    assert.matches("false\tfalse\tcudalua: cuda.device_array: no CUDA driver found", out, 1, true)
   end)
 end)
 

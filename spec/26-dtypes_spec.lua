@@ -40,7 +40,7 @@ describe("bfloat16", function()
   end)
 
   it("refuses what does not fit, naming the element", function()
-    C.raises("cuda.array, element 2: value 1e+39 does not fit bfloat16", cuda.array, { 1, 1e39 }, "bfloat16")
+    C.raises("cuda.array: element 2: value 1e+39 does not fit bfloat16", cuda.array, { 1, 1e39 }, "bfloat16")
     C.raises("does not fit bfloat16", cuda.array, { 3.4e38 }, "bfloat16")   -- rounds past the largest
     C.raises("expected a number for bfloat16, got string", cuda.array, { "1" }, "bfloat16")
   end)
@@ -80,7 +80,7 @@ describe("complex64 and complex128", function()
   end)
 
   it("refuse other values, naming the element", function()
-    C.raises("cuda.array, element 2: expected a number or a pair {re, im} for complex64, got another table",
+    C.raises("cuda.array: element 2: expected a number or a pair {re, im} for complex64, got another table",
              cuda.array, { { 1, 2 }, { 1, "x" } }, "complex64")
     C.raises("expected a number or a pair {re, im} for complex128, got string", cuda.array, { "1" }, "complex128")
     local a = cuda.array({ 1 }, "complex64")

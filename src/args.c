@@ -20,7 +20,7 @@ static int arg_error(lua_State *L, int kidx, int i, int aidx, const char *msg) {
   else if (lua_type(L, aidx) == LUA_TSTRING) got = lua_pushfstring(L, "string (%I bytes)", (lua_Integer)lua_rawlen(L, aidx));
   cl_array *a = cl_toarray(L, aidx);
   if (a) got = a->mem ? (a->kind == CL_HOST ? "a pageable host array" : "an array") : "a closed array";
-  return luaL_error(L, "cudalua: kernel '%s' argument %d (%s): %s, got %s", name, i + 1, t, msg, got);
+  return cl_error(L, NULL, "kernel '%s' argument %d (%s): %s, got %s", name, i + 1, t, msg, got);
 }
 
 /* an array of another context: host memory every device reaches, or a peer device's memory
@@ -119,7 +119,7 @@ static void value_arg(lua_State *L, int kidx, int i, int idx, const cl_param_kin
 void cl_marshal(lua_State *L, cl_kernel *k, int kidx, int first, int nargs, cl_args *A,
                 int allow_pageable) {
   if (nargs != k->nparams)
-    luaL_error(L, "cudalua: kernel '%s' expects %d arguments, got %d", cl_kernel_name(L, kidx),
+    cl_error(L, NULL, "kernel '%s' expects %d arguments, got %d", cl_kernel_name(L, kidx),
                k->nparams, nargs);
   A->nused = A->ntmp = 0;
   for (int i = 0; i < k->nparams; i++) {

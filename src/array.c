@@ -34,8 +34,8 @@ cl_array *cl_checkarray(lua_State *L, int idx) {
     cl_array *(*foreign)(lua_State *, int) = __atomic_load_n(&cl_foreign_array, __ATOMIC_RELAXED);
     if (foreign) a = foreign(L, idx);
   }
-  if (!a) luaL_typeerror(L, idx, "cudalua array");
-  if (!a->mem) luaL_argerror(L, idx, "closed array");
+  if (!a) cl_typeerror(L, idx, "cudalua array");
+  if (!a->mem) cl_argerror(L, idx, "closed array");
   return a;
 }
 
@@ -49,7 +49,7 @@ int cl_is_host(const cl_array *a) { return a->kind != CL_DEVICE && a->kind != CL
    on to use (its memory's free is put off, but the array has let go of it) */
 void cl_still_open(lua_State *L, cl_array *a, const char *where) {
   if (!a->mem)
-    luaL_error(L, "cudalua: %s: the array was closed (by a Lua host function) while this waited for the GPU", where);
+    cl_error(L, where, "the array was closed (by a Lua host function) while this waited for the GPU");
 }
 
 /* the host may touch managed memory only when no kernel runs, unless the device allows it */
@@ -65,27 +65,27 @@ void cl_host_access(lua_State *L, cl_array *a) {
 int cl_parse_shape(lua_State *L, int idx, int64_t *shape, const char *where) {
   int ndim = 0;
   if (lua_type(L, idx) == LUA_TNUMBER) {
-    if (!lua_isinteger(L, idx)) luaL_error(L, "%s: shape must be an integer, got %s", where, lua_tostring(L, idx));
+    if (!lua_isinteger(L, idx)) cl_error(L, where, "shape must be an integer, got %s", lua_tostring(L, idx));
     shape[0] = lua_tointeger(L, idx);
     ndim = 1;
   } else if (lua_type(L, idx) == LUA_TTABLE) {
     ndim = (int)lua_rawlen(L, idx);
     if (ndim < 1 || ndim > CL_MAXDIM)
-      luaL_error(L, "%s: shape needs 1 to %d dimensions, got %d", where, CL_MAXDIM, ndim);
+      cl_error(L, where, "shape needs 1 to %d dimensions, got %d", CL_MAXDIM, ndim);
     for (int i = 0; i < ndim; i++) {
       lua_rawgeti(L, idx, i + 1);
       if (!lua_isinteger(L, -1))
-        luaL_error(L, "%s: shape[%d] must be an integer, got %s", where, i + 1,
+        cl_error(L, where, "shape[%d] must be an integer, got %s", i + 1,
                    lua_type(L, -1) == LUA_TNUMBER ? lua_tostring(L, -1) : luaL_typename(L, -1));
       shape[i] = lua_tointeger(L, -1);
       lua_pop(L, 1);
     }
   } else {
-    luaL_error(L, "%s: shape must be an integer or a table of integers, got %s", where,
+    cl_error(L, where, "shape must be an integer or a table of integers, got %s",
                luaL_typename(L, idx));
   }
   for (int i = 0; i < ndim; i++)
-    if (shape[i] < 0) luaL_error(L, "%s: shape[%d] is negative (%I)", where, i + 1, (lua_Integer)shape[i]);
+    if (shape[i] < 0) cl_error(L, where, "shape[%d] is negative (%I)", i + 1, (lua_Integer)shape[i]);
   return ndim;
 }
 
@@ -113,7 +113,7 @@ int cl_shape_mul(size_t *n, int ndim, const int64_t *shape) {
 cl_array *cl_newarray(lua_State *L, int kind, int dt, int ndim, const int64_t *shape,
                       cl_stream *s, int flags) {
   size_t n = 1, isz = cl_dtypes[dt].size;
-  if (!cl_shape_mul(&n, ndim, shape) || n > ((size_t)1 << 50) / isz) luaL_error(L, "cudalua: array too large");
+  if (!cl_shape_mul(&n, ndim, shape) || n > ((size_t)1 << 50) / isz) cl_error(L, NULL, "array too large");
   if (kind == CL_DEVICE) cl_capture_guard(L, s, 0, "allocating a device array");
   /* the userdata exists before the memory, so an error in between leaks nothing */
   cl_array *a = cl_push_array(L, NULL, 0, kind, dt, ndim, shape);
@@ -155,7 +155,7 @@ static int table_shape(lua_State *L, int idx, int64_t *shape) {
   int ndim = 0;
   lua_pushvalue(L, idx);
   while (lua_type(L, -1) == LUA_TTABLE) {
-    if (ndim == CL_MAXDIM) luaL_error(L, "cuda.array: tables nested deeper than %d", CL_MAXDIM);
+    if (ndim == CL_MAXDIM) cl_error(L, "cuda.array", "tables nested deeper than %d", CL_MAXDIM);
     shape[ndim++] = (int64_t)lua_rawlen(L, -1);
     lua_rawgeti(L, -1, 1);
     lua_remove(L, -2);
@@ -168,12 +168,12 @@ static char *fill_from(lua_State *L, int idx, int dt, int d, int ndim, const int
                        char *p, lua_Integer *count) {
   int isz = cl_dtypes[dt].size;
   if ((int64_t)lua_rawlen(L, idx) != shape[d])
-    luaL_error(L, "cuda.array: ragged table: a row at depth %d has %d elements, expected %I", d + 1,
+    cl_error(L, "cuda.array", "ragged table: a row at depth %d has %d elements, expected %I", d + 1,
                (int)lua_rawlen(L, idx), (lua_Integer)shape[d]);
   for (int64_t i = 1; i <= shape[d]; i++) {
     lua_rawgeti(L, idx, i);
     if (d + 1 < ndim) {
-      if (!lua_istable(L, -1)) luaL_error(L, "cuda.array: ragged table: expected a row at depth %d", d + 2);
+      if (!lua_istable(L, -1)) cl_error(L, "cuda.array", "ragged table: expected a row at depth %d", d + 2);
       p = fill_from(L, lua_gettop(L), dt, d + 1, ndim, shape, p, count);
     } else {
       cl_tovalue(L, -1, dt, p, "cuda.array", ++*count);
@@ -187,14 +187,14 @@ static char *fill_from(lua_State *L, int idx, int dt, int d, int ndim, const int
 /* an argument past those a constructor takes: refused, so that a misplaced option is not lost */
 static void no_more_args(lua_State *L, int idx, const char *where, const char *takes) {
   if (!lua_isnone(L, idx) && !lua_isnil(L, idx))
-    luaL_error(L, "cudalua: %s: argument %d is not taken (%s), got %s", where, idx, takes, luaL_typename(L, idx));
+    cl_error(L, where, "argument %d is not taken (%s), got %s", idx, takes, luaL_typename(L, idx));
 }
 
 int cl_l_array(lua_State *L) {
   int64_t shape[CL_MAXDIM];
   no_more_args(L, 3, "cuda.array", "it takes values or a shape, and a dtype");
   if (lua_type(L, 1) == LUA_TTABLE && luaL_getmetafield(L, 1, "__cuda_array_interface") != LUA_TNIL)
-    return luaL_error(L, "cuda.array: the table is a foreign array (__cuda_array_interface): use cuda.as_cuda_array(t):copy_to_host()");
+    return cl_error(L, "cuda.array", "the table is a foreign array (__cuda_array_interface): use cuda.as_cuda_array(t):copy_to_host()");
   if (lua_type(L, 1) == LUA_TTABLE) {
     int ndim = table_shape(L, 1, shape);
     if (ndim == 0) { ndim = 1; shape[0] = 0; }
@@ -207,7 +207,7 @@ int cl_l_array(lua_State *L) {
     return 1;
   }
   if (lua_type(L, 1) != LUA_TNUMBER)
-    return luaL_typeerror(L, 1, "table of values or integer length");
+    return cl_typeerror(L, 1, "table of values or integer length");
   int ndim = cl_parse_shape(L, 1, shape, "cuda.array");
   cl_newarray(L, CL_HOST, cl_optdtype(L, 2, CL_F64), ndim, shape, NULL, 1);
   return 1;
@@ -255,21 +255,21 @@ static int l_device_array_like(lua_State *L) {
    dimension (flat false), so a forgotten index raises instead of reading another element */
 static size_t flat_index(lua_State *L, cl_array *a, int first, int n, int flat) {
   if (n == 1 && (flat || a->ndim <= 1)) {
-    if (!lua_isinteger(L, first)) luaL_error(L, "cudalua: array index must be an integer, got %s",
+    if (!lua_isinteger(L, first)) cl_error(L, NULL, "array index must be an integer, got %s",
                                              lua_type(L, first) == LUA_TNUMBER ? lua_tostring(L, first) : luaL_typename(L, first));
     lua_Integer i = lua_tointeger(L, first);
     if (i < 1 || (size_t)i > a->size)
-      luaL_error(L, "cudalua: index %I out of range (1..%I)", i, (lua_Integer)a->size);
+      cl_error(L, NULL, "index %I out of range (1..%I)", i, (lua_Integer)a->size);
     return (size_t)(i - 1);
   }
   if (n != a->ndim)
-    luaL_error(L, "cudalua: %d ind%s for an array of %d dimensions (one per dimension)", n, n == 1 ? "ex" : "ices", a->ndim);
+    cl_error(L, NULL, "%d ind%s for an array of %d dimensions (one per dimension)", n, n == 1 ? "ex" : "ices", a->ndim);
   size_t off = 0;
   for (int d = 0; d < n; d++) {
-    if (!lua_isinteger(L, first + d)) luaL_error(L, "cudalua: index %d must be an integer", d + 1);
+    if (!lua_isinteger(L, first + d)) cl_error(L, NULL, "index %d must be an integer", d + 1);
     lua_Integer i = lua_tointeger(L, first + d);
     if (i < 1 || i > a->shape[d])
-      luaL_error(L, "cudalua: index %d is %I, out of range (1..%I)", d + 1, i, (lua_Integer)a->shape[d]);
+      cl_error(L, NULL, "index %d is %I, out of range (1..%I)", d + 1, i, (lua_Integer)a->shape[d]);
     off = off * (size_t)a->shape[d] + (size_t)(i - 1);
   }
   return off;
@@ -297,8 +297,8 @@ static void get_elem(lua_State *L, cl_array *a, size_t i) {
 static void set_elem(lua_State *L, cl_array *a, size_t i, int vidx) {
   int isz = cl_dtypes[a->dtype].size;
   char buf[CL_MAXITEM];
-  if (a->readonly) luaL_error(L, "cudalua: array is read-only");
-  cl_tovalue(L, vidx, a->dtype, buf, "cudalua: array", (lua_Integer)i + 1);
+  if (a->readonly) cl_error(L, NULL, "array is read-only");
+  cl_tovalue(L, vidx, a->dtype, buf, "array[i] =", (lua_Integer)i + 1);
   if (cl_is_host(a)) {
     cl_host_access(L, a);
     memcpy((char *)cl_hostptr(a) + i * isz, buf, isz);
@@ -321,7 +321,7 @@ static int a_get(lua_State *L) {
 static int a_set(lua_State *L) {
   cl_array *a = cl_checkarray(L, 1);
   int n = lua_gettop(L) - 2;
-  if (n < 1) return luaL_error(L, "cudalua: set needs indices and a value");
+  if (n < 1) return cl_error(L, NULL, "set needs indices and a value");
   set_elem(L, a, flat_index(L, a, 2, n, 0), n + 2);
   return 0;
 }
@@ -332,9 +332,9 @@ void cl_push_shape(lua_State *L, cl_array *a) {
 }
 
 static int a_index(lua_State *L) {
-  cl_array *a = luaL_checkudata(L, 1, CL_ARRAY);
+  cl_array *a = cl_checkudata(L, 1, CL_ARRAY);
   if (lua_type(L, 2) == LUA_TNUMBER) {
-    if (!a->mem) return luaL_error(L, "cudalua: closed array");
+    if (!a->mem) return cl_error(L, NULL, "closed array");
     get_elem(L, a, flat_index(L, a, 2, 1, 1));
     return 1;
   }
@@ -357,21 +357,21 @@ static int a_index(lua_State *L) {
       return 1;
     }
   }
-  return luaL_error(L, "cudalua: arrays have no field '%s'", luaL_tolstring(L, 2, NULL));
+  return cl_error(L, NULL, "arrays have no field '%s'", luaL_tolstring(L, 2, NULL));
 }
 
 static int a_newindex(lua_State *L) {
-  cl_array *a = luaL_checkudata(L, 1, CL_ARRAY);
+  cl_array *a = cl_checkudata(L, 1, CL_ARRAY);
   if (lua_type(L, 2) != LUA_TNUMBER)
-    return luaL_error(L, "cudalua: cannot set field '%s' of an array", luaL_tolstring(L, 2, NULL));
-  if (!a->mem) return luaL_error(L, "cudalua: closed array");
+    return cl_error(L, NULL, "cannot set field '%s' of an array", luaL_tolstring(L, 2, NULL));
+  if (!a->mem) return cl_error(L, NULL, "closed array");
   set_elem(L, a, flat_index(L, a, 2, 1, 1), 3);
   return 0;
 }
 
 static int a_len(lua_State *L) {
-  cl_array *a = luaL_checkudata(L, 1, CL_ARRAY);
-  if (!a->mem) return luaL_error(L, "cudalua: closed array");
+  cl_array *a = cl_checkudata(L, 1, CL_ARRAY);
+  if (!a->mem) return cl_error(L, NULL, "closed array");
   lua_pushinteger(L, (lua_Integer)a->size);
   return 1;
 }
@@ -388,9 +388,9 @@ static void push_view(lua_State *L, cl_array *a, size_t offset, int dt, int ndim
 static int a_slice(lua_State *L) {
   cl_array *a = cl_checkarray(L, 1);
   lua_Integer n = a->shape[0];
-  lua_Integer i = luaL_checkinteger(L, 2), j = luaL_optinteger(L, 3, n);
-  if (i < 1 || i > n + 1) return luaL_error(L, "slice: start %I out of range (1..%I)", i, n + 1);
-  if (j < i - 1 || j > n) return luaL_error(L, "slice: stop %I out of range (%I..%I)", j, i - 1, n);
+  lua_Integer i = cl_checkinteger(L, 2), j = cl_optinteger(L, 3, n);
+  if (i < 1 || i > n + 1) return cl_error(L, "array:slice", "start %I out of range (1..%I)", i, n + 1);
+  if (j < i - 1 || j > n) return cl_error(L, "array:slice", "stop %I out of range (%I..%I)", j, i - 1, n);
   size_t row = cl_nbytes(a) / (n ? (size_t)n : 1);
   int64_t shape[CL_MAXDIM];
   memcpy(shape, a->shape, sizeof shape);
@@ -406,12 +406,12 @@ static int a_reshape(lua_State *L) {
   if (lua_gettop(L) > 2) {
     lua_createtable(L, lua_gettop(L) - 1, 0);
     for (int i = 2; i < lua_gettop(L); i++) { lua_pushvalue(L, i); lua_rawseti(L, -2, i - 1); }
-    ndim = cl_parse_shape(L, -1, shape, "reshape");
-  } else ndim = cl_parse_shape(L, 2, shape, "reshape");
+    ndim = cl_parse_shape(L, -1, shape, "array:reshape");
+  } else ndim = cl_parse_shape(L, 2, shape, "array:reshape");
   size_t n = 1;
   for (int i = 0; i < ndim; i++) n *= (size_t)shape[i];
   if (n != a->size)
-    return luaL_error(L, "reshape: %I elements cannot take a shape of %I", (lua_Integer)a->size, (lua_Integer)n);
+    return cl_error(L, "array:reshape", "%I elements cannot take a shape of %I", (lua_Integer)a->size, (lua_Integer)n);
   push_view(L, a, a->offset, a->dtype, ndim, shape);
   return 1;
 }
@@ -429,15 +429,15 @@ static int a_view(lua_State *L) {
   if (from != to) {
     const char *fn = cl_dtypes[a->dtype].name, *tn = cl_dtypes[dt].name;
     if (a->ndim == 0)
-      return luaL_error(L, "cudalua: array:view: a 0-d %s array cannot be viewed as %s (item sizes %d and %d)",
+      return cl_error(L, "array:view", "a 0-d %s array cannot be viewed as %s (item sizes %d and %d)",
                         fn, tn, (int)from, (int)to);
     size_t last = (size_t)a->shape[a->ndim - 1] * from;
     if (last % to)   /* NumPy's and Numba's words */
-      return luaL_error(L, "cudalua: array:view: when changing to a larger dtype, its size must be a divisor "
+      return cl_error(L, "array:view", "when changing to a larger dtype, its size must be a divisor "
                         "of the total size in bytes of the last axis of the array (%I x %s = %I bytes; %s is %d)",
                         (lua_Integer)a->shape[a->ndim - 1], fn, (lua_Integer)last, tn, (int)to);
     if (a->offset % to)
-      return luaL_error(L, "cudalua: array:view: the array starts %I bytes into its memory, not aligned for %s "
+      return cl_error(L, "array:view", "the array starts %I bytes into its memory, not aligned for %s "
                         "(%d bytes): copy it first", (lua_Integer)a->offset, tn, (int)to);
     shape[a->ndim - 1] = (int64_t)(last / to);
   }
@@ -451,8 +451,8 @@ static int a_advise(lua_State *L) {
   cl_array *a = cl_checkarray(L, 1);
   static const char *const names[] = {"preferred_device", "preferred_host", "accessed_by_host",
                                       "accessed_by_device", "read_mostly", NULL};
-  int w = luaL_checkoption(L, 2, NULL, names);
-  if (a->kind != CL_MANAGED) return luaL_error(L, "advise: only managed arrays take advice (this is a %s)", cl_kind_names[a->kind]);
+  int w = cl_checkoption(L, 2, NULL, names);
+  if (a->kind != CL_MANAGED) return cl_error(L, "array:advise", "only managed arrays take advice (this is a %s)", cl_kind_names[a->kind]);
   cl_use_ctx(L, a->mem->ctx);
   CUmemLocation dev = {CU_MEM_LOCATION_TYPE_DEVICE, cl_device_of(a->mem->ctx)};
   CUmemLocation host = {CU_MEM_LOCATION_TYPE_HOST, 0};
@@ -468,20 +468,20 @@ static int a_advise(lua_State *L) {
 
 static int a_ptr(lua_State *L) {
   cl_array *a = cl_checkarray(L, 1);
-  if (a->kind == CL_HOST) return luaL_error(L, "ptr: a pageable host array has no device address");
+  if (a->kind == CL_HOST) return cl_error(L, "array:ptr", "a pageable host array has no device address");
   lua_pushinteger(L, (lua_Integer)cl_devptr(a));
   return 1;
 }
 
 static int a_close(lua_State *L) {
   cl_array *a = cl_toarray(L, 1);
-  if (!a) return luaL_typeerror(L, 1, "cudalua array");
+  if (!a) return cl_typeerror(L, 1, "cudalua array");
   if (a->mem) { cl_mem *m = a->mem; a->mem = NULL; cl_mem_unref(L, m); }
   return 0;
 }
 
 static int a_tostring(lua_State *L) {
-  cl_array *a = luaL_checkudata(L, 1, CL_ARRAY);
+  cl_array *a = cl_checkudata(L, 1, CL_ARRAY);
   luaL_Buffer b;
   luaL_buffinit(L, &b);
   lua_pushfstring(L, "cudalua.%s<%s>", cl_kind_names[a->kind], cl_dtypes[a->dtype].name);
@@ -527,7 +527,7 @@ static int a_tostring(lua_State *L) {
 static int l_array_info(lua_State *L) {
   cl_array *a = cl_toarray(L, 1);
   if (!a) return 0;
-  if (!a->mem) return luaL_argerror(L, 1, "closed array");
+  if (!a->mem) return cl_argerror(L, 1, "closed array");
   lua_pushinteger(L, (lua_Integer)a->size);
   cl_pushdtype(L, a->dtype);
   lua_pushstring(L, cl_kind_names[a->kind]);

@@ -8,7 +8,7 @@
 
 static int l_hash(lua_State *L) {
   size_t n;
-  const unsigned char *s = (const unsigned char *)luaL_checklstring(L, 1, &n);
+  const unsigned char *s = (const unsigned char *)cl_checklstring(L, 1, &n);
   uint64_t a = cl_fnv1a(CL_FNV_BASIS, s, n), b = 0x84222325cbf29ce4ULL ^ n;
   for (size_t i = 0; i < n; i++) b = (b ^ s[i] ^ (b >> 29)) * CL_FNV_PRIME;   /* FNV-1a mixed with its high bits */
   char out[33];
@@ -20,7 +20,7 @@ static int l_hash(lua_State *L) {
 /* file_info(path) -> size, mtime, is_directory | nil when there is nothing there */
 static int l_file_info(lua_State *L) {
   struct stat st;
-  if (stat(luaL_checkstring(L, 1), &st) != 0) return 0;
+  if (stat(cl_checklstring(L, 1, NULL), &st) != 0) return 0;
   lua_pushinteger(L, (lua_Integer)st.st_size);
   lua_pushinteger(L, (lua_Integer)st.st_mtime);
   lua_pushboolean(L, S_ISDIR(st.st_mode));
@@ -29,7 +29,7 @@ static int l_file_info(lua_State *L) {
 
 /* mkdir_p(path) -> true | nil, message */
 static int l_mkdir_p(lua_State *L) {
-  const char *p = luaL_checkstring(L, 1);
+  const char *p = cl_checklstring(L, 1, NULL);
   char buf[4096];
   size_t n = strlen(p);
   if (n == 0 || n >= sizeof buf) { lua_pushnil(L); lua_pushliteral(L, "bad path"); return 2; }

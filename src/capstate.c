@@ -15,13 +15,13 @@ void cl_capture_guard(lua_State *L, cl_stream *s, int waits, const char *where) 
        the whole device is refused by the driver while any stream captures (and it ends the
        capture: CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, seen with another thread's capture) */
     if (cl_capturing_blocking || waits)
-      luaL_error(L, "cudalua: %s: the legacy default stream cannot be used while a stream is "
-                 "capturing (pass the capturing stream, or end the capture first)", where);
+      cl_error(L, where, "the legacy default stream cannot be used while a stream is "
+                 "capturing (pass the capturing stream, or end the capture first)");
     return;
   }
   if (waits && s->capture_ref)
-    luaL_error(L, "cudalua: %s: this would wait for a stream that is capturing (pageable host "
-               "memory or no stream given); use pinned or device arrays and the stream", where);
+    cl_error(L, where, "this would wait for a stream that is capturing (pageable host "
+               "memory or no stream given); use pinned or device arrays and the stream");
 }
 
 /* the capture id of s, 0 when it is not capturing */

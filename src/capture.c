@@ -8,8 +8,8 @@
 static cl_stream *capstream(lua_State *L, const char *where) {
   int is_default;
   cl_stream *s = cl_stream_of(L, 1, &is_default);
-  if (is_default) luaL_error(L, "cudalua: %s: the legacy default stream cannot be captured; use cuda.stream()", where);
-  if (!s) luaL_error(L, "cudalua: %s: closed stream", where);
+  if (is_default) cl_error(L, where, "the legacy default stream cannot be captured; use cuda.stream()");
+  if (!s) cl_error(L, where, "closed stream");
   return s;
 }
 
@@ -22,8 +22,8 @@ static int s_begin_capture(lua_State *L) {
   static const char *const modes[] = {"global", "thread_local", "relaxed", NULL};
   static const CUstreamCaptureMode m[] = {CU_STREAM_CAPTURE_MODE_GLOBAL,
     CU_STREAM_CAPTURE_MODE_THREAD_LOCAL, CU_STREAM_CAPTURE_MODE_RELAXED};
-  int mode = luaL_checkoption(L, 2, "global", modes);
-  if (s->capture_ref) return luaL_error(L, "cudalua: stream:begin_capture: the stream is already capturing");
+  int mode = cl_checkoption(L, 2, "global", modes);
+  if (s->capture_ref) return cl_error(L, "stream:begin_capture", "the stream is already capturing");
   cl_use_ctx(L, s->ctx);
   cl_host_reserve(L);   /* no page-locked allocation may happen during the capture */
   cl_capture_enter(L);
@@ -39,7 +39,7 @@ static int s_begin_capture(lua_State *L) {
 /* s:end_capture() -> graph */
 static int s_end_capture(lua_State *L) {
   cl_stream *s = capstream(L, "stream:end_capture");
-  if (!s->capture_ref) return luaL_error(L, "cudalua: stream:end_capture: the stream is not capturing");
+  if (!s->capture_ref) return cl_error(L, "stream:end_capture", "the stream is not capturing");
   cl_use_ctx(L, s->ctx);
   cuuint64_t id = cl_capture_id(L, s);
   CUgraph h = NULL;
@@ -50,7 +50,7 @@ static int s_end_capture(lua_State *L) {
   cl_flush_deferred(L);   /* what the capture held off */
   if (r != CUDA_SUCCESS) {
     if (h) CU(cuGraphDestroy, h);
-    return luaL_error(L, "cudalua: stream:end_capture: the capture failed (%s); the stream is usable again", cl_errname(r));
+    return cl_error(L, "stream:end_capture", "the capture failed (%s); the stream is usable again", cl_errname(r));
   }
   cl_push_graph(L, h, s->ctx);
   int g = lua_gettop(L);

@@ -2,11 +2,12 @@
 
    Layers, bottom first: a file calls only the files before it (tools/layers.lua checks this
    against the object files: make layers).
-     layers: embedded class loader driver opts hostfn capstate wait memory
+     layers: embedded error class loader driver opts hostfn capstate wait memory
              dtype stream event array interop ipc copy config kernel module compile link
              args launch launcher graph capture random progress cache nvtx nccl device embed core
-   embedded: the Lua parts and CUDA headers, as data. class: a Lua type's metatable, made from
-   one description. loader: opening a library with dlopen from its table (libcuda, NVRTC,
+   embedded: the Lua parts and CUDA headers, as data. error: raising `cudalua: <public name>:
+   <what is wrong>`, the one form of every error; argument checks in that form. class: a Lua
+   type's metatable, made from one description. loader: opening a library with dlopen from its table (libcuda, NVRTC,
    nvJitLink, NCCL), naming its result codes. driver: the tables of libcuda, NVRTC and
    nvJitLink; contexts; errors. opts: small helpers (options tables, keep sets, hex, hashes).
    hostfn..wait: ordering (what captures, the host-function queue, the releases put off,
@@ -41,6 +42,28 @@ typedef struct cl_stream cl_stream;   /* stream.c */
 typedef struct { const char *name; const char *data; size_t len; } cl_blob;
 extern const cl_blob cl_lua_parts[];      /* the files of lua/cudalua */
 extern const cl_blob cl_kernel_headers[]; /* the files of kernels/cudalua */
+
+/* ---- from error.c: every error as `cudalua: <public name>: <what is wrong>` ---- */
+/* The public name is what the user wrote (cuda.copy, array:slice, graph_exec:launch,
+   comm:all_reduce, kernel 'add', array[i]); where = NULL: the C function running, named as
+   the user finds it (a type's method, a metamethod, a function of require "cudalua"). No
+   position is prefixed (as luaL_error gives none for C functions). The checks replace
+   luaL_check*, naming the public function: `cudalua: array:slice: argument 2: number expected,
+   got string` (Lua's words after the prefix). */
+int cl_error(lua_State *L, const char *where, const char *fmt, ...);
+const char *cl_where(lua_State *L);
+const char *cl_unprefixed(const char *msg);   /* without its "cudalua: " (a library's message) */   /* pushes the running C function's public name */
+int cl_argerror(lua_State *L, int arg, const char *msg);          /* argument N: msg */
+int cl_typeerror(lua_State *L, int arg, const char *expected);    /* "number", ... */
+lua_Integer cl_checkinteger(lua_State *L, int arg);
+lua_Integer cl_optinteger(lua_State *L, int arg, lua_Integer def);
+lua_Number cl_checknumber(lua_State *L, int arg);
+const char *cl_checklstring(lua_State *L, int arg, size_t *len);
+const char *cl_optlstring(lua_State *L, int arg, const char *def, size_t *len);
+void cl_checktype(lua_State *L, int arg, int t);
+void *cl_checkudata(lua_State *L, int arg, const char *tname);
+int cl_checkoption(lua_State *L, int arg, const char *def, const char *const lst[]);
+#define cl_argcheck(L, cond, arg, msg) ((void)((cond) || cl_argerror(L, (arg), (msg))))
 
 /* ---- from class.c: a Lua type, declared once ---- */
 typedef struct cl_class {

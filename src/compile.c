@@ -26,21 +26,21 @@ static int push_output(lua_State *L, nvrtcProgram prog, int what) {
    output: "cubin" (default; the PTX comes too), "ptx" or "ltoir"
    -> image, log, {expression = lowered name}, ptx text or nil   |   nil, log, error */
 static int l_nvrtc_compile(lua_State *L) {
-  const char *src = luaL_checkstring(L, 1);
-  const char *fname = luaL_checkstring(L, 2);
-  luaL_checktype(L, 3, LUA_TTABLE);
-  luaL_checktype(L, 4, LUA_TTABLE);
-  luaL_checktype(L, 5, LUA_TTABLE);
+  const char *src = cl_checklstring(L, 1, NULL);
+  const char *fname = cl_checklstring(L, 2, NULL);
+  cl_checktype(L, 3, LUA_TTABLE);
+  cl_checktype(L, 4, LUA_TTABLE);
+  cl_checktype(L, 5, LUA_TTABLE);
   static const char *const outs[] = {"cubin", "ptx", "ltoir", NULL};
-  int out = luaL_checkoption(L, 6, "cubin", outs);
-  if (!cl_lib_load(&cl_nvrtc)) return luaL_error(L, "%s", cl_nvrtc.err);
+  int out = cl_checkoption(L, 6, "cubin", outs);
+  if (!cl_lib_load(&cl_nvrtc)) return cl_error(L, NULL, "%s", cl_unprefixed(cl_nvrtc.err));
   int nopt = (int)lua_rawlen(L, 3), nh = (int)lua_rawlen(L, 4), nx = (int)lua_rawlen(L, 5);
   /* the strings stay referenced by the argument tables while NVRTC reads them */
   const char **opts = lua_newuserdatauv(L, sizeof(char *) * (nopt + 2 * nh + 1), 0);
   const char **hsrc = opts + nopt, **hname = hsrc + nh;
   for (int i = 0; i < nopt; i++) {
     lua_rawgeti(L, 3, i + 1);
-    if (!(opts[i] = lua_tostring(L, -1))) return luaL_error(L, "cuda.compile: option %d is not a string", i + 1);
+    if (!(opts[i] = lua_tostring(L, -1))) return cl_error(L, "cuda.compile", "option %d is not a string", i + 1);
     lua_pop(L, 1);
   }
   for (int i = 0; i < nh; i++) {
@@ -48,11 +48,11 @@ static int l_nvrtc_compile(lua_State *L) {
     lua_rawgeti(L, -1, 1); hname[i] = lua_tostring(L, -1); lua_pop(L, 1);
     lua_rawgeti(L, -1, 2); hsrc[i] = lua_tostring(L, -1); lua_pop(L, 1);
     lua_pop(L, 1);
-    if (!hname[i] || !hsrc[i]) return luaL_error(L, "cuda.compile: header %d needs a name and a text", i + 1);
+    if (!hname[i] || !hsrc[i]) return cl_error(L, "cuda.compile", "header %d needs a name and a text", i + 1);
   }
   nvrtcProgram prog;
   nvrtcResult r = cu.nvrtcCreateProgram(&prog, src, fname, nh, hsrc, hname);
-  if (r != NVRTC_SUCCESS) return luaL_error(L, "cuda.compile: %s", cl_result_name(&cl_nvrtc, r));
+  if (r != NVRTC_SUCCESS) return cl_error(L, "cuda.compile", "%s", cl_result_name(&cl_nvrtc, r));
   for (int i = 0; i < nx; i++) {
     lua_rawgeti(L, 5, i + 1);
     const char *e = lua_tostring(L, -1);
@@ -75,7 +75,7 @@ static int l_nvrtc_compile(lua_State *L) {
   if (!push_output(L, prog, out)) {
     free(log);
     cu.nvrtcDestroyProgram(&prog);
-    return luaL_error(L, "cuda.compile: cannot read the compiled %s", outs[out]);
+    return cl_error(L, "cuda.compile", "cannot read the compiled %s", outs[out]);
   }
   lua_pushstring(L, log ? log : "");
   lua_createtable(L, 0, nx);
@@ -112,10 +112,10 @@ typedef struct { const char *name; size_t len, line_start, line_end; int used; }
    lua/cudalua/compile.lua: cached cubins were made by the old one. */
 static int l_ptx_strip(lua_State *L) {
   size_t n;
-  const char *s = luaL_checklstring(L, 1, &n);
+  const char *s = cl_checklstring(L, 1, &n);
   size_t cap = 64, nv = 0;
   pvar *v = malloc(cap * sizeof *v);
-  if (!v) return luaL_error(L, "cudalua: out of host memory");
+  if (!v) return cl_error(L, NULL, "out of host memory");
   /* declarations: ".global ... NAME[...] = ...;" or ".global ... NAME;" on one line */
   for (size_t at = 0; at < n;) {
     size_t end = at;
@@ -132,7 +132,7 @@ static int l_ptx_strip(lua_State *L) {
       if (stop < end && last > at && s[last - 1] == ';' && nb < ne && !several) {
         if (nv == cap) {
           pvar *nv2 = realloc(v, 2 * cap * sizeof *v);
-          if (!nv2) { free(v); return luaL_error(L, "cudalua: out of host memory"); }
+          if (!nv2) { free(v); return cl_error(L, NULL, "out of host memory"); }
           v = nv2; cap *= 2;
         }
         v[nv++] = (pvar){s + nb, ne - nb, at, end, 0};
@@ -145,7 +145,7 @@ static int l_ptx_strip(lua_State *L) {
   size_t tsize = 1;
   while (tsize < 2 * nv) tsize <<= 1;
   size_t *tab = calloc(tsize, sizeof *tab);   /* index + 1 into v; 0: empty */
-  if (!tab) { free(v); return luaL_error(L, "cudalua: out of host memory"); }
+  if (!tab) { free(v); return cl_error(L, NULL, "out of host memory"); }
   for (size_t i = 0; i < nv; i++) {
     size_t j = cl_fnv1a(CL_FNV_BASIS, v[i].name, v[i].len) & (tsize - 1);
     while (tab[j]) j = (j + 1) & (tsize - 1);
@@ -181,7 +181,7 @@ static int l_ptx_strip(lua_State *L) {
 
 /* supported architectures, e.g. {75, 80, ..., 120} */
 static int l_nvrtc_archs(lua_State *L) {
-  if (!cl_lib_load(&cl_nvrtc)) return luaL_error(L, "%s", cl_nvrtc.err);
+  if (!cl_lib_load(&cl_nvrtc)) return cl_error(L, NULL, "%s", cl_unprefixed(cl_nvrtc.err));
   int n = 0;
   cu.nvrtcGetNumSupportedArchs(&n);
   int *a = lua_newuserdatauv(L, sizeof(int) * (n ? n : 1), 0);

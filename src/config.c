@@ -11,13 +11,13 @@ static void dims(lua_State *L, int idx, unsigned out[3], const char *prefix, con
   int n = 1;
   if (lua_type(L, idx) == LUA_TTABLE) {
     n = (int)lua_rawlen(L, idx);
-    if (n < 1 || n > 3) luaL_error(L, "cudalua: %s%s needs 1 to 3 dimensions, got %d", prefix, what, n);
+    if (n < 1 || n > 3) cl_error(L, NULL, "%s%s needs 1 to 3 dimensions, got %d", prefix, what, n);
     for (int i = 0; i < n; i++) {
       lua_rawgeti(L, idx, i + 1);
       int isint;
       lua_Integer v = lua_tointegerx(L, -1, &isint);
       if (!isint || v < 1 || v > 0x7fffffff)
-        luaL_error(L, "cudalua: %s%s[%d] must be an integer >= 1, got %s", prefix, what, i + 1,
+        cl_error(L, NULL, "%s%s[%d] must be an integer >= 1, got %s", prefix, what, i + 1,
                    luaL_tolstring(L, -1, NULL));
       out[i] = (unsigned)v;
       lua_pop(L, 1);
@@ -27,7 +27,7 @@ static void dims(lua_State *L, int idx, unsigned out[3], const char *prefix, con
   int isint;
   lua_Integer v = lua_tointegerx(L, idx, &isint);
   if (!isint || v < 1 || v > 0x7fffffff)
-    luaL_error(L, "cudalua: %s%s must be an integer >= 1 or a table of them, got %s", prefix, what,
+    cl_error(L, NULL, "%s%s must be an integer >= 1 or a table of them, got %s", prefix, what,
                luaL_tolstring(L, idx, NULL));
   out[0] = (unsigned)v;
 }
@@ -37,7 +37,7 @@ static unsigned shared_named(lua_State *L, int idx, const char *prefix, const ch
   int isint;
   lua_Integer v = lua_tointegerx(L, idx, &isint);
   if (!isint || v < 0 || v > 0x7fffffff)
-    luaL_error(L, "cudalua: %s%s must be an integer >= 0, got %s", prefix, what, luaL_tolstring(L, idx, NULL));
+    cl_error(L, NULL, "%s%s must be an integer >= 0, got %s", prefix, what, luaL_tolstring(L, idx, NULL));
   return (unsigned)v;
 }
 
@@ -46,8 +46,7 @@ unsigned cl_launch_shared(lua_State *L, int idx) { return shared_named(L, idx, "
 /* a cluster must tile the grid: checked when the configuration is made, not per launch */
 static void cfg_check_cluster(lua_State *L, const cl_launch *c, const char *where) {
   if (c->cluster[0] && !cl_tiles(c->g, c->cluster))
-    luaL_error(L, "cudalua: %s: the grid {%d, %d, %d} is not a multiple of the cluster {%d, %d, %d}",
-               where, c->g[0], c->g[1], c->g[2], c->cluster[0], c->cluster[1], c->cluster[2]);
+    cl_error(L, where, "the grid {%d, %d, %d} is not a multiple of the cluster {%d, %d, %d}", c->g[0], c->g[1], c->g[2], c->cluster[0], c->cluster[1], c->cluster[2]);
 }
 
 static const char *const cfg_keys[] = {"grid", "block", "stream", "shared", "cooperative", "cluster", NULL};
@@ -70,12 +69,11 @@ static int cfg_which(lua_State *L, int v, int mode) {
 /* a key no configuration takes: a misspelt option must not be ignored */
 static void cfg_unknown(lua_State *L, int idx, int v, int mode, const char *where) {
   if (mode == CL_CFG_FORALL)
-    luaL_error(L, "cudalua: forall: unknown option '%s' (stream, shared, cooperative, cluster)", luaL_tolstring(L, v - 1, NULL));
+    cl_error(L, NULL, "forall: unknown option '%s' (stream, shared, cooperative, cluster)", luaL_tolstring(L, v - 1, NULL));
   int n = (int)lua_rawlen(L, idx);
   if (lua_type(L, v - 1) == LUA_TNUMBER && n > 4)
-    luaL_error(L, "cudalua: launch configuration is {grid, block [, stream [, shared]]}, got %d entries", n);
-  luaL_error(L, "cudalua: %s: unknown key %s in the launch configuration (grid, block, %scooperative, cluster; or {grid, block%s})",
-             where, lua_type(L, v - 1) == LUA_TSTRING ? lua_pushfstring(L, "'%s'", lua_tostring(L, v - 1)) : luaL_tolstring(L, v - 1, NULL),
+    cl_error(L, NULL, "launch configuration is {grid, block [, stream [, shared]]}, got %d entries", n);
+  cl_error(L, where, "unknown key %s in the launch configuration (grid, block, %scooperative, cluster; or {grid, block%s})", lua_type(L, v - 1) == LUA_TSTRING ? lua_pushfstring(L, "'%s'", lua_tostring(L, v - 1)) : luaL_tolstring(L, v - 1, NULL),
              mode == CL_CFG_GRAPH ? "shared, " : "stream, shared, ",
              mode == CL_CFG_GRAPH ? ", nil, shared" : " [, stream [, shared]]");
 }
@@ -83,7 +81,7 @@ static void cfg_unknown(lua_State *L, int idx, int v, int mode, const char *wher
 /* one pass over the table: each key is checked and its value read where it is found */
 void cl_launch_parse(lua_State *L, int idx, cl_launch *c, int mode, const char *where,
                      const char *prefix) {
-  luaL_checktype(L, idx, LUA_TTABLE);
+  cl_checktype(L, idx, LUA_TTABLE);
   idx = lua_absindex(L, idx);
   memset(c, 0, sizeof *c);
   int have = 0;
@@ -92,7 +90,7 @@ void cl_launch_parse(lua_State *L, int idx, cl_launch *c, int mode, const char *
     int v = lua_gettop(L), w = cfg_which(L, v, mode);
     if (w < 0) { cfg_unknown(L, idx, v, mode, where); return; }   /* it raises */
     if (have & (1 << w))
-      luaL_error(L, "cudalua: %s: %s given both by name and as entry %d", where, cfg_keys[w], w + 1);
+      cl_error(L, where, "%s given both by name and as entry %d", cfg_keys[w], w + 1);
     have |= 1 << w;
     switch (w) {
       case 0: dims(L, v, c->g, prefix, "grid"); break;
@@ -100,13 +98,13 @@ void cl_launch_parse(lua_State *L, int idx, cl_launch *c, int mode, const char *
       case 2:
         if (mode == CL_CFG_GRAPH) {   /* {g, b, nil, shared} is written with false or 0 too */
           if (lua_toboolean(L, v) && !(lua_isinteger(L, v) && lua_tointeger(L, v) == 0))
-            luaL_error(L, "cudalua: %s: a graph node has no stream (the graph is launched on one)", where);
+            cl_error(L, where, "a graph node has no stream (the graph is launched on one)");
         } else c->s = cl_tostream(L, v, mode == CL_CFG_FORALL ? "forall" : "launch configuration");
         break;
       case 3: c->shared = mode == CL_CFG_GRAPH ? shared_named(L, v, prefix, "shared") : cl_launch_shared(L, v); break;
       case 4:
         if (!lua_isboolean(L, v))
-          luaL_error(L, "cudalua: %s: cooperative must be a boolean, got %s", where, luaL_typename(L, v));
+          cl_error(L, where, "cooperative must be a boolean, got %s", luaL_typename(L, v));
         c->cooperative = lua_toboolean(L, v);
         break;
       case 5: dims(L, v, c->cluster, prefix, "cluster"); break;   /* n | {x, y, z} */
@@ -114,7 +112,7 @@ void cl_launch_parse(lua_State *L, int idx, cl_launch *c, int mode, const char *
     lua_settop(L, v - 1);
   }
   for (int w = 0; w < 2 && mode != CL_CFG_FORALL; w++)
-    if (!(have & (1 << w))) luaL_error(L, "cudalua: %s: configuration needs %s", where, cfg_keys[w]);
+    if (!(have & (1 << w))) cl_error(L, where, "configuration needs %s", cfg_keys[w]);
   cfg_check_cluster(L, c, where);
 }
 
@@ -158,7 +156,7 @@ void cl_launch_bracket(lua_State *L, cl_launch *c) {
   }
   lua_settop(L, 2);
   if (n > 4 || (n < 2 && lua_getfield(L, 2, "block") == LUA_TNIL))
-    luaL_error(L, "cudalua: launch configuration is {grid, block [, stream [, shared]]}, got %d entries", n);
+    cl_error(L, NULL, "launch configuration is {grid, block [, stream [, shared]]}, got %d entries", n);
   lua_settop(L, 2);
   cl_launch_parse(L, 2, c, CL_CFG_LAUNCH, "launch", "");
 }

@@ -10,12 +10,12 @@
 void cl_copy(lua_State *L, cl_array *dst, cl_array *src, cl_stream *s, int sync,
                  const char *where) {
   if (dst->dtype != src->dtype)
-    luaL_error(L, "%s: dtype mismatch (%s into %s)", where, cl_dtypes[src->dtype].name,
+    cl_error(L, where, "dtype mismatch (%s into %s)", cl_dtypes[src->dtype].name,
                cl_dtypes[dst->dtype].name);
   if (dst->size != src->size)
-    luaL_error(L, "%s: size mismatch (%I elements into %I)", where, (lua_Integer)src->size,
+    cl_error(L, where, "size mismatch (%I elements into %I)", (lua_Integer)src->size,
                (lua_Integer)dst->size);
-  if (dst->readonly) luaL_error(L, "%s: destination is read-only", where);
+  if (dst->readonly) cl_error(L, where, "destination is read-only");
   size_t n = cl_nbytes(src);
   if (n == 0) return;
   if (cl_is_host(dst) && cl_is_host(src)) {   /* host to host: no driver needed */
@@ -33,7 +33,7 @@ void cl_copy(lua_State *L, cl_array *dst, cl_array *src, cl_stream *s, int sync,
   int peer = dctx && sctx && dctx != sctx;
   if (peer && s) {
     if (s->ctx != dctx && s->ctx != sctx)
-      luaL_error(L, "cudalua: %s: the stream is on device %d, the arrays on devices %d and %d", where,
+      cl_error(L, where, "the stream is on device %d, the arrays on devices %d and %d",
                  cl_device_of(s->ctx), cl_device_of(sctx), cl_device_of(dctx));
     ctx = s->ctx;
   } else if (s && !ctx) ctx = s->ctx;   /* host memory at both ends is not here: a host kind reaches any */
@@ -96,10 +96,10 @@ static int l_to_device(lua_State *L) {
   if (!src) {
     src = cl_toarray(L, 1);
     if (!src) src = cl_cai_view(L, 1);   /* a foreign array: its view replaces it */
-    if (!src) return luaL_typeerror(L, 1, "array or table");
-    if (!src->mem) return luaL_argerror(L, 1, "closed array");
+    if (!src) return cl_typeerror(L, 1, "array or table");
+    if (!src->mem) return cl_argerror(L, 1, "closed array");
     if (dtidx && cl_checkdtype(L, dtidx) != src->dtype)
-      return luaL_argerror(L, dtidx, "dtype differs from the array's (no conversion is done)");
+      return cl_argerror(L, dtidx, "dtype differs from the array's (no conversion is done)");
   }
   cl_stream *s = cl_tostream(L, sidx, "cuda.to_device");
   cl_array *d = cl_newarray(L, CL_DEVICE, src->dtype, src->ndim, src->shape, s, 0);
@@ -119,7 +119,7 @@ static int a_copy_to_host(lua_State *L) {
   cl_array *dst;
   if (into) {
     dst = cl_checkarray(L, 2);
-    if (!cl_is_host(dst)) return luaL_argerror(L, 2, "destination must be a host array");
+    if (!cl_is_host(dst)) return cl_argerror(L, 2, "destination must be a host array");
     lua_pushvalue(L, 2);
   } else {
     dst = cl_newarray(L, CL_HOST, a->dtype, a->ndim, a->shape, NULL, 0);
@@ -133,7 +133,7 @@ static int a_copy_to_host(lua_State *L) {
 static int a_copy_to_device(lua_State *L) {
   cl_array *d = cl_checkarray(L, 1);
   lua_settop(L, 3);
-  if (cl_is_host(d)) return luaL_error(L, "copy_to_device: the array is a host array (%s)", cl_kind_names[d->kind]);
+  if (cl_is_host(d)) return cl_error(L, "array:copy_to_device", "the array is a host array (%s)", cl_kind_names[d->kind]);
   cl_array *src = NULL;
   if (lua_istable(L, 2)) {
     cl_pushdtype(L, d->dtype);               /* at 4: a table takes the array's dtype */
@@ -164,9 +164,9 @@ static int a_fill(lua_State *L) {
   cl_array *a = cl_checkarray(L, 1);
   char v[CL_MAXITEM];
   int isz = cl_dtypes[a->dtype].size;
-  cl_tovalue(L, 2, a->dtype, v, "fill", 0);
+  cl_tovalue(L, 2, a->dtype, v, "array:fill", 0);
   cl_stream *s = cl_tostream(L, 3, "fill");
-  if (a->readonly) return luaL_error(L, "fill: array is read-only");
+  if (a->readonly) return cl_error(L, "array:fill", "array is read-only");
   lua_settop(L, 1);
   if (a->size == 0) return 1;
   if (cl_is_host(a)) {

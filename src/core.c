@@ -132,7 +132,7 @@ int luaopen_cudalua(lua_State *L) {
     lua_setfield(L, -2, mod);
   }
   lua_pop(L, 1);
-  if (!main) return luaL_error(L, "cudalua: built without lua/cudalua/init.lua");
+  if (!main) return cl_error(L, NULL, "built without lua/cudalua/init.lua");
   lua_pushlightuserdata(L, (void *)main);
   lua_pushvalue(L, core);
   lua_pushcclosure(L, load_part, 2);

@@ -68,10 +68,10 @@ static int l_devices(lua_State *L) {
 }
 
 static int check_device(lua_State *L, int idx) {
-  lua_Integer d = luaL_checkinteger(L, idx);
+  lua_Integer d = cl_checkinteger(L, idx);
   cl_need_driver(L);
   int n = cl_ndevices();
-  luaL_argcheck(L, d >= 0 && d < n, idx,
+  cl_argcheck(L, d >= 0 && d < n, idx,
                 lua_pushfstring(L, "device id %d out of range (0..%d)", (int)d, n - 1));
   return (int)d;
 }
@@ -122,7 +122,7 @@ static int l_enable_peer_access(lua_State *L) {
   int a = check_device(L, 1), b = check_device(L, 2);
   if (a == b || cl_peer_enabled_dev(a, b)) return 0;
   if (!can_peer(L, a, b))
-    return luaL_error(L, "cudalua: enable_peer_access: device %d cannot reach device %d's memory "
+    return cl_error(L, "cuda.enable_peer_access", "device %d cannot reach device %d's memory "
                       "(cuda.can_access_peer(%d, %d) is false); copies between them still work", a, b, a, b);
   CUcontext ca = cl_device_ctx(L, a), cb = cl_device_ctx(L, b);
   CUcontext prev = cl_ctx_swap(ca);
@@ -163,7 +163,7 @@ static int l_current_device(lua_State *L) {
 
 static int l_synchronize(lua_State *L) {
   if (!lua_isnone(L, 1))
-    return luaL_error(L, "cudalua: cuda.synchronize: takes no arguments, got %s (a stream: stream:synchronize())", luaL_typename(L, 1));
+    return cl_error(L, "cuda.synchronize", "takes no arguments, got %s (a stream: stream:synchronize())", luaL_typename(L, 1));
   cl_ctx(L);
   cl_capture_guard(L, NULL, 1, "synchronize");
   cl_wait(L, CL_WAIT_CTX, NULL, "synchronize");

@@ -21,7 +21,7 @@ unsigned cl_host_pending;      /* firings pending in the process (atomic) */
 __thread int cl_in_hostfn;     /* this thread runs a Lua host function now */
 
 void cl_hostfn_refuse(lua_State *L) {
-  luaL_error(L, "cudalua: a Lua host function cannot use the GPU (launches, copies, allocations, waits): "
+  cl_error(L, NULL, "a Lua host function cannot use the GPU (launches, copies, allocations, waits): "
                 "CUDA forbids it, and the stream waits for the function; queue the work after it instead");
 }
 
@@ -143,11 +143,11 @@ void cl_check(lua_State *L, CUresult r, const char *what) {
   if (r == CUDA_SUCCESS) return;
   const char *s = NULL;
   if (cu.cuGetErrorString) CU0(cuGetErrorString, r, &s);
-  luaL_error(L, "cudalua: %s: %s (%s)", what, cl_errname(r), s ? s : "no description");
+  cl_error(L, what, "%s (%s)", cl_errname(r), s ? s : "no description");
 }
 
 void cl_need_driver(lua_State *L) {
-  if (!cl_driver_load()) luaL_error(L, "%s", cl_libcuda.err);
+  if (!cl_driver_load()) cl_error(L, NULL, "%s", cl_unprefixed(cl_libcuda.err));
 }
 
 static CUcontext ctx_of(int d) { return __atomic_load_n(&dev_ctx[d], __ATOMIC_ACQUIRE); }
@@ -208,7 +208,7 @@ int cl_device_of(CUcontext c) {
 
 CUcontext cl_device_ctx(lua_State *L, int dev) {
   cl_need_driver(L);
-  if (dev < 0 || dev >= dev_count) luaL_error(L, "cudalua: device id %d out of range (0..%d)", dev, dev_count - 1);
+  if (dev < 0 || dev >= dev_count) cl_error(L, NULL, "device id %d out of range (0..%d)", dev, dev_count - 1);
   CUcontext c = ctx_of(dev);
   return c ? c : primary(L, dev);
 }

@@ -67,10 +67,10 @@ int cl_checkdtype(lua_State *L, int idx) {
     int id = (int)lua_tointeger(L, -1);
     lua_pop(L, 2);
     if (found) return id;   /* the table holds every name and alias */
-    return luaL_argerror(L, idx, lua_pushfstring(L, "unknown dtype '%s'", lua_tostring(L, idx)));
+    return cl_argerror(L, idx, lua_pushfstring(L, "unknown dtype '%s'", lua_tostring(L, idx)));
   }
   int *p = luaL_testudata(L, idx, DTYPE_MT);
-  if (!p) return luaL_typeerror(L, idx, "dtype (cuda.float32, \"float32\", ...)");
+  if (!p) return cl_typeerror(L, idx, "dtype (cuda.float32, \"float32\", ...)");
   return *p;
 }
 
@@ -86,12 +86,12 @@ void cl_pushdtype(lua_State *L, int dt) {
 
 /* "where" gets the element's index only when an error is raised: filling is a hot loop */
 static const char *at(lua_State *L, const char *where, lua_Integer index) {
-  return index > 0 ? lua_pushfstring(L, "%s, element %I", where, index) : where;
+  return index > 0 ? lua_pushfstring(L, "%s: element %I", where, index) : where;
 }
 
 static int fit_error(lua_State *L, int idx, int dt, const char *where, lua_Integer index) {
   where = at(L, where, index);
-  return luaL_error(L, "%s: value %s does not fit %s", where, luaL_tolstring(L, idx, NULL),
+  return cl_error(L, where, "value %s does not fit %s", luaL_tolstring(L, idx, NULL),
                     cl_dtypes[dt].name);
 }
 
@@ -164,13 +164,13 @@ void cl_tovalue(lua_State *L, int idx, int dt, void *p, const char *where, lua_I
       re = lua_tonumber(L, -2); im = lua_tonumber(L, -1);
       lua_pop(L, 2);
     } else {
-      luaL_error(L, "%s: expected a number or a pair {re, im} for %s, got %s", at(L, where, index),
+      cl_error(L, at(L, where, index), "expected a number or a pair {re, im} for %s, got %s",
                  cl_dtypes[dt].name, t == LUA_TTABLE ? "another table" : luaL_typename(L, idx));
     }
     if (dt == CL_C128) { double v[2] = {re, im}; memcpy(p, v, 16); return; }
     if ((isfinite(re) && fabs(re) > FLT_MAX) || (isfinite(im) && fabs(im) > FLT_MAX)) {
       where = at(L, where, index);
-      luaL_error(L, "%s: value {%s, %s} does not fit complex64", where, lua_pushfstring(L, "%f", re),
+      cl_error(L, where, "value {%s, %s} does not fit complex64", lua_pushfstring(L, "%f", re),
                  lua_pushfstring(L, "%f", im));
     }
     float v[2] = {(float)re, (float)im};
@@ -179,13 +179,13 @@ void cl_tovalue(lua_State *L, int idx, int dt, void *p, const char *where, lua_I
   }
   switch (convert(L, idx, dt, p)) {
     case CL_CONV_TYPE:
-      luaL_error(L, "%s: expected a number for %s, got %s", at(L, where, index), cl_dtypes[dt].name,
+      cl_error(L, at(L, where, index), "expected a number for %s, got %s", cl_dtypes[dt].name,
                  luaL_typename(L, idx));
       break;
     case CL_CONV_RANGE: fit_error(L, idx, dt, where, index); break;
     case CL_CONV_NOTINT:
       where = at(L, where, index);
-      luaL_error(L, "%s: value %s is not an integer (dtype %s)", where,
+      cl_error(L, where, "value %s is not an integer (dtype %s)",
                  luaL_tolstring(L, idx, NULL), cl_dtypes[dt].name);
   }
 }
@@ -228,13 +228,13 @@ void cl_pushvalue(lua_State *L, int dt, const void *p) {
 }
 
 static int dt_tostring(lua_State *L) {
-  lua_pushstring(L, cl_dtypes[*(int *)luaL_checkudata(L, 1, DTYPE_MT)].name);
+  lua_pushstring(L, cl_dtypes[*(int *)cl_checkudata(L, 1, DTYPE_MT)].name);
   return 1;
 }
 
 static int dt_index(lua_State *L) {
-  const cl_dtype_info *d = &cl_dtypes[*(int *)luaL_checkudata(L, 1, DTYPE_MT)];
-  const char *k = luaL_checkstring(L, 2);
+  const cl_dtype_info *d = &cl_dtypes[*(int *)cl_checkudata(L, 1, DTYPE_MT)];
+  const char *k = cl_checklstring(L, 2, NULL);
   if (!strcmp(k, "name")) lua_pushstring(L, d->name);
   else if (!strcmp(k, "itemsize")) lua_pushinteger(L, d->size);
   else if (!strcmp(k, "typestr")) lua_pushstring(L, d->typestr);

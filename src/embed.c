@@ -16,7 +16,7 @@ static void release_tramp(void *ud, CUdeviceptr p) {
 int cudalua_push_device_array(lua_State *L, uint64_t ptr, const char *dtype, int ndim,
                               const int64_t *shape, void (*release)(void *ud, uint64_t ptr),
                               void *ud) {
-  if (ndim < 1 || ndim > CL_MAXDIM) return luaL_error(L, "cudalua_push_device_array: ndim must be 1..%d", CL_MAXDIM);
+  if (ndim < 1 || ndim > CL_MAXDIM) return cl_error(L, "cudalua_push_device_array", "ndim must be 1..%d", CL_MAXDIM);
   lua_getfield(L, LUA_REGISTRYINDEX, "cudalua.foreign_array");
   lua_pushinteger(L, (lua_Integer)ptr);
   lua_pushstring(L, dtype ? dtype : "?");
@@ -28,7 +28,7 @@ int cudalua_push_device_array(lua_State *L, uint64_t ptr, const char *dtype, int
   cl_array *a = lua_touserdata(L, -1);
   if (release) {
     host_release *r = malloc(sizeof *r);
-    if (!r) return luaL_error(L, "cudalua: out of host memory");
+    if (!r) return cl_error(L, NULL, "out of host memory");
     r->release = release; r->ud = ud;
     a->mem->release = release_tramp;
     a->mem->ud = r;

@@ -8,8 +8,8 @@
 typedef struct { CUevent e; int timing; int ipc; int recorded; CUcontext ctx; } levent;
 
 static levent *checkev(lua_State *L, int idx) {
-  levent *ev = luaL_checkudata(L, idx, EVENT_MT);
-  if (!ev->e) luaL_argerror(L, idx, "closed event");
+  levent *ev = cl_checkudata(L, idx, EVENT_MT);
+  if (!ev->e) cl_argerror(L, idx, "closed event");
   return ev;
 }
 
@@ -21,14 +21,14 @@ static int l_event(lua_State *L) {
   int timing = 1, ipc = 0;
   if (lua_istable(L, 1)) {
     static const char *const opts[] = {"timing", "interprocess", NULL};
-    cl_check_options(L, 1, "cudalua: cuda.event", opts);
-    int t = cl_opt_bool(L, 1, "timing", "cudalua: cuda.event");
-    ipc = cl_opt_bool(L, 1, "interprocess", "cudalua: cuda.event") == 1;
+    cl_check_options(L, 1, "cuda.event", opts);
+    int t = cl_opt_bool(L, 1, "timing", "cuda.event");
+    ipc = cl_opt_bool(L, 1, "interprocess", "cuda.event") == 1;
     timing = t < 0 ? !ipc : t;
-    if (ipc && timing) return luaL_error(L, "cudalua: cuda.event: an interprocess event cannot time (timing = false)");
+    if (ipc && timing) return cl_error(L, "cuda.event", "an interprocess event cannot time (timing = false)");
   } else if (lua_isboolean(L, 1)) timing = lua_toboolean(L, 1);   /* cuda.event(false): no timing */
   else if (!lua_isnoneornil(L, 1))
-    return luaL_error(L, "cudalua: cuda.event: expected nil, a boolean (timing) or an options table "
+    return cl_error(L, "cuda.event", "expected nil, a boolean (timing) or an options table "
                       "{timing =, interprocess =}, got %s", luaL_typename(L, 1));
   CUcontext ctx = cl_ctx(L);
   levent *ev = lua_newuserdatauv(L, sizeof *ev, 0);
@@ -74,22 +74,22 @@ static int e_synchronize(lua_State *L) {
 static int e_elapsed_time(lua_State *L) {
   levent *a = checkev(L, 1), *b = checkev(L, 2);
   if (!a->timing || !b->timing)
-    return luaL_error(L, "cudalua: elapsed_time: an event was created without timing");
+    return cl_error(L, "event:elapsed_time", "an event was created without timing");
   if (a->ctx != b->ctx)
-    return luaL_error(L, "cudalua: elapsed_time: the events are on devices %d and %d (time on one device)",
+    return cl_error(L, "event:elapsed_time", "the events are on devices %d and %d (time on one device)",
                       cl_device_of(a->ctx), cl_device_of(b->ctx));
   /* what the driver would refuse is found first (checkers report every refused call; a
      query's "not ready" is an answer, not a refusal) */
-  if (!a->recorded || !b->recorded) return luaL_error(L, "cudalua: elapsed_time: an event was never recorded");
+  if (!a->recorded || !b->recorded) return cl_error(L, "event:elapsed_time", "an event was never recorded");
   float ms = 0;
   cl_use_ctx(L, a->ctx);
   CUresult r = CU(cuEventQuery, a->e);
   if (r == CUDA_SUCCESS) r = CU(cuEventQuery, b->e);
   if (r == CUDA_SUCCESS) r = CU(cuEventElapsedTime, &ms, a->e, b->e);
   if (r == CUDA_ERROR_NOT_READY)
-    return luaL_error(L, "cudalua: elapsed_time: an event has not completed (synchronize it first)");
+    return cl_error(L, "event:elapsed_time", "an event has not completed (synchronize it first)");
   if (r == CUDA_ERROR_INVALID_HANDLE)
-    return luaL_error(L, "cudalua: elapsed_time: an event was never recorded");
+    return cl_error(L, "event:elapsed_time", "an event was never recorded");
   cl_check(L, r, "elapsed_time");
   lua_pushnumber(L, ms);
   return 1;
@@ -103,11 +103,11 @@ static int e_ipc_handle(lua_State *L) {
   CUipcEventHandle h;
   /* known here: the driver is not asked to refuse it (checkers report every refusal) */
   if (!ev->ipc)
-    return luaL_error(L, "cudalua: event:ipc_handle: the event was not made with cuda.event{interprocess = true}");
+    return cl_error(L, "event:ipc_handle", "the event was not made with cuda.event{interprocess = true}");
   cl_use_ctx(L, ev->ctx);
   CUresult r = CU(cuIpcGetEventHandle, &h, ev->e);
   if (r == CUDA_ERROR_INVALID_VALUE || r == CUDA_ERROR_INVALID_HANDLE)
-    return luaL_error(L, "cudalua: event:ipc_handle: the event was not made with cuda.event{interprocess = true}");
+    return cl_error(L, "event:ipc_handle", "the event was not made with cuda.event{interprocess = true}");
   cl_check(L, r, "event:ipc_handle");
   luaL_Buffer b;
   luaL_buffinit(L, &b);
@@ -120,12 +120,12 @@ static int e_ipc_handle(lua_State *L) {
 /* cuda.open_ipc_event(handle) -> an event of another process, on the selected device */
 static int l_open_ipc_event(lua_State *L) {
   size_t n;
-  const char *s = luaL_checklstring(L, 1, &n);
+  const char *s = cl_checklstring(L, 1, &n);
   CUipcEventHandle h;
   size_t tag = sizeof IPC_EVENT_TAG - 1;
   if (n != tag + 2 * sizeof h.reserved || strncmp(s, IPC_EVENT_TAG, tag) ||
       !cl_hex_decode(s + tag, h.reserved, sizeof h.reserved))
-    return luaL_argerror(L, 1, "not an event handle from event:ipc_handle()");
+    return cl_argerror(L, 1, "not an event handle from event:ipc_handle()");
   CUcontext ctx = cl_ctx(L);
   levent *ev = lua_newuserdatauv(L, sizeof *ev, 0);
   ev->e = NULL; ev->timing = 0; ev->ipc = 1; ev->recorded = 1; ev->ctx = ctx;
@@ -140,7 +140,7 @@ static void destroy_event(lua_State *L, void *e, void *unused) {
 }
 
 static int e_close(lua_State *L) {
-  levent *ev = luaL_checkudata(L, 1, EVENT_MT);
+  levent *ev = cl_checkudata(L, 1, EVENT_MT);
   if (ev->e) {
     /* inside a host function the cudalua call it runs in may be recording this very event */
     if (!(cl_must_defer(L) && cl_defer_call(L, 0, destroy_event, ev->e, NULL))) destroy_event(L, ev->e, NULL);
@@ -150,7 +150,7 @@ static int e_close(lua_State *L) {
 }
 
 static int e_tostring(lua_State *L) {
-  levent *ev = luaL_checkudata(L, 1, EVENT_MT);
+  levent *ev = cl_checkudata(L, 1, EVENT_MT);
   if (ev->e) lua_pushfstring(L, "cudalua.event<%p>", (void *)ev->e);
   else lua_pushliteral(L, "cudalua.event<closed>");
   return 1;

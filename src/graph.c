@@ -41,24 +41,24 @@ typedef struct lexec {
 } lexec;
 
 static lgraph *checkgraph(lua_State *L, int idx) {
-  lgraph *g = luaL_checkudata(L, idx, GRAPH_MT);
-  if (!g->g) luaL_argerror(L, idx, "closed graph");
+  lgraph *g = cl_checkudata(L, idx, GRAPH_MT);
+  if (!g->g) cl_argerror(L, idx, "closed graph");
   return g;
 }
 
 static lexec *checkexec(lua_State *L, int idx) {
-  lexec *e = luaL_checkudata(L, idx, EXEC_MT);
-  if (!e->e) luaL_argerror(L, idx, "closed executable graph");
+  lexec *e = cl_checkudata(L, idx, EXEC_MT);
+  if (!e->e) cl_argerror(L, idx, "closed executable graph");
   return e;
 }
 
 /* a node of graph g (at gidx) that is still alive */
 static lnode *checknode(lua_State *L, int idx, lgraph *g, const char *where) {
   lnode *n = luaL_testudata(L, idx, NODE_MT);
-  if (!n) luaL_error(L, "cudalua: %s: expected a graph node, got %s", where, luaL_typename(L, idx));
+  if (!n) cl_error(L, where, "expected a graph node, got %s", luaL_typename(L, idx));
   lgraph *owner = n->owner;   /* set by push_node; the node's user value 1 keeps it alive */
-  if (!owner || !owner->g || !n->n) luaL_error(L, "cudalua: %s: the node's graph is closed", where);
-  if (g && owner != g) luaL_error(L, "cudalua: %s: the node belongs to another graph", where);
+  if (!owner || !owner->g || !n->n) cl_error(L, where, "the node's graph is closed");
+  if (g && owner != g) cl_error(L, where, "the node belongs to another graph");
   return n;
 }
 
@@ -81,7 +81,7 @@ static CUgraphNode *deps_of(lua_State *L, int idx, lgraph *g, size_t *n, const c
                             CUgraphNode *small) {
   *n = 0;
   if (lua_isnoneornil(L, idx)) { lua_pushnil(L); return NULL; }
-  if (!lua_istable(L, idx)) luaL_error(L, "cudalua: %s: dependencies must be a list of nodes, got %s", where, luaL_typename(L, idx));
+  if (!lua_istable(L, idx)) cl_error(L, where, "dependencies must be a list of nodes, got %s", luaL_typename(L, idx));
   size_t k = lua_rawlen(L, idx);
   CUgraphNode *d = small;
   if (k <= SMALL_DEPS) lua_pushnil(L);
@@ -112,7 +112,7 @@ static void destroy_graph(lua_State *L, void *g, void *unused) {
 }
 
 static int graph_close(lua_State *L) {
-  lgraph *g = luaL_checkudata(L, 1, GRAPH_MT);
+  lgraph *g = cl_checkudata(L, 1, GRAPH_MT);
   if (g->g) {
     /* executable graphs made from it are independent of it; inside a host function (a
        collection there) the driver is not called */
@@ -125,7 +125,7 @@ static int graph_close(lua_State *L) {
 }
 
 static int graph_gc(lua_State *L) {
-  lgraph *g = luaL_checkudata(L, 1, GRAPH_MT);
+  lgraph *g = cl_checkudata(L, 1, GRAPH_MT);
   graph_close(L);
   free(g->recs);
   g->recs = NULL;
@@ -138,7 +138,7 @@ void cl_graph_add_hostrec(lua_State *L, int gidx, cl_hostrec *r) {
   if (g->nrecs == g->caprecs) {
     int cap = g->caprecs ? 2 * g->caprecs : 4;
     cl_hostrec **v = realloc(g->recs, sizeof *v * (size_t)cap);
-    if (!v) luaL_error(L, "cudalua: out of host memory");
+    if (!v) cl_error(L, NULL, "out of host memory");
     g->recs = v; g->caprecs = cap;
   }
   g->recs[g->nrecs++] = r;
@@ -157,7 +157,7 @@ void *cl_push_graph(lua_State *L, CUgraph h, CUcontext ctx) {
 
 /* cuda.graph() */
 static int l_graph(lua_State *L) {
-  if (!lua_isnone(L, 1)) return luaL_error(L, "cudalua: cuda.graph: takes no arguments, got %s", luaL_typename(L, 1));
+  if (!lua_isnone(L, 1)) return cl_error(L, "cuda.graph", "takes no arguments, got %s", luaL_typename(L, 1));
   CUcontext ctx = cl_ctx(L);
   CUgraph h;
   cl_check(L, CU(cuGraphCreate, &h, 0), "cuda.graph");
@@ -168,7 +168,7 @@ static int l_graph(lua_State *L) {
 /* pushes the elements of the args table onto the stack; returns their first index and count */
 static int push_args(lua_State *L, int idx, int *n) {
   if (lua_isnoneornil(L, idx)) { *n = 0; return lua_gettop(L) + 1; }
-  luaL_checktype(L, idx, LUA_TTABLE);
+  cl_checktype(L, idx, LUA_TTABLE);
   *n = (int)lua_rawlen(L, idx);
   luaL_checkstack(L, *n + 8, "too many kernel arguments");
   int first = lua_gettop(L) + 1;
@@ -199,7 +199,7 @@ static int g_kernel(lua_State *L) {
   cl_launch_parse(L, 3, &c, CL_CFG_GRAPH, "graph:kernel", "graph:kernel: ");
   memcpy(cfg.g, c.g, sizeof cfg.g); memcpy(cfg.b, c.b, sizeof cfg.b); cfg.shared = c.shared;
   if (k->ctx != g->ctx)
-    luaL_error(L, "cudalua: graph:kernel: the kernel is on device %d and the graph on device %d (get the "
+    cl_error(L, "graph:kernel", "the kernel is on device %d and the graph on device %d (get the "
                "kernel from its module with device %d selected)", cl_device_of(k->ctx), cl_device_of(g->ctx),
                cl_device_of(g->ctx));
   int nargs, first = push_args(L, 4, &nargs);
@@ -226,7 +226,7 @@ static int g_kernel(lua_State *L) {
   }
   if (r != CUDA_SUCCESS) {
     if (added) CU(cuGraphDestroyNode, h);   /* added, its attributes refused */
-    luaL_error(L, "cudalua: graph:kernel '%s': %s", cl_kernel_name(L, 2), cl_errname(r));
+    cl_error(L, NULL, "graph:kernel '%s': %s", cl_kernel_name(L, 2), cl_errname(r));
   }
   for (int i = 0; i < nargs; i++) keep(L, 1, GRAPH_KEEP, first + i);
   keep(L, 1, GRAPH_KEEP, 2);
@@ -242,7 +242,7 @@ static CUdeviceptr copy_addr(lua_State *L, cl_array *a, int idx, const char *whe
   if (a->kind == CL_HOST) {
     if (cl_nbytes(a) && a->mem->registered != CL_REGISTERED) {   /* tried again if it failed before */
       CUresult r = CU(cuMemHostRegister, a->mem->host, a->mem->bytes, CU_MEMHOSTREGISTER_PORTABLE);
-      if (r != CUDA_SUCCESS) luaL_error(L, "cudalua: %s: cannot page-lock host array %d (%s): use a pinned array for graph copies", where, idx, cl_errname(r));
+      if (r != CUDA_SUCCESS) cl_error(L, where, "cannot page-lock host array %d (%s): use a pinned array for graph copies", idx, cl_errname(r));
       a->mem->registered = CL_REGISTERED;
     }
     return (CUdeviceptr)(uintptr_t)cl_hostptr(a);
@@ -256,12 +256,12 @@ static void memcpy_params(lua_State *L, int didx, int sidx, CUDA_MEMCPY3D *p, co
   cl_mem_reach(L, d->mem, ctx, where);
   cl_mem_reach(L, s->mem, ctx, where);
   if (d->dtype != s->dtype)
-    luaL_error(L, "cudalua: %s: dtype mismatch (%s into %s)", where, cl_dtypes[s->dtype].name, cl_dtypes[d->dtype].name);
+    cl_error(L, where, "dtype mismatch (%s into %s)", cl_dtypes[s->dtype].name, cl_dtypes[d->dtype].name);
   if (d->size != s->size)
-    luaL_error(L, "cudalua: %s: size mismatch (%I elements into %I)", where, (lua_Integer)s->size, (lua_Integer)d->size);
-  if (d->readonly) luaL_error(L, "cudalua: %s: destination is read-only", where);
+    cl_error(L, where, "size mismatch (%I elements into %I)", (lua_Integer)s->size, (lua_Integer)d->size);
+  if (d->readonly) cl_error(L, where, "destination is read-only");
   size_t n = cl_nbytes(d);
-  if (n == 0) luaL_error(L, "cudalua: %s: empty arrays", where);
+  if (n == 0) cl_error(L, where, "empty arrays");
   memset(p, 0, sizeof *p);
   p->srcMemoryType = CU_MEMORYTYPE_UNIFIED;
   p->srcDevice = copy_addr(L, s, 2, where);
@@ -297,9 +297,9 @@ static int memset_params(lua_State *L, int didx, int vidx, CUDA_MEMSET_NODE_PARA
                          CUcontext ctx) {
   cl_array *d = cl_checkarray(L, didx);
   cl_mem_reach(L, d->mem, ctx, where);
-  if (d->kind == CL_HOST) luaL_error(L, "cudalua: %s: a pageable host array cannot be set by the GPU; use a pinned or device array", where);
-  if (d->readonly) luaL_error(L, "cudalua: %s: destination is read-only", where);
-  if (d->size == 0) luaL_error(L, "cudalua: %s: empty array", where);
+  if (d->kind == CL_HOST) cl_error(L, where, "a pageable host array cannot be set by the GPU; use a pinned or device array");
+  if (d->readonly) cl_error(L, where, "destination is read-only");
+  if (d->size == 0) cl_error(L, where, "empty array");
   char v[CL_MAXITEM];
   cl_tovalue(L, vidx, d->dtype, v, where, 0);
   int isz = cl_dtypes[d->dtype].size;
@@ -347,7 +347,7 @@ static int g_memset(lua_State *L) {
 /* g:host(fn, deps): fn runs when the graph reaches the node, as launch_host_func's do */
 static int g_host(lua_State *L) {
   lgraph *g = checkgraph(L, 1);
-  luaL_checktype(L, 2, LUA_TFUNCTION);
+  cl_checktype(L, 2, LUA_TFUNCTION);
   lua_settop(L, 3);
   size_t nd;
   CUgraphNode small[SMALL_DEPS];
@@ -419,9 +419,9 @@ static int g_empty(lua_State *L) {
 static int g_child(lua_State *L) {
   lgraph *g = checkgraph(L, 1);
   lgraph *c = checkgraph(L, 2);
-  if (c == g) return luaL_error(L, "cudalua: graph:child: a graph cannot contain itself");
+  if (c == g) return cl_error(L, "graph:child", "a graph cannot contain itself");
   if (c->ctx != g->ctx)
-    return luaL_error(L, "cudalua: graph:child: the graphs are on devices %d and %d", cl_device_of(c->ctx), cl_device_of(g->ctx));
+    return cl_error(L, "graph:child", "the graphs are on devices %d and %d", cl_device_of(c->ctx), cl_device_of(g->ctx));
   lua_settop(L, 3);
   size_t nd;
   CUgraphNode small[SMALL_DEPS];
@@ -519,7 +519,7 @@ static int g_add_dependency(lua_State *L) {
   lnode *b = checknode(L, 3, g, "graph:add_dependency");
   cl_use_ctx(L, g->ctx);
   if (reaches(L, b->n, a->n))
-    return luaL_error(L, "cudalua: graph:add_dependency: this would make a cycle (the %s node already depends on the %s node)",
+    return cl_error(L, "graph:add_dependency", "this would make a cycle (the %s node already depends on the %s node)",
                       node_kinds[a->kind], node_kinds[b->kind]);
   cl_check(L, CU(cuGraphAddDependencies, g->g, &a->n, &b->n, NULL, 1), "graph:add_dependency");
   return 0;
@@ -528,7 +528,7 @@ static int g_add_dependency(lua_State *L) {
 /* an executable graph arms the host nodes of the graph it was made or updated from */
 static void exec_take_recs(lua_State *L, lexec *e, const lgraph *g) {
   cl_hostrec **v = NULL;
-  if (g->nrecs && !(v = malloc(sizeof *v * (size_t)g->nrecs))) luaL_error(L, "cudalua: out of host memory");
+  if (g->nrecs && !(v = malloc(sizeof *v * (size_t)g->nrecs))) cl_error(L, NULL, "out of host memory");
   if (g->nrecs) memcpy(v, g->recs, sizeof *v * (size_t)g->nrecs);
   free(e->recs);
   e->recs = v;
@@ -561,19 +561,19 @@ static int g_node_count(lua_State *L) {
 /* g:dot(path): Graphviz of the graph */
 static int g_dot(lua_State *L) {
   lgraph *g = checkgraph(L, 1);
-  const char *path = luaL_checkstring(L, 2);
+  const char *path = cl_checklstring(L, 2, NULL);
   /* a path that cannot be written is said here, with the reason, not as a refused driver call */
   FILE *f = fopen(path, "w");
-  if (!f) return luaL_error(L, "cudalua: graph:dot: cannot write '%s' (%s)", path, strerror(errno));
+  if (!f) return cl_error(L, "graph:dot", "cannot write '%s' (%s)", path, strerror(errno));
   fclose(f);
   cl_use_ctx(L, g->ctx);
   CUresult r = CU(cuGraphDebugDotPrint, g->g, path, CU_GRAPH_DEBUG_DOT_FLAGS_VERBOSE);
-  if (r != CUDA_SUCCESS) return luaL_error(L, "cudalua: graph:dot: cannot write '%s' (%s)", path, cl_errname(r));
+  if (r != CUDA_SUCCESS) return cl_error(L, "graph:dot", "cannot write '%s' (%s)", path, cl_errname(r));
   return 0;
 }
 
 static int g_tostring(lua_State *L) {
-  lgraph *g = luaL_checkudata(L, 1, GRAPH_MT);
+  lgraph *g = cl_checkudata(L, 1, GRAPH_MT);
   size_t n = 0;
   if (!g->g) lua_pushliteral(L, "cudalua.graph<closed>");
   else if (CU(cuGraphGetNodes, g->g, NULL, &n) == CUDA_SUCCESS) lua_pushfstring(L, "cudalua.graph<%d nodes>", (int)n);
@@ -582,17 +582,17 @@ static int g_tostring(lua_State *L) {
 }
 
 static int n_tostring(lua_State *L) {
-  lnode *n = luaL_checkudata(L, 1, NODE_MT);
+  lnode *n = cl_checkudata(L, 1, NODE_MT);
   lua_pushfstring(L, "cudalua.graph_node<%s>", node_kinds[n->kind]);
   return 1;
 }
 
 static int n_index(lua_State *L) {
-  lnode *n = luaL_checkudata(L, 1, NODE_MT);
-  const char *k = luaL_checkstring(L, 2);
+  lnode *n = cl_checkudata(L, 1, NODE_MT);
+  const char *k = cl_checklstring(L, 2, NULL);
   if (!strcmp(k, "kind")) { lua_pushstring(L, node_kinds[n->kind]); return 1; }
   if (!strcmp(k, "graph")) { lua_getiuservalue(L, 1, 1); return 1; }
-  return luaL_error(L, "cudalua: graph nodes have no field '%s'", k);
+  return cl_error(L, NULL, "graph nodes have no field '%s'", k);
 }
 
 /* ---- executable graphs ---- */
@@ -612,7 +612,7 @@ static int e_launch(lua_State *L) {
   }
   /* host nodes launched into a capture would be armed here and never fire */
   if (cl_capturing && cl_capture_push_keep(L, s))
-    return luaL_error(L, "cudalua: graph_exec:launch: a graph with Lua host functions cannot be launched into a stream capture");
+    return cl_error(L, "graph_exec:launch", "a graph with Lua host functions cannot be launched into a stream capture");
   CL_BEFORE_ENQUEUE(L, "graph_exec:launch");   /* before this launch's own host nodes are armed */
   /* where the launch blocks, the host nodes run meanwhile (on the helper thread): the stream
      object stays on the stack and a close inside them is put off */
@@ -648,11 +648,11 @@ static lgraph *exec_graph(lua_State *L, int eidx) {
 static lnode *exec_node(lua_State *L, int kind, const char *where) {
   lnode *n = checknode(L, 2, NULL, where);
   if (n->owner != exec_graph(L, 1))
-    luaL_error(L, "cudalua: %s: the node is not from this executable graph's graph", where);
+    cl_error(L, where, "the node is not from this executable graph's graph");
   if (n->kind != kind && kind == N_KERNEL)
-    luaL_error(L, "cudalua: %s: a %s node has no arguments", where, node_kinds[n->kind]);
+    cl_error(L, where, "a %s node has no arguments", node_kinds[n->kind]);
   if (n->kind != kind)
-    luaL_error(L, "cudalua: %s: expected a %s node, got a %s node", where, node_kinds[kind], node_kinds[n->kind]);
+    cl_error(L, where, "expected a %s node, got a %s node", node_kinds[kind], node_kinds[n->kind]);
   return n;
 }
 
@@ -710,7 +710,7 @@ static int e_set_memset(lua_State *L) {
   CUDA_MEMSET_NODE_PARAMS p[CL_MAXITEM / 4];
   cl_use_ctx(L, e->ctx);
   if (memset_params(L, 3, 4, p, "graph_exec:set_memset", e->ctx) != 1 || n->parts != 1)
-    return luaL_error(L, "cudalua: graph_exec:set_memset: 8 and 16-byte elements are several memsets; build the graph again");
+    return cl_error(L, "graph_exec:set_memset", "8 and 16-byte elements are several memsets; build the graph again");
   cl_check(L, CU(cuGraphExecMemsetNodeSetParams, e->e, n->n, &p[0], e->ctx), "graph_exec:set_memset");
   keep(L, 1, EXEC_KEEP, 3);
   lua_settop(L, 1);
@@ -730,7 +730,7 @@ static int e_update(lua_State *L) {
       "kernel function changed", "parameters changed unsupportedly", "not supported",
       "unsupported function change", "attributes changed"};
     int w = (int)info.result;
-    return luaL_error(L, "cudalua: graph_exec:update: the driver cannot update this executable graph (%s): instantiate the graph again",
+    return cl_error(L, "graph_exec:update", "the driver cannot update this executable graph (%s): instantiate the graph again",
                       w >= 0 && w < (int)(sizeof why / sizeof why[0]) ? why[w] : "unknown reason");
   }
   cl_check(L, r, "graph_exec:update");
@@ -747,7 +747,7 @@ static void destroy_exec(lua_State *L, void *h, void *ctx) {
 }
 
 static int e_close(lua_State *L) {
-  lexec *e = luaL_checkudata(L, 1, EXEC_MT);
+  lexec *e = cl_checkudata(L, 1, EXEC_MT);
   if (e->e) {
     /* inside a host function the cudalua call it runs in may be launching this very graph */
     if (!(cl_must_defer(L) && cl_defer_call(L, 0, destroy_exec, e->e, e->ctx))) destroy_exec(L, e->e, e->ctx);
@@ -757,7 +757,7 @@ static int e_close(lua_State *L) {
 }
 
 static int e_gc(lua_State *L) {
-  lexec *e = luaL_checkudata(L, 1, EXEC_MT);
+  lexec *e = cl_checkudata(L, 1, EXEC_MT);
   e_close(L);
   free(e->recs);
   e->recs = NULL;
@@ -766,7 +766,7 @@ static int e_gc(lua_State *L) {
 }
 
 static int e_tostring(lua_State *L) {
-  lexec *e = luaL_checkudata(L, 1, EXEC_MT);
+  lexec *e = cl_checkudata(L, 1, EXEC_MT);
   lua_pushstring(L, e->e ? "cudalua.graph_exec" : "cudalua.graph_exec<closed>");
   return 1;
 }

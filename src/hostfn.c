@@ -225,7 +225,7 @@ static void release(lua_State *L, cl_hostq *q, cl_hostrec *r) {
 /* a new record for the function at fidx: its word's next two values are fire and release */
 static cl_hostrec *rec_new(lua_State *L, cl_hostq *q, int fidx, int oneshot, const char *where) {
   cl_hostrec *r = calloc(1, sizeof *r);
-  if (!r) luaL_error(L, "cudalua: out of host memory");
+  if (!r) cl_error(L, NULL, "out of host memory");
   CUresult res;
   int w = word_take(L, &res);
   if (w >= 0) {
@@ -241,7 +241,7 @@ static cl_hostrec *rec_new(lua_State *L, cl_hostq *q, int fidx, int oneshot, con
   if (w < 0) {
     free(r);
     if (npages == MAXPAGES)
-      luaL_error(L, "cudalua: %s: too many Lua host functions pending or in graphs (%d)", where, MAXPAGES * WPAGE);
+      cl_error(L, where, "too many Lua host functions pending or in graphs (%d)", MAXPAGES * WPAGE);
     cl_check(L, res, where);
   }
   r->q = q;
@@ -330,7 +330,7 @@ void cl_host_raise(lua_State *L) {
   lua_Integer n = (lua_Integer)lua_rawlen(L, -2);
   lua_newtable(L);
   lua_setfield(L, LUA_REGISTRYINDEX, "cudalua.hosterrors");
-  luaL_error(L, "cudalua: a Lua host function failed%s: %s",
+  cl_error(L, NULL, "a Lua host function failed%s: %s",
              n > 1 ? lua_pushfstring(L, " (and %I more)", n - 1) : "", luaL_tolstring(L, -1, NULL));
 }
 
@@ -531,7 +531,7 @@ void cl_flush_deferred(lua_State *L) {
 
 static cl_hostq *need_queue(lua_State *L) {
   cl_hostq *q = queue_of(L);
-  if (!q) luaL_error(L, "cudalua: this Lua state is closing");
+  if (!q) cl_error(L, NULL, "this Lua state is closing");
   return q;
 }
 
@@ -577,7 +577,7 @@ cl_hostrec *cl_hostrec_new(lua_State *L, int fidx, const char *where) {
 }
 
 cl_hostrec *cl_hostrec_of_box(lua_State *L, int idx) {
-  hostbox *b = luaL_checkudata(L, idx, HOSTBOX_MT);
+  hostbox *b = cl_checkudata(L, idx, HOSTBOX_MT);
   return b->r;
 }
 
@@ -751,7 +751,7 @@ void cl_open_hostfn(lua_State *L) {
   static const luaL_Reg box_meta[] = {{"__gc", box_gc}, {NULL, NULL}};
   cl_class_define(L, &(cl_class){HOSTBOX_MT, NULL, NULL, box_meta});
   cl_hostq *q = calloc(1, sizeof *q);
-  if (!q) luaL_error(L, "cudalua: out of host memory");
+  if (!q) cl_error(L, NULL, "out of host memory");
   pthread_mutex_init(&q->mu, NULL);
   pthread_cond_init(&q->cv, NULL);
   cl_hostq **pq = lua_newuserdatauv(L, sizeof *pq, 0);

@@ -35,22 +35,22 @@ static const char cache_key = 0;   /* registry: object -> its last view (weak ke
 static cl_array *foreign_view(lua_State *L, lua_Integer ptr, int dt, int ndim,
                               const int64_t *shape, int readonly, int owner) {
   size_t n = 1;
-  if (!cl_shape_mul(&n, ndim, shape)) luaL_error(L, "as_cuda_array: shape too large");
+  if (!cl_shape_mul(&n, ndim, shape)) cl_error(L, "cuda.as_cuda_array", "shape too large");
   size_t bytes = n * cl_dtypes[dt].size;
   CUcontext ctx = cl_ctx(L);
   int portable = 0;
   if (bytes) {
-    if (ptr == 0) luaL_error(L, "as_cuda_array: null data pointer for %I bytes", (lua_Integer)bytes);
+    if (ptr == 0) cl_error(L, "cuda.as_cuda_array", "null data pointer for %I bytes", (lua_Integer)bytes);
     CUdeviceptr start = 0;
     size_t range = 0;
     CUresult r = CU(cuPointerGetAttribute, &start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, (CUdeviceptr)ptr);
     if (r == CUDA_SUCCESS) r = CU(cuPointerGetAttribute, &range, CU_POINTER_ATTRIBUTE_RANGE_SIZE, (CUdeviceptr)ptr);
     if (r != CUDA_SUCCESS)
-      luaL_error(L, "as_cuda_array: %p is not memory the CUDA driver knows (%s): a device "
+      cl_error(L, "cuda.as_cuda_array", "%p is not memory the CUDA driver knows (%s): a device "
                  "pointer from cudaMalloc/cuMemAlloc or pinned host memory is needed",
                  (void *)(uintptr_t)ptr, cl_errname(r));
     if ((CUdeviceptr)ptr + bytes > start + range)
-      luaL_error(L, "as_cuda_array: the array needs %I bytes from %p but its allocation ends "
+      cl_error(L, "cuda.as_cuda_array", "the array needs %I bytes from %p but its allocation ends "
                  "%I bytes after it", (lua_Integer)bytes, (void *)(uintptr_t)ptr,
                  (lua_Integer)(start + range - (CUdeviceptr)ptr));
     /* device memory belongs to its device; pinned and managed memory every device reaches */
@@ -76,7 +76,7 @@ static cl_array *foreign_view(lua_State *L, lua_Integer ptr, int dt, int ndim,
 
 /* foreign_array(ptr, dtype, shape, readonly, owner): for the C embedding API */
 static int l_foreign_array(lua_State *L) {
-  lua_Integer ptr = luaL_checkinteger(L, 1);
+  lua_Integer ptr = cl_checkinteger(L, 1);
   int dt = cl_checkdtype(L, 2);
   int64_t shape[CL_MAXDIM];
   int ndim = cl_parse_shape(L, 3, shape, "as_cuda_array");
@@ -85,7 +85,7 @@ static int l_foreign_array(lua_State *L) {
 }
 
 static int fail(lua_State *L, const char *fmt, const char *arg) {
-  return luaL_error(L, "as_cuda_array: %s%s", lua_pushfstring(L, fmt, arg), "");
+  return cl_error(L, "cuda.as_cuda_array", "%s%s", lua_pushfstring(L, fmt, arg), "");
 }
 
 /* the metafield's name as a Lua string made once: the lookup of a long C string compares it whole */
@@ -144,11 +144,11 @@ static void cai_shape(lua_State *L, int cai, cai_desc *d) {
     for (int i = 0; i < ndim; i++) {   /* the slow way, for the message */
       lua_rawgeti(L, -1, i + 1);
       if (!lua_isinteger(L, -1))
-        luaL_error(L, "as_cuda_array: shape[%d] must be an integer, got %s", i + 1, luaL_tolstring(L, -1, NULL));
+        cl_error(L, "cuda.as_cuda_array", "shape[%d] must be an integer, got %s", i + 1, luaL_tolstring(L, -1, NULL));
       lua_pop(L, 1);
     }
   for (int i = 0; i < ndim; i++)
-    if (d->shape[i] < 0) luaL_error(L, "as_cuda_array: shape[%d] is negative (%I)", i + 1, (lua_Integer)d->shape[i]);
+    if (d->shape[i] < 0) cl_error(L, "cuda.as_cuda_array", "shape[%d] is negative (%I)", i + 1, (lua_Integer)d->shape[i]);
   d->sdim = d->ndim = ndim;
   if (ndim == 0) { d->ndim = 1; d->shape[0] = 1; }
 }
@@ -246,7 +246,7 @@ static int l_as_cuda_array(lua_State *L) {
 static int a_cai(lua_State *L) {
   cl_array *a = cl_checkarray(L, 1);
   if (a->kind == CL_HOST)
-    return luaL_error(L, "__cuda_array_interface: a pageable host array has no device address (use a pinned, mapped, managed or device array)");
+    return cl_error(L, "array.__cuda_array_interface", "a pageable host array has no device address (use a pinned, mapped, managed or device array)");
   lua_createtable(L, 0, 6);
   lua_createtable(L, 2, 0);
   lua_pushinteger(L, (lua_Integer)cl_devptr(a)); lua_rawseti(L, -2, 1);
@@ -279,7 +279,7 @@ static int a_cai(lua_State *L) {
 /* sync_stream_handle(h): waits for a stream known only by its handle (CUDA Array Interface:
    1 is the legacy stream, 2 the per-thread one) */
 static int l_sync_stream_handle(lua_State *L) {
-  cl_wait_cai_stream(L, luaL_checkinteger(L, 1), 0);
+  cl_wait_cai_stream(L, cl_checkinteger(L, 1), 0);
   return 0;
 }
 

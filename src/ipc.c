@@ -15,7 +15,7 @@ static int a_ipc_handle(lua_State *L) {
   cl_array *a = cl_checkarray(L, 1);
   cl_mem *m = a->mem;
   if (a->kind != CL_DEVICE || m->ipc != CL_IPC_EXPORTABLE)
-    return luaL_error(L, "cudalua: ipc_handle: %s", a->kind != CL_DEVICE ? "only device arrays can be shared"
+    return cl_error(L, "array:ipc_handle", "%s", a->kind != CL_DEVICE ? "only device arrays can be shared"
                       : m->ipc == CL_IPC_OPENED ? "this array was opened from another process's handle; share that handle"
                       : "this array's memory comes from the stream-ordered pool, which cannot be shared; "
                         "make it with cuda.device_array(shape, dtype, {ipc = true})");
@@ -43,7 +43,7 @@ static int a_ipc_handle(lua_State *L) {
    on); closed with <close> or by the collector once no queued work uses it */
 static int l_open_ipc_array(lua_State *L) {
   size_t n;
-  const char *s = luaL_checklstring(L, 1, &n);
+  const char *s = cl_checklstring(L, 1, &n);
   int64_t shape[CL_MAXDIM];
   int ndim = cl_parse_shape(L, 2, shape, "cuda.open_ipc_array");
   int dt = cl_checkdtype(L, 3);
@@ -54,18 +54,18 @@ static int l_open_ipc_array(lua_State *L) {
   if (n < tag + hexn + 4 || strncmp(s, TAG, tag) || !cl_hex_decode(s + tag, h.reserved, sizeof h.reserved) ||
       s[tag + hexn] != ':' || !(s[tag + hexn + 1] >= '0' && s[tag + hexn + 1] <= '9') ||
       sscanf(s + tag + hexn, ":%18lld:%18lld%c", &off, &bytes, &end) != 2 || off < 0 || bytes < 0)
-    return luaL_argerror(L, 1, "not a memory handle from array:ipc_handle()");
+    return cl_argerror(L, 1, "not a memory handle from array:ipc_handle()");
   size_t want = cl_dtypes[dt].size;
-  if (!cl_shape_mul(&want, ndim, shape)) return luaL_error(L, "cuda.open_ipc_array: shape too large");
+  if (!cl_shape_mul(&want, ndim, shape)) return cl_error(L, "cuda.open_ipc_array", "shape too large");
   if (want > (size_t)bytes)
-    return luaL_error(L, "cudalua: cuda.open_ipc_array: the shape and dtype need %I bytes, the handle covers %I",
+    return cl_error(L, "cuda.open_ipc_array", "the shape and dtype need %I bytes, the handle covers %I",
                       (lua_Integer)want, (lua_Integer)bytes);
   luaL_getsubtable(L, LUA_REGISTRYINDEX, EXPORTED);
   lua_pushlstring(L, (const char *)h.reserved, sizeof h.reserved);
   int mine = lua_rawget(L, -2) != LUA_TNIL;
   lua_pop(L, 2);
   if (mine)
-    return luaL_error(L, "cudalua: cuda.open_ipc_array: this process made the handle (a handle opens in "
+    return cl_error(L, "cuda.open_ipc_array", "this process made the handle (a handle opens in "
                       "another process, not the one that made it)");
   CUcontext ctx = cl_ctx(L);
   cl_array *a = cl_push_array(L, NULL, (size_t)off, CL_DEVICE, dt, ndim, shape);
@@ -74,7 +74,7 @@ static int l_open_ipc_array(lua_State *L) {
   if (r != CUDA_SUCCESS) {
     cl_mem_discard(m);
     if (r == CUDA_ERROR_INVALID_CONTEXT || r == CUDA_ERROR_INVALID_DEVICE)
-      return luaL_error(L, "cudalua: cuda.open_ipc_array: %s (a handle opens in another process, not the one "
+      return cl_error(L, "cuda.open_ipc_array", "%s (a handle opens in another process, not the one "
                         "that made it)", cl_errname(r));
     cl_check(L, r, "cuda.open_ipc_array");
   }
@@ -85,7 +85,7 @@ static int l_open_ipc_array(lua_State *L) {
   cl_check(L, CU(cuMemGetAddressRange, &base, &size, m->dptr), "cuda.open_ipc_array");
   m->bytes = size;
   if ((unsigned long long)off > size || want > size - (size_t)off || off % cl_dtypes[dt].size)
-    return luaL_error(L, "cudalua: cuda.open_ipc_array: the handle's view (offset %I, %I bytes) does not fit "
+    return cl_error(L, "cuda.open_ipc_array", "the handle's view (offset %I, %I bytes) does not fit "
                       "its allocation of %I bytes", (lua_Integer)off, (lua_Integer)want, (lua_Integer)size);
   return 1;
 }

@@ -82,7 +82,7 @@ cl_kernel *cl_kernel_new(lua_State *L, CUfunction fn, CUcontext ctx, int modidx,
 static size_t count_params(lua_State *L, cl_kernel *k, int infoidx, const char *sym,
                            lua_Integer known, char *codes, size_t *sizes) {
   if (!cu.cuFuncGetParamInfo)
-    luaL_error(L, "cudalua: kernel '%s': this driver cannot tell its parameters: give a "
+    cl_error(L, NULL, "kernel '%s': this driver cannot tell its parameters: give a "
                "signature, module:get(name, \"float*, int\")", sym);
   size_t nc, po, ps;
   int words = lua_getfield(L, infoidx, "types") == LUA_TTABLE;   /* the types, said in words for messages */
@@ -97,9 +97,9 @@ static size_t count_params(lua_State *L, cl_kernel *k, int infoidx, const char *
     lua_rawseti(L, -2, (int)nc + 1);
   }
   lua_pop(L, 1);
-  if (nc > CL_MAXPARAMS) luaL_error(L, "cudalua: kernel '%s' has more than %d parameters", sym, CL_MAXPARAMS);
+  if (nc > CL_MAXPARAMS) cl_error(L, NULL, "kernel '%s' has more than %d parameters", sym, CL_MAXPARAMS);
   if (known >= 0 && nc != (size_t)known)
-    luaL_error(L, "cudalua: kernel '%s': the driver reports %d parameters, the image %d", sym, (int)nc, (int)known);
+    cl_error(L, NULL, "kernel '%s': the driver reports %d parameters, the image %d", sym, (int)nc, (int)known);
   return nc;
 }
 
@@ -112,19 +112,19 @@ static void set_params(lua_State *L, cl_kernel *k, const char *sym, const char *
   for (int i = 0; i < (int)nc; i++) {
     size_t po = 0, ps = 0;   /* the offset comes with the size; launches need only the size */
     int r = param_row(codes[i]);
-    if (r < 0) luaL_error(L, "cudalua: kernel '%s': parameter %d has no type code '%c'", sym, i + 1, codes[i]);
+    if (r < 0) cl_error(L, NULL, "kernel '%s': parameter %d has no type code '%c'", sym, i + 1, codes[i]);
     k->ptype[i] = (unsigned char)r;
     int sz = cl_params[r].size;
     if (have_info) {
       if (sizes) ps = sizes[i];
       else if (CU(cuFuncGetParamInfo, k->fn, i, &po, &ps) != CUDA_SUCCESS)
-        luaL_error(L, "cudalua: kernel '%s': the driver reports fewer parameters than %d", sym, (int)nc);
+        cl_error(L, NULL, "kernel '%s': the driver reports fewer parameters than %d", sym, (int)nc);
       if (sz && (size_t)sz != ps)
-        luaL_error(L, "cudalua: kernel '%s': parameter %d is %d bytes, the driver says %d",
+        cl_error(L, NULL, "kernel '%s': parameter %d is %d bytes, the driver says %d",
                    sym, i + 1, sz, (int)ps);
       sz = (int)ps;
     } else if (!sz) {
-      luaL_error(L, "cudalua: kernel '%s': parameter %d is passed by value and this driver "
+      cl_error(L, NULL, "kernel '%s': parameter %d is passed by value and this driver "
                  "cannot tell its size", sym, i + 1);
     }
     k->psize[i] = (unsigned short)sz;
@@ -144,7 +144,7 @@ void cl_kernel_describe(lua_State *L, cl_kernel *k, int infoidx, const char *sym
   if (cu.cuFuncGetParamInfo && verify) {
     size_t po, ps;
     if (CU(cuFuncGetParamInfo, k->fn, (int)nc, &po, &ps) == CUDA_SUCCESS)
-      luaL_error(L, "cudalua: kernel '%s': the driver reports more parameters than %d", sym, (int)nc);
+      cl_error(L, NULL, "kernel '%s': the driver reports more parameters than %d", sym, (int)nc);
   }
   /* what launches check without a driver call: shared memory, the binary's architecture and
      compile-time cluster dimensions */
@@ -168,7 +168,7 @@ void cl_kernel_refresh(cl_kernel *k) {
 }
 
 cl_kernel *cl_checkkernel(lua_State *L, int idx) {
-  cl_kernel *k = luaL_checkudata(L, idx, CL_KERNEL);
+  cl_kernel *k = cl_checkudata(L, idx, CL_KERNEL);
   return k;
 }
 
@@ -237,7 +237,7 @@ static int not_writable(lua_State *L, const char *name, int unknown) {
     if (fattrs[j].kind == RW || fattrs[j].kind == RW_NEW) { luaL_addstring(&b, fattrs[j].n); luaL_addstring(&b, ", "); }
   luaL_addstring(&b, "cache_config");
   luaL_pushresult(&b);
-  return luaL_error(L, "cudalua: kernel:set_attribute: %s '%s' (writable: %s)",
+  return cl_error(L, "kernel:set_attribute", "%s '%s' (writable: %s)",
                     unknown ? "unknown attribute" : "read-only attribute", name, lua_tostring(L, -1));
 }
 
@@ -250,13 +250,13 @@ static int attribute_value(lua_State *L, const char *name) {
     if (lua_type(L, 3) == LUA_TBOOLEAN) return lua_toboolean(L, 3);
     x = lua_tointegerx(L, 3, &isint);
     if (!isint || (x != 0 && x != 1))
-      luaL_error(L, "cudalua: kernel:set_attribute('%s'): expected a boolean (or 0 or 1), got %s", name,
+      cl_error(L, NULL, "kernel:set_attribute('%s'): expected a boolean (or 0 or 1), got %s", name,
                  luaL_tolstring(L, 3, NULL));
     return (int)x;
   }
   x = lua_tointegerx(L, 3, &isint);
   if (!isint || x < -1 || x > 0x7fffffff)
-    luaL_error(L, "cudalua: kernel:set_attribute('%s'): expected an integer >= -1, got %s", name,
+    cl_error(L, NULL, "kernel:set_attribute('%s'): expected an integer >= -1, got %s", name,
                luaL_tolstring(L, 3, NULL));
   return (int)x;
 }
@@ -264,10 +264,10 @@ static int attribute_value(lua_State *L, const char *name) {
 /* k:set_attribute(name, value): the writable function attributes, and cache_config */
 static int k_set_attribute(lua_State *L) {
   cl_kernel *k = cl_checkkernel(L, 1);
-  const char *name = luaL_checkstring(L, 2);
+  const char *name = cl_checklstring(L, 2, NULL);
   cl_kernel_ctx(L, k);
   if (!strcmp(name, "cache_config")) {
-    int c = luaL_checkoption(L, 3, NULL, cache_configs);
+    int c = cl_checkoption(L, 3, NULL, cache_configs);
     cl_check(L, CU(cuFuncSetCacheConfig, k->fn, cache_values[c]), "kernel:set_attribute('cache_config')");
     k->cache_config = (unsigned char)c;
     __atomic_fetch_add(&cl_fattr_gen, 1, __ATOMIC_RELAXED);
@@ -296,7 +296,7 @@ void cl_kernel_shared(lua_State *L, cl_kernel *k, int kidx, unsigned shared) {
   if (CU0(cuCtxGetDevice, &dev) == CUDA_SUCCESS)
     CU0(cuDeviceGetAttribute, &optin, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, dev);
   if ((long long)shared + k->static_shared > optin)
-    luaL_error(L, "cudalua: kernel '%s': %d bytes of dynamic shared memory asked for; with its %d "
+    cl_error(L, NULL, "kernel '%s': %d bytes of dynamic shared memory asked for; with its %d "
                "bytes of static shared memory this device allows at most %d (its opt-in limit per block is %d)",
                cl_kernel_name(L, kidx), (int)shared, k->static_shared,
                optin > k->static_shared ? optin - k->static_shared : 0, optin);
@@ -307,7 +307,7 @@ void cl_kernel_shared(lua_State *L, cl_kernel *k, int kidx, unsigned shared) {
   if ((unsigned)now < shared) {
     CUresult r = CU(cuFuncSetAttribute, k->fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)shared);
     if (r != CUDA_SUCCESS)
-      luaL_error(L, "cudalua: kernel '%s': cannot opt in to %d bytes of dynamic shared memory: %s",
+      cl_error(L, NULL, "kernel '%s': cannot opt in to %d bytes of dynamic shared memory: %s",
                  cl_kernel_name(L, kidx), (int)shared, cl_errname(r));
     now = (int)shared;
   }
@@ -329,8 +329,8 @@ void cl_kernel_occupancy(lua_State *L, cl_kernel *k, size_t shared) {
 /* occupancy(k, shared) -> min grid size, block size */
 static int k_occupancy(lua_State *L) {
   cl_kernel *k = cl_checkkernel(L, 1);
-  lua_Integer shared = luaL_optinteger(L, 2, 0);
-  luaL_argcheck(L, shared >= 0 && shared <= 0x7fffffff, 2, "shared memory size must be >= 0");
+  lua_Integer shared = cl_optinteger(L, 2, 0);
+  cl_argcheck(L, shared >= 0 && shared <= 0x7fffffff, 2, "shared memory size must be >= 0");
   cl_kernel_shared(L, k, 1, (unsigned)shared);
   cl_kernel_occupancy(L, k, (size_t)shared);
   lua_pushinteger(L, k->occ_grid);
@@ -341,9 +341,9 @@ static int k_occupancy(lua_State *L) {
 /* k:max_blocks_per_sm(block [, shared]) */
 static int k_max_blocks(lua_State *L) {
   cl_kernel *k = cl_checkkernel(L, 1);
-  lua_Integer b = luaL_checkinteger(L, 2);
+  lua_Integer b = cl_checkinteger(L, 2);
   unsigned shared = cl_launch_shared(L, 3);
-  luaL_argcheck(L, b >= 1 && b <= 1024, 2, "block size must be 1..1024");
+  cl_argcheck(L, b >= 1 && b <= 1024, 2, "block size must be 1..1024");
   int nb = 0;
   cl_kernel_shared(L, k, 1, shared);
   cl_kernel_ctx(L, k);
@@ -367,7 +367,7 @@ static int k_handle(lua_State *L) {
 }
 
 static int k_tostring(lua_State *L) {
-  luaL_checkudata(L, 1, CL_KERNEL);
+  cl_checkudata(L, 1, CL_KERNEL);
   lua_pushfstring(L, "cudalua.kernel<%s>", cl_kernel_name(L, 1));
   return 1;
 }
@@ -375,8 +375,8 @@ static int k_tostring(lua_State *L) {
 /* k(...) without a configuration */
 static int k_call(lua_State *L) {
   if (!luaL_testudata(L, 1, CL_KERNEL))
-    return luaL_error(L, "cudalua: kernel call: expected a kernel, got %s", luaL_typename(L, 1));
-  return luaL_error(L, "cudalua: kernel '%s' needs a launch configuration: k[{grid, block}](...)",
+    return cl_error(L, NULL, "kernel call: expected a kernel, got %s", luaL_typename(L, 1));
+  return cl_error(L, NULL, "kernel '%s' needs a launch configuration: k[{grid, block}](...)",
                     cl_kernel_name(L, 1));
 }
 
@@ -390,7 +390,7 @@ int cl_kernel_index(lua_State *L) {
     cl_kernel_name(L, 1);
     return 1;
   }
-  return luaL_error(L, "cudalua: kernels have no field '%s' (launch with k[{grid, block}](...))",
+  return cl_error(L, NULL, "kernels have no field '%s' (launch with k[{grid, block}](...))",
                     luaL_tolstring(L, 2, NULL));
 }
 

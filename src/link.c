@@ -20,21 +20,21 @@ static void push_log(lua_State *L, nvJitLinkHandle h, int error) {
 /* jitlink({{data, name}, ...}, {options}, want_ptx) -> cubin, info log, ptx or nil
                                                       | nil, error log, result name */
 static int l_jitlink(lua_State *L) {
-  luaL_checktype(L, 1, LUA_TTABLE);
-  luaL_checktype(L, 2, LUA_TTABLE);
+  cl_checktype(L, 1, LUA_TTABLE);
+  cl_checktype(L, 2, LUA_TTABLE);
   int want_ptx = lua_toboolean(L, 3);
-  if (!cl_lib_load(&cl_nvjitlink)) return luaL_error(L, "%s", cl_nvjitlink.err);
+  if (!cl_lib_load(&cl_nvjitlink)) return cl_error(L, NULL, "%s", cl_unprefixed(cl_nvjitlink.err));
   int nopt = (int)lua_rawlen(L, 2), nin = (int)lua_rawlen(L, 1);
-  if (nin == 0) return luaL_error(L, "cuda.link: nothing to link");
+  if (nin == 0) return cl_error(L, "cuda.link", "nothing to link");
   const char **opts = lua_newuserdatauv(L, sizeof(char *) * (nopt + 1), 0);
   for (int i = 0; i < nopt; i++) {
-    if (lua_rawgeti(L, 2, i + 1) != LUA_TSTRING) return luaL_error(L, "cuda.link: option %d is not a string", i + 1);
+    if (lua_rawgeti(L, 2, i + 1) != LUA_TSTRING) return cl_error(L, "cuda.link", "option %d is not a string", i + 1);
     opts[i] = lua_tostring(L, -1);
     lua_pop(L, 1);   /* the string stays referenced by the options table */
   }
   for (int i = 0; i < nin; i++) {   /* checked before the handle exists: nothing to free on error */
     if (lua_rawgeti(L, 1, i + 1) != LUA_TTABLE || lua_rawgeti(L, -1, 1) != LUA_TSTRING)
-      return luaL_error(L, "cuda.link: input %d is not {bytes, name}", i + 1);
+      return cl_error(L, "cuda.link", "input %d is not {bytes, name}", i + 1);
     lua_pop(L, 2);
   }
   nvJitLinkHandle h = NULL;

@@ -50,8 +50,8 @@ int cl_mem_reachable(const cl_mem *m, CUcontext ctx) {
 void cl_mem_reach(lua_State *L, cl_mem *m, CUcontext ctx, const char *where) {
   if (cl_mem_reachable(m, ctx)) return;
   int a = cl_device_of(ctx), b = cl_device_of(m->ctx);
-  luaL_error(L, "cudalua: %s: the array is on device %d and the work on device %d "
-             "(cuda.enable_peer_access(%d, %d) lets device %d use device %d's memory)", where, b, a, a, b, a, b);
+  cl_error(L, where, "the array is on device %d and the work on device %d "
+             "(cuda.enable_peer_access(%d, %d) lets device %d use device %d's memory)", b, a, a, b, a, b);
 }
 
 /* waits until no queued work uses m, in the context that queued it; returns a CUDA status,
@@ -269,7 +269,7 @@ static int l_block_cache(lua_State *L) {
     int isint;
     lua_Integer v = lua_tointegerx(L, 1, &isint);
     if (!isint || v < 0)
-      return luaL_error(L, "cuda.block_cache: max_bytes must be an integer >= 0, got %s", luaL_tolstring(L, 1, NULL));
+      return cl_error(L, "cuda.block_cache", "max_bytes must be an integer >= 0, got %s", luaL_tolstring(L, 1, NULL));
     pthread_mutex_lock(&cache_mu);
     cache_limit = (size_t)v;
     pthread_mutex_unlock(&cache_mu);
@@ -364,7 +364,7 @@ static void mem_free(cl_mem *m) {
 /* every block's record, cl_mem_new's and those of memory made elsewhere (interop.c, ipc.c) */
 cl_mem *cl_mem_record(lua_State *L, int kind, size_t bytes, CUcontext ctx) {
   cl_mem *m = mem_alloc();
-  if (!m) luaL_error(L, "cudalua: out of host memory");
+  if (!m) cl_error(L, NULL, "out of host memory");
   m->refs = 1; m->kind = kind; m->bytes = bytes; m->ctx = ctx;
   return m;
 }
@@ -391,7 +391,7 @@ cl_mem *cl_mem_new(lua_State *L, int kind, size_t bytes, cl_stream *s, int flags
     }
     if (!m->host) {
       mem_free(m);
-      luaL_error(L, "cudalua: out of host memory (%I bytes)", (lua_Integer)bytes);
+      cl_error(L, NULL, "out of host memory (%I bytes)", (lua_Integer)bytes);
     }
     return m;
   }

@@ -17,7 +17,7 @@ static void unload(lua_State *L, void *mod, void *ctx) {
 }
 
 static int m_close(lua_State *L) {
-  lmodule *m = luaL_checkudata(L, 1, MODULE_MT);
+  lmodule *m = cl_checkudata(L, 1, MODULE_MT);
   /* kernels keep their module alive through their user value, so this runs only when no
      kernel of it can be launched again; queued launches still finish after unload */
   if (!m->m) return 0;
@@ -31,7 +31,7 @@ static int m_close(lua_State *L) {
    this device. PTX is compiled by the driver: its log is in the message when that fails. */
 static int l_module_load(lua_State *L) {
   size_t n;
-  const char *img = luaL_checklstring(L, 1, &n);
+  const char *img = cl_checklstring(L, 1, &n);
   const char *hint = luaL_optstring(L, 2, "compile for this device's architecture (leave arch unset)");
   lmodule *m = lua_newuserdatauv(L, sizeof *m, 0);
   m->m = NULL;
@@ -47,17 +47,17 @@ static int l_module_load(lua_State *L) {
   log[sizeof log - 1] = 0;
   if (r == CUDA_ERROR_INVALID_IMAGE || r == CUDA_ERROR_NO_BINARY_FOR_GPU ||
       r == CUDA_ERROR_UNSUPPORTED_PTX_VERSION || r == CUDA_ERROR_INVALID_PTX)
-    return luaL_error(L, "cudalua: cannot load the module on this device (%s): %s%s%s", cl_errname(r),
+    return cl_error(L, NULL, "cannot load the module on this device (%s): %s%s%s", cl_errname(r),
                       hint, *log ? "\n" : "", log);
-  if (r != CUDA_SUCCESS && *log) return luaL_error(L, "cudalua: loading a module: %s\n%s", cl_errname(r), log);
+  if (r != CUDA_SUCCESS && *log) return cl_error(L, NULL, "loading a module: %s\n%s", cl_errname(r), log);
   cl_check(L, r, "loading a module");
   return 1;
 }
 
 /* module_functions(module) -> {names of its kernels} | nil when the driver cannot list them */
 static int l_module_functions(lua_State *L) {
-  lmodule *m = luaL_checkudata(L, 1, MODULE_MT);
-  if (!m->m) return luaL_error(L, "cudalua: module is closed");
+  lmodule *m = cl_checkudata(L, 1, MODULE_MT);
+  if (!m->m) return cl_error(L, NULL, "module is closed");
   unsigned n = 0;
   if (!cu.cuModuleGetFunctionCount || !cu.cuModuleEnumerateFunctions || !cu.cuFuncGetName) return 0;
   cl_use_ctx(L, m->ctx);
@@ -82,20 +82,20 @@ static int l_module_functions(lua_State *L) {
    count the image gives, checked already. Asking past the last parameter fails, and checkers
    such as compute-sanitizer report every failed call: it is the last resort */
 static int l_module_kernel(lua_State *L) {
-  lmodule *m = luaL_checkudata(L, 1, MODULE_MT);
-  const char *sym = luaL_checkstring(L, 2);
+  lmodule *m = cl_checkudata(L, 1, MODULE_MT);
+  const char *sym = cl_checklstring(L, 2, NULL);
   size_t nc = 0;
-  const char *codes = luaL_optlstring(L, 3, NULL, &nc);
-  luaL_checktype(L, 4, LUA_TTABLE);
+  const char *codes = cl_optlstring(L, 3, NULL, &nc);
+  cl_checktype(L, 4, LUA_TTABLE);
   lua_Integer known = lua_isinteger(L, 5) ? lua_tointeger(L, 5) : -1;   /* the image's count */
   int verify = known < 0 && lua_toboolean(L, 5);
-  if (known > CL_MAXPARAMS) return luaL_error(L, "cudalua: kernel '%s' has more than %d parameters", sym, CL_MAXPARAMS);
-  if (!m->m) return luaL_error(L, "cudalua: module is closed");
-  if (nc > CL_MAXPARAMS) return luaL_error(L, "cudalua: kernel '%s' has more than %d parameters", sym, CL_MAXPARAMS);
+  if (known > CL_MAXPARAMS) return cl_error(L, NULL, "kernel '%s' has more than %d parameters", sym, CL_MAXPARAMS);
+  if (!m->m) return cl_error(L, NULL, "module is closed");
+  if (nc > CL_MAXPARAMS) return cl_error(L, NULL, "kernel '%s' has more than %d parameters", sym, CL_MAXPARAMS);
   cl_use_ctx(L, m->ctx);
   CUfunction fn;
   CUresult r = CU(cuModuleGetFunction, &fn, m->m, sym);
-  if (r == CUDA_ERROR_NOT_FOUND) return luaL_error(L, "cudalua: no kernel '%s' in the module", sym);
+  if (r == CUDA_ERROR_NOT_FOUND) return cl_error(L, NULL, "no kernel '%s' in the module", sym);
   cl_check(L, r, "cuModuleGetFunction");
   cl_kernel *k = cl_kernel_new(L, fn, m->ctx, 1, 4);   /* keeps the module and the info */
   cl_kernel_describe(L, k, 4, sym, codes, nc, known, verify);

@@ -64,7 +64,7 @@ static cl_lib nccl = {
   .lock = PTHREAD_MUTEX_INITIALIZER};
 
 static void need(lua_State *L) {
-  if (!cl_lib_load(&nccl)) luaL_error(L, "%s", nccl.err);
+  if (!cl_lib_load(&nccl)) cl_error(L, NULL, "%s", cl_unprefixed(nccl.err));
 }
 
 #define COMM_MT "cudalua.nccl_comm"
@@ -105,17 +105,17 @@ static void release_group(lua_State *L) {
   lua_pop(L, 1);
 }
 
-/* raises "cudalua.nccl: what: ncclX (text): NCCL's last warning" */
+/* raises "cudalua: what: ncclX (text): NCCL's last warning" */
 static void check(lua_State *L, ncclResult_t r, ncclComm_t c, const char *what) {
   if (r == 0) return;
   const char *last = c && nc.ncclGetLastError ? nc.ncclGetLastError(c) : NULL;
-  luaL_error(L, "cudalua.nccl: %s: %s (%s)%s%s", what, cl_result_name(&nccl, r), nc.ncclGetErrorString(r),
+  cl_error(L, what, "%s (%s)%s%s", cl_result_name(&nccl, r), nc.ncclGetErrorString(r),
              last && *last ? ": " : "", last && *last ? last : "");
 }
 
 static lcomm *checkcomm(lua_State *L, int idx) {
-  lcomm *c = luaL_checkudata(L, idx, COMM_MT);
-  if (!c->c) luaL_argerror(L, idx, "closed communicator");
+  lcomm *c = cl_checkudata(L, idx, COMM_MT);
+  if (!c->c) cl_argerror(L, idx, "closed communicator");
   return c;
 }
 
@@ -141,7 +141,7 @@ static int l_available(lua_State *L) {
 static int l_version(lua_State *L) {
   need(L);
   int v = 0;
-  check(L, nc.ncclGetVersion(&v), NULL, "version");
+  check(L, nc.ncclGetVersion(&v), NULL, "nccl.version");
   lua_pushinteger(L, v);
   return 1;
 }
@@ -150,7 +150,7 @@ static int l_version(lua_State *L) {
 static int l_unique_id(lua_State *L) {
   need(L);
   ncclUniqueId id;
-  check(L, nc.ncclGetUniqueId(&id), NULL, "unique_id");
+  check(L, nc.ncclGetUniqueId(&id), NULL, "nccl.unique_id");
   luaL_Buffer b;
   luaL_buffinit(L, &b);
   cl_add_hex(&b, id.internal, sizeof id.internal);
@@ -163,20 +163,22 @@ static void fill_info(lcomm *c, int rank, int size, int dev) { c->rank = rank; c
 /* comm_init_rank(nranks, id, rank) -> a communicator on the selected device (blocks until every
    rank has joined) */
 static int l_comm_init_rank(lua_State *L) {
-  lua_Integer n = luaL_checkinteger(L, 1);
+  static const char *const where = "nccl.comm_init_rank";   /* a tail call from nccl.lua */
+  int isint;
+  lua_Integer n = lua_tointegerx(L, 1, &isint);
+  if (!isint || n < 1 || n > 1 << 20) return cl_error(L, where, "argument 1: nranks must be >= 1");
   size_t len;
-  const char *hex = luaL_checklstring(L, 2, &len);
-  lua_Integer rank = luaL_checkinteger(L, 3);
-  luaL_argcheck(L, n >= 1 && n <= 1 << 20, 1, "nranks must be >= 1");
-  luaL_argcheck(L, rank >= 0 && rank < n, 3, lua_pushfstring(L, "rank must be 0..%d", (int)n - 1));
+  const char *hex = lua_tolstring(L, 2, &len);
+  lua_Integer rank = lua_tointegerx(L, 3, &isint);
+  if (!isint || rank < 0 || rank >= n) return cl_error(L, where, "argument 3: rank must be 0..%d", (int)n - 1);
   ncclUniqueId id;
-  if (len != 2 * sizeof id.internal || !cl_hex_decode(hex, id.internal, sizeof id.internal))
-    return luaL_argerror(L, 2, "not an id from nccl.unique_id() (256 hex characters)");
+  if (!hex || len != 2 * sizeof id.internal || !cl_hex_decode(hex, id.internal, sizeof id.internal))
+    return cl_error(L, where, "argument 2: not an id from nccl.unique_id() (256 hex characters)");
   need(L);
   CUcontext ctx = cl_ctx(L);
   ncclComm_t h = NULL;
   lcomm *c = push_comm(L, NULL, ctx);
-  check(L, nc.ncclCommInitRank(&h, (int)n, id, (int)rank), NULL, "comm_init_rank");
+  check(L, nc.ncclCommInitRank(&h, (int)n, id, (int)rank), NULL, "nccl.comm_init_rank");
   c->c = h;
   fill_info(c, (int)rank, (int)n, cl_current_device());
   return 1;
@@ -185,21 +187,21 @@ static int l_comm_init_rank(lua_State *L) {
 /* comm_init_all({devices}) -> {communicators}, one per device, ranks in that order; their
    collectives go inside nccl.group (one thread drives them all) */
 static int l_comm_init_all(lua_State *L) {
-  luaL_checktype(L, 1, LUA_TTABLE);
+  cl_checktype(L, 1, LUA_TTABLE);
   int n = (int)lua_rawlen(L, 1);
-  if (n < 1 || n > 64) return luaL_error(L, "nccl.comm_init_all: expected a list of 1 to 64 device ids, got %d", (int)n);
+  if (n < 1 || n > 64) return cl_error(L, "nccl.comm_init_all", "expected a list of 1 to 64 device ids, got %d", (int)n);
   int devs[64];
   for (int i = 0; i < n; i++) {
     lua_rawgeti(L, 1, i + 1);
     int isint;
     lua_Integer d = lua_tointegerx(L, -1, &isint);
     if (!isint || d < 0 || d >= cl_ndevices())
-      return luaL_error(L, "cudalua.nccl: comm_init_all: device %s is not one of this machine's (0..%d)",
+      return cl_error(L, "nccl.comm_init_all", "device %s is not one of this machine's (0..%d)",
                         luaL_tolstring(L, -1, NULL), cl_ndevices() - 1);
     devs[i] = (int)d;
     lua_pop(L, 1);
     for (int j = 0; j < i; j++)
-      if (devs[j] == devs[i]) return luaL_error(L, "cudalua.nccl: comm_init_all: device %d given twice", devs[i]);
+      if (devs[j] == devs[i]) return cl_error(L, "nccl.comm_init_all", "device %d given twice", devs[i]);
   }
   need(L);
   ncclComm_t h[64] = {0};
@@ -216,7 +218,7 @@ static int l_comm_init_all(lua_State *L) {
   CU0(cuCtxGetCurrent, &cur);
   ncclResult_t r = nc.ncclCommInitAll(h, n, devs);
   CU0(cuCtxSetCurrent, cur);
-  check(L, r, NULL, "comm_init_all");
+  check(L, r, NULL, "nccl.comm_init_all");
   for (int i = 0; i < n; i++) {
     lua_rawgeti(L, list, i + 1);
     lcomm *c = lua_touserdata(L, -1);
@@ -231,17 +233,17 @@ static int l_comm_init_all(lua_State *L) {
 /* group(fn, ...) -> fn's results: fn's collectives queued as one group; the group ends when
    fn raises too, and the error is raised after */
 static int l_group(lua_State *L) {
-  if (lua_type(L, 1) != LUA_TFUNCTION) return luaL_error(L, "nccl.group: expected a function, got %s", luaL_typename(L, 1));
+  if (lua_type(L, 1) != LUA_TFUNCTION) return cl_error(L, "nccl.group", "expected a function, got %s", luaL_typename(L, 1));
   need(L);
   int base = lua_gettop(L) - 1;   /* below fn */
-  check(L, nc.ncclGroupStart(), NULL, "group");
+  check(L, nc.ncclGroupStart(), NULL, "nccl.group");
   group_depth++;
   int st = lua_pcall(L, base, LUA_MULTRET, 0);
   group_depth--;
   ncclResult_t r = CL_PARKED(L, CL_PARK_ENQUEUE, nc.ncclGroupEnd());
   if (group_depth == 0) release_group(L);
   if (st != LUA_OK) return lua_error(L);
-  check(L, r, NULL, "group");
+  check(L, r, NULL, "nccl.group");
   return lua_gettop(L);
 }
 
@@ -261,24 +263,24 @@ static int nccl_type(lua_State *L, int dt, const char *where) {
     case CL_F32: return NCCL_FLOAT32;
     case CL_F64: return NCCL_FLOAT64;
   }
-  return luaL_error(L, "cudalua.nccl: %s: NCCL has no %s (int8, uint8, int32, uint32, int64, uint64, "
-                    "float16, bfloat16, float32, float64)", where, cl_dtypes[dt].name);
+  return cl_error(L, where, "NCCL has no %s (int8, uint8, int32, uint32, int64, uint64, "
+                    "float16, bfloat16, float32, float64)", cl_dtypes[dt].name);
 }
 
 /* the array at idx, device memory the communicator's device reaches */
 static cl_array *buffer(lua_State *L, lcomm *c, int idx, const char *where) {
   cl_array *a = cl_checkarray(L, idx);
   if (a->kind == CL_HOST || a->kind == CL_PINNED || a->kind == CL_MAPPED)
-    luaL_error(L, "cudalua.nccl: %s: NCCL works on device memory, got a %s", where, cl_kind_names[a->kind]);
+    cl_error(L, where, "NCCL works on device memory, got a %s", cl_kind_names[a->kind]);
   if (!cl_mem_reachable(a->mem, c->ctx))
-    luaL_error(L, "cudalua.nccl: %s: the array is on device %d and the communicator on device %d", where,
+    cl_error(L, where, "the array is on device %d and the communicator on device %d",
                cl_device_of(a->mem->ctx), c->dev);
   return a;
 }
 
 static int op_of(lua_State *L, int idx) {
   static const char *const ops[] = {"sum", "prod", "max", "min", "avg", NULL};
-  return luaL_checkoption(L, idx, "sum", ops);
+  return cl_checkoption(L, idx, "sum", ops);
 }
 
 /* what every collective does before it is queued: the context, the stream, the group rule */
@@ -286,8 +288,8 @@ static CUstream prepare(lua_State *L, lcomm *c, int sidx, cl_stream **ps, const 
   cl_stream *s = cl_tostream(L, sidx, where);
   cl_stream_check(L, s, c->ctx, where, "communicator");
   if (c->in_set && group_depth == 0)
-    luaL_error(L, "cudalua.nccl: %s: this communicator is one of several this process drives "
-               "(comm_init_all): queue their collectives inside nccl.group(function() ... end)", where);
+    cl_error(L, where, "this communicator is one of several this process drives "
+               "(comm_init_all): queue their collectives inside nccl.group(function() ... end)");
   keep_in_group(L, 2, 3);
   CL_BEFORE_ENQUEUE(L, where);
   *ps = s;   /* NCCL selects the communicator's device itself */
@@ -298,9 +300,9 @@ static void used(cl_array *a, cl_stream *s, lcomm *c) { if (a) cl_mem_use(a->mem
 
 static void same(lua_State *L, cl_array *a, cl_array *b, size_t factor_b, size_t factor_a, const char *where) {
   if (a->dtype != b->dtype)
-    luaL_error(L, "cudalua.nccl: %s: dtype mismatch (%s and %s)", where, cl_dtypes[a->dtype].name, cl_dtypes[b->dtype].name);
+    cl_error(L, where, "dtype mismatch (%s and %s)", cl_dtypes[a->dtype].name, cl_dtypes[b->dtype].name);
   if (a->size * factor_a != b->size * factor_b)
-    luaL_error(L, "cudalua.nccl: %s: the receiving array needs %I elements, it has %I", where,
+    cl_error(L, where, "the receiving array needs %I elements, it has %I",
                (lua_Integer)(a->size * factor_a / factor_b), (lua_Integer)b->size);
 }
 
@@ -308,7 +310,7 @@ static void same(lua_State *L, cl_array *a, cl_array *b, size_t factor_b, size_t
    [, stream]]): with scatter, rank i gets block i of the reduction */
 static int reduction(lua_State *L, int scatter) {
   lcomm *c = checkcomm(L, 1);
-  const char *w = scatter ? "reduce_scatter" : "all_reduce";
+  const char *w = scatter ? "comm:reduce_scatter" : "comm:all_reduce";
   cl_array *s = buffer(L, c, 2, w), *r = buffer(L, c, 3, w);
   same(L, s, r, scatter ? (size_t)c->size : 1, 1, w);
   int op = op_of(L, 4), t = nccl_type(L, s->dtype, w);
@@ -326,11 +328,11 @@ static int c_reduce_scatter(lua_State *L) { return reduction(L, 1); }
 /* comm:broadcast(send, recv, root [, stream]): send matters on root only */
 static int c_broadcast(lua_State *L) {
   lcomm *c = checkcomm(L, 1);
-  const char *w = "broadcast";
+  const char *w = "comm:broadcast";
   cl_array *s = buffer(L, c, 2, w), *r = buffer(L, c, 3, w);
   same(L, s, r, 1, 1, w);
-  lua_Integer root = luaL_checkinteger(L, 4);
-  luaL_argcheck(L, root >= 0 && root < c->size, 4, lua_pushfstring(L, "root must be 0..%d", c->size - 1));
+  lua_Integer root = cl_checkinteger(L, 4);
+  cl_argcheck(L, root >= 0 && root < c->size, 4, lua_pushfstring(L, "root must be 0..%d", c->size - 1));
   int t = nccl_type(L, s->dtype, w);
   cl_stream *st;
   CUstream h = prepare(L, c, 5, &st, w);
@@ -342,11 +344,11 @@ static int c_broadcast(lua_State *L) {
 /* comm:reduce(send, recv, op, root [, stream]): recv matters on root only (nil elsewhere) */
 static int c_reduce(lua_State *L) {
   lcomm *c = checkcomm(L, 1);
-  const char *w = "reduce";
+  const char *w = "comm:reduce";
   cl_array *s = buffer(L, c, 2, w), *r = NULL;
   int op = op_of(L, 4);
-  lua_Integer root = luaL_checkinteger(L, 5);
-  luaL_argcheck(L, root >= 0 && root < c->size, 5, lua_pushfstring(L, "root must be 0..%d", c->size - 1));
+  lua_Integer root = cl_checkinteger(L, 5);
+  cl_argcheck(L, root >= 0 && root < c->size, 5, lua_pushfstring(L, "root must be 0..%d", c->size - 1));
   if (!lua_isnil(L, 3) || root == c->rank) { r = buffer(L, c, 3, w); same(L, s, r, 1, 1, w); }
   int t = nccl_type(L, s->dtype, w);
   cl_stream *st;
@@ -359,7 +361,7 @@ static int c_reduce(lua_State *L) {
 /* comm:all_gather(send, recv [, stream]): recv holds every rank's send, in rank order */
 static int c_all_gather(lua_State *L) {
   lcomm *c = checkcomm(L, 1);
-  const char *w = "all_gather";
+  const char *w = "comm:all_gather";
   cl_array *s = buffer(L, c, 2, w), *r = buffer(L, c, 3, w);
   same(L, s, r, 1, (size_t)c->size, w);
   int t = nccl_type(L, s->dtype, w);
@@ -374,10 +376,10 @@ static int c_all_gather(lua_State *L) {
 /* comm:send(buf, peer [, stream]) and comm:recv(buf, peer [, stream]) */
 static int point(lua_State *L, int recv) {
   lcomm *c = checkcomm(L, 1);
-  const char *w = recv ? "recv" : "send";
+  const char *w = recv ? "comm:recv" : "comm:send";
   cl_array *a = buffer(L, c, 2, w);
-  lua_Integer peer = luaL_checkinteger(L, 3);
-  luaL_argcheck(L, peer >= 0 && peer < c->size, 3, lua_pushfstring(L, "peer must be 0..%d", c->size - 1));
+  lua_Integer peer = cl_checkinteger(L, 3);
+  cl_argcheck(L, peer >= 0 && peer < c->size, 3, lua_pushfstring(L, "peer must be 0..%d", c->size - 1));
   int t = nccl_type(L, a->dtype, w);
   cl_stream *st;
   CUstream h = prepare(L, c, 4, &st, w);
@@ -399,7 +401,7 @@ static int c_handle(lua_State *L) { lua_pushinteger(L, (lua_Integer)(uintptr_t)c
 static int c_async_error(lua_State *L) {
   lcomm *c = checkcomm(L, 1);
   ncclResult_t e = 0;
-  check(L, nc.ncclCommGetAsyncError(c->c, &e), c->c, "async_error");
+  check(L, nc.ncclCommGetAsyncError(c->c, &e), c->c, "comm:async_error");
   if (!e) return 0;
   lua_pushfstring(L, "%s (%s)", cl_result_name(&nccl, e), nc.ncclGetErrorString(e));
   return 1;
@@ -444,7 +446,7 @@ static void close_later(lua_State *L, cl_deferred *d) {
 
 /* comm:close(): a communicator of comm_init_all closes with all the others of its list */
 static int c_close(lua_State *L) {
-  lcomm *c = luaL_checkudata(L, 1, COMM_MT);
+  lcomm *c = cl_checkudata(L, 1, COMM_MT);
   lcomm *cs[64];
   int n = 0;
   if (lua_getiuservalue(L, 1, 1) == LUA_TTABLE) {
@@ -472,13 +474,13 @@ static int c_close(lua_State *L) {
 
 /* comm:abort(): ends the communicator now, whatever is queued (after an error) */
 static int c_abort(lua_State *L) {
-  lcomm *c = luaL_checkudata(L, 1, COMM_MT);
+  lcomm *c = cl_checkudata(L, 1, COMM_MT);
   if (c->c) { nc.ncclCommAbort(c->c); c->c = NULL; }
   return 0;
 }
 
 static int c_tostring(lua_State *L) {
-  lcomm *c = luaL_checkudata(L, 1, COMM_MT);
+  lcomm *c = cl_checkudata(L, 1, COMM_MT);
   if (!c->c) lua_pushliteral(L, "cudalua.nccl_comm<closed>");
   else lua_pushfstring(L, "cudalua.nccl_comm<rank %d of %d, device %d>", c->rank, c->size, c->dev);
   return 1;

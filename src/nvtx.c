@@ -23,7 +23,7 @@ static int l_push(lua_State *L) {
 
 /* nvtx.range_pop() -> the depth left */
 static int l_pop(lua_State *L) {
-  if (depth == 0) return luaL_error(L, "cuda.nvtx.range_pop: no range is open (range_push opens one)");
+  if (depth == 0) return cl_error(L, "cuda.nvtx.range_pop", "no range is open (range_push opens one)");
   nvtxRangePop();
   lua_pushinteger(L, --depth);
   return 1;

@@ -18,14 +18,14 @@ void cl_check_options(lua_State *L, int idx, const char *where, const char *cons
     luaL_buffinit(L, &b);
     for (i = 0; names[i]; i++) { if (i) luaL_addstring(&b, ", "); luaL_addstring(&b, names[i]); }
     luaL_pushresult(&b);
-    luaL_error(L, "%s: unknown option '%s' (%s)", where, key, lua_tostring(L, -1));
+    cl_error(L, where, "unknown option '%s' (%s)", key, lua_tostring(L, -1));
   }
 }
 
 int cl_opt_bool(lua_State *L, int idx, const char *key, const char *where) {
   int t = lua_getfield(L, idx, key);
   if (t != LUA_TNIL && t != LUA_TBOOLEAN)
-    luaL_error(L, "%s: %s must be a boolean, got %s", where, key, luaL_typename(L, -1));
+    cl_error(L, where, "%s must be a boolean, got %s", key, luaL_typename(L, -1));
   int v = t == LUA_TNIL ? -1 : lua_toboolean(L, -1);
   lua_pop(L, 1);
   return v;

@@ -7,9 +7,9 @@
 #include <lualib.h>
 
 static int fd_of(lua_State *L, int idx) {
-  if (lua_type(L, idx) == LUA_TNUMBER) return (int)luaL_checkinteger(L, idx);
-  luaL_Stream *f = luaL_checkudata(L, idx, LUA_FILEHANDLE);
-  if (!f->f) luaL_argerror(L, idx, "closed file");
+  if (lua_type(L, idx) == LUA_TNUMBER) return (int)cl_checkinteger(L, idx);
+  luaL_Stream *f = cl_checkudata(L, idx, LUA_FILEHANDLE);
+  if (!f->f) cl_argerror(L, idx, "closed file");
   return fileno(f->f);
 }
 
@@ -29,7 +29,7 @@ static int l_isatty(lua_State *L) {
    raises instead of hanging. A cuStreamSynchronize round trip costs microseconds more. */
 static int l_wait_flag(lua_State *L) {
   cl_array *a = cl_checkarray(L, 1);
-  uint32_t want = (uint32_t)luaL_checkinteger(L, 2);
+  uint32_t want = (uint32_t)cl_checkinteger(L, 2);
   cl_stream *s = cl_tostream(L, 3, "wait_flag");
   if ((a->kind != CL_MAPPED && a->kind != CL_PINNED) || a->dtype != CL_U32)
     return luaL_error(L, "wait_flag: needs a mapped uint32 array");

@@ -37,8 +37,8 @@ static st apply(const uint64_t *m, st s) {
 
 /* xoroshiro_jump_matrices(k) -> string holding J^(2^0) .. J^(2^(k-1)), 256 uint64 each */
 static int l_jump_matrices(lua_State *L) {
-  lua_Integer k = luaL_checkinteger(L, 1);
-  luaL_argcheck(L, k >= 1 && k <= 64, 1, "1..64 matrices");
+  lua_Integer k = cl_checkinteger(L, 1);
+  cl_argcheck(L, k >= 1 && k <= 64, 1, "1..64 matrices");
   luaL_Buffer b;
   uint64_t *m = (uint64_t *)luaL_buffinitsize(L, &b, (size_t)k * 256 * 8);
   for (int j = 0; j < 128; j++) {

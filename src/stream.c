@@ -9,22 +9,22 @@ typedef struct { cl_stream *s; int is_default; } lstream;
 
 
 static lstream *checkls(lua_State *L, int idx) {
-  lstream *ls = luaL_checkudata(L, idx, STREAM_MT);
-  if (!ls->s && !ls->is_default) luaL_argerror(L, idx, "closed stream");
+  lstream *ls = cl_checkudata(L, idx, STREAM_MT);
+  if (!ls->s && !ls->is_default) cl_argerror(L, idx, "closed stream");
   return ls;
 }
 
 /* the stream object at idx, without raising when it is closed: NULL for the default stream
    (*is_default set) or a closed one */
 cl_stream *cl_stream_of(lua_State *L, int idx, int *is_default) {
-  lstream *ls = luaL_checkudata(L, idx, STREAM_MT);
+  lstream *ls = cl_checkudata(L, idx, STREAM_MT);
   if (is_default) *is_default = ls->is_default;
   return ls->s;
 }
 
 void cl_stream_check(lua_State *L, cl_stream *s, CUcontext ctx, const char *where, const char *what) {
   if (!s || s->ctx == ctx) return;
-  luaL_error(L, "cudalua: %s: the stream is on device %d and the %s on device %d", where,
+  cl_error(L, where, "the stream is on device %d and the %s on device %d",
              cl_device_of(s->ctx), what, cl_device_of(ctx));
 }
 
@@ -43,8 +43,8 @@ cl_stream *cl_tostream(lua_State *L, int idx, const char *where) {
   if (t == LUA_TNONE || t == LUA_TNIL) return NULL;
   if (t == LUA_TNUMBER && lua_tointeger(L, idx) == 0 && lua_isinteger(L, idx)) return NULL;
   lstream *ls = luaL_testudata(L, idx, STREAM_MT);
-  if (!ls) luaL_error(L, "%s: expected a stream, got %s", where, luaL_typename(L, idx));
-  if (!ls->s && !ls->is_default) luaL_error(L, "%s: closed stream", where);
+  if (!ls) cl_error(L, where, "expected a stream, got %s", luaL_typename(L, idx));
+  if (!ls->s && !ls->is_default) cl_error(L, where, "closed stream");
   return ls->s;
 }
 
@@ -56,16 +56,16 @@ static void stream_options(lua_State *L, int *nonblocking, int *priority, int *h
   if (t == LUA_TNONE || t == LUA_TNIL) return;
   if (t == LUA_TBOOLEAN) { *nonblocking = lua_toboolean(L, 1); return; }
   if (t != LUA_TTABLE)
-    luaL_error(L, "cudalua: cuda.stream: expected nil, a boolean (non_blocking) or an options table "
+    cl_error(L, "cuda.stream", "expected nil, a boolean (non_blocking) or an options table "
                "{non_blocking =, priority =}, got %s", luaL_typename(L, 1));
   static const char *const names[] = {"non_blocking", "priority", NULL};
-  cl_check_options(L, 1, "cudalua: cuda.stream", names);
-  *nonblocking = cl_opt_bool(L, 1, "non_blocking", "cudalua: cuda.stream") == 1;
+  cl_check_options(L, 1, "cuda.stream", names);
+  *nonblocking = cl_opt_bool(L, 1, "non_blocking", "cuda.stream") == 1;
   if (lua_getfield(L, 1, "priority") != LUA_TNIL) {
     int isint;
     lua_Integer p = lua_tointegerx(L, -1, &isint);
     if (!isint || p < -1000000 || p > 1000000)
-      luaL_error(L, "cudalua: cuda.stream: priority must be an integer (see cuda.stream_priority_range()), got %s",
+      cl_error(L, "cuda.stream", "priority must be an integer (see cuda.stream_priority_range()), got %s",
                  luaL_tolstring(L, -1, NULL));
     *priority = (int)p;
     *has_priority = 1;
@@ -83,14 +83,14 @@ static int l_stream(lua_State *L) {
     int least = 0, greatest = 0;
     cl_check(L, CU(cuCtxGetStreamPriorityRange, &least, &greatest), "cuda.stream");
     if (priority > least || priority < greatest)
-      return luaL_error(L, "cudalua: cuda.stream: priority %d is outside device %d's range %d (highest) to %d "
+      return cl_error(L, "cuda.stream", "priority %d is outside device %d's range %d (highest) to %d "
                         "(lowest, the default)", priority, cl_device_of(ctx), greatest, least);
   }
   lstream *ls = lua_newuserdatauv(L, sizeof *ls, 0);
   ls->s = NULL; ls->is_default = 0;
   luaL_setmetatable(L, STREAM_MT);
   cl_stream *s = calloc(1, sizeof *s);
-  if (!s) return luaL_error(L, "cudalua: out of host memory");
+  if (!s) return cl_error(L, NULL, "out of host memory");
   unsigned flags = nonblocking ? CU_STREAM_NON_BLOCKING : CU_STREAM_DEFAULT;
   CUresult r = has_priority ? CU(cuStreamCreateWithPriority, &s->h, flags, priority) : CU(cuStreamCreate, &s->h, flags);
   if (r != CUDA_SUCCESS) { free(s); cl_check(L, r, "cuda.stream"); }
@@ -142,7 +142,7 @@ static int s_launch_host_func(lua_State *L) {
   lstream *ls = checkls(L, 1);
   cl_stream *s = ls->s;
   CUstream h = cl_stream_use(L, s);
-  luaL_checktype(L, 2, LUA_TFUNCTION);
+  cl_checktype(L, 2, LUA_TFUNCTION);
   cl_capture_guard(L, s, 0, "stream:launch_host_func");
   if (cl_capturing && s && cl_capture_push_keep(L, s)) {
     CUstreamBatchMemOpParams op[2];
@@ -173,7 +173,7 @@ static void close_stream(lua_State *L, void *s, void *unused) {
 }
 
 static int s_close(lua_State *L) {
-  lstream *ls = luaL_checkudata(L, 1, STREAM_MT);
+  lstream *ls = cl_checkudata(L, 1, STREAM_MT);
   if (!ls->s) return 0;
   /* inside a host function the cudalua call it runs in may be queueing work on this stream,
      and ending its capture there would call the driver (on the helper thread, another thread
@@ -186,12 +186,12 @@ static int s_close(lua_State *L) {
 
 /* s.priority, s.non_blocking; methods otherwise */
 static int s_index(lua_State *L) {
-  lstream *ls = luaL_checkudata(L, 1, STREAM_MT);
+  lstream *ls = cl_checkudata(L, 1, STREAM_MT);
   lua_pushvalue(L, 2);
   if (lua_rawget(L, lua_upvalueindex(1)) != LUA_TNIL) return 1;
   const char *k = lua_tostring(L, 2);
   if (k && !strcmp(k, "priority")) {
-    if (!ls->s && !ls->is_default) return luaL_error(L, "cudalua: stream.priority: closed stream");
+    if (!ls->s && !ls->is_default) return cl_error(L, "stream.priority", "closed stream");
     CUstream h = cl_stream_use(L, ls->s);
     int p = 0;
     cl_check(L, CU(cuStreamGetPriority, h, &p), "stream.priority");
@@ -199,11 +199,11 @@ static int s_index(lua_State *L) {
     return 1;
   }
   if (k && !strcmp(k, "non_blocking")) {
-    if (!ls->s && !ls->is_default) return luaL_error(L, "cudalua: stream.non_blocking: closed stream");
+    if (!ls->s && !ls->is_default) return cl_error(L, "stream.non_blocking", "closed stream");
     lua_pushboolean(L, ls->s && !ls->s->blocking);
     return 1;
   }
-  return luaL_error(L, "cudalua: streams have no field '%s'", luaL_tolstring(L, 2, NULL));
+  return cl_error(L, NULL, "streams have no field '%s'", luaL_tolstring(L, 2, NULL));
 }
 
 static int s_handle(lua_State *L) {
@@ -213,7 +213,7 @@ static int s_handle(lua_State *L) {
 }
 
 static int s_tostring(lua_State *L) {
-  lstream *ls = luaL_checkudata(L, 1, STREAM_MT);
+  lstream *ls = cl_checkudata(L, 1, STREAM_MT);
   if (ls->is_default) lua_pushliteral(L, "cudalua.stream<default>");
   else if (!ls->s) lua_pushliteral(L, "cudalua.stream<closed>");
   else if (cl_device_of(ls->s->ctx) < 0) lua_pushfstring(L, "cudalua.stream<%p>", (void *)ls->s->h);
@@ -235,7 +235,7 @@ int cl_push_foreign_stream(lua_State *L, CUstream h, int blocking) {
   ls->s = NULL; ls->is_default = 0;
   luaL_setmetatable(L, STREAM_MT);
   cl_stream *s = calloc(1, sizeof *s);
-  if (!s) return luaL_error(L, "cudalua: out of host memory");
+  if (!s) return cl_error(L, NULL, "out of host memory");
   s->h = h; s->refs = 1; s->owned = 0; s->blocking = blocking;
   s->ctx = ctx;
   ls->s = s;

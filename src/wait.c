@@ -10,7 +10,7 @@
 /* the stream is stopped at a running host function: waiting for it there would never end */
 void cl_wait_check(lua_State *L) {
   if (cl_in_hostfn)
-    luaL_error(L, "cudalua: a Lua host function cannot wait for the GPU (synchronize, blocking copies)");
+    cl_error(L, NULL, "a Lua host function cannot wait for the GPU (synchronize, blocking copies)");
 }
 
 /* while polling, by the time since the last host function ran (or the wait began): spin for
@@ -123,8 +123,8 @@ CUresult cl_wait_raw(lua_State *L, int kind, void *h) { return wait_q(L, cl_host
 
 void cl_wait_result(lua_State *L, CUresult r, const char *what) {
   if (r == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
-    luaL_error(L, "cudalua: %s: the whole device cannot be waited for while a stream is capturing "
-               "(wait after the capture ends: on another thread, it may have just begun)", what);
+    cl_error(L, what, "the whole device cannot be waited for while a stream is capturing "
+               "(wait after the capture ends: on another thread, it may have just begun)");
   cl_check(L, r, what);
 }
 
@@ -191,8 +191,8 @@ CUresult cl_sync_all_devices(lua_State *L) {
    thread for its host functions stalled that capture for seconds). Only this thread arms its
    queue: with nothing armed at the start, it simply sleeps. */
 static int l_sleep(lua_State *L) {
-  lua_Number sec = luaL_checknumber(L, 1);
-  luaL_argcheck(L, sec >= 0 && sec < 1e9, 1, "seconds must be >= 0 and < 1e9");
+  lua_Number sec = cl_checknumber(L, 1);
+  cl_argcheck(L, sec >= 0 && sec < 1e9, 1, "seconds must be >= 0 and < 1e9");
   double end = now_us() + sec * 1e6;
   cl_hostq *q = cl_in_hostfn ? NULL : cl_host_queue(L);
   for (;;) {
