@@ -3,6 +3,13 @@
 -- refuse the same mistakes with the same words. level: as error()'s, counted from the caller.
 local M = {}
 
+-- every error cudalua raises reads `cudalua: <public name>: <what is wrong>`, the public name
+-- being what the user wrote (cuda.compile, progress.watch, module:get); as the C side's cl_error
+-- (src/error.c). level: as error()'s, counted from the caller.
+function M.error(where, level, fmt, ...)
+  error(("cudalua: %s: " .. fmt):format(where, ...), level and level > 0 and level + 1 or level)
+end
+
 -- a cudalua stream? (each caller says what it expected in its own words)
 function M.is_stream(v)
   local mt = getmetatable(v)
@@ -11,7 +18,7 @@ end
 
 -- raises for the option k, not one of names (a list, in the order the message gives them)
 function M.unknown(k, names, where, level)
-  error(("%s: unknown option '%s' (%s)"):format(where, tostring(k), table.concat(names, ", ")), level)
+  error(("cudalua: %s: unknown option '%s' (%s)"):format(where, tostring(k), table.concat(names, ", ")), level)
 end
 
 -- every key of opts is one of names (a list)
@@ -26,7 +33,7 @@ end
 -- opts, or {} for nil; known maps each option to its Lua type
 function M.table(opts, known, where, level)
   if opts == nil then return {} end
-  if type(opts) ~= "table" then error(("%s: opts must be a table, got %s"):format(where, type(opts)), level) end
+  if type(opts) ~= "table" then error(("cudalua: %s: opts must be a table, got %s"):format(where, type(opts)), level) end
   for k, v in pairs(opts) do
     if not known[k] then
       local names = {}
@@ -35,7 +42,7 @@ function M.table(opts, known, where, level)
       M.unknown(k, names, where, level + 1)
     end
     if type(v) ~= known[k] then
-      error(("%s: opts.%s must be a %s, got %s"):format(where, k, known[k], type(v)), level)
+      error(("cudalua: %s: opts.%s must be a %s, got %s"):format(where, k, known[k], type(v)), level)
     end
   end
   return opts
@@ -47,7 +54,7 @@ function M.list(list, what, where, level)
   local n = #list
   for k in pairs(list) do
     if math.type(k) ~= "integer" or k < 1 or k > n then
-      error(("%s: %s is a list; it has the key %s (an option for opts itself?)"):format(where, what,
+      error(("cudalua: %s: %s is a list; it has the key %s (an option for opts itself?)"):format(where, what,
             type(k) == "string" and ("'" .. k .. "'") or tostring(k)), level)
     end
   end
@@ -56,13 +63,13 @@ end
 function M.strings(list, what, where, level)
   M.list(list, what, where, level + 1)
   for i = 1, #list do
-    if type(list[i]) ~= "string" then error(("%s: %s[%d] must be a string"):format(where, what, i), level) end
+    if type(list[i]) ~= "string" then error(("cudalua: %s: %s[%d] must be a string"):format(where, what, i), level) end
   end
 end
 
 function M.arch(arch, where, level)
   if arch and not arch:match("^sm_%d+[af]?$") and not arch:match("^compute_%d+[af]?$") then
-    error(("%s: arch must look like \"sm_90\" or \"compute_90\", got %q"):format(where, arch), level)
+    error(("cudalua: %s: arch must look like \"sm_90\" or \"compute_90\", got %q"):format(where, arch), level)
   end
 end
 

@@ -91,18 +91,18 @@ local function check_opts(opts)
   check.strings(opts.options or {}, "opts.options", "cuda.compile", level)
   for k, v in pairs(opts.headers or {}) do
     if type(k) ~= "string" or type(v) ~= "string" then
-      error("cuda.compile: opts.headers maps header names to their source text (strings)", level - 1)
+      error("cudalua: cuda.compile: opts.headers maps header names to their source text (strings)", level - 1)
     end
   end
   check.strings(opts.name_expressions or {}, "opts.name_expressions", "cuda.compile", level)
   check.strings(opts.include_dirs or {}, "opts.include_dirs", "cuda.compile", level)
   for i, d in ipairs(opts.include_dirs or {}) do
     local is_dir = select(3, core.file_info(d))
-    if not is_dir then error(("cuda.compile: opts.include_dirs[%d] is not a directory: %s"):format(i, d), level - 1) end
+    if not is_dir then error(("cudalua: cuda.compile: opts.include_dirs[%d] is not a directory: %s"):format(i, d), level - 1) end
   end
   check.arch(opts.arch, "cuda.compile", level)
   if opts.lto and opts.arch and opts.arch:match("^compute_") then
-    error("cuda.compile: lto = true needs an sm_ arch (LTO-IR is linked for a real architecture)", level - 1)
+    error("cudalua: cuda.compile: lto = true needs an sm_ arch (LTO-IR is linked for a real architecture)", level - 1)
   end
   return opts
 end
@@ -180,7 +180,7 @@ local function choose_target(job)
   local opts = job.opts
   local arch = opts.arch or system.device_arch(5)
   if opts.lto and arch:match("^compute_") then
-    error("cuda.compile: lto = true needs an sm_ arch; this device's is newer than NVRTC knows", 4)
+    error("cudalua: cuda.compile: lto = true needs an sm_ arch; this device's is newer than NVRTC knows", 4)
   end
   local output = opts.lto and "ltoir" or (arch:match("^compute_") and "ptx" or "cubin")
   local via_ptx = output == "cubin" and job.way ~= "nvrtc" and has_includes(job) and jitlink_usable()
@@ -224,7 +224,7 @@ end
 -- raises NVRTC's log (level 4: this, compile(), cuda.compile or cuda.kernel, the user)
 local function failed(job, r)
   local msg = (r.log or ""):gsub("%s+$", "")
-  error(("cuda.compile: %s failed to compile (%s):\n%s"):format(job.name, r.lowered, msg), 4)
+  error(("cudalua: cuda.compile: %s failed to compile (%s):\n%s"):format(job.name, r.lowered, msg), 4)
 end
 
 -- the module, kept in the cache under key (when there is one)
@@ -242,7 +242,7 @@ end
 
 -- quiet: a failed compile returns nil instead of raising (cuda.kernel's second try)
 local function compile(src, opts, quiet)
-  if type(src) ~= "string" then error("cuda.compile: source must be a string, got " .. type(src), 3) end
+  if type(src) ~= "string" then error("cudalua: cuda.compile: source must be a string, got " .. type(src), 3) end
   local job = plan(src, check_opts(opts))
   local key = cache_key(job)
   local mod = key and cached(key, job.name)
@@ -283,7 +283,7 @@ end
 -- way first, any other when the module lacks it. A name NVRTC cannot resolve gets the plain
 -- module's message, which lists its kernels.
 function M.kernel(src, name, opts)
-  if type(name) ~= "string" then error("cuda.kernel: expected the kernel's name as argument 2", 2) end
+  if type(name) ~= "string" then error("cudalua: cuda.kernel: expected the kernel's name as argument 2", 2) end
   local cpp = name:find("[:<]") ~= nil and (opts == nil or type(opts) == "table")
   local mod = cpp and compile(src, naming(opts, name), true) or compile(src, opts)
   if not cpp and not modules.fields(mod).info[name] then

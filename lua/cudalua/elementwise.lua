@@ -14,17 +14,18 @@ local M = {}
 -- "float32 x, float32 y" -> { {dtype=, name=}, ... }
 local function parse_params(s, where, level)
   if type(s) ~= "string" then
-    error(("%s: parameters must be a string such as \"float32 x, float32 y\", got %s"):format(where, type(s)), level)
+    error(("cudalua: %s: parameters must be a string such as \"float32 x, float32 y\", got %s"):format(where, type(s)), level)
   end
   local list, seen = {}, {}
   if s:match("^%s*$") then return list end
   for part in (s .. ","):gmatch("([^,]*),") do
     local dt, name = part:match("^%s*([%w_]+)%s+([%a_][%w_]*)%s*$")
-    if not dt then error(("%s: cannot read parameter %q (expected \"dtype name\")"):format(where, part:match("^%s*(.-)%s*$")), level) end
+    if not dt then error(
+        ("cudalua: %s: cannot read parameter %q (expected \"dtype name\")"):format(where, part:match("^%s*(.-)%s*$")), level) end
     local ok, d = pcall(core.dtype, dt)
-    if not ok then error(("%s: parameter %s: unknown dtype %q"):format(where, name, dt), level) end
-    if seen[name] then error(("%s: parameter %s is named twice"):format(where, name), level) end
-    if name:match("^_cl_") then error(("%s: parameter name %s is reserved"):format(where, name), level) end
+    if not ok then error(("cudalua: %s: parameter %s: unknown dtype %q"):format(where, name, dt), level) end
+    if seen[name] then error(("cudalua: %s: parameter %s is named twice"):format(where, name), level) end
+    if name:match("^_cl_") then error(("cudalua: %s: parameter name %s is reserved"):format(where, name), level) end
     seen[name] = true
     list[#list + 1] = { dtype = d, name = name, itemsize = d.itemsize, complex = d.is_complex }
   end
@@ -136,15 +137,16 @@ function M.elementwise(cuda, in_params, out_params, body, name)
   local where = "cuda.elementwise"
   local ins = parse_params(in_params, where, 3)
   local outs = parse_params(out_params, where, 3)
-  if #outs == 0 then error(where .. ": give at least one output parameter", 2) end
+  if #outs == 0 then error("cudalua: " .. where .. ": give at least one output parameter", 2) end
   for _, o in ipairs(outs) do
     for _, i in ipairs(ins) do
-      if o.name == i.name then error(("%s: %s is both an input and an output"):format(where, o.name), 2) end
+      if o.name == i.name then error(("cudalua: %s: %s is both an input and an output"):format(where, o.name), 2) end
     end
   end
-  if type(body) ~= "string" or body:match("^%s*$") then error(where .. ": the body must be a string of C++ statements", 2) end
+  if type(body) ~= "string" or body:match("^%s*$") then error(
+      "cudalua: " .. where .. ": the body must be a string of C++ statements", 2) end
   if name ~= nil and (type(name) ~= "string" or not name:match("^[%a_][%w_]*$")) then
-    error(where .. ": name must be an identifier", 2)
+    error("cudalua: " .. where .. ": name must be an identifier", 2)
   end
   local out_widest = 1   -- the outputs' widest itemsize: every call's vector width counts them
   for _, p in ipairs(outs) do out_widest = math.max(out_widest, p.itemsize) end
@@ -163,7 +165,7 @@ local function kernel_for(self, mask, w, dev)
   for i, v in ipairs(self.ins) do ins[i] = { dtype = v.dtype, name = v.name, scalar = mask & (1 << (i - 1)) ~= 0 } end
   local src = source(ins, self.outs, self.body, w)
   local ok, mod = pcall(self.cuda.compile, src, { name = self.name .. ".cu" })
-  if not ok then error(("cuda.elementwise: %s does not compile: %s"):format(self.name, tostring(mod)), 3) end
+  if not ok then error(("cudalua: cuda.elementwise: %s does not compile: %s"):format(self.name, tostring(mod)), 3) end
   k = mod:get("cudalua_elementwise")
   per[mask * 32 + w] = k
   return k
@@ -195,7 +197,7 @@ local function call_options(self, args)
   end
   local nin, nout = #self.ins, #self.outs
   if args.n ~= nin and args.n ~= nin + nout then
-    error(("%s: expected %d inputs%s, got %d arguments"):format(where, nin,
+    error(("cudalua: %s: expected %d inputs%s, got %d arguments"):format(where, nin,
       (" (and optionally %d outputs)"):format(nout), args.n), 3)
   end
   local stream, block = nil, 256
@@ -203,12 +205,13 @@ local function call_options(self, args)
     if not EW_OPTS[k] then check.unknown(k, { "block", "stream" }, where, 4) end
     if k == "stream" then
       if not check.is_stream(v) then
-        error(("%s: stream must be a cudalua stream, got %s"):format(where, type(v)), 3)
+        error(("cudalua: %s: stream must be a cudalua stream, got %s"):format(where, type(v)), 3)
       end
       stream = v
     end
     if k == "block" then
-      if math.type(v) ~= "integer" or v < 1 or v > 1024 then error(where .. ": block must be an integer from 1 to 1024", 3) end
+      if math.type(v) ~= "integer" or v < 1 or v > 1024 then error(
+          "cudalua: " .. where .. ": block must be an integer from 1 to 1024", 3) end
       block = v
     end
   end
@@ -223,15 +226,15 @@ local function check_array(self, scan, v, p, role, i)
   local where = self.name
   local size, dt, ptr = array_of(v)
   if not size then
-    if role == "output" then error(("%s: output %s must be an array, got %s"):format(where, p.name, type(v)), 4) end
-    error(("%s: input %s must be a number%s or an array, got %s"):format(where, p.name,
+    if role == "output" then error(("cudalua: %s: output %s must be an array, got %s"):format(where, p.name, type(v)), 4) end
+    error(("cudalua: %s: input %s must be a number%s or an array, got %s"):format(where, p.name,
       p.complex and ", a pair {re, im}" or "", type(v)), 4)
   end
   if dt ~= p.dtype then
-    error(("%s: %s %s is %s, the parameter %s"):format(where, role, p.name, tostring(dt), p.dtype.name), 4)
+    error(("cudalua: %s: %s %s is %s, the parameter %s"):format(where, role, p.name, tostring(dt), p.dtype.name), 4)
   end
   if scan.n and size ~= scan.n then
-    error(("%s: %s %s has %d elements, %s has %d"):format(where, role, p.name, size, scan.first, scan.n), 4)
+    error(("cudalua: %s: %s %s has %d elements, %s has %d"):format(where, role, p.name, size, scan.first, scan.n), 4)
   end
   scan.n, scan.first, scan.ptrs[i] = scan.n or size, scan.first or p.name, ptr or false
 end
@@ -251,7 +254,7 @@ local function scan_args(self, args)
   for j, p in ipairs(self.outs) do   -- the outputs go in args, after the inputs
     if args[nin + j] ~= nil then check_array(self, scan, args[nin + j], p, "output", nin + j) end
   end
-  if not scan.n then error(self.name .. ": no array among the inputs or outputs says how many elements", 3) end
+  if not scan.n then error("cudalua: " .. self.name .. ": no array among the inputs or outputs says how many elements", 3) end
   return scan
 end
 

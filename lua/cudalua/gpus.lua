@@ -61,7 +61,7 @@ end
 -- g:run(fn, ...) -> fn(...)'s results, with this device selected for the call
 function Gpu.run(g, fn, ...)
   local id = check(g, "run")
-  if type(fn) ~= "function" then error("gpu:run: expected a function, got " .. type(fn), 2) end
+  if type(fn) ~= "function" then error("cudalua: gpu:run: expected a function, got " .. type(fn), 2) end
   local prev = core.current_device()
   if prev == id then return fn(...) end
   core.select_device(id)
@@ -82,11 +82,11 @@ return setmetatable({}, {
   __index = function(_, k)
     if k == "current" then return gpu(core.current_device()) end
     if math.type(k) ~= "integer" then
-      error(("cuda.gpus: expected a device id (0-based) or 'current', got %s"):format(tostring(k)), 2)
+      error(("cudalua: cuda.gpus: expected a device id (0-based) or 'current', got %s"):format(tostring(k)), 2)
     end
     local n = core.device_count()
     if k < 0 or k >= n then
-      error(("cuda.gpus[%d]: device id out of range (%s)"):format(k, n > 0 and ("0.." .. n - 1) or
+      error(("cudalua: cuda.gpus[%d]: device id out of range (%s)"):format(k, n > 0 and ("0.." .. n - 1) or
             "no CUDA device: " .. tostring(core.driver_error())), 2)
     end
     return gpu(k)
@@ -98,7 +98,7 @@ return setmetatable({}, {
       if i < n then return i, gpu(i) end
     end, nil, -1
   end,
-  __newindex = function() error("cuda.gpus is read-only", 2) end,
+  __newindex = function() error("cudalua: cuda.gpus is read-only", 2) end,
   __name = "cudalua.gpus",
   methods = Gpu,   -- for the reference spec
 })

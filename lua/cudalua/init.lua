@@ -31,7 +31,7 @@ cuda.mem_info = core.mem_info
 function cuda.detect(out)
   out = out or io.stdout
   if not pcall(function() assert(type(out.write) == "function") end) then
-    error("cuda.detect: out must be a file or an object with a write method, got " .. type(out), 2)
+    error("cudalua: cuda.detect: out must be a file or an object with a write method, got " .. type(out), 2)
   end
   local v = cuda.versions()
   local ma, mi, path = core.nvrtc_version()
@@ -63,7 +63,7 @@ local reduce = require "cudalua.reduce"
 -- a misplaced option (given to the constructor instead of the call) is refused, not lost
 local function at_most(n, where, ...)
   if select("#", ...) > n then
-    error(("%s: takes at most %d arguments, got %d"):format(where, n, select("#", ...)), 3)
+    error(("cudalua: %s: takes at most %d arguments, got %d"):format(where, n, select("#", ...)), 3)
   end
 end
 
@@ -94,7 +94,7 @@ cuda.profile_start, cuda.profile_stop = core.profile_start, core.profile_stop
 
 -- nvtx.range(name, fn, ...) -> fn's results, run inside a range that ends when fn raises too
 function nvtx.range(name, fn, ...)
-  if type(fn) ~= "function" then error("cuda.nvtx.range: expected a function, got " .. type(fn), 2) end
+  if type(fn) ~= "function" then error("cudalua: cuda.nvtx.range: expected a function, got " .. type(fn), 2) end
   nvtx.range_push(name)
   local r = table.pack(pcall(fn, ...))
   nvtx.range_pop()

@@ -12,20 +12,20 @@ local LOAD_OPTS = { name = "string", arch = "string" }
 
 -- the bytes of an image given as bytes or as a file's path, its kind and a name for it
 local function image_of(v, where, level)
-  if type(v) ~= "string" then error(("%s: expected a path or the bytes of an image, got %s"):format(where, type(v)), level) end
+  if type(v) ~= "string" then error(("cudalua: %s: expected a path or the bytes of an image, got %s"):format(where, type(v)), level) end
   local kind = modules.image_kind(v)
   if kind then return v, kind, nil end
   if #v > 4096 or v:find("%z") or v:find("\n") then
-    error(("%s: not a cubin, fatbin, PTX or LTO-IR image (it starts with %q)"):format(where, v:sub(1, 8)), level)
+    error(("cudalua: %s: not a cubin, fatbin, PTX or LTO-IR image (it starts with %q)"):format(where, v:sub(1, 8)), level)
   end
   local f, err = io.open(v, "rb")
-  if not f then error(("%s: cannot open %s"):format(where, err), level) end
+  if not f then error(("cudalua: %s: cannot open %s"):format(where, err), level) end
   local data = f:read("a")
   f:close()
-  if not data then error(("%s: cannot read %s"):format(where, v), level) end
+  if not data then error(("cudalua: %s: cannot read %s"):format(where, v), level) end
   kind = modules.image_kind(data)
   if not kind then
-    error(("%s: %s is not a cubin, fatbin, PTX or LTO-IR image (it starts with %q)"):format(where, v, data:sub(1, 8)), level)
+    error(("cudalua: %s: %s is not a cubin, fatbin, PTX or LTO-IR image (it starts with %q)"):format(where, v, data:sub(1, 8)), level)
   end
   return data, kind, v
 end
@@ -39,7 +39,7 @@ local function jitlink(inputs, arch, lto, extra, where, level)
   for _, o in ipairs(extra or {}) do options[#options + 1] = o end
   local cubin, log, err = core.jitlink(inputs, options, false)
   if not cubin then
-    error(("%s: linking failed (%s):\n%s"):format(where, err, (log or ""):gsub("%s+$", "")), level)
+    error(("cudalua: %s: linking failed (%s):\n%s"):format(where, err, (log or ""):gsub("%s+$", "")), level)
   end
   return cubin, log
 end
@@ -47,7 +47,7 @@ end
 local function link_arch(arch, where, level)
   arch = arch or system.device_arch(level + 1, where)
   if arch:match("^compute_") then
-    error(("%s: linking needs an sm_ arch, got %s"):format(where, arch), level)
+    error(("cudalua: %s: linking needs an sm_ arch, got %s"):format(where, arch), level)
   end
   return arch
 end
@@ -67,9 +67,11 @@ function M.load_module(v, opts)
   end
   if f.kind == "cubin" then
     local elf = modules.elf_info(f.image)
-    if elf == false then error(("cuda.load_module: %s is a damaged cubin (its ELF tables do not fit in it)"):format(name), 2) end
+    if elf == false then error(("cudalua: cuda.load_module: %s is a damaged cubin (its ELF tables do not fit in it)"):format(name), 2) end
     if not elf or not elf.cuda then
-      error(("cuda.load_module: %s is an ELF file but not a CUDA cubin (a host object? build with nvcc -cubin or -fatbin)"):format(name), 2)
+      error(
+          ("cudalua: cuda.load_module: %s is an ELF file but not a CUDA cubin "
+          .. "(a host object? build with nvcc -cubin or -fatbin)"):format(name), 2)
     end
     f.listed, f.relocatable, f.nparams = elf.kernels, elf.relocatable, elf.nparams   -- read once
   elseif f.kind == "ptx" then
@@ -87,7 +89,9 @@ local LINK_OPTS = { name = "string", arch = "string", options = "table" }
 
 function M.link(inputs, opts)
   if type(inputs) ~= "table" or #inputs == 0 then
-    error("cuda.link: expected a list of modules or images, got " .. (type(inputs) == "table" and "an empty table" or type(inputs)), 2)
+    error(
+        "cudalua: cuda.link: expected a list of modules or images, got "
+          .. (type(inputs) == "table" and "an empty table" or type(inputs)), 2)
   end
   check.list(inputs, "the list of inputs", "cuda.link", 3)
   opts = check.table(opts, LINK_OPTS, "cuda.link", 3)
@@ -102,7 +106,7 @@ function M.link(inputs, opts)
       for expr, e in pairs(st.info) do info[expr] = info[expr] or e end
       if st.arch and st.arch:match("^sm_") then
         if arch and arch ~= st.arch and not opts.arch then
-          error(("cuda.link: input %d is for %s, an earlier one for %s: give opts.arch"):format(i, st.arch, arch), 2)
+          error(("cudalua: cuda.link: input %d is for %s, an earlier one for %s: give opts.arch"):format(i, st.arch, arch), 2)
         end
         arch = arch or st.arch
       end

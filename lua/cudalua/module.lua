@@ -335,9 +335,9 @@ M.get = get_kernel
 
 function Module.get(mod, expr, sig)
   fields(mod, "get")
-  if type(expr) ~= "string" then error("module:get: expected a kernel name or name expression", 2) end
+  if type(expr) ~= "string" then error("cudalua: module:get: expected a kernel name or name expression", 2) end
   if sig ~= nil and type(sig) ~= "string" then
-    error("module:get: the signature must be a string such as \"float*, const float*, int\", got " .. type(sig), 2)
+    error("cudalua: module:get: the signature must be a string such as \"float*, const float*, int\", got " .. type(sig), 2)
   end
   local k = get_kernel(mod, expr, sig, 2)
   return k

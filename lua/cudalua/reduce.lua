@@ -57,7 +57,7 @@ local function kernels(self, dtype, dev)
   local ok, mod = pcall(compile.compile, source(self, ctype, header), {
     name = "cudalua_reduce.cu", name_expressions = { aligned, unaligned } })
   if not ok then
-    error(("cuda.reduce: the reduction %q does not compile for %s:\n%s"):format(
+    error(("cudalua: cuda.reduce: the reduction %q does not compile for %s:\n%s"):format(
       self.expr or self.body, name, tostring(mod)), 0)
   end
   local sms = core.devices()[core.current_device() + 1].multiprocessors
@@ -166,13 +166,13 @@ function Reducer:__call(arr, opts)
   local init, stream, res
   if opts ~= nil then
     if type(opts) ~= "table" then
-      error("reduce: options must be a table {init=, res=, stream=}, got " .. type(opts), 2)
+      error("cudalua: cuda.reduce: options must be a table {init=, res=, stream=}, got " .. type(opts), 2)
     end
     init, stream, res = opts.init, opts.stream, opts.res
     check.options(opts, { "init", "res", "stream" }, "reduce", 3)
     if stream ~= nil and stream ~= 0 then
       if not check.is_stream(stream) then
-        error("reduce: expected a stream, got " .. type(stream), 2)
+        error("cudalua: cuda.reduce: expected a stream, got " .. type(stream), 2)
       end
     elseif stream == 0 then
       stream = nil
@@ -185,29 +185,29 @@ function Reducer:__call(arr, opts)
   end
   if not n then
     if type(arr) == "table" and getmetatable(arr) == nil then
-      error("reduce: expected an array, got a table (make one with cuda.array(t, dtype))", 2)
+      error("cudalua: cuda.reduce: expected an array, got a table (make one with cuda.array(t, dtype))", 2)
     end
-    error("reduce: expected an array, got " .. type(arr), 2)
+    error("cudalua: cuda.reduce: expected an array, got " .. type(arr), 2)
   end
   if init == nil then init = self.init or 0 end
   if PACK[dtype] then
     if type(init) ~= "number" and not (type(init) == "table" and type(init[1]) == "number" and type(init[2]) == "number") then
-      error(("reduce: init must be a number or a pair {re, im} for %s, got %s"):format(dtype, type(init)), 2)
+      error(("cudalua: cuda.reduce: init must be a number or a pair {re, im} for %s, got %s"):format(dtype, type(init)), 2)
     end
   elseif math.type(init) ~= "integer" then
-    if type(init) ~= "number" then error("reduce: init must be a number, got " .. type(init), 2) end
+    if type(init) ~= "number" then error("cudalua: cuda.reduce: init must be a number, got " .. type(init), 2) end
     if not dtype.is_float then
-      error(("reduce: init must be an integer for %s, got %s"):format(dtype, init), 2)
+      error(("cudalua: cuda.reduce: init must be an integer for %s, got %s"):format(dtype, init), 2)
     end
   end
   if res ~= nil then
     local rn, rdt, rkind, _, rdev = core.array_info(res)
-    if not rn then error("reduce: res must be an array, got " .. type(res), 2) end
-    if rdt ~= dtype then error(("reduce: res has dtype %s, the input %s"):format(rdt, dtype), 2) end
-    if rn < 1 then error("reduce: res is empty", 2) end
-    if rkind == "array" then error("reduce: res must be a device (or pinned/mapped/managed) array", 2) end
+    if not rn then error("cudalua: cuda.reduce: res must be an array, got " .. type(res), 2) end
+    if rdt ~= dtype then error(("cudalua: cuda.reduce: res has dtype %s, the input %s"):format(rdt, dtype), 2) end
+    if rn < 1 then error("cudalua: cuda.reduce: res is empty", 2) end
+    if rkind == "array" then error("cudalua: cuda.reduce: res must be a device (or pinned/mapped/managed) array", 2) end
     if rdev >= 0 and dev >= 0 and rdev ~= dev then
-      error(("reduce: res is on device %d and the input on device %d"):format(rdev, dev), 2)
+      error(("cudalua: cuda.reduce: res is on device %d and the input on device %d"):format(rdev, dev), 2)
     end
     if dev < 0 then dev = rdev end
   end
@@ -229,31 +229,33 @@ function M.reduce(cuda, expr, opts)
   local self = setmetatable({ cuda = cuda, kernels = {} }, Reducer)
   if type(expr) == "string" then
     if not expr:find("%f[%w_][ab]%f[^%w_]") then
-      error(("cuda.reduce: the expression %q uses neither a nor b"):format(expr), 3)
+      error(("cudalua: cuda.reduce: the expression %q uses neither a nor b"):format(expr), 3)
     end
     self.expr = expr
   elseif type(expr) == "table" then
     for k in pairs(expr) do
       if k ~= "body" and k ~= "preamble" then
-        error(("cuda.reduce: unknown key '%s' in the expression table (body, preamble; options such as init go in the second argument)")
+        error(
+            ("cudalua: cuda.reduce: unknown key '%s' in the expression table"
+              .. " (body, preamble; options such as init go in the second argument)")
               :format(tostring(k)), 3)
       end
     end
     if type(expr.body) ~= "string" then
-      error("cuda.reduce: a table argument needs body = \"...; return ...;\" (a device function of a and b)", 3)
+      error("cudalua: cuda.reduce: a table argument needs body = \"...; return ...;\" (a device function of a and b)", 3)
     end
     if expr.preamble ~= nil and type(expr.preamble) ~= "string" then
-      error("cuda.reduce: preamble must be a string of CUDA C", 3)
+      error("cudalua: cuda.reduce: preamble must be a string of CUDA C", 3)
     end
     self.body, self.preamble = expr.body, expr.preamble
   else
-    error("cuda.reduce: expected a CUDA C expression of a and b, got " .. type(expr), 3)
+    error("cudalua: cuda.reduce: expected a CUDA C expression of a and b, got " .. type(expr), 3)
   end
   if opts ~= nil then
-    if type(opts) ~= "table" then error("cuda.reduce: options must be a table, got " .. type(opts), 3) end
+    if type(opts) ~= "table" then error("cudalua: cuda.reduce: options must be a table, got " .. type(opts), 3) end
     check.options(opts, { "init" }, "cuda.reduce", 4)
     if opts.init ~= nil and type(opts.init) ~= "number" then
-      error("cuda.reduce: init must be a number, got " .. type(opts.init), 3)
+      error("cudalua: cuda.reduce: init must be a number, got " .. type(opts.init), 3)
     end
     self.init = opts.init
   end

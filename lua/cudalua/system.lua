@@ -35,7 +35,7 @@ function M.device_arch(level, what)
     if a <= want and a > best then best = a end
   end
   if best == 0 then
-    error(("%s: NVRTC cannot compile for compute capability %d.%d"):format(what or "cuda.compile", cc[1], cc[2]), level or 3)
+    error(("cudalua: %s: NVRTC cannot compile for compute capability %d.%d"):format(what or "cuda.compile", cc[1], cc[2]), level or 3)
   end
   arch_of[dev] = "compute_" .. best -- PTX the driver compiles for the newer device
   return arch_of[dev]
