@@ -2,7 +2,12 @@
 -- This file is documentation only (most of cudalua is C): `make docs` builds HTML from it with
 -- LDoc into docs/html/ and writes docs/API.md, the Markdown form GitHub shows. Indexes are
 -- 1-based on the Lua side, device ids 0-based as CUDA numbers them. Every misuse raises a Lua
--- error that starts with the function's name and says what is wrong.
+-- error of one form, `cudalua: <what you called>: <what is wrong>`, e.g. `cudalua: cuda.copy:
+-- ...`, `cudalua: array:slice: ...`, `cudalua: array[i] =: ...`, `cudalua: kernel 'add': ...`
+-- (a kernel's call), `cudalua: elementwise 'saxpy': ...`. An error of a Lua host function of
+-- yours is raised by the next wait: `cudalua: stream:synchronize: a Lua host function failed:
+-- <its message>`; one of a function cudalua calls for you at once (`nvtx.range`'s) comes back
+-- as it was.
 -- @module cudalua
 -- @usage local cuda = require "cudalua"
 

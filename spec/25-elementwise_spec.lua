@@ -20,10 +20,10 @@ describe("cuda.elementwise", function()
     C.raises("cuda.elementwise: give at least one output parameter", cuda.elementwise, "float32 x", "", "x")
     C.raises("cuda.elementwise: the body must be a string of C++ statements", cuda.elementwise, "float32 x", "float32 z", "  ")
     C.raises("cuda.elementwise: parameters must be a string", cuda.elementwise, 5, "float32 z", "z = 1")
-    C.raises("saxpy: expected 3 inputs (and optionally 1 outputs), got 1 arguments", ew, cuda.array({ 1 }, "float32"))
-    C.raises("saxpy: input x must be a number or an array, got string", ew, "1", 2, 3)
-    C.raises("saxpy: no array among the inputs or outputs says how many elements", ew, 1, 2, 3)
-    C.raises("saxpy: stream must be a cudalua stream, got number", ew, cuda.array({ 1 }, "float32"), 2, 3, { stream = 1 })
+    C.raises("elementwise 'saxpy': expected 3 inputs (and optionally 1 outputs), got 1 arguments", ew, cuda.array({ 1 }, "float32"))
+    C.raises("elementwise 'saxpy': input x must be a number or an array, got string", ew, "1", 2, 3)
+    C.raises("elementwise 'saxpy': no array among the inputs or outputs says how many elements", ew, 1, 2, 3)
+    C.raises("elementwise 'saxpy': stream must be a cudalua stream, got number", ew, cuda.array({ 1 }, "float32"), 2, 3, { stream = 1 })
   end)
 
   gpu("computes saxpy like the CPU, with the output made or given, on a stream", function()
@@ -78,7 +78,7 @@ describe("cuda.elementwise", function()
       end
     end
     local pair = cuda.elementwise("complex64 x, complex64 a", "complex64 z", "z = a * x", "cmul")
-    C.raises("cmul: input x must be a number, a pair {re, im} or an array, got string", pair, "1", { 1, 2 })
+    C.raises("elementwise 'cmul': input x must be a number, a pair {re, im} or an array, got string", pair, "1", { 1, 2 })
   end)
 
   gpu("takes bfloat16, and complex64/complex128 with scalars as pairs or numbers", function()

@@ -76,3 +76,42 @@ describe("flags and options", function()
              10, { label = false })
   end)
 end)
+
+-- Every misuse spec checks the form of cudalua's errors through C.raises: "cudalua: <public
+-- name>: <what is wrong>" (issue 25). This checks that check, on messages it must take and
+-- refuse, and on real errors of cudalua's C and Lua parts.
+describe("error messages", function()
+  it("name the public function first: C.raises refuses any other form", function()
+    for _, good in ipairs { "cudalua: cuda.copy: sizes differ", "cudalua: array:slice: stop out of range",
+                            "cudalua: array[i] =: element 1: not a number", "cudalua: kernel 'add': expects 3 arguments",
+                            "cudalua: elementwise 'saxpy': expected 3 inputs", "spec.lua:3: cudalua: module.saxpy: no kernel" } do
+      assert(C.prefix(good, "x"), good)
+    end
+    for _, bad in ipairs { "slice: stop out of range", "cuda.copy: sizes differ", "no kernel 'x' in module m",
+                           "bad argument #1 to 'slice' (number expected)", "cudalua.nccl: comm_init_all: failed" } do
+      assert.is_nil((C.prefix(bad, "x")), bad)
+    end
+    -- a test function's own error passes through as it is
+    assert(C.prefix("spec.lua:9: boom 7", "boom 7"))
+    -- and C.raises itself fails on an unprefixed message
+    assert.has_error(function() C.raises("sizes differ", error, "cuda.copy: sizes differ", 0) end)
+  end)
+
+  it("of the C and the Lua parts have that form, whatever the argument's fault", function()
+    local kinds = { 42, "s", {}, true, 2.5, -1 }
+    local fns = { { "cuda.array", cuda.array }, { "cuda.device_array", cuda.device_array },
+                  { "cuda.stream", cuda.stream }, { "cuda.compile", cuda.compile },
+                  { "cuda.reduce", cuda.reduce }, { "cuda.elementwise", cuda.elementwise } }
+    local a = cuda.array({ 1, 2, 3 }, "float32")
+    fns[#fns + 1] = { "array:slice", function(x) return a:slice(x, "z") end }
+    fns[#fns + 1] = { "array:fill", function(x) return a:fill(x, "z") end }
+    for _, f in ipairs(fns) do
+      local v = kinds[math.random(#kinds)]
+      local e = H.err(f[2], v, v)
+      if e then
+        local p = assert(C.prefix(e, nil))
+        assert.matches("^cudalua: " .. f[1]:gsub("%p", "%%%0"), p)
+      end
+    end
+  end)
+end)

@@ -1,7 +1,8 @@
 -- spec/check.lua: misuse checks shared by the specs.
 --   local C = require "spec.check"
 --   C.raises("index 11 out of range", fn, ...)   -- fn(...) raises an error containing the text
---                                                 -- (plain), then cudalua still works
+--                                                 -- (plain), prefixed "cudalua: <public name>: ",
+--                                                 -- then cudalua still works
 --   C.nogpu(it, pending)("name", fn)              -- runs only where no GPU is usable (driver-less
 --                                                 -- behaviour); pending on a GPU machine
 --   C.f32(x)                                      -- x rounded to float32, as the GPU stores it
@@ -21,11 +22,37 @@ function C.alive()
   end
 end
 
+-- Every cudalua error reads "cudalua: <public name>: <what is wrong>", the public name being
+-- what the user called: cuda.copy, array:slice, module.saxpy, array[i] =, kernel 'add' (a
+-- kernel's call), elementwise 'saxpy' (an elementwise function's call). The message's prefix,
+-- or nil and why not. A message that is wholly the test's own (a user's function raised it,
+-- cudalua passed it on) is not cudalua's and has no prefix.
+local NAMED = { "^cudalua: [%a_][%w_]*[%.:%[][^\n]-: ", "^cudalua: kernel '[^']*'", "^cudalua: elementwise '[^']*'" }
+function C.prefix(e, msg)
+  local m = e:gsub("^[^\n]-:%d+: ", "")   -- the position error() adds
+  if m == msg then return m end
+  for _, p in ipairs(NAMED) do
+    local found = m:match(p)
+    if found then return found end
+  end
+  return nil, "no 'cudalua: <public name>: ' prefix in: " .. m
+end
+
 function C.raises(msg, fn, ...)
   local e = H.err(fn, ...)
   assert(e ~= nil, "expected an error containing: " .. msg)
   assert.matches(msg, e, 1, true)
+  assert(C.prefix(e, msg))
   C.alive()
+  return e
+end
+
+-- the same for an internal function a spec reaches past the public API (a parser's own
+-- message, which the public function that calls it prefixes)
+function C.raises_internal(msg, fn, ...)
+  local e = H.err(fn, ...)
+  assert(e ~= nil, "expected an error containing: " .. msg)
+  assert.matches(msg, e, 1, true)
   return e
 end
 

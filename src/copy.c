@@ -165,25 +165,25 @@ static int a_fill(lua_State *L) {
   char v[CL_MAXITEM];
   int isz = cl_dtypes[a->dtype].size;
   cl_tovalue(L, 2, a->dtype, v, "array:fill", 0);
-  cl_stream *s = cl_tostream(L, 3, "fill");
+  cl_stream *s = cl_tostream(L, 3, "array:fill");
   if (a->readonly) return cl_error(L, "array:fill", "array is read-only");
   lua_settop(L, 1);
   if (a->size == 0) return 1;
   if (cl_is_host(a)) {
     cl_host_access(L, a);
     if (a->mem && a->mem->used) cl_mem_settle(L, a->mem);
-    cl_still_open(L, a, "fill");
+    cl_still_open(L, a, "array:fill");
     char *p = cl_hostptr(a);
     for (size_t i = 0; i < a->size; i++) memcpy(p + i * isz, v, isz);
     return 1;
   }
-  cl_stream_check(L, s, a->mem->ctx, "fill", "array");
+  cl_stream_check(L, s, a->mem->ctx, "array:fill", "array");
   cl_use_ctx(L, a->mem->ctx);
-  cl_capture_guard(L, s, !s, "fill");
+  cl_capture_guard(L, s, !s, "array:fill");
   if (!s) cl_mem_order(L, a->mem, a->mem->ctx, a->mem->ctx);
   CUstream h = s ? s->h : NULL;
-  CL_BEFORE_ENQUEUE(L, "fill");
-  cl_still_open(L, a, "fill");
+  CL_BEFORE_ENQUEUE(L, "array:fill");
+  cl_still_open(L, a, "array:fill");
   CUdeviceptr d = cl_devptr(a);
   cl_mem *m = a->mem;   /* held: see cl_copy */
   size_t n = a->size;
@@ -197,10 +197,10 @@ static int a_fill(lua_State *L) {
     for (int k = 0; k < isz / 4 && r == CUDA_SUCCESS; k++)
       r = CU(cuMemsetD2D32Async, d + 4 * k, isz, w[k], 1, n, h);
   }
-  cl_check(L, r, "fill");
+  cl_check(L, r, "array:fill");
   cl_mem_use(m, s, m->ctx);
   if (!s) {
-    cl_wait(L, CL_WAIT_STREAM, NULL, "fill");
+    cl_wait(L, CL_WAIT_STREAM, NULL, "array:fill");
     cl_flush_deferred(L);
   }
   return 1;

@@ -10,7 +10,7 @@ static __thread int depth;
 
 static const char *name_of(lua_State *L, const char *where) {
   if (lua_type(L, 1) != LUA_TSTRING)
-    luaL_error(L, "cuda.nvtx.%s: expected the range's name (a string), got %s", where, luaL_typename(L, 1));
+    cl_error(L, lua_pushfstring(L, "cuda.nvtx.%s", where), "expected the range's name (a string), got %s", luaL_typename(L, 1));
   return lua_tostring(L, 1);
 }
 
@@ -41,7 +41,7 @@ static int profiler(lua_State *L, int start) {
   CUresult (*f)(void) = NULL;
   cl_ctx(L);   /* they apply to the current context */
   f = start ? cu.cuProfilerStart : cu.cuProfilerStop;
-  if (!f) return luaL_error(L, "cuda.profile_%s: this driver has no cuProfiler%s", start ? "start" : "stop", start ? "Start" : "Stop");
+  if (!f) return cl_error(L, start ? "cuda.profile_start" : "cuda.profile_stop", "this driver has no cuProfiler%s", start ? "Start" : "Stop");
   cl_check(L, f(), start ? "cuda.profile_start" : "cuda.profile_stop");
   return 0;
 }

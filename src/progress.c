@@ -32,7 +32,7 @@ static int l_wait_flag(lua_State *L) {
   uint32_t want = (uint32_t)cl_checkinteger(L, 2);
   cl_stream *s = cl_tostream(L, 3, "wait_flag");
   if ((a->kind != CL_MAPPED && a->kind != CL_PINNED) || a->dtype != CL_U32)
-    return luaL_error(L, "wait_flag: needs a mapped uint32 array");
+    return cl_error(L, "cuda.reduce", "wait_flag needs a mapped uint32 array");
   volatile uint32_t *p = cl_hostptr(a);
   CUstream h = cl_stream_use(L, s);
   for (unsigned spins = 1;; spins++) {
@@ -42,7 +42,7 @@ static int l_wait_flag(lua_State *L) {
       CUresult r = CU(cuStreamQuery, h);
       if (r == CUDA_SUCCESS) {
         if (*p == want) return 0;
-        return luaL_error(L, "wait_flag: the stream finished without storing the value");
+        return cl_error(L, "cuda.reduce", "wait_flag: the stream finished without storing the value");
       }
       if (r != CUDA_ERROR_NOT_READY) cl_check(L, r, "waiting for a kernel");
     }

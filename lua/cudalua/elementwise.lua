@@ -188,7 +188,7 @@ end
 -- the call's options (a trailing plain table, unless it is a {re, im} pair; taken out of
 -- args) -> stream, block. The helpers below raise at level 3: the caller of __call
 local function call_options(self, args)
-  local where, opts = self.name, nil
+  local where, opts = ("elementwise '%s'"):format(self.name), nil
   if args.n > 0 and type(args[args.n]) == "table" and getmetatable(args[args.n]) == nil
      and rawlen(args[args.n]) == 0 then
     opts = args[args.n]
@@ -223,7 +223,7 @@ end
 -- for the alignment check), scan.shape_of (the first array input), scan.widest (the widest
 -- itemsize among the arrays)
 local function check_array(self, scan, v, p, role, i)
-  local where = self.name
+  local where = ("elementwise '%s'"):format(self.name)
   local size, dt, ptr = array_of(v)
   if not size then
     if role == "output" then error(("cudalua: %s: output %s must be an array, got %s"):format(where, p.name, type(v)), 4) end
@@ -254,7 +254,7 @@ local function scan_args(self, args)
   for j, p in ipairs(self.outs) do   -- the outputs go in args, after the inputs
     if args[nin + j] ~= nil then check_array(self, scan, args[nin + j], p, "output", nin + j) end
   end
-  if not scan.n then error("cudalua: " .. self.name .. ": no array among the inputs or outputs says how many elements", 3) end
+  if not scan.n then error("cudalua: elementwise '" .. self.name .. "': no array among the inputs or outputs says how many elements", 3) end
   return scan
 end
 

@@ -192,11 +192,11 @@ end
 
 -- the module loaded on the current device (loaded there on first use: one image serves every
 -- device of its architecture)
-local function load(mod, level)
+local function load(mod, level, where)
   local st = state[mod]
   if st.relocatable then
-    error(("cudalua: module %s holds relocatable code (relocatable = true, lto = true or an -rdc "
-           .. "object): link it first, cuda.link{...}"):format(st.name), level + 1)
+    error(("cudalua: %s: module %s holds relocatable code (relocatable = true, lto = true or an -rdc "
+           .. "object): link it first, cuda.link{...}"):format(where or "module:get", st.name), level + 1)
   end
   local dev = core.is_available() and core.current_device() or 0
   local h = st.handles[dev]
@@ -210,8 +210,8 @@ local function load(mod, level)
   return h, dev
 end
 
-local function no_kernel(st, expr, names, level)
-  error(("cudalua: no kernel '%s' in module %s (kernels: %s)"):format(expr, st.name,
+local function no_kernel(st, expr, names, level, where)
+  error(("cudalua: %s: no kernel '%s' in module %s (kernels: %s)"):format(where or "module:get", expr, st.name,
         #names > 0 and table.concat(names, ", ") or "none found"), level + 1)
 end
 
@@ -251,13 +251,13 @@ end
 
 -- what is known of kernel expr of a module with no source: the symbol, and types from its
 -- PTX or its mangled name where they can be read
-local function lookup(st, mod, expr, level)
+local function lookup(st, mod, expr, level, where)
   local known = false
   for _, n in ipairs(kernel_names(mod, level + 1)) do if n == expr then known = true end end
   local symbol = known and expr or mangled_match(st, expr)
   if not symbol then
     -- the image lists every kernel: the driver is not asked for one it does not have
-    if st.listed and not st.unlisted then no_kernel(st, expr, kernel_names(mod, level + 1), level + 1) end
+    if st.listed and not st.unlisted then no_kernel(st, expr, kernel_names(mod, level + 1), level + 1, where) end
     return { symbol = expr }
   end
   if st.info[symbol] then return st.info[symbol] end   -- types from the PTX
@@ -294,7 +294,8 @@ local function param_count(st, symbol, ptx_codes)
 end
 M.param_count = param_count
 
-local function get_kernel(mod, expr, sig, level)
+-- where: the public name the user called (module:get, or module.name for m.name)
+local function get_kernel(mod, expr, sig, level, where)
   local st = state[mod]
   local dev = core.is_available() and core.current_device() or 0
   local per = st.kernels[dev]
@@ -303,29 +304,29 @@ local function get_kernel(mod, expr, sig, level)
   local k = per[cache_key]
   if k then return k end
   local info = st.info[expr]
-  if not info and not st.source then info = lookup(st, mod, expr, level + 1) end
-  if not info then no_kernel(st, expr, kernel_names(mod, level + 1), level + 1) end
+  if not info and not st.source then info = lookup(st, mod, expr, level + 1, where) end
+  if not info then no_kernel(st, expr, kernel_names(mod, level + 1), level + 1, where) end
   local codes, types = info.codes, info.types
   -- a count the image gives: the driver is then never asked past the last parameter
   local count = (sig or not codes) and param_count(st, info.symbol, info.codes) or nil
   if sig then
     local ok, c, t = pcall(parse_signature, sig)
-    if not ok then error(("cudalua: module:get('%s'): %s"):format(expr, c), level + 1) end
+    if not ok then error(("cudalua: module:get: kernel '%s': %s"):format(expr, c), level + 1) end
     if count and count ~= #c then
-      error(("cudalua: module:get('%s'): the signature %q has %d parameters, the kernel %d"):format(
+      error(("cudalua: module:get: kernel '%s': the signature %q has %d parameters, the kernel %d"):format(
         expr, sig, #c, count), level + 1)
     end
     codes, types = c, t
   elseif info.error then
     error(("cudalua: kernel '%s': %s"):format(expr, info.error), level + 1)
   end
-  local handle = load(mod, level + 1)
+  local handle = load(mod, level + 1, where)
   -- without codes, module_kernel takes the sizes from the driver and fills in types; with a
   -- signature and no count, it asks the driver whether there are more parameters
   local ok, kern = pcall(core.module_kernel, handle, info.symbol, codes,
     { name = expr, types = types or {}, symbol = info.symbol }, count or sig ~= nil)
   if not ok then
-    if tostring(kern):find("no kernel '", 1, true) then no_kernel(st, expr, kernel_names(mod, level + 1), level + 1) end
+    if tostring(kern):find("no kernel '", 1, true) then no_kernel(st, expr, kernel_names(mod, level + 1), level + 1, where) end
     error(sig and ("%s (signature %q)"):format(kern, sig) or kern, level + 1)
   end
   per[cache_key] = kern
@@ -360,14 +361,14 @@ function Module.ptx(mod)
   local st = fields(mod, "ptx")
   if st.kind == "ptx" then return st.image end
   if st.ptx then return st.ptx end
-  error(("cudalua: module %s has no PTX (it holds %s%s)"):format(st.name, holds[st.kind],
+  error(("cudalua: module:ptx: module %s has no PTX (it holds %s%s)"):format(st.name, holds[st.kind],
         st.linked and " made by cuda.link" or st.source and "" or " loaded as it was built"), 2)
 end
 
 function Module.cubin(mod)
   local st = fields(mod, "cubin")
   if st.kind == "cubin" then return st.image end
-  error(("cudalua: module %s holds %s, not a cubin%s"):format(st.name, holds[st.kind],
+  error(("cudalua: module:cubin: module %s holds %s, not a cubin%s"):format(st.name, holds[st.kind],
         st.kind == "ptx" and " (compile with an sm_ arch, or with arch unset, for one)" or ""), 2)
 end
 
@@ -376,13 +377,13 @@ local module_mt = {
     local m = Module[key]
     if m then return m end
     if type(key) ~= "string" then
-      error(("cudalua: modules are indexed by kernel names, got %s"):format(type(key)), 2)
+      error(("cudalua: module[k]: modules are indexed by kernel names, got %s"):format(type(key)), 2)
     end
     if not state[mod] then error("cudalua: module.__index: expected a module", 2) end
-    local k = get_kernel(mod, key, nil, 2)
+    local k = get_kernel(mod, key, nil, 2, "module." .. key)
     return k
   end,
-  __newindex = function() error("cudalua: modules are read-only", 2) end,
+  __newindex = function() error("cudalua: module[k] =: modules are read-only", 2) end,
   __tostring = function(mod) return "cudalua.module<" .. fields(mod, "__tostring").name .. ">" end,
   __name = "cudalua.module",
 }

@@ -64,8 +64,8 @@ function M.init_xoroshiro128p_states(states, seed, subsequence_start, stream)
   if not n or kind ~= "device_array" or tostring(dtype) ~= "uint64" or states.shape[2] ~= 2 then
     error("cudalua: cuda.random.init_xoroshiro128p_states: states must be a device array of uint64 with shape {n, 2}", 2)
   end
-  seed = check_int(seed, "seed", "init_xoroshiro128p_states")
-  subsequence_start = check_int(subsequence_start or 0, "subsequence_start", "init_xoroshiro128p_states")
+  seed = check_int(seed, "seed", "cuda.random.init_xoroshiro128p_states")
+  subsequence_start = check_int(subsequence_start or 0, "subsequence_start", "cuda.random.init_xoroshiro128p_states")
   local count = n // 2
   if count == 0 then return states end
   -- on the states' device, whichever is selected
@@ -85,7 +85,7 @@ function M.create_xoroshiro128p_states(n, seed, subsequence_start, stream)
           "cudalua: cuda.random.create_xoroshiro128p_states: with an options table, subsequence_start and stream go in it, not after it", 2)
     end
     local o = seed
-    check.options(o, { "seed", "subsequence_start", "stream" }, "create_xoroshiro128p_states", 3)
+    check.options(o, { "seed", "subsequence_start", "stream" }, "cuda.random.create_xoroshiro128p_states", 3)
     seed, subsequence_start, stream = o.seed, o.subsequence_start, o.stream
   end
   if seed == nil then -- as Numba: no seed, a random one
@@ -93,7 +93,10 @@ function M.create_xoroshiro128p_states(n, seed, subsequence_start, stream)
   end
   local states = cuda().device_array({ math.max(n, 0), 2 }, "uint64", stream)
   local ok, err = pcall(M.init_xoroshiro128p_states, states, seed, subsequence_start, stream)
-  if not ok then error((tostring(err):gsub("^init_xoroshiro128p_states", "create_xoroshiro128p_states")), 2) end
+  if not ok then
+    local called = "cudalua: cuda.random.create_xoroshiro128p_states"   -- the function the user called
+    error((tostring(err):gsub("^cudalua: cuda%.random%.init_xoroshiro128p_states", called)), 2)
+  end
   return states
 end
 

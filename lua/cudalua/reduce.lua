@@ -169,7 +169,7 @@ function Reducer:__call(arr, opts)
       error("cudalua: cuda.reduce: options must be a table {init=, res=, stream=}, got " .. type(opts), 2)
     end
     init, stream, res = opts.init, opts.stream, opts.res
-    check.options(opts, { "init", "res", "stream" }, "reduce", 3)
+    check.options(opts, { "init", "res", "stream" }, "cuda.reduce", 3)
     if stream ~= nil and stream ~= 0 then
       if not check.is_stream(stream) then
         error("cudalua: cuda.reduce: expected a stream, got " .. type(stream), 2)

@@ -10,7 +10,7 @@ local M = {}
 local cc_of, cap_of = {}, {}
 function M.device_cc(level, what)
   if not core.is_available() then
-    error((what or "cuda.compile") .. ": " .. core.driver_error()
+    error("cudalua: " .. (what or "cuda.compile") .. ": " .. core.driver_error():gsub("^cudalua: ", "")
           .. "; give opts.arch (e.g. \"sm_90\") to compile without a GPU", level or 3)
   end
   local dev = core.current_device()
