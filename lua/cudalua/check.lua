@@ -33,7 +33,7 @@ end
 -- opts, or {} for nil; known maps each option to its Lua type
 function M.table(opts, known, where, level)
   if opts == nil then return {} end
-  if type(opts) ~= "table" then error(("cudalua: %s: opts must be a table, got %s"):format(where, type(opts)), level) end
+  if type(opts) ~= "table" then M.error(where, level, "opts must be a table, got %s", type(opts)) end
   for k, v in pairs(opts) do
     if not known[k] then
       local names = {}
@@ -42,7 +42,7 @@ function M.table(opts, known, where, level)
       M.unknown(k, names, where, level + 1)
     end
     if type(v) ~= known[k] then
-      error(("cudalua: %s: opts.%s must be a %s, got %s"):format(where, k, known[k], type(v)), level)
+      M.error(where, level, "opts.%s must be a %s, got %s", k, known[k], type(v))
     end
   end
   return opts
@@ -54,8 +54,8 @@ function M.list(list, what, where, level)
   local n = #list
   for k in pairs(list) do
     if math.type(k) ~= "integer" or k < 1 or k > n then
-      error(("cudalua: %s: %s is a list; it has the key %s (an option for opts itself?)"):format(where, what,
-            type(k) == "string" and ("'" .. k .. "'") or tostring(k)), level)
+      local key = type(k) == "string" and ("'" .. k .. "'") or tostring(k)
+      M.error(where, level, "%s is a list; it has the key %s (an option for opts itself?)", what, key)
     end
   end
 end
@@ -63,13 +63,13 @@ end
 function M.strings(list, what, where, level)
   M.list(list, what, where, level + 1)
   for i = 1, #list do
-    if type(list[i]) ~= "string" then error(("cudalua: %s: %s[%d] must be a string"):format(where, what, i), level) end
+    if type(list[i]) ~= "string" then M.error(where, level, "%s[%d] must be a string", what, i) end
   end
 end
 
 function M.arch(arch, where, level)
   if arch and not arch:match("^sm_%d+[af]?$") and not arch:match("^compute_%d+[af]?$") then
-    error(("cudalua: %s: arch must look like \"sm_90\" or \"compute_90\", got %q"):format(where, arch), level)
+    M.error(where, level, "arch must look like \"sm_90\" or \"compute_90\", got %q", arch)
   end
 end
 

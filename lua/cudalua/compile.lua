@@ -98,7 +98,7 @@ local function check_opts(opts)
   check.strings(opts.include_dirs or {}, "opts.include_dirs", "cuda.compile", level)
   for i, d in ipairs(opts.include_dirs or {}) do
     local is_dir = select(3, core.file_info(d))
-    if not is_dir then error(("cudalua: cuda.compile: opts.include_dirs[%d] is not a directory: %s"):format(i, d), level - 1) end
+    if not is_dir then check.error("cuda.compile", level - 1, "opts.include_dirs[%d] is not a directory: %s", i, d) end
   end
   check.arch(opts.arch, "cuda.compile", level)
   if opts.lto and opts.arch and opts.arch:match("^compute_") then
@@ -224,7 +224,7 @@ end
 -- raises NVRTC's log (level 4: this, compile(), cuda.compile or cuda.kernel, the user)
 local function failed(job, r)
   local msg = (r.log or ""):gsub("%s+$", "")
-  error(("cudalua: cuda.compile: %s failed to compile (%s):\n%s"):format(job.name, r.lowered, msg), 4)
+  check.error("cuda.compile", 4, "%s failed to compile (%s):\n%s", job.name, r.lowered, msg)
 end
 
 -- the module, kept in the cache under key (when there is one)

@@ -14,7 +14,7 @@ local M = {}
 -- "float32 x, float32 y" -> { {dtype=, name=}, ... }
 local function parse_params(s, where, level)
   if type(s) ~= "string" then
-    error(("cudalua: %s: parameters must be a string such as \"float32 x, float32 y\", got %s"):format(where, type(s)), level)
+    check.error(where, level, "parameters must be a string such as \"float32 x, float32 y\", got %s", type(s))
   end
   local list, seen = {}, {}
   if s:match("^%s*$") then return list end
@@ -23,9 +23,9 @@ local function parse_params(s, where, level)
     if not dt then error(
         ("cudalua: %s: cannot read parameter %q (expected \"dtype name\")"):format(where, part:match("^%s*(.-)%s*$")), level) end
     local ok, d = pcall(core.dtype, dt)
-    if not ok then error(("cudalua: %s: parameter %s: unknown dtype %q"):format(where, name, dt), level) end
-    if seen[name] then error(("cudalua: %s: parameter %s is named twice"):format(where, name), level) end
-    if name:match("^_cl_") then error(("cudalua: %s: parameter name %s is reserved"):format(where, name), level) end
+    if not ok then check.error(where, level, "parameter %s: unknown dtype %q", name, dt) end
+    if seen[name] then check.error(where, level, "parameter %s is named twice", name) end
+    if name:match("^_cl_") then check.error(where, level, "parameter name %s is reserved", name) end
     seen[name] = true
     list[#list + 1] = { dtype = d, name = name, itemsize = d.itemsize, complex = d.is_complex }
   end
@@ -140,7 +140,7 @@ function M.elementwise(cuda, in_params, out_params, body, name)
   if #outs == 0 then error("cudalua: " .. where .. ": give at least one output parameter", 2) end
   for _, o in ipairs(outs) do
     for _, i in ipairs(ins) do
-      if o.name == i.name then error(("cudalua: %s: %s is both an input and an output"):format(where, o.name), 2) end
+      if o.name == i.name then check.error(where, 2, "%s is both an input and an output", o.name) end
     end
   end
   if type(body) ~= "string" or body:match("^%s*$") then error(
@@ -165,7 +165,7 @@ local function kernel_for(self, mask, w, dev)
   for i, v in ipairs(self.ins) do ins[i] = { dtype = v.dtype, name = v.name, scalar = mask & (1 << (i - 1)) ~= 0 } end
   local src = source(ins, self.outs, self.body, w)
   local ok, mod = pcall(self.cuda.compile, src, { name = self.name .. ".cu" })
-  if not ok then error(("cudalua: cuda.elementwise: %s does not compile: %s"):format(self.name, tostring(mod)), 3) end
+  if not ok then check.error("cuda.elementwise", 3, "%s does not compile: %s", self.name, tostring(mod)) end
   k = mod:get("cudalua_elementwise")
   per[mask * 32 + w] = k
   return k
@@ -197,15 +197,14 @@ local function call_options(self, args)
   end
   local nin, nout = #self.ins, #self.outs
   if args.n ~= nin and args.n ~= nin + nout then
-    error(("cudalua: %s: expected %d inputs%s, got %d arguments"):format(where, nin,
-      (" (and optionally %d outputs)"):format(nout), args.n), 3)
+    check.error(where, 3, "expected %d inputs%s, got %d arguments", nin, (" (and optionally %d outputs)"):format(nout), args.n)
   end
   local stream, block = nil, 256
   for k, v in pairs(opts or NO_OPTS) do
     if not EW_OPTS[k] then check.unknown(k, { "block", "stream" }, where, 4) end
     if k == "stream" then
       if not check.is_stream(v) then
-        error(("cudalua: %s: stream must be a cudalua stream, got %s"):format(where, type(v)), 3)
+        check.error(where, 3, "stream must be a cudalua stream, got %s", type(v))
       end
       stream = v
     end
@@ -226,15 +225,14 @@ local function check_array(self, scan, v, p, role, i)
   local where = ("elementwise '%s'"):format(self.name)
   local size, dt, ptr = array_of(v)
   if not size then
-    if role == "output" then error(("cudalua: %s: output %s must be an array, got %s"):format(where, p.name, type(v)), 4) end
-    error(("cudalua: %s: input %s must be a number%s or an array, got %s"):format(where, p.name,
-      p.complex and ", a pair {re, im}" or "", type(v)), 4)
+    if role == "output" then check.error(where, 4, "output %s must be an array, got %s", p.name, type(v)) end
+    check.error(where, 4, "input %s must be a number%s or an array, got %s", p.name, p.complex and ", a pair {re, im}" or "", type(v))
   end
   if dt ~= p.dtype then
-    error(("cudalua: %s: %s %s is %s, the parameter %s"):format(where, role, p.name, tostring(dt), p.dtype.name), 4)
+    check.error(where, 4, "%s %s is %s, the parameter %s", role, p.name, tostring(dt), p.dtype.name)
   end
   if scan.n and size ~= scan.n then
-    error(("cudalua: %s: %s %s has %d elements, %s has %d"):format(where, role, p.name, size, scan.first, scan.n), 4)
+    check.error(where, 4, "%s %s has %d elements, %s has %d", role, p.name, size, scan.first, scan.n)
   end
   scan.n, scan.first, scan.ptrs[i] = scan.n or size, scan.first or p.name, ptr or false
 end

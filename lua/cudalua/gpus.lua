@@ -20,9 +20,9 @@ local gpu_mt = {
     if k == "id" then return ids[g] end
     local m = Gpu[k]
     if m then return m end
-    error(("cudalua: gpus have no field '%s'"):format(tostring(k)), 2)
+    error(("cudalua: gpu[k]: gpus have no field '%s'"):format(tostring(k)), 2)
   end,
-  __newindex = function() error("cudalua: gpus are read-only", 2) end,
+  __newindex = function() error("cudalua: gpu[k] =: gpus are read-only", 2) end,
   __tostring = function(g) return ("cudalua.gpu<%d: %s>"):format(ids[g], core.devices()[ids[g] + 1].name) end,
   __name = "cudalua.gpu",
 }

@@ -52,6 +52,7 @@ function cuda.detect(out)
   return true
 end
 
+local check = require "cudalua.check"
 local compile = require "cudalua.compile"
 cuda.compile = compile.compile
 cuda.kernel = compile.kernel
@@ -63,7 +64,7 @@ local reduce = require "cudalua.reduce"
 -- a misplaced option (given to the constructor instead of the call) is refused, not lost
 local function at_most(n, where, ...)
   if select("#", ...) > n then
-    error(("cudalua: %s: takes at most %d arguments, got %d"):format(where, n, select("#", ...)), 3)
+    check.error(where, 3, "takes at most %d arguments, got %d", n, select("#", ...))
   end
 end
 

@@ -12,20 +12,20 @@ local LOAD_OPTS = { name = "string", arch = "string" }
 
 -- the bytes of an image given as bytes or as a file's path, its kind and a name for it
 local function image_of(v, where, level)
-  if type(v) ~= "string" then error(("cudalua: %s: expected a path or the bytes of an image, got %s"):format(where, type(v)), level) end
+  if type(v) ~= "string" then check.error(where, level, "expected a path or the bytes of an image, got %s", type(v)) end
   local kind = modules.image_kind(v)
   if kind then return v, kind, nil end
   if #v > 4096 or v:find("%z") or v:find("\n") then
-    error(("cudalua: %s: not a cubin, fatbin, PTX or LTO-IR image (it starts with %q)"):format(where, v:sub(1, 8)), level)
+    check.error(where, level, "not a cubin, fatbin, PTX or LTO-IR image (it starts with %q)", v:sub(1, 8))
   end
   local f, err = io.open(v, "rb")
-  if not f then error(("cudalua: %s: cannot open %s"):format(where, err), level) end
+  if not f then check.error(where, level, "cannot open %s", err) end
   local data = f:read("a")
   f:close()
-  if not data then error(("cudalua: %s: cannot read %s"):format(where, v), level) end
+  if not data then check.error(where, level, "cannot read %s", v) end
   kind = modules.image_kind(data)
   if not kind then
-    error(("cudalua: %s: %s is not a cubin, fatbin, PTX or LTO-IR image (it starts with %q)"):format(where, v, data:sub(1, 8)), level)
+    check.error(where, level, "%s is not a cubin, fatbin, PTX or LTO-IR image (it starts with %q)", v, data:sub(1, 8))
   end
   return data, kind, v
 end
@@ -39,7 +39,7 @@ local function jitlink(inputs, arch, lto, extra, where, level)
   for _, o in ipairs(extra or {}) do options[#options + 1] = o end
   local cubin, log, err = core.jitlink(inputs, options, false)
   if not cubin then
-    error(("cudalua: %s: linking failed (%s):\n%s"):format(where, err, (log or ""):gsub("%s+$", "")), level)
+    check.error(where, level, "linking failed (%s):\n%s", err, (log or ""):gsub("%s+$", ""))
   end
   return cubin, log
 end
@@ -47,7 +47,7 @@ end
 local function link_arch(arch, where, level)
   arch = arch or system.device_arch(level + 1, where)
   if arch:match("^compute_") then
-    error(("cudalua: %s: linking needs an sm_ arch, got %s"):format(where, arch), level)
+    check.error(where, level, "linking needs an sm_ arch, got %s", arch)
   end
   return arch
 end
@@ -67,7 +67,7 @@ function M.load_module(v, opts)
   end
   if f.kind == "cubin" then
     local elf = modules.elf_info(f.image)
-    if elf == false then error(("cudalua: cuda.load_module: %s is a damaged cubin (its ELF tables do not fit in it)"):format(name), 2) end
+    if elf == false then check.error("cuda.load_module", 2, "%s is a damaged cubin (its ELF tables do not fit in it)", name) end
     if not elf or not elf.cuda then
       error(
           ("cudalua: cuda.load_module: %s is an ELF file but not a CUDA cubin "
@@ -106,7 +106,7 @@ function M.link(inputs, opts)
       for expr, e in pairs(st.info) do info[expr] = info[expr] or e end
       if st.arch and st.arch:match("^sm_") then
         if arch and arch ~= st.arch and not opts.arch then
-          error(("cudalua: cuda.link: input %d is for %s, an earlier one for %s: give opts.arch"):format(i, st.arch, arch), 2)
+          check.error("cuda.link", 2, "input %d is for %s, an earlier one for %s: give opts.arch", i, st.arch, arch)
         end
         arch = arch or st.arch
       end

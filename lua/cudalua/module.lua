@@ -6,6 +6,7 @@
 -- name, the driver's parameter sizes.
 local core = ...
 local signature = require "cudalua.signature"
+local check = require "cudalua.check"
 local M = {}
 
 -- cuda.compile's probe kernel template: its instances are never listed
@@ -377,7 +378,7 @@ local module_mt = {
     local m = Module[key]
     if m then return m end
     if type(key) ~= "string" then
-      error(("cudalua: module[k]: modules are indexed by kernel names, got %s"):format(type(key)), 2)
+      check.error("module[k]", 2, "modules are indexed by kernel names, got %s", type(key))
     end
     if not state[mod] then error("cudalua: module.__index: expected a module", 2) end
     local k = get_kernel(mod, key, nil, 2, "module." .. key)

@@ -46,7 +46,7 @@ local function check_int(v, what, where)
     if type(v) == "number" and v == math.floor(v) and v >= 0 and v < 2 ^ 64 then
       return v >= 2 ^ 63 and math.tointeger(v - 2 ^ 64) or math.tointeger(v)
     end
-    error(("cudalua: %s: %s must be an integer, got %s"):format(where, what, tostring(v)), 3)
+    check.error(where, 3, "%s must be an integer, got %s", what, tostring(v))
   end
   return v
 end

@@ -57,8 +57,7 @@ local function kernels(self, dtype, dev)
   local ok, mod = pcall(compile.compile, source(self, ctype, header), {
     name = "cudalua_reduce.cu", name_expressions = { aligned, unaligned } })
   if not ok then
-    error(("cudalua: cuda.reduce: the reduction %q does not compile for %s:\n%s"):format(
-      self.expr or self.body, name, tostring(mod)), 0)
+    check.error("cuda.reduce", 0, "the reduction %q does not compile for %s:\n%s", self.expr or self.body, name, tostring(mod))
   end
   local sms = core.devices()[core.current_device() + 1].multiprocessors
   -- per_block: the elements that give each warp of a block its un tiles
@@ -192,22 +191,22 @@ function Reducer:__call(arr, opts)
   if init == nil then init = self.init or 0 end
   if PACK[dtype] then
     if type(init) ~= "number" and not (type(init) == "table" and type(init[1]) == "number" and type(init[2]) == "number") then
-      error(("cudalua: cuda.reduce: init must be a number or a pair {re, im} for %s, got %s"):format(dtype, type(init)), 2)
+      check.error("cuda.reduce", 2, "init must be a number or a pair {re, im} for %s, got %s", dtype, type(init))
     end
   elseif math.type(init) ~= "integer" then
     if type(init) ~= "number" then error("cudalua: cuda.reduce: init must be a number, got " .. type(init), 2) end
     if not dtype.is_float then
-      error(("cudalua: cuda.reduce: init must be an integer for %s, got %s"):format(dtype, init), 2)
+      check.error("cuda.reduce", 2, "init must be an integer for %s, got %s", dtype, init)
     end
   end
   if res ~= nil then
     local rn, rdt, rkind, _, rdev = core.array_info(res)
     if not rn then error("cudalua: cuda.reduce: res must be an array, got " .. type(res), 2) end
-    if rdt ~= dtype then error(("cudalua: cuda.reduce: res has dtype %s, the input %s"):format(rdt, dtype), 2) end
+    if rdt ~= dtype then check.error("cuda.reduce", 2, "res has dtype %s, the input %s", rdt, dtype) end
     if rn < 1 then error("cudalua: cuda.reduce: res is empty", 2) end
     if rkind == "array" then error("cudalua: cuda.reduce: res must be a device (or pinned/mapped/managed) array", 2) end
     if rdev >= 0 and dev >= 0 and rdev ~= dev then
-      error(("cudalua: cuda.reduce: res is on device %d and the input on device %d"):format(rdev, dev), 2)
+      check.error("cuda.reduce", 2, "res is on device %d and the input on device %d", rdev, dev)
     end
     if dev < 0 then dev = rdev end
   end
@@ -229,7 +228,7 @@ function M.reduce(cuda, expr, opts)
   local self = setmetatable({ cuda = cuda, kernels = {} }, Reducer)
   if type(expr) == "string" then
     if not expr:find("%f[%w_][ab]%f[^%w_]") then
-      error(("cudalua: cuda.reduce: the expression %q uses neither a nor b"):format(expr), 3)
+      check.error("cuda.reduce", 3, "the expression %q uses neither a nor b", expr)
     end
     self.expr = expr
   elseif type(expr) == "table" then

@@ -3,6 +3,7 @@
 -- identities and versions. None of them changes under a running process (a library, once
 -- loaded or refused, stays so: src/driver.c), and the compile path asks on every call.
 local core = ...
+local check = require "cudalua.check"
 local M = {}
 
 -- "cc90": the current device's compute capability, for cache keys (needs no NVRTC)
@@ -35,7 +36,7 @@ function M.device_arch(level, what)
     if a <= want and a > best then best = a end
   end
   if best == 0 then
-    error(("cudalua: %s: NVRTC cannot compile for compute capability %d.%d"):format(what or "cuda.compile", cc[1], cc[2]), level or 3)
+    check.error(what or "cuda.compile", level or 3, "NVRTC cannot compile for compute capability %d.%d", cc[1], cc[2])
   end
   arch_of[dev] = "compute_" .. best -- PTX the driver compiles for the newer device
   return arch_of[dev]
