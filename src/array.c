@@ -409,7 +409,10 @@ static int a_reshape(lua_State *L) {
     ndim = cl_parse_shape(L, -1, shape, "array:reshape");
   } else ndim = cl_parse_shape(L, 2, shape, "array:reshape");
   size_t n = 1;
-  for (int i = 0; i < ndim; i++) n *= (size_t)shape[i];
+  /* a product that wraps around could match the size (0 elements viewed as {2^32, 2^32}): the
+     view's indexes would then reach far past the memory */
+  if (!cl_shape_mul(&n, ndim, shape))
+    return cl_error(L, "array:reshape", "%I elements cannot take that shape (too many elements)", (lua_Integer)a->size);
   if (n != a->size)
     return cl_error(L, "array:reshape", "%I elements cannot take a shape of %I", (lua_Integer)a->size, (lua_Integer)n);
   push_view(L, a, a->offset, a->dtype, ndim, shape);
