@@ -117,7 +117,7 @@ function M.run(seed, seconds, thread, solo)
       t.ops = t.ops + 1
       local l = lanes[rng(1, #lanes)]
       local s = l.s
-      local op = rng(1, 18)
+      local op = rng(1, 19)
       if op <= 3 then
         beat("add")
         local v = rng(-50, 50)
@@ -238,9 +238,9 @@ function M.run(seed, seconds, thread, solo)
         end)
         if not close then collectgarbage() end
       elseif op == 18 then
-        -- blocks cached for reuse on a stream, then the stream closed, while other threads'
-        -- frees evict blocks of the one cache (src/memory.c: a stream outlives the frees that
-        -- another thread has under way on it; a crash in cuMemFreeAsync before)
+        -- blocks cached for reuse on a stream, then the stream closed, while other threads
+        -- free their own blocks of the one cache (src/memory.c: a stream's blocks are freed
+        -- only by its own state; another thread's free on it crashed cuMemFreeAsync before)
         beat("stream closed with cached blocks")
         local st = cuda.stream(rng(1, 2) == 1)
         for _ = 1, rng(1, 6) do
@@ -249,6 +249,28 @@ function M.run(seed, seconds, thread, solo)
           a:close()
         end
         st:close()
+      elseif op == 19 then
+        -- ported from CuPy's tests/cupy_tests/cuda_tests/test_memory_threaded.py
+        -- (test_default_memory_pool_threaded): random sizes, a ring only the collector frees,
+        -- now and then a collection or the pool emptied, in every thread at once. Here the
+        -- cache is emptied while other states capture (src/memory.c frees only this state's
+        -- blocks: another's may be on a capturing stream); one array's contents checked
+        beat("pool: random sizes, a ring, empty_cache")
+        local on = l.kind ~= "legacy" and s or nil
+        waiting(function()
+          local keep = {}
+          for i = 1, rng(1, 50) do keep[i] = cuda.device_array(rng(1, 12500), "int32", on) end
+          local first = { false, cuda.device_array(rng(1, 12500), "int32", on) }
+          local ring = first
+          for _ = 2, rng(2, 49) do ring = { ring, cuda.device_array(rng(1, 12500), "int32", on) } end
+          first[1] = ring
+          local a, v = keep[rng(1, #keep)], rng(-1000, 1000)
+          a:fill(v, on)
+          local got = a[rng(1, #a)]
+          if got ~= v then wrong(("%s: a pool block read %d, filled with %d"):format(where, got, v)) end
+          local pick = rng(1, 10)
+          if pick == 1 then collectgarbage() elseif pick == 2 then cuda.empty_cache() end
+        end)
       else
         beat("drop and collect")
         scratch = {}
