@@ -4,7 +4,8 @@
 #include "cl.h"
 
 void cl_class_define(lua_State *L, const cl_class *c) {
-  luaL_newmetatable(L, c->name);   /* also sets __name: error messages name the type */
+  /* defined once: a second definition would drop the methods other files added since */
+  if (!luaL_newmetatable(L, c->name)) { lua_pop(L, 1); return; }   /* (it sets __name too) */
   int nup = 0;
   if (c->methods) {
     lua_newtable(L);

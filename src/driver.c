@@ -1,5 +1,5 @@
 /* driver.c: the tables of libcuda, NVRTC and nvJitLink (loader.c opens them at run time),
-   contexts, errors, system functions. Nothing links against the CUDA libraries, so the module
+   contexts, errors (the system functions are device.c's). Nothing links against the CUDA libraries, so the module
    loads on machines without them. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -303,7 +303,6 @@ static int l_jitlink_version(lua_State *L) {
   return 3;
 }
 
-/* cuda.sleep(seconds) */
 /* The last Lua state using cudalua has closed: every object has been freed, so nothing of
    cudalua's is left on the devices once each has finished its work. The pools give their spare
    memory back and the primary contexts are released (a host program's runtime keeps its own

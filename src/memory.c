@@ -7,7 +7,6 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <pthread.h>
-#include <sched.h>
 #include "cl.h"
 
 #define BIG (2u << 20)          /* pageable arrays this large are mmapped with huge pages */
@@ -142,12 +141,14 @@ void cl_stream_unref(lua_State *L, cl_stream *s) {
    array does in Lua, and arrays are made and dropped in loops. A block is handed out again only
    in the order of the stream it was freed on, as the driver's pool itself does, so queued work
    that used it is done before new work on that stream touches it. Bounded in blocks and bytes;
-   emptied before an allocation is retried after out-of-memory. One cache for the process,
+   this state's are emptied before an allocation is retried after out-of-memory (another
+   state's stay: see below). One cache for the process,
    shared by the states on other threads, but a block is freed only by the state that cached
    it: a free is queued on the block's stream, and another state's stream may be capturing
    (the free would land in its graph and spoil the capture: CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
    in tools/stress.c, seed 1699, when a thread's eviction raced a capture's beginning). A state
-   that finds only others' blocks in a full cache frees its own block at once instead. */
+   that finds only others' blocks in a full cache frees its own block at once instead. So a
+   stream's blocks are freed only on its own state's thread, the one that destroys it. */
 #define SLOTS 32
 typedef struct { CUdeviceptr p; size_t bytes; CUcontext ctx; cl_stream *s; const void *owner; } block;
 static block cache[SLOTS];      /* oldest first */
@@ -169,11 +170,9 @@ static int owns(const void *me, int i) { return !me || cache[i].owner == me; }
 
 /* takes cache[i] out into *out (cache_mu held); it is freed by free_blocks once the lock is
    let go: a free may park the Lua thread (hostfn.c), and a host function run meanwhile may
-   allocate. Its stream counts the free under way (a stream destroyed with the free in flight
-   would crash cuMemFreeAsync, seen in tools/stress.c; cl_mem_forget_stream waits for it) */
+   allocate */
 static void evict(int i, block *out) {
   *out = cache[i];
-  if (out->s) __atomic_add_fetch(&out->s->freeing, 1, __ATOMIC_SEQ_CST);
   cached -= cache[i].bytes;
   memmove(&cache[i], &cache[i + 1], (size_t)(--ncache - i) * sizeof *cache);
 }
@@ -190,7 +189,6 @@ static void free_blocks(lua_State *L, block *v, int n) {
   for (int i = 0; i < n; i++) {
     CUcontext prev = cl_ctx_swap(v[i].ctx);
     CUresult r = CU(cuMemFreeAsync, v[i].p, v[i].s ? v[i].s->h : NULL);
-    if (v[i].s) __atomic_sub_fetch(&v[i].s->freeing, 1, __ATOMIC_SEQ_CST);   /* s may go now */
     if (r != CUDA_SUCCESS) warn(L, "cuMemFreeAsync", r);
     cl_ctx_swap(prev);
   }
@@ -202,12 +200,15 @@ static int cache_put(lua_State *L, CUdeviceptr p, size_t bytes, CUcontext ctx, c
   if (!L || bytes > cache_limit / 8 || cl_capturing || (s && !s->owned)) return 0;
   const void *me = state_id(L);
   block out[SLOTS];
-  int n = 0, room = 1;
+  int n = 0;
   pthread_mutex_lock(&cache_mu);
-  while (ncache && (ncache == SLOTS || cached + bytes > cache_limit)) {
-    if (!evict_oldest(me, &out[n])) { room = 0; break; }
-    n++;
-  }
+  /* room once all of this state's blocks were gone? If not, none of them goes for nothing */
+  int mine = 0;
+  size_t mine_bytes = 0;
+  for (int i = 0; i < ncache; i++)
+    if (cache[i].owner == me) { mine++; mine_bytes += cache[i].bytes; }
+  int room = (ncache < SLOTS || mine) && cached - mine_bytes + bytes <= cache_limit;
+  while (room && ncache && (ncache == SLOTS || cached + bytes > cache_limit) && evict_oldest(me, &out[n])) n++;
   if (room) {
     cache[ncache++] = (block){p, bytes, ctx, s, me};
     cached += bytes;
@@ -236,7 +237,7 @@ static CUdeviceptr cache_get(size_t bytes, CUcontext ctx, cl_stream *s) {
    state (all of them with L NULL); with a limit, the oldest of them until at most limit bytes
    are cached */
 static void cache_drop(lua_State *L, cl_stream *s, size_t limit) {
-  const void *me = state_id(L);
+  const void *me = s ? NULL : state_id(L);
   block out[SLOTS];
   int n = 0;
   pthread_mutex_lock(&cache_mu);
@@ -250,10 +251,10 @@ static void cache_drop(lua_State *L, cl_stream *s, size_t limit) {
   free_blocks(L, out, n);
 }
 
-/* s is being destroyed (its state's thread): its blocks are freed on it first */
+/* s is being destroyed (its state's thread, the only one that frees its blocks): its blocks
+   are freed on it first */
 void cl_mem_forget_stream(lua_State *L, cl_stream *s) {
   if (__atomic_load_n(&ncache, __ATOMIC_SEQ_CST)) cache_drop(L, s, 0);
-  while (__atomic_load_n(&s->freeing, __ATOMIC_SEQ_CST)) sched_yield();
 }
 
 /* L's state is closing: the blocks it cached (on the legacy stream: its streams are gone) */
@@ -282,7 +283,7 @@ static int l_block_cache(lua_State *L) {
   return 2;
 }
 
-/* cuda.empty_cache(): frees the cached blocks now (the limit stays) */
+/* cuda.empty_cache(): frees the blocks this state cached, now (the limit stays) */
 static int l_empty_cache(lua_State *L) {
   if (ncache) cache_drop(L, NULL, 0);
   return 0;
@@ -316,13 +317,14 @@ static CUresult alloc_gpu(lua_State *L, cl_mem *m, cl_stream *s, int zero) {
     if (r == CUDA_SUCCESS) r = CU(cuMemHostGetDevicePointer, &m->dptr, m->host, 0);
     if (r == CUDA_SUCCESS && zero) memset(m->host, 0, b);
   } else if (m->kind == CL_MANAGED) {
-    r = CU(cuMemAllocManaged, &m->dptr, b, CU_MEM_ATTACH_GLOBAL);
+    /* the host zeroes it, and without concurrent managed access no kernel may run meanwhile.
+       Waited for before the allocation: the wait is refused while a stream captures, and there
+       is then nothing to free (freeing managed memory waits for the whole device, which would
+       end that capture) */
+    if (zero && !cl_concurrent_managed(m->ctx)) r = cl_wait_raw(L, CL_WAIT_CTX, NULL);
+    if (r == CUDA_SUCCESS) r = CU(cuMemAllocManaged, &m->dptr, b, CU_MEM_ATTACH_GLOBAL);
     m->host = (void *)(uintptr_t)m->dptr;
-    if (r == CUDA_SUCCESS && zero) {
-      if (!cl_concurrent_managed(m->ctx)) r = cl_wait_raw(L, CL_WAIT_CTX, NULL);
-      if (r == CUDA_SUCCESS) memset(m->host, 0, b);
-      else { CU(cuMemFree, m->dptr); m->dptr = 0; m->host = NULL; }   /* (refused while capturing) */
-    }
+    if (r == CUDA_SUCCESS && zero) memset(m->host, 0, b);
   } else if (m->bytes) {   /* CL_DEVICE */
     m->dptr = ncache ? cache_get(m->bytes, m->ctx, s) : 0;
     if (!m->dptr) r = CU(cuMemAllocAsync, &m->dptr, m->bytes, s ? s->h : NULL);

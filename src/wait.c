@@ -72,7 +72,8 @@ int cl_ctx_claim_or_defer(lua_State *L, cl_deferred *d) {
    told first (claims refused from then on), and taken back while a claim is held, as this
    state's host functions run (the wait may be for them): never held, so that a thread that
    waits for this capture's end (another state retrying a refused wait, say) can run the work
-   the device-wide wait waits for. cl_capturing itself only ever counts captures under way. */
+   the device-wide wait waits for. cl_capturing counts a capture from here (cl_capture_enter) until it ends, or
+   until cuStreamBeginCapture fails. */
 void cl_capture_enter(lua_State *L) {
   cl_hostq *q = cl_host_queue(L);
   double since = now_us();

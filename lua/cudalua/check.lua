@@ -18,7 +18,7 @@ end
 
 -- raises for the option k, not one of names (a list, in the order the message gives them)
 function M.unknown(k, names, where, level)
-  error(("cudalua: %s: unknown option '%s' (%s)"):format(where, tostring(k), table.concat(names, ", ")), level)
+  M.error(where, level, "unknown option '%s' (%s)", tostring(k), table.concat(names, ", "))
 end
 
 -- every key of opts is one of names (a list)

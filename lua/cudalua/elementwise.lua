@@ -151,6 +151,7 @@ function M.elementwise(cuda, in_params, out_params, body, name)
   local out_widest = 1   -- the outputs' widest itemsize: every call's vector width counts them
   for _, p in ipairs(outs) do out_widest = math.max(out_widest, p.itemsize) end
   return setmetatable({ cuda = cuda, ins = ins, outs = outs, body = body, name = name or "elementwise",
+                        where = ("elementwise '%s'"):format(name or "elementwise"),   -- its calls' errors
                         kernels = {}, out_widest = out_widest }, Elementwise)
 end
 
@@ -188,7 +189,7 @@ end
 -- the call's options (a trailing plain table, unless it is a {re, im} pair; taken out of
 -- args) -> stream, block. The helpers below raise at level 3: the caller of __call
 local function call_options(self, args)
-  local where, opts = ("elementwise '%s'"):format(self.name), nil
+  local where, opts = self.where, nil
   if args.n > 0 and type(args[args.n]) == "table" and getmetatable(args[args.n]) == nil
      and rawlen(args[args.n]) == 0 then
     opts = args[args.n]
@@ -222,7 +223,7 @@ end
 -- for the alignment check), scan.shape_of (the first array input), scan.widest (the widest
 -- itemsize among the arrays)
 local function check_array(self, scan, v, p, role, i)
-  local where = ("elementwise '%s'"):format(self.name)
+  local where = self.where
   local size, dt, ptr = array_of(v)
   if not size then
     if role == "output" then check.error(where, 4, "output %s must be an array, got %s", p.name, type(v)) end

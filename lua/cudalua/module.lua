@@ -193,11 +193,11 @@ end
 
 -- the module loaded on the current device (loaded there on first use: one image serves every
 -- device of its architecture)
-local function load(mod, level, where)
+local function load(mod, level, by)
   local st = state[mod]
   if st.relocatable then
     error(("cudalua: %s: module %s holds relocatable code (relocatable = true, lto = true or an -rdc "
-           .. "object): link it first, cuda.link{...}"):format(where or "module:get", st.name), level + 1)
+           .. "object): link it first, cuda.link{...}"):format(by and "module." .. by or "module:get", st.name), level + 1)
   end
   local dev = core.is_available() and core.current_device() or 0
   local h = st.handles[dev]
@@ -211,8 +211,8 @@ local function load(mod, level, where)
   return h, dev
 end
 
-local function no_kernel(st, expr, names, level, where)
-  error(("cudalua: %s: no kernel '%s' in module %s (kernels: %s)"):format(where or "module:get", expr, st.name,
+local function no_kernel(st, expr, names, level, by)
+  error(("cudalua: %s: no kernel '%s' in module %s (kernels: %s)"):format(by and "module." .. by or "module:get", expr, st.name,
         #names > 0 and table.concat(names, ", ") or "none found"), level + 1)
 end
 
@@ -252,13 +252,13 @@ end
 
 -- what is known of kernel expr of a module with no source: the symbol, and types from its
 -- PTX or its mangled name where they can be read
-local function lookup(st, mod, expr, level, where)
+local function lookup(st, mod, expr, level, by)
   local known = false
   for _, n in ipairs(kernel_names(mod, level + 1)) do if n == expr then known = true end end
   local symbol = known and expr or mangled_match(st, expr)
   if not symbol then
     -- the image lists every kernel: the driver is not asked for one it does not have
-    if st.listed and not st.unlisted then no_kernel(st, expr, kernel_names(mod, level + 1), level + 1, where) end
+    if st.listed and not st.unlisted then no_kernel(st, expr, kernel_names(mod, level + 1), level + 1, by) end
     return { symbol = expr }
   end
   if st.info[symbol] then return st.info[symbol] end   -- types from the PTX
@@ -295,8 +295,8 @@ local function param_count(st, symbol, ptx_codes)
 end
 M.param_count = param_count
 
--- where: the public name the user called (module:get, or module.name for m.name)
-local function get_kernel(mod, expr, sig, level, where)
+-- by: the kernel's name when the user wrote m.name (nil: m:get(name)), for messages
+local function get_kernel(mod, expr, sig, level, by)
   local st = state[mod]
   local dev = core.is_available() and core.current_device() or 0
   local per = st.kernels[dev]
@@ -305,8 +305,8 @@ local function get_kernel(mod, expr, sig, level, where)
   local k = per[cache_key]
   if k then return k end
   local info = st.info[expr]
-  if not info and not st.source then info = lookup(st, mod, expr, level + 1, where) end
-  if not info then no_kernel(st, expr, kernel_names(mod, level + 1), level + 1, where) end
+  if not info and not st.source then info = lookup(st, mod, expr, level + 1, by) end
+  if not info then no_kernel(st, expr, kernel_names(mod, level + 1), level + 1, by) end
   local codes, types = info.codes, info.types
   -- a count the image gives: the driver is then never asked past the last parameter
   local count = (sig or not codes) and param_count(st, info.symbol, info.codes) or nil
@@ -321,13 +321,13 @@ local function get_kernel(mod, expr, sig, level, where)
   elseif info.error then
     error(("cudalua: kernel '%s': %s"):format(expr, info.error), level + 1)
   end
-  local handle = load(mod, level + 1, where)
+  local handle = load(mod, level + 1, by)
   -- without codes, module_kernel takes the sizes from the driver and fills in types; with a
   -- signature and no count, it asks the driver whether there are more parameters
   local ok, kern = pcall(core.module_kernel, handle, info.symbol, codes,
     { name = expr, types = types or {}, symbol = info.symbol }, count or sig ~= nil)
   if not ok then
-    if tostring(kern):find("no kernel '", 1, true) then no_kernel(st, expr, kernel_names(mod, level + 1), level + 1, where) end
+    if tostring(kern):find("no kernel '", 1, true) then no_kernel(st, expr, kernel_names(mod, level + 1), level + 1, by) end
     error(sig and ("%s (signature %q)"):format(kern, sig) or kern, level + 1)
   end
   per[cache_key] = kern
@@ -381,7 +381,7 @@ local module_mt = {
       check.error("module[k]", 2, "modules are indexed by kernel names, got %s", type(key))
     end
     if not state[mod] then error("cudalua: module.__index: expected a module", 2) end
-    local k = get_kernel(mod, key, nil, 2, "module." .. key)
+    local k = get_kernel(mod, key, nil, 2, key)
     return k
   end,
   __newindex = function() error("cudalua: module[k] =: modules are read-only", 2) end,
