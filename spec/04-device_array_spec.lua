@@ -281,7 +281,7 @@ describe("element access on device arrays", function()
     C.raises(("index %d out of range (1..%d)"):format(N + 1, N), function() return d[N + 1] end)
     C.raises("value 1e+39 does not fit float32", function() d[1] = 1e39 end)
     d:close()
-    C.raises(": closed array", function() return d[1] end)
+    C.raises("cudalua: array[i]: closed array", function() return d[1] end)
   end)
 end)
 

@@ -149,9 +149,9 @@ describe("cooperative launches", function()
   gpu("misuse: cooperative must be a boolean", function()
     local k = K("plain")
     local d = cuda.device_array(32, "int32")
-    C.raises("cudalua: launch: cooperative must be a boolean, got string", function() return k[{ 1, 32, cooperative = "yes" }] end)
-    C.raises("cudalua: launch: cooperative must be a boolean, got number", k.launch, k, { grid = 1, block = 32, cooperative = 1 }, d)
-    C.raises("cudalua: forall: cooperative must be a boolean, got table", k.forall, k, 10, { cooperative = {} })
+    C.raises("cudalua: kernel[{grid, block}]: cooperative must be a boolean, got string", function() return k[{ 1, 32, cooperative = "yes" }] end)
+    C.raises("cudalua: kernel:launch: cooperative must be a boolean, got number", k.launch, k, { grid = 1, block = 32, cooperative = 1 }, d)
+    C.raises("cudalua: kernel:forall: cooperative must be a boolean, got table", k.forall, k, 10, { cooperative = {} })
   end)
 end)
 
@@ -223,12 +223,12 @@ describe("thread block clusters", function()
   gpu("misuse: bad cluster shapes", function()
     local k = K("cluster_ring")
     local out = cuda.device_array(1024, "int32")
-    C.raises("cudalua: launch: the grid {5, 1, 1} is not a multiple of the cluster {2, 1, 1}", function() return k[{ 5, 32, cluster = 2 }] end)
-    C.raises("cudalua: launch: the grid {4, 3, 1} is not a multiple of the cluster {1, 2, 1}", k.launch, k,
+    C.raises("cudalua: kernel[{grid, block}]: the grid {5, 1, 1} is not a multiple of the cluster {2, 1, 1}", function() return k[{ 5, 32, cluster = 2 }] end)
+    C.raises("cudalua: kernel:launch: the grid {4, 3, 1} is not a multiple of the cluster {1, 2, 1}", k.launch, k,
              { grid = { 4, 3 }, block = 32, cluster = { 1, 2 } }, out)
     C.raises("cudalua: cluster must be an integer >= 1 or a table of them, got 0", function() return k[{ 4, 32, cluster = 0 }] end)
     C.raises("cudalua: cluster needs 1 to 3 dimensions, got 4", function() return k[{ 4, 32, cluster = { 1, 1, 1, 1 } }] end)
-    C.raises("cudalua: forall: the grid is one-dimensional: cluster must be n or {n}", k.forall, k, 100, { cluster = { 2, 2 } })
+    C.raises("cudalua: kernel:forall: the grid is one-dimensional: cluster must be n or {n}", k.forall, k, 100, { cluster = { 2, 2 } })
     C.raises("cudalua: graph:kernel: the grid {3, 1, 1} is not a multiple of the cluster {2, 1, 1}", cuda.graph().kernel,
              cuda.graph(), k, { grid = 3, block = 32, cluster = 2 }, { out })
   end)
@@ -316,17 +316,17 @@ describe("configuration tables", function()
   gpu("refuse unknown keys, naming them, in every form", function()
     local k = K("plain")
     local d = cuda.device_array(32, "int32")
-    C.raises("cudalua: launch: unknown key 'clusters' in the launch configuration (grid, block, stream, shared, cooperative, cluster",
+    C.raises("cudalua: kernel[{grid, block}]: unknown key 'clusters' in the launch configuration (grid, block, stream, shared, cooperative, cluster",
              function() return k[{ 1, 32, clusters = 2 }] end)
     C.raises("unknown key 'strem'", k.launch, k, { grid = 1, block = 32, strem = cuda.stream() }, d)
     C.raises("unknown key 5", k.launch, k, { grid = 1, block = 32, [5] = 0 }, d)
-    C.raises("cudalua: forall: unknown option 'clustr' (stream, shared, cooperative, cluster)", k.forall, k, 10, { clustr = 2 })
+    C.raises("cudalua: kernel:forall: unknown option 'clustr' (stream, shared, cooperative, cluster)", k.forall, k, 10, { clustr = 2 })
     local g = cuda.graph()
     C.raises("cudalua: graph:kernel: unknown key 'stream_' in the launch configuration (grid, block, shared, cooperative, cluster",
              g.kernel, g, k, { grid = 1, block = 32, stream_ = 1 }, { d })
     C.raises("cudalua: graph:kernel: a graph node has no stream (the graph is launched on one)", g.kernel, g, k,
              { 1, 32, cuda.stream() }, { d })
-    C.raises("cudalua: launch: grid given both by name and as entry 1", k.launch, k, { 1, 32, grid = 2 }, d)
+    C.raises("cudalua: kernel:launch: grid given both by name and as entry 1", k.launch, k, { 1, 32, grid = 2 }, d)
     -- positional entries written as [1] = ... live in the table's hash part, in any order
     -- with the named ones: each named key is still seen
     local s = cuda.stream()

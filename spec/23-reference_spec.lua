@@ -119,7 +119,7 @@ describe("the API reference (docs/API.md)", function()
     options_documented("cuda.event(", accepted(cuda.event, { zz = 1 }))
     options_documented("cuda.stream(", accepted(cuda.stream, { zz = 1 }))
     options_documented("cuda.device_array(", accepted(cuda.device_array, 4, "float32", { zz = 1 }))
-    local watch = H.read("lua/cudalua/progress.lua"):match('check%.options%(opts, {([^}]*)}, "progress%.watch"')
+    local watch = H.read("lua/cudalua/progress.lua"):match('check%.options%(opts, {([^}]*)}, "cuda%.progress%.watch"')
     local list = {}
     for k in assert(watch, "progress.watch's option list"):gmatch("[%a_]+") do list[#list + 1] = k end
     options_documented("cuda.progress.watch(", list)

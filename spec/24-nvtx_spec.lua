@@ -20,7 +20,7 @@ describe("cuda.nvtx", function()
     local s, t = nvtx.range("sum", function(x, y) return x + y, x * y end, a, b)
     assert.equal(a + b, s)
     assert.equal(a * b, t)
-    C.raises("boom " .. a, nvtx.range, "raises", function() error("boom " .. a) end)
+    C.raises_own("boom " .. a, nvtx.range, "raises", function() error("boom " .. a) end)
     C.raises("no range is open", nvtx.range_pop)   -- the failed range was popped
   end)
 

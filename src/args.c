@@ -20,7 +20,7 @@ static int arg_error(lua_State *L, int kidx, int i, int aidx, const char *msg) {
   else if (lua_type(L, aidx) == LUA_TSTRING) got = lua_pushfstring(L, "string (%I bytes)", (lua_Integer)lua_rawlen(L, aidx));
   cl_array *a = cl_toarray(L, aidx);
   if (a) got = a->mem ? (a->kind == CL_HOST ? "a pageable host array" : "an array") : "a closed array";
-  return cl_error(L, NULL, "kernel '%s' argument %d (%s): %s, got %s", name, i + 1, t, msg, got);
+  return cl_error_named(L, "kernel '%s' argument %d (%s): %s, got %s", name, i + 1, t, msg, got);
 }
 
 /* an array of another context: host memory every device reaches, or a peer device's memory
@@ -111,15 +111,15 @@ static void value_arg(lua_State *L, int kidx, int i, int idx, const cl_param_kin
   int st = cl_convert(L, idx, dt, p);
   if (st == CL_CONV_RANGE && pk->dtype_neg >= 0) st = cl_convert(L, idx, pk->dtype_neg, p);
   if (st == CL_CONV_OK) return;
-  arg_error(L, kidx, i, idx, st == CL_CONV_TYPE ? "expected a number"
-            : st == CL_CONV_RANGE ? "value out of range" : "expected an integer");
+  const char *type = pk->how == CL_PARAM_COMPLEX ? "expected a number or a pair {re, im}" : "expected a number";
+  arg_error(L, kidx, i, idx, st == CL_CONV_TYPE ? type : st == CL_CONV_RANGE ? "value out of range" : "expected an integer");
 }
 
 /* each argument by its parameter's row of cl_params (kernel.c) */
 void cl_marshal(lua_State *L, cl_kernel *k, int kidx, int first, int nargs, cl_args *A,
                 int allow_pageable) {
   if (nargs != k->nparams)
-    cl_error(L, NULL, "kernel '%s' expects %d arguments, got %d", cl_kernel_name(L, kidx),
+    cl_error_named(L, "kernel '%s' expects %d arguments, got %d", cl_kernel_name(L, kidx),
                k->nparams, nargs);
   A->nused = A->ntmp = 0;
   for (int i = 0; i < k->nparams; i++) {
@@ -134,13 +134,7 @@ void cl_marshal(lua_State *L, cl_kernel *k, int kidx, int first, int nargs, cl_a
       case CL_PARAM_ADDRESS: address_arg(L, k, kidx, i, idx, A); break;
       case CL_PARAM_BYTES: bytes_arg(L, k, kidx, i, idx, A, 1); break;
       case CL_PARAM_UNKNOWN: bytes_arg(L, k, kidx, i, idx, A, 0); break;
-      case CL_PARAM_COMPLEX: {   /* cuFloatComplex / cuDoubleComplex: a number or {re, im} */
-        int t = lua_type(L, idx);
-        if (t != LUA_TNUMBER && !(t == LUA_TTABLE && lua_rawlen(L, idx) == 2))
-          arg_error(L, kidx, i, idx, "expected a number or a pair {re, im}");
-        cl_tovalue(L, idx, pk->dtype, p, "kernel argument", 0);
-        break;
-      }
+      case CL_PARAM_COMPLEX: value_arg(L, kidx, i, idx, pk, p); break;   /* a number or {re, im} */
     }
   }
 }

@@ -51,8 +51,10 @@ extern const cl_blob cl_kernel_headers[]; /* the files of kernels/cudalua */
    luaL_check*, naming the public function: `cudalua: array:slice: argument 2: number expected,
    got string` (Lua's words after the prefix). */
 int cl_error(lua_State *L, const char *where, const char *fmt, ...);
-const char *cl_where(lua_State *L);
-const char *cl_unprefixed(const char *msg);   /* without its "cudalua: " (a library's message) */   /* pushes the running C function's public name */
+/* "cudalua: <fmt...>" where the message begins with the public name itself (kernel 'add' ...) */
+int cl_error_named(lua_State *L, const char *fmt, ...);
+const char *cl_where(lua_State *L);           /* pushes the running C function's public name */
+const char *cl_unprefixed(const char *msg);   /* without its "cudalua: " (a library's message) */
 int cl_argerror(lua_State *L, int arg, const char *msg);          /* argument N: msg */
 int cl_typeerror(lua_State *L, int arg, const char *expected);    /* "number", ... */
 lua_Integer cl_checkinteger(lua_State *L, int arg);
@@ -454,8 +456,6 @@ struct cl_stream {
   CUcontext ctx;       /* its device's context */
   int owned;           /* destroy the handle with the last reference */
   int blocking;        /* synchronises with the legacy stream */
-  int freeing;         /* its cached blocks being freed by any thread now (atomic, memory.c):
-                          its destruction waits for them */
 };
 /* the stream at idx: nil/0/default stream -> NULL (legacy); raises for other values */
 cl_stream *cl_tostream(lua_State *L, int idx, const char *where);
@@ -527,11 +527,10 @@ typedef struct cl_launch {
 } cl_launch;
 enum { CL_CFG_LAUNCH, CL_CFG_GRAPH, CL_CFG_FORALL };
 /* the configuration table at idx ({grid, block [, stream [, shared]]} and the keys grid, block,
-   stream, shared, cooperative, cluster); unknown keys raise. Messages about a bad grid or block
-   start with prefix; where names the caller. Graph nodes take no stream; forall's options
+   stream, shared, cooperative, cluster); unknown keys raise. where: the public name
+   every message starts with (kernel:launch, kernel[{grid, block}], kernel:forall, graph:kernel). Graph nodes take no stream; forall's options
    (stream, shared, cooperative, cluster) take no grid or block. */
-void cl_launch_parse(lua_State *L, int idx, cl_launch *c, int mode, const char *where,
-                     const char *prefix);
+void cl_launch_parse(lua_State *L, int idx, cl_launch *c, int mode, const char *where);
 /* k[{...}]'s configuration: the table at 2 (the kernel's __index key, nothing above it); the
    plain {grid, block [, stream [, shared]]} without a pass of cl_launch_parse */
 void cl_launch_bracket(lua_State *L, cl_launch *c);
@@ -557,7 +556,7 @@ enum { CL_PARAM_VALUE,       /* a scalar: converted by cl_convert with the row's
 typedef struct cl_param_kind {
   char code;                  /* the letter the Lua parts give for it */
   unsigned char how;          /* CL_PARAM_* */
-  unsigned char size, align;  /* bytes; 0: as the driver says */
+  unsigned char size;         /* bytes; 0: as the driver says */
   signed char dtype;          /* the cl_dtypes entry a Lua value converts through; -1: none */
   signed char dtype_neg;      /* PTX widths say no sign: negative integers convert through this */
   unsigned char bools;        /* Lua booleans taken too, converted as bool */

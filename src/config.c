@@ -5,19 +5,19 @@
 #include <string.h>
 #include "cl.h"
 
-/* grid, block or cluster: an integer or {x [, y [, z]]}; messages name it as prefix .. what */
-static void dims(lua_State *L, int idx, unsigned out[3], const char *prefix, const char *what) {
+/* grid, block or cluster: an integer or {x [, y [, z]]}; where: the public name raising */
+static void dims(lua_State *L, int idx, unsigned out[3], const char *where, const char *what) {
   out[0] = out[1] = out[2] = 1;
   int n = 1;
   if (lua_type(L, idx) == LUA_TTABLE) {
     n = (int)lua_rawlen(L, idx);
-    if (n < 1 || n > 3) cl_error(L, NULL, "%s%s needs 1 to 3 dimensions, got %d", prefix, what, n);
+    if (n < 1 || n > 3) cl_error(L, where, "%s needs 1 to 3 dimensions, got %d", what, n);
     for (int i = 0; i < n; i++) {
       lua_rawgeti(L, idx, i + 1);
       int isint;
       lua_Integer v = lua_tointegerx(L, -1, &isint);
       if (!isint || v < 1 || v > 0x7fffffff)
-        cl_error(L, NULL, "%s%s[%d] must be an integer >= 1, got %s", prefix, what, i + 1,
+        cl_error(L, where, "%s[%d] must be an integer >= 1, got %s", what, i + 1,
                    luaL_tolstring(L, -1, NULL));
       out[i] = (unsigned)v;
       lua_pop(L, 1);
@@ -27,17 +27,17 @@ static void dims(lua_State *L, int idx, unsigned out[3], const char *prefix, con
   int isint;
   lua_Integer v = lua_tointegerx(L, idx, &isint);
   if (!isint || v < 1 || v > 0x7fffffff)
-    cl_error(L, NULL, "%s%s must be an integer >= 1 or a table of them, got %s", prefix, what,
+    cl_error(L, where, "%s must be an integer >= 1 or a table of them, got %s", what,
                luaL_tolstring(L, idx, NULL));
   out[0] = (unsigned)v;
 }
 
-static unsigned shared_named(lua_State *L, int idx, const char *prefix, const char *what) {
+static unsigned shared_named(lua_State *L, int idx, const char *where, const char *what) {
   if (lua_isnoneornil(L, idx)) return 0;
   int isint;
   lua_Integer v = lua_tointegerx(L, idx, &isint);
   if (!isint || v < 0 || v > 0x7fffffff)
-    cl_error(L, NULL, "%s%s must be an integer >= 0, got %s", prefix, what, luaL_tolstring(L, idx, NULL));
+    cl_error(L, where, "%s must be an integer >= 0, got %s", what, luaL_tolstring(L, idx, NULL));
   return (unsigned)v;
 }
 
@@ -69,7 +69,7 @@ static int cfg_which(lua_State *L, int v, int mode) {
 /* a key no configuration takes: a misspelt option must not be ignored */
 static void cfg_unknown(lua_State *L, int idx, int v, int mode, const char *where) {
   if (mode == CL_CFG_FORALL)
-    cl_error(L, NULL, "forall: unknown option '%s' (stream, shared, cooperative, cluster)", luaL_tolstring(L, v - 1, NULL));
+    cl_error(L, "kernel:forall", "unknown option '%s' (stream, shared, cooperative, cluster)", luaL_tolstring(L, v - 1, NULL));
   int n = (int)lua_rawlen(L, idx);
   if (lua_type(L, v - 1) == LUA_TNUMBER && n > 4)
     cl_error(L, NULL, "launch configuration is {grid, block [, stream [, shared]]}, got %d entries", n);
@@ -79,8 +79,7 @@ static void cfg_unknown(lua_State *L, int idx, int v, int mode, const char *wher
 }
 
 /* one pass over the table: each key is checked and its value read where it is found */
-void cl_launch_parse(lua_State *L, int idx, cl_launch *c, int mode, const char *where,
-                     const char *prefix) {
+void cl_launch_parse(lua_State *L, int idx, cl_launch *c, int mode, const char *where) {
   cl_checktype(L, idx, LUA_TTABLE);
   idx = lua_absindex(L, idx);
   memset(c, 0, sizeof *c);
@@ -93,21 +92,21 @@ void cl_launch_parse(lua_State *L, int idx, cl_launch *c, int mode, const char *
       cl_error(L, where, "%s given both by name and as entry %d", cfg_keys[w], w + 1);
     have |= 1 << w;
     switch (w) {
-      case 0: dims(L, v, c->g, prefix, "grid"); break;
-      case 1: dims(L, v, c->b, prefix, "block"); break;
+      case 0: dims(L, v, c->g, where, "grid"); break;
+      case 1: dims(L, v, c->b, where, "block"); break;
       case 2:
         if (mode == CL_CFG_GRAPH) {   /* {g, b, nil, shared} is written with false or 0 too */
           if (lua_toboolean(L, v) && !(lua_isinteger(L, v) && lua_tointeger(L, v) == 0))
             cl_error(L, where, "a graph node has no stream (the graph is launched on one)");
-        } else c->s = cl_tostream(L, v, mode == CL_CFG_FORALL ? "forall" : "launch configuration");
+        } else c->s = cl_tostream(L, v, mode == CL_CFG_FORALL ? "kernel:forall" : "kernel[{grid, block}]");
         break;
-      case 3: c->shared = mode == CL_CFG_GRAPH ? shared_named(L, v, prefix, "shared") : cl_launch_shared(L, v); break;
+      case 3: c->shared = mode == CL_CFG_GRAPH ? shared_named(L, v, where, "shared") : cl_launch_shared(L, v); break;
       case 4:
         if (!lua_isboolean(L, v))
           cl_error(L, where, "cooperative must be a boolean, got %s", luaL_typename(L, v));
         c->cooperative = lua_toboolean(L, v);
         break;
-      case 5: dims(L, v, c->cluster, prefix, "cluster"); break;   /* n | {x, y, z} */
+      case 5: dims(L, v, c->cluster, where, "cluster"); break;   /* n | {x, y, z} */
     }
     lua_settop(L, v - 1);
   }
@@ -158,5 +157,5 @@ void cl_launch_bracket(lua_State *L, cl_launch *c) {
   if (n > 4 || (n < 2 && lua_getfield(L, 2, "block") == LUA_TNIL))
     cl_error(L, NULL, "launch configuration is {grid, block [, stream [, shared]]}, got %d entries", n);
   lua_settop(L, 2);
-  cl_launch_parse(L, 2, c, CL_CFG_LAUNCH, "launch", "");
+  cl_launch_parse(L, 2, c, CL_CFG_LAUNCH, "kernel[{grid, block}]");
 }

@@ -151,30 +151,41 @@ static inline int convert(lua_State *L, int idx, int dt, void *p) {
   return CL_CONV_OK;
 }
 
-int cl_convert(lua_State *L, int idx, int dt, void *p) { return convert(L, idx, dt, p); }
+/* a complex element: a number (imaginary part 0) or a pair {re, im}; its parts in re, im */
+static int convert_complex(lua_State *L, int idx, int dt, void *p, double *re, double *im) {
+  int t = lua_type(L, idx);
+  *re = *im = 0;
+  if (t == LUA_TNUMBER) *re = lua_tonumber(L, idx);
+  else if (t == LUA_TTABLE && lua_rawlen(L, idx) == 2) {
+    int first = lua_rawgeti(L, idx, 1) == LUA_TNUMBER;
+    int ok = first && lua_rawgeti(L, idx, 2) == LUA_TNUMBER;
+    if (ok) { *re = lua_tonumber(L, -2); *im = lua_tonumber(L, -1); }
+    lua_pop(L, first ? 2 : 1);
+    if (!ok) return CL_CONV_TYPE;
+  } else return CL_CONV_TYPE;
+  if (dt == CL_C128) { double v[2] = {*re, *im}; memcpy(p, v, 16); return CL_CONV_OK; }
+  if ((isfinite(*re) && fabs(*re) > FLT_MAX) || (isfinite(*im) && fabs(*im) > FLT_MAX)) return CL_CONV_RANGE;
+  float v[2] = {(float)*re, (float)*im};
+  memcpy(p, v, 8);
+  return CL_CONV_OK;
+}
+
+int cl_convert(lua_State *L, int idx, int dt, void *p) {
+  double re, im;
+  return cl_is_complex(dt) ? convert_complex(L, idx, dt, p, &re, &im) : convert(L, idx, dt, p);
+}
 
 void cl_tovalue(lua_State *L, int idx, int dt, void *p, const char *where, lua_Integer index) {
   idx = lua_absindex(L, idx);   /* messages push strings */
-  if (cl_is_complex(dt)) {   /* a number (imaginary part 0) or a pair {re, im} */
-    int t = lua_type(L, idx);
-    double re = 0, im = 0;
-    if (t == LUA_TNUMBER) re = lua_tonumber(L, idx);
-    else if (t == LUA_TTABLE && lua_rawlen(L, idx) == 2 && lua_rawgeti(L, idx, 1) == LUA_TNUMBER &&
-             lua_rawgeti(L, idx, 2) == LUA_TNUMBER) {
-      re = lua_tonumber(L, -2); im = lua_tonumber(L, -1);
-      lua_pop(L, 2);
-    } else {
+  if (cl_is_complex(dt)) {
+    double re, im;
+    int st = convert_complex(L, idx, dt, p, &re, &im);
+    if (st == CL_CONV_TYPE)
       cl_error(L, at(L, where, index), "expected a number or a pair {re, im} for %s, got %s",
-                 cl_dtypes[dt].name, t == LUA_TTABLE ? "another table" : luaL_typename(L, idx));
-    }
-    if (dt == CL_C128) { double v[2] = {re, im}; memcpy(p, v, 16); return; }
-    if ((isfinite(re) && fabs(re) > FLT_MAX) || (isfinite(im) && fabs(im) > FLT_MAX)) {
-      where = at(L, where, index);
-      cl_error(L, where, "value {%s, %s} does not fit complex64", lua_pushfstring(L, "%f", re),
-                 lua_pushfstring(L, "%f", im));
-    }
-    float v[2] = {(float)re, (float)im};
-    memcpy(p, v, 8);
+               cl_dtypes[dt].name, lua_type(L, idx) == LUA_TTABLE ? "another table" : luaL_typename(L, idx));
+    if (st == CL_CONV_RANGE)
+      cl_error(L, at(L, where, index), "value {%s, %s} does not fit complex64", lua_pushfstring(L, "%f", re),
+               lua_pushfstring(L, "%f", im));
     return;
   }
   switch (convert(L, idx, dt, p)) {

@@ -19,32 +19,44 @@ static const char *short_type(const char *t) {
   return strncmp(t, "cudalua.", 8) ? t : t + 8;
 }
 
-/* the prefix on the top of the stack becomes "prefix<key>" if the table at t holds f (at fi)
-   under a string key: 1 if so; else 0, the stack as it was */
-static int find_in(lua_State *L, int t, int fi) {
-  int top = lua_gettop(L);
-  if (!lua_istable(L, t)) return 0;
-  const char *prefix = lua_tostring(L, top);
+/* The best name found so far sits in one stack slot: a lower rank wins (a method's own name
+   before __index/__newindex, those before the other metamethods: array:close, not array:__gc,
+   for the function registered as both), then the smaller name. So the answer does not hang on
+   the order a table's keys come in, which Lua seeds per state. */
+typedef struct { int slot, rank; } best_name;
+
+static int rank_of(const char *k) {
+  if (strncmp(k, "__", 2)) return 0;
+  if (!strcmp(k, "__index") || !strcmp(k, "__newindex")) return 1;
+  return !strcmp(k, "__gc") || !strcmp(k, "__close") ? 3 : 2;
+}
+
+/* each string key of the table at t whose value is f (at fi), named with prefix, against best */
+static void find_in(lua_State *L, int t, int fi, const char *prefix, best_name *b) {
+  if (!lua_istable(L, t)) return;
   lua_pushnil(L);
   while (lua_next(L, t)) {
     if (lua_type(L, -2) == LUA_TSTRING && lua_rawequal(L, -1, fi)) {
       const char *k = lua_tostring(L, -2);
       const char *key = strcmp(prefix, "array") ? "k" : "i";   /* array[i], module[k] */
+      int rank = rank_of(k);
       if (!strcmp(k, "__index")) lua_pushfstring(L, "%s[%s]", prefix, key);
       else if (!strcmp(k, "__newindex")) lua_pushfstring(L, "%s[%s] =", prefix, key);
       else if (!strncmp(k, "__", 2)) lua_pushfstring(L, "%s:%s", prefix, k);
       else lua_pushfstring(L, "%s%s", prefix, k);
-      lua_replace(L, top);
-      lua_settop(L, top);
-      return 1;
+      if (rank < b->rank || (rank == b->rank && strcmp(lua_tostring(L, -1), lua_tostring(L, b->slot)) < 0)) {
+        lua_replace(L, b->slot);
+        b->rank = rank;
+      } else {
+        lua_pop(L, 1);
+      }
     }
     lua_pop(L, 1);
   }
-  return 0;
 }
 
-/* pushes the public name of f (at fi) as one of the types' methods or metamethods */
-static int find_in_types(lua_State *L, int fi) {
+/* the types' methods ("cudalua.X.methods": X:name) and metatables ("cudalua.X": X[k], X:__call) */
+static void find_in_types(lua_State *L, int fi, best_name *b) {
   int top = lua_gettop(L);
   lua_pushnil(L);
   while (lua_next(L, LUA_REGISTRYINDEX)) {
@@ -53,60 +65,54 @@ static int find_in_types(lua_State *L, int fi) {
       size_t n = strlen(k);
       int methods = n > 8 && !strcmp(k + n - 8, ".methods");
       lua_pushlstring(L, k, methods ? n - 8 : n);
-      lua_pushfstring(L, methods ? "%s:" : "%s", short_type(lua_tostring(L, -1)));
-      if (find_in(L, top + 2, fi)) {
-        lua_replace(L, top + 1);
-        lua_settop(L, top + 1);
-        return 1;
-      }
+      const char *prefix = lua_pushfstring(L, methods ? "%s:" : "%s", short_type(lua_tostring(L, -1)));
+      find_in(L, top + 2, fi, prefix, b);
     }
     lua_settop(L, top + 1);
   }
-  return 0;
+  lua_settop(L, top);
 }
 
-/* pushes the public name of f (at fi) in require "cudalua" (cuda.), its tables one level down
-   (cuda.nvtx.) and require "cudalua.nccl" (nccl.) */
-static int find_in_modules(lua_State *L, int fi) {
+/* require "cudalua" (cuda.), its tables one level down (cuda.nvtx.) and require "cudalua.nccl" */
+static void find_in_modules(lua_State *L, int fi, best_name *b) {
   static const char *const mods[][2] = {{"cudalua", "cuda"}, {"cudalua.nccl", "nccl"}, {NULL, NULL}};
   int top = lua_gettop(L);
   lua_getfield(L, LUA_REGISTRYINDEX, LUA_LOADED_TABLE);
   for (int i = 0; mods[i][0]; i++) {
     lua_settop(L, top + 1);
     if (lua_getfield(L, top + 1, mods[i][0]) != LUA_TTABLE) continue;
-    lua_pushfstring(L, "%s.", mods[i][1]);
-    if (find_in(L, top + 2, fi)) goto found;
+    find_in(L, top + 2, fi, lua_pushfstring(L, "%s.", mods[i][1]), b);
     lua_pushnil(L);
     while (lua_next(L, top + 2)) {
       if (lua_type(L, -2) == LUA_TSTRING && lua_istable(L, -1)) {
-        lua_pushfstring(L, "%s.%s.", mods[i][1], lua_tostring(L, -2));
-        if (find_in(L, top + 5, fi)) goto found;
-        lua_pop(L, 1);
+        const char *prefix = lua_pushfstring(L, "%s.%s.", mods[i][1], lua_tostring(L, -2));
+        find_in(L, top + 5, fi, prefix, b);
       }
-      lua_pop(L, 1);
+      lua_settop(L, top + 4);   /* the key stays for lua_next */
     }
   }
   lua_settop(L, top);
-  return 0;
-found:
-  lua_replace(L, top + 1);
-  lua_settop(L, top + 1);
-  return 1;
 }
 
+/* where the user found the function: as a method (a:f()) among the types first, else among the
+   module's functions first (cuda.event_elapsed_time and event:elapsed_time are one function) */
 const char *cl_where(lua_State *L) {
   lua_Debug ar;
-  if (!lua_checkstack(L, 12) || !lua_getstack(L, 0, &ar)) return "cuda.call";
+  if (!lua_checkstack(L, 16) || !lua_getstack(L, 0, &ar)) return "cuda.call";
   lua_getinfo(L, "nf", &ar);
   int fi = lua_gettop(L);
-  if (!find_in_types(L, fi) && !find_in_modules(L, fi)) {
-    /* not found where the user finds it: the name the call used */
+  lua_pushliteral(L, "");
+  best_name b = {fi + 1, 4};
+  int method = ar.namewhat && !strcmp(ar.namewhat, "method");
+  if (method) find_in_types(L, fi, &b); else find_in_modules(L, fi, &b);
+  if (b.rank == 4) { if (method) find_in_modules(L, fi, &b); else find_in_types(L, fi, &b); }
+  if (b.rank == 4) {   /* not found where the user finds it: the name the call used */
     const char *type = NULL;
-    if (ar.namewhat && !strcmp(ar.namewhat, "method") && luaL_getmetafield(L, 1, "__name") == LUA_TSTRING) {
-      type = short_type(lua_tostring(L, -1));
-    }
+    if (method && luaL_getmetafield(L, 1, "__name") == LUA_TSTRING) type = short_type(lua_tostring(L, -1));
     lua_pushfstring(L, "%s%s%s", type ? type : "cuda", type ? ":" : ".", ar.name ? ar.name : "call");
+    lua_replace(L, b.slot);
   }
+  lua_settop(L, b.slot);
   const char *s = lua_tostring(L, -1);
   lua_rotate(L, fi, 1);   /* keep the name on the stack until the error is raised */
   lua_settop(L, fi);
@@ -118,6 +124,19 @@ int cl_error(lua_State *L, const char *where, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   lua_pushfstring(L, "cudalua: %s: ", where);
+  lua_pushvfstring(L, fmt, ap);
+  va_end(ap);
+  lua_concat(L, 2);
+  return lua_error(L);
+}
+
+/* the same for a message whose first words are the public name with no colon after it:
+   a kernel's call is named by the kernel ("kernel 'add' expects 3 arguments", "kernel 'add'
+   argument 2 (float*): ..."), and "graph:kernel 'add': ..." names the kernel node's kernel */
+int cl_error_named(lua_State *L, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  lua_pushliteral(L, "cudalua: ");
   lua_pushvfstring(L, fmt, ap);
   va_end(ap);
   lua_concat(L, 2);

@@ -196,7 +196,7 @@ static int g_kernel(lua_State *L) {
   lnode cfg;   /* the configuration, copied into the node once it is made */
   memset(&cfg, 0, sizeof cfg);
   cl_launch c;
-  cl_launch_parse(L, 3, &c, CL_CFG_GRAPH, "graph:kernel", "graph:kernel: ");
+  cl_launch_parse(L, 3, &c, CL_CFG_GRAPH, "graph:kernel");
   memcpy(cfg.g, c.g, sizeof cfg.g); memcpy(cfg.b, c.b, sizeof cfg.b); cfg.shared = c.shared;
   if (k->ctx != g->ctx)
     cl_error(L, "graph:kernel", "the kernel is on device %d and the graph on device %d (get the "
@@ -226,7 +226,7 @@ static int g_kernel(lua_State *L) {
   }
   if (r != CUDA_SUCCESS) {
     if (added) CU(cuGraphDestroyNode, h);   /* added, its attributes refused */
-    cl_error(L, NULL, "graph:kernel '%s': %s", cl_kernel_name(L, 2), cl_errname(r));
+    cl_error_named(L, "graph:kernel '%s': %s", cl_kernel_name(L, 2), cl_errname(r));
   }
   for (int i = 0; i < nargs; i++) keep(L, 1, GRAPH_KEEP, first + i);
   keep(L, 1, GRAPH_KEEP, 2);

@@ -19,32 +19,32 @@
 
 #define V CL_PARAM_VALUE
 const cl_param_kind cl_params[] = {
-  /* code, how, size, align, dtype, dtype_neg, bools, mangled, declared, ptx */
-  {'a', V, 1, 1, CL_I8, -1, 0, "char,signed char", "int8_t", ""},
-  {'A', V, 1, 1, CL_U8, -1, 0, "unsigned char", "uint8_t", ""},
-  {'s', V, 2, 2, CL_I16, -1, 0, "short", "int16_t", ""},
-  {'S', V, 2, 2, CL_U16, -1, 0, "unsigned short", "uint16_t", ""},
-  {'i', V, 4, 4, CL_I32, -1, 0, "int", "int32_t", ""},
-  {'I', V, 4, 4, CL_U32, -1, 0, "unsigned int", "uint32_t", ""},
-  {'l', V, 8, 8, CL_I64, -1, 0, "long,long long", "int64_t,ptrdiff_t,intptr_t,ssize_t", ""},
-  {'L', V, 8, 8, CL_U64, -1, 0, "unsigned long,unsigned long long", "uint64_t,size_t,uintptr_t", ""},
-  {'f', V, 4, 4, CL_F32, -1, 0, "float", "float", "f32"},
-  {'d', V, 8, 8, CL_F64, -1, 0, "double", "double", "f64"},
-  {'e', V, 2, 2, CL_F16, -1, 0, "__half,_Float16", "__half,half", "f16"},
-  {'E', V, 2, 2, CL_BF16, -1, 0, "__nv_bfloat16", "__nv_bfloat16,nv_bfloat16", "bf16"},
-  {'b', V, 1, 1, CL_BOOL, -1, 1, "bool", "bool", ""},
-  {'c', CL_PARAM_COMPLEX, 8, 8, CL_C64, -1, 0, "float2", "float2,cuFloatComplex,cuComplex", ""},
-  {'C', CL_PARAM_COMPLEX, 16, 16, CL_C128, -1, 0, "double2", "double2,cuDoubleComplex", ""},
-  {'p', CL_PARAM_ARRAY, 8, 8, -1, -1, 0, "", "", ""},
-  {'q', CL_PARAM_CONST_ARRAY, 8, 8, -1, -1, 0, "", "", ""},
-  {'x', CL_PARAM_BYTES, 0, 0, -1, -1, 0, "", "", ""},
+  /* code, how, size, dtype, dtype_neg, bools, mangled, declared, ptx */
+  {'a', V, 1, CL_I8, -1, 0, "char,signed char", "int8_t", ""},
+  {'A', V, 1, CL_U8, -1, 0, "unsigned char", "uint8_t", ""},
+  {'s', V, 2, CL_I16, -1, 0, "short", "int16_t", ""},
+  {'S', V, 2, CL_U16, -1, 0, "unsigned short", "uint16_t", ""},
+  {'i', V, 4, CL_I32, -1, 0, "int", "int32_t", ""},
+  {'I', V, 4, CL_U32, -1, 0, "unsigned int", "uint32_t", ""},
+  {'l', V, 8, CL_I64, -1, 0, "long,long long", "int64_t,ptrdiff_t,intptr_t,ssize_t", ""},
+  {'L', V, 8, CL_U64, -1, 0, "unsigned long,unsigned long long", "uint64_t,size_t,uintptr_t", ""},
+  {'f', V, 4, CL_F32, -1, 0, "float", "float", "f32"},
+  {'d', V, 8, CL_F64, -1, 0, "double", "double", "f64"},
+  {'e', V, 2, CL_F16, -1, 0, "__half,_Float16", "__half,half", "f16"},
+  {'E', V, 2, CL_BF16, -1, 0, "__nv_bfloat16", "__nv_bfloat16,nv_bfloat16", "bf16"},
+  {'b', V, 1, CL_BOOL, -1, 1, "bool", "bool", ""},
+  {'c', CL_PARAM_COMPLEX, 8, CL_C64, -1, 0, "float2", "float2,cuFloatComplex,cuComplex", ""},
+  {'C', CL_PARAM_COMPLEX, 16, CL_C128, -1, 0, "double2", "double2,cuDoubleComplex", ""},
+  {'p', CL_PARAM_ARRAY, 8, -1, -1, 0, "", "", ""},
+  {'q', CL_PARAM_CONST_ARRAY, 8, -1, -1, 0, "", "", ""},
+  {'x', CL_PARAM_BYTES, 0, -1, -1, 0, "", "", ""},
   /* PTX types say the width, not the sign: either sign's range */
-  {'U', CL_PARAM_ADDRESS, 8, 8, -1, -1, 0, "", "", "u64,s64,b64"},
-  {'W', V, 4, 4, CL_U32, CL_I32, 0, "", "", "u32,s32,b32"},
-  {'H', V, 2, 2, CL_U16, CL_I16, 0, "", "", "u16,s16,b16"},
-  {'B', V, 1, 1, CL_U8, CL_I8, 1, "", "", "u8,s8,b8"},
-  {'y', CL_PARAM_UNKNOWN, 0, 0, -1, -1, 0, "", "", ""},
-  {0, 0, 0, 0, -1, -1, 0, NULL, NULL, NULL}
+  {'U', CL_PARAM_ADDRESS, 8, -1, -1, 0, "", "", "u64,s64,b64"},
+  {'W', V, 4, CL_U32, CL_I32, 0, "", "", "u32,s32,b32"},
+  {'H', V, 2, CL_U16, CL_I16, 0, "", "", "u16,s16,b16"},
+  {'B', V, 1, CL_U8, CL_I8, 1, "", "", "u8,s8,b8"},
+  {'y', CL_PARAM_UNKNOWN, 0, -1, -1, 0, "", "", ""},
+  {0, 0, 0, -1, -1, 0, NULL, NULL, NULL}
 };
 #undef V
 
@@ -82,7 +82,7 @@ cl_kernel *cl_kernel_new(lua_State *L, CUfunction fn, CUcontext ctx, int modidx,
 static size_t count_params(lua_State *L, cl_kernel *k, int infoidx, const char *sym,
                            lua_Integer known, char *codes, size_t *sizes) {
   if (!cu.cuFuncGetParamInfo)
-    cl_error(L, NULL, "kernel '%s': this driver cannot tell its parameters: give a "
+    cl_error_named(L, "kernel '%s': this driver cannot tell its parameters: give a "
                "signature, module:get(name, \"float*, int\")", sym);
   size_t nc, po, ps;
   int words = lua_getfield(L, infoidx, "types") == LUA_TTABLE;   /* the types, said in words for messages */
@@ -97,9 +97,9 @@ static size_t count_params(lua_State *L, cl_kernel *k, int infoidx, const char *
     lua_rawseti(L, -2, (int)nc + 1);
   }
   lua_pop(L, 1);
-  if (nc > CL_MAXPARAMS) cl_error(L, NULL, "kernel '%s' has more than %d parameters", sym, CL_MAXPARAMS);
+  if (nc > CL_MAXPARAMS) cl_error_named(L, "kernel '%s' has more than %d parameters", sym, CL_MAXPARAMS);
   if (known >= 0 && nc != (size_t)known)
-    cl_error(L, NULL, "kernel '%s': the driver reports %d parameters, the image %d", sym, (int)nc, (int)known);
+    cl_error_named(L, "kernel '%s': the driver reports %d parameters, the image %d", sym, (int)nc, (int)known);
   return nc;
 }
 
@@ -112,19 +112,19 @@ static void set_params(lua_State *L, cl_kernel *k, const char *sym, const char *
   for (int i = 0; i < (int)nc; i++) {
     size_t po = 0, ps = 0;   /* the offset comes with the size; launches need only the size */
     int r = param_row(codes[i]);
-    if (r < 0) cl_error(L, NULL, "kernel '%s': parameter %d has no type code '%c'", sym, i + 1, codes[i]);
+    if (r < 0) cl_error_named(L, "kernel '%s': parameter %d has no type code '%c'", sym, i + 1, codes[i]);
     k->ptype[i] = (unsigned char)r;
     int sz = cl_params[r].size;
     if (have_info) {
       if (sizes) ps = sizes[i];
       else if (CU(cuFuncGetParamInfo, k->fn, i, &po, &ps) != CUDA_SUCCESS)
-        cl_error(L, NULL, "kernel '%s': the driver reports fewer parameters than %d", sym, (int)nc);
+        cl_error_named(L, "kernel '%s': the driver reports fewer parameters than %d", sym, (int)nc);
       if (sz && (size_t)sz != ps)
-        cl_error(L, NULL, "kernel '%s': parameter %d is %d bytes, the driver says %d",
+        cl_error_named(L, "kernel '%s': parameter %d is %d bytes, the driver says %d",
                    sym, i + 1, sz, (int)ps);
       sz = (int)ps;
     } else if (!sz) {
-      cl_error(L, NULL, "kernel '%s': parameter %d is passed by value and this driver "
+      cl_error_named(L, "kernel '%s': parameter %d is passed by value and this driver "
                  "cannot tell its size", sym, i + 1);
     }
     k->psize[i] = (unsigned short)sz;
@@ -144,7 +144,7 @@ void cl_kernel_describe(lua_State *L, cl_kernel *k, int infoidx, const char *sym
   if (cu.cuFuncGetParamInfo && verify) {
     size_t po, ps;
     if (CU(cuFuncGetParamInfo, k->fn, (int)nc, &po, &ps) == CUDA_SUCCESS)
-      cl_error(L, NULL, "kernel '%s': the driver reports more parameters than %d", sym, (int)nc);
+      cl_error_named(L, "kernel '%s': the driver reports more parameters than %d", sym, (int)nc);
   }
   /* what launches check without a driver call: shared memory, the binary's architecture and
      compile-time cluster dimensions */
@@ -250,13 +250,13 @@ static int attribute_value(lua_State *L, const char *name) {
     if (lua_type(L, 3) == LUA_TBOOLEAN) return lua_toboolean(L, 3);
     x = lua_tointegerx(L, 3, &isint);
     if (!isint || (x != 0 && x != 1))
-      cl_error(L, NULL, "kernel:set_attribute('%s'): expected a boolean (or 0 or 1), got %s", name,
+      cl_error_named(L, "kernel:set_attribute('%s'): expected a boolean (or 0 or 1), got %s", name,
                  luaL_tolstring(L, 3, NULL));
     return (int)x;
   }
   x = lua_tointegerx(L, 3, &isint);
   if (!isint || x < -1 || x > 0x7fffffff)
-    cl_error(L, NULL, "kernel:set_attribute('%s'): expected an integer >= -1, got %s", name,
+    cl_error_named(L, "kernel:set_attribute('%s'): expected an integer >= -1, got %s", name,
                luaL_tolstring(L, 3, NULL));
   return (int)x;
 }
@@ -296,7 +296,7 @@ void cl_kernel_shared(lua_State *L, cl_kernel *k, int kidx, unsigned shared) {
   if (CU0(cuCtxGetDevice, &dev) == CUDA_SUCCESS)
     CU0(cuDeviceGetAttribute, &optin, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, dev);
   if ((long long)shared + k->static_shared > optin)
-    cl_error(L, NULL, "kernel '%s': %d bytes of dynamic shared memory asked for; with its %d "
+    cl_error_named(L, "kernel '%s': %d bytes of dynamic shared memory asked for; with its %d "
                "bytes of static shared memory this device allows at most %d (its opt-in limit per block is %d)",
                cl_kernel_name(L, kidx), (int)shared, k->static_shared,
                optin > k->static_shared ? optin - k->static_shared : 0, optin);
@@ -307,7 +307,7 @@ void cl_kernel_shared(lua_State *L, cl_kernel *k, int kidx, unsigned shared) {
   if ((unsigned)now < shared) {
     CUresult r = CU(cuFuncSetAttribute, k->fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)shared);
     if (r != CUDA_SUCCESS)
-      cl_error(L, NULL, "kernel '%s': cannot opt in to %d bytes of dynamic shared memory: %s",
+      cl_error_named(L, "kernel '%s': cannot opt in to %d bytes of dynamic shared memory: %s",
                  cl_kernel_name(L, kidx), (int)shared, cl_errname(r));
     now = (int)shared;
   }
@@ -375,8 +375,8 @@ static int k_tostring(lua_State *L) {
 /* k(...) without a configuration */
 static int k_call(lua_State *L) {
   if (!luaL_testudata(L, 1, CL_KERNEL))
-    return cl_error(L, NULL, "kernel call: expected a kernel, got %s", luaL_typename(L, 1));
-  return cl_error(L, NULL, "kernel '%s' needs a launch configuration: k[{grid, block}](...)",
+    return cl_error(L, "kernel:__call", "expected a kernel, got %s", luaL_typename(L, 1));
+  return cl_error_named(L, "kernel '%s' needs a launch configuration: k[{grid, block}](...)",
                     cl_kernel_name(L, 1));
 }
 

@@ -11,9 +11,8 @@
    joined to the capture of another find its table too. */
 static void capture_keep(lua_State *L, cl_stream *s, int kidx, int first, int nargs) {
   if (!cl_capture_push_keep(L, s)) return;
-  lua_pushvalue(L, kidx); lua_pushboolean(L, 1); lua_rawset(L, -3);
-  for (int i = 0; i < nargs; i++)
-    if (lua_type(L, first + i) == LUA_TUSERDATA) { lua_pushvalue(L, first + i); lua_pushboolean(L, 1); lua_rawset(L, -3); }
+  cl_keep(L, -1, kidx);
+  for (int i = 0; i < nargs; i++) cl_keep(L, -1, first + i);
   lua_pop(L, 1);
 }
 
@@ -202,7 +201,7 @@ int cl_kernel_launch(lua_State *L, cl_kernel *k, int kidx, int first, const cl_l
 static int k_launch(lua_State *L) {
   cl_kernel *k = cl_checkkernel(L, 1);
   cl_launch c;
-  cl_launch_parse(L, 2, &c, CL_CFG_LAUNCH, "launch", "");
+  cl_launch_parse(L, 2, &c, CL_CFG_LAUNCH, "kernel:launch");
   return cl_kernel_launch(L, k, 1, 3, &c);   /* the table stays: it holds the stream */
 }
 

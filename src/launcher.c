@@ -65,13 +65,13 @@ static int k_forall(lua_State *L) {
   cl_kernel *k = cl_checkkernel(L, 1);
   int isint;
   lua_Integer n = lua_tointegerx(L, 2, &isint);
-  if (!isint || n < 0) return cl_error(L, NULL, "forall: n must be an integer >= 0, got %s", luaL_tolstring(L, 2, NULL));
+  if (!isint || n < 0) return cl_error(L, "kernel:forall", "n must be an integer >= 0, got %s", luaL_tolstring(L, 2, NULL));
   cl_launch c;
   memset(&c, 0, sizeof c);
   if (!lua_isnoneornil(L, 3)) {
-    cl_launch_parse(L, 3, &c, CL_CFG_FORALL, "forall", "forall: ");
+    cl_launch_parse(L, 3, &c, CL_CFG_FORALL, "kernel:forall");
     if (c.cluster[0] && (c.cluster[1] != 1 || c.cluster[2] != 1))
-      return cl_error(L, NULL, "forall: the grid is one-dimensional: cluster must be n or {n}");
+      return cl_error(L, "kernel:forall", "the grid is one-dimensional: cluster must be n or {n}");
   }
   CL_KERNEL_FRESH(k);
   cl_kernel_shared(L, k, 1, c.shared);
@@ -80,7 +80,7 @@ static int k_forall(lua_State *L) {
   lua_Integer grid = (n + k->occ_block - 1) / k->occ_block;
   unsigned per = c.cluster[0] ? c.cluster[0] : k->req_cluster[0] ? k->req_cluster[0] : 1;
   grid = (grid + per - 1) / per * per;
-  if (grid > 0x7fffffff) return cl_error(L, NULL, "forall: n = %I needs too many blocks", n);
+  if (grid > 0x7fffffff) return cl_error(L, "kernel:forall", "n = %I needs too many blocks", n);
   c.g[0] = (unsigned)grid; c.g[1] = c.g[2] = 1;
   c.b[0] = (unsigned)k->occ_block; c.b[1] = c.b[2] = 1;
   push_reused_launcher(L, 1, k, &c);

@@ -89,9 +89,9 @@ static int l_module_kernel(lua_State *L) {
   cl_checktype(L, 4, LUA_TTABLE);
   lua_Integer known = lua_isinteger(L, 5) ? lua_tointeger(L, 5) : -1;   /* the image's count */
   int verify = known < 0 && lua_toboolean(L, 5);
-  if (known > CL_MAXPARAMS) return cl_error(L, NULL, "kernel '%s' has more than %d parameters", sym, CL_MAXPARAMS);
+  if (known > CL_MAXPARAMS) return cl_error_named(L, "kernel '%s' has more than %d parameters", sym, CL_MAXPARAMS);
   if (!m->m) return cl_error(L, NULL, "module is closed");
-  if (nc > CL_MAXPARAMS) return cl_error(L, NULL, "kernel '%s' has more than %d parameters", sym, CL_MAXPARAMS);
+  if (nc > CL_MAXPARAMS) return cl_error_named(L, "kernel '%s' has more than %d parameters", sym, CL_MAXPARAMS);
   cl_use_ctx(L, m->ctx);
   CUfunction fn;
   CUresult r = CU(cuModuleGetFunction, &fn, m->m, sym);

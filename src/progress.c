@@ -30,7 +30,7 @@ static int l_isatty(lua_State *L) {
 static int l_wait_flag(lua_State *L) {
   cl_array *a = cl_checkarray(L, 1);
   uint32_t want = (uint32_t)cl_checkinteger(L, 2);
-  cl_stream *s = cl_tostream(L, 3, "wait_flag");
+  cl_stream *s = cl_tostream(L, 3, "cuda.reduce");
   if ((a->kind != CL_MAPPED && a->kind != CL_PINNED) || a->dtype != CL_U32)
     return cl_error(L, "cuda.reduce", "wait_flag needs a mapped uint32 array");
   volatile uint32_t *p = cl_hostptr(a);

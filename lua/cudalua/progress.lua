@@ -47,7 +47,7 @@ end
 local function check_watch_options(opts)
   if opts ~= nil and type(opts) ~= "table" then error("cudalua: cuda.progress.watch: options must be a table", 3) end
   opts = opts or {}
-  check.options(opts, { "stream", "label", "interval", "out", "line_interval" }, "progress.watch", 4)
+  check.options(opts, { "stream", "label", "interval", "out", "line_interval" }, "cuda.progress.watch", 4)
   if opts.stream ~= nil and not check.is_stream(opts.stream) then
     error("cudalua: cuda.progress.watch: stream must be a stream (cuda.stream()), got " .. type(opts.stream), 3)
   end
