@@ -465,7 +465,7 @@ io.stderr:write("-- stream close\n")
 s:close()                      -- its cached blocks are freed, with no state at hand
 io.stderr:write("-- done\n")
 ]==], nil, "timeout 60")
-    assert.matches("false\tcudalua: synchronize: CUDA_ERROR_ILLEGAL_ADDRESS", out, 1, true)
+    assert.matches("false\tcudalua: cuda.synchronize: CUDA_ERROR_ILLEGAL_ADDRESS", out, 1, true)
     local after = out:match("%-%- stream close\n(.*)%-%- done")
     assert(after, out)
     assert.matches("cudalua: cuMemFreeAsync failed while freeing memory: CUDA_ERROR_ILLEGAL_ADDRESS", after, 1, true)

@@ -175,7 +175,7 @@ describe("cuda.as_cuda_array", function()
              K("bump")[{ 1, 32 }], ro, n)
     C.raises("fill: array is read-only", v.fill, v, 1)
     C.raises("copy_to_device: destination is read-only", v.copy_to_device, v, cuda.array(t, "float32"))
-    C.raises("cudalua: array is read-only", function() v[1] = 5 end)
+    C.raises("cudalua: array[i] =: array is read-only", function() v[1] = 5 end)
     C.raises("argument 1 (float*): expected a writable array", K("affine")[{ 1, 32 }], ro, owner, 1, 1, n)
     -- nothing changed it
     h = owner:copy_to_host()

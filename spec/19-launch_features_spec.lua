@@ -226,8 +226,8 @@ describe("thread block clusters", function()
     C.raises("cudalua: kernel[{grid, block}]: the grid {5, 1, 1} is not a multiple of the cluster {2, 1, 1}", function() return k[{ 5, 32, cluster = 2 }] end)
     C.raises("cudalua: kernel:launch: the grid {4, 3, 1} is not a multiple of the cluster {1, 2, 1}", k.launch, k,
              { grid = { 4, 3 }, block = 32, cluster = { 1, 2 } }, out)
-    C.raises("cudalua: cluster must be an integer >= 1 or a table of them, got 0", function() return k[{ 4, 32, cluster = 0 }] end)
-    C.raises("cudalua: cluster needs 1 to 3 dimensions, got 4", function() return k[{ 4, 32, cluster = { 1, 1, 1, 1 } }] end)
+    C.raises("cudalua: kernel[{grid, block}]: cluster must be an integer >= 1 or a table of them, got 0", function() return k[{ 4, 32, cluster = 0 }] end)
+    C.raises("cudalua: kernel[{grid, block}]: cluster needs 1 to 3 dimensions, got 4", function() return k[{ 4, 32, cluster = { 1, 1, 1, 1 } }] end)
     C.raises("cudalua: kernel:forall: the grid is one-dimensional: cluster must be n or {n}", k.forall, k, 100, { cluster = { 2, 2 } })
     C.raises("cudalua: graph:kernel: the grid {3, 1, 1} is not a multiple of the cluster {2, 1, 1}", cuda.graph().kernel,
              cuda.graph(), k, { grid = 3, block = 32, cluster = 2 }, { out })

@@ -77,11 +77,11 @@ describe("objects keep their device", function()
     s1:wait_event(e0b)
     e1:record(s1)
     e1:synchronize()
-    C.raises("cudalua: kernel launch: the stream is on device 1 and the kernel on device 0",
+    C.raises("cudalua: kernel 'axpy': the stream is on device 1 and the kernel on device 0",
              k0[{ 1, 32, s1 }], d0, x0, 1, 1)
     C.raises("cudalua: event:record: the stream is on device 0 and the event on device 1", e1.record, e1, s0)
-    C.raises("cudalua: elapsed_time: the events are on devices 0 and 1", e0a.elapsed_time, e0a, e1)
-    C.raises("cudalua: fill: the stream is on device 0 and the array on device 1", cuda.device_array(4, "float32").fill,
+    C.raises("cudalua: event:elapsed_time: the events are on devices 0 and 1", e0a.elapsed_time, e0a, e1)
+    C.raises("cudalua: array:fill: the stream is on device 0 and the array on device 1", cuda.device_array(4, "float32").fill,
              cuda.device_array(4, "float32"), 1, s0)
   end)
 

@@ -43,9 +43,9 @@ describe("device memory shared between processes", function()
   end)
 
   gpu("misuse: pool memory, the same process, a shape larger than the handle, a plain event", function()
-    C.raises("cudalua: ipc_handle: this array's memory comes from the stream-ordered pool, which cannot be shared; make it with cuda.device_array(shape, dtype, {ipc = true})",
+    C.raises("cudalua: array:ipc_handle: this array's memory comes from the stream-ordered pool, which cannot be shared; make it with cuda.device_array(shape, dtype, {ipc = true})",
              cuda.device_array(4, "float32").ipc_handle, cuda.device_array(4, "float32"))
-    C.raises("cudalua: ipc_handle: only device arrays can be shared", cuda.pinned_array(4, "float32").ipc_handle, cuda.pinned_array(4, "float32"))
+    C.raises("cudalua: array:ipc_handle: only device arrays can be shared", cuda.pinned_array(4, "float32").ipc_handle, cuda.pinned_array(4, "float32"))
     local a = cuda.device_array(16, "float64", { ipc = true })
     local h = a:ipc_handle()
     assert.matches("^cudalua%-ipc%-mem:%x+:0:128$", h)

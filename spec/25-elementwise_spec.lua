@@ -117,7 +117,7 @@ describe("cuda.elementwise", function()
           end
         end
       end
-      C.raises("c_axpy: input y is float32, the parameter " .. dt, k, dx, cuda.device_array(n, "float32"), 1)
+      C.raises("elementwise 'c_axpy': input y is float32, the parameter " .. dt, k, dx, cuda.device_array(n, "float32"), 1)
     end
   end)
 
@@ -138,16 +138,16 @@ describe("cuda.elementwise", function()
   gpu("refuses arrays of another dtype or size, naming the parameter", function()
     local ew = cuda.elementwise("float32 x, float32 y", "float32 z", "z = x + y", "add")
     local a, b = cuda.device_array(10, "float32"), cuda.device_array(11, "float32")
-    C.raises("add: input y has 11 elements, x has 10", ew, a, b)
-    C.raises("add: input y is float64, the parameter float32", ew, a, cuda.device_array(10, "float64"))
-    C.raises("add: output z has 11 elements, x has 10", ew, a, a, b)
-    C.raises("add: unknown option 'grid' (block, stream)", ew, a, a, { grid = 1 })
-    C.raises("add: block must be an integer from 1 to 1024", ew, a, a, { block = 2048 })
-    C.raises("add does not compile", cuda.elementwise("float32 x", "float32 z", "z = nosuch(x)", "add"), a)
+    C.raises("elementwise 'add': input y has 11 elements, x has 10", ew, a, b)
+    C.raises("elementwise 'add': input y is float64, the parameter float32", ew, a, cuda.device_array(10, "float64"))
+    C.raises("elementwise 'add': output z has 11 elements, x has 10", ew, a, a, b)
+    C.raises("elementwise 'add': unknown option 'grid' (block, stream)", ew, a, a, { grid = 1 })
+    C.raises("elementwise 'add': block must be an integer from 1 to 1024", ew, a, a, { block = 2048 })
+    C.raises("elementwise 'add': its code does not compile: cuda.compile: add.cu failed", cuda.elementwise("float32 x", "float32 z", "z = nosuch(x)", "add"), a)
     -- the message names the line of the call
     local bad = cuda.elementwise("float32 x", "float32 z", "z = nosuch2(x)", "add")
     local ok, e = pcall(function() local r = bad(a); return r end)
     assert.is_false(ok)
-    assert.matches("25%-elementwise_spec%.lua:%d+: cuda%.elementwise: add does not compile", e)
+    assert.matches("25%-elementwise_spec%.lua:%d+: cudalua: elementwise 'add': its code does not compile", e)
   end)
 end)

@@ -28,7 +28,7 @@ end
 -- or nil and why not.
 local NAMED = { "^cudalua: [%a_][%w_]*[%.:%[][^\n]-: ", "^cudalua: kernel '[^']*'", "^cudalua: elementwise '[^']*'" }
 function C.prefix(e)
-  local m = e:gsub("^[^\n]-:%d+: ", "")   -- the position error() adds
+  local m = e:gsub("^[^\n:]*:%d+: ", "")   -- the position error() adds (a chunk name has no colon)
   for _, p in ipairs(NAMED) do
     local found = m:match(p)
     if found then return found end

@@ -464,7 +464,7 @@ static int a_advise(lua_State *L) {
                                      CU_MEM_ADVISE_SET_READ_MOSTLY};
   CUmemLocation loc = (w == 1 || w == 2) ? host : dev;
   size_t n = cl_nbytes(a);
-  if (n) cl_check(L, CU(cuMemAdvise, cl_devptr(a), n, adv[w], loc), "advise");
+  if (n) cl_check(L, CU(cuMemAdvise, cl_devptr(a), n, adv[w], loc), NULL);
   lua_settop(L, 1);
   return 1;
 }

@@ -8,20 +8,23 @@
    an event) find the table of the stream that began it */
 #define CAPTURES "cudalua.captures"
 
+/* whether cl_capture_guard would refuse: for callers that make its name only to raise */
+int cl_capture_refuses(const cl_stream *s, int waits) {
+  if (!cl_capturing) return 0;
+  /* the legacy stream: its work would depend on a capturing blocking stream; and a wait for
+     the whole device is refused by the driver while any stream captures (and it ends the
+     capture: CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, seen with another thread's capture) */
+  if (!s) return cl_capturing_blocking || waits;
+  return waits && s->capture_ref;
+}
+
 void cl_capture_guard(lua_State *L, cl_stream *s, int waits, const char *where) {
-  if (!cl_capturing) return;
-  if (!s) {
-    /* the legacy stream: its work would depend on a capturing blocking stream; and a wait for
-       the whole device is refused by the driver while any stream captures (and it ends the
-       capture: CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, seen with another thread's capture) */
-    if (cl_capturing_blocking || waits)
-      cl_error(L, where, "the legacy default stream cannot be used while a stream is "
-                 "capturing (pass the capturing stream, or end the capture first)");
-    return;
-  }
-  if (waits && s->capture_ref)
-    cl_error(L, where, "this would wait for a stream that is capturing (pageable host "
-               "memory or no stream given); use pinned or device arrays and the stream");
+  if (!cl_capture_refuses(s, waits)) return;
+  if (!s)
+    cl_error(L, where, "the legacy default stream cannot be used while a stream is "
+               "capturing (pass the capturing stream, or end the capture first)");
+  cl_error(L, where, "this would wait for a stream that is capturing (pageable host "
+             "memory or no stream given); use pinned or device arrays and the stream");
 }
 
 /* the capture id of s, 0 when it is not capturing */

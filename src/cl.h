@@ -50,7 +50,7 @@ extern const cl_blob cl_kernel_headers[]; /* the files of kernels/cudalua */
    position is prefixed (as luaL_error gives none for C functions). The checks replace
    luaL_check*, naming the public function: `cudalua: array:slice: argument 2: number expected,
    got string` (Lua's words after the prefix). */
-int cl_error(lua_State *L, const char *where, const char *fmt, ...);
+int cl_error(lua_State *L, const char *where, const char *fmt, ...);   /* where: see error.c */
 /* "cudalua: <fmt...>" where the message begins with the public name itself (kernel 'add' ...) */
 int cl_error_named(lua_State *L, const char *fmt, ...);
 const char *cl_where(lua_State *L);           /* pushes the running C function's public name */
@@ -321,6 +321,7 @@ void cl_open_hostfn(lua_State *L);   /* the state's host-function queue; cuda.sl
 /* ---- from capstate.c: what captures, and each capture's keep table ---- */
 /* raises where a capture forbids the use: the legacy stream s NULL, or a wait (waits) */
 void cl_capture_guard(lua_State *L, cl_stream *s, int waits, const char *where);
+int cl_capture_refuses(const cl_stream *s, int waits);   /* whether cl_capture_guard raises */
 cuuint64_t cl_capture_id(lua_State *L, cl_stream *s);   /* 0: s is not capturing */
 void cl_capture_begun(lua_State *L, cl_stream *s);    /* its keep table made and registered */
 void cl_capture_ended(lua_State *L, cl_stream *s, cuuint64_t id);   /* and dropped */
@@ -534,7 +535,7 @@ void cl_launch_parse(lua_State *L, int idx, cl_launch *c, int mode, const char *
 /* k[{...}]'s configuration: the table at 2 (the kernel's __index key, nothing above it); the
    plain {grid, block [, stream [, shared]]} without a pass of cl_launch_parse */
 void cl_launch_bracket(lua_State *L, cl_launch *c);
-unsigned cl_launch_shared(lua_State *L, int idx);   /* a dynamic shared memory size; nil: 0 */
+unsigned cl_launch_shared(lua_State *L, int idx, const char *where);   /* dynamic shared memory size; nil: 0 */
 /* does the cluster tile the grid? (a 0 in the cluster: no cluster in that dimension) Made
    configurations are checked (config.c); a kernel's own cluster at its launches (launch.c) */
 static inline int cl_tiles(const unsigned g[3], const unsigned cl[3]) {

@@ -41,7 +41,7 @@ static unsigned shared_named(lua_State *L, int idx, const char *where, const cha
   return (unsigned)v;
 }
 
-unsigned cl_launch_shared(lua_State *L, int idx) { return shared_named(L, idx, "", "shared memory size"); }
+unsigned cl_launch_shared(lua_State *L, int idx, const char *where) { return shared_named(L, idx, where, "shared memory size"); }
 
 /* a cluster must tile the grid: checked when the configuration is made, not per launch */
 static void cfg_check_cluster(lua_State *L, const cl_launch *c, const char *where) {
@@ -72,7 +72,7 @@ static void cfg_unknown(lua_State *L, int idx, int v, int mode, const char *wher
     cl_error(L, "kernel:forall", "unknown option '%s' (stream, shared, cooperative, cluster)", luaL_tolstring(L, v - 1, NULL));
   int n = (int)lua_rawlen(L, idx);
   if (lua_type(L, v - 1) == LUA_TNUMBER && n > 4)
-    cl_error(L, NULL, "launch configuration is {grid, block [, stream [, shared]]}, got %d entries", n);
+    cl_error(L, where, "launch configuration is {grid, block [, stream [, shared]]}, got %d entries", n);
   cl_error(L, where, "unknown key %s in the launch configuration (grid, block, %scooperative, cluster; or {grid, block%s})", lua_type(L, v - 1) == LUA_TSTRING ? lua_pushfstring(L, "'%s'", lua_tostring(L, v - 1)) : luaL_tolstring(L, v - 1, NULL),
              mode == CL_CFG_GRAPH ? "shared, " : "stream, shared, ",
              mode == CL_CFG_GRAPH ? ", nil, shared" : " [, stream [, shared]]");
@@ -98,9 +98,9 @@ void cl_launch_parse(lua_State *L, int idx, cl_launch *c, int mode, const char *
         if (mode == CL_CFG_GRAPH) {   /* {g, b, nil, shared} is written with false or 0 too */
           if (lua_toboolean(L, v) && !(lua_isinteger(L, v) && lua_tointeger(L, v) == 0))
             cl_error(L, where, "a graph node has no stream (the graph is launched on one)");
-        } else c->s = cl_tostream(L, v, mode == CL_CFG_FORALL ? "kernel:forall" : "kernel[{grid, block}]");
+        } else c->s = cl_tostream(L, v, where);
         break;
-      case 3: c->shared = mode == CL_CFG_GRAPH ? shared_named(L, v, where, "shared") : cl_launch_shared(L, v); break;
+      case 3: c->shared = mode == CL_CFG_GRAPH ? shared_named(L, v, where, "shared") : cl_launch_shared(L, v, where); break;
       case 4:
         if (!lua_isboolean(L, v))
           cl_error(L, where, "cooperative must be a boolean, got %s", luaL_typename(L, v));
@@ -127,6 +127,9 @@ static int positional_only(lua_State *L, int n) {
   return 1;
 }
 
+/* the public name of k[...]'s errors (cl_where would say kernel[k]) */
+#define BRACKET "kernel[{grid, block}]"
+
 /* {grid, block [, stream [, shared]]} and nothing else: the tutorials' forms, in loops */
 static void positional(lua_State *L, int n, cl_launch *c) {
   memset(c, 0, sizeof *c);
@@ -138,11 +141,11 @@ static void positional(lua_State *L, int n, cl_launch *c) {
     c->g[0] = (unsigned)g; c->b[0] = (unsigned)b;
     c->g[1] = c->g[2] = c->b[1] = c->b[2] = 1;
   } else {
-    dims(L, 3, c->g, "", "grid");
-    dims(L, 4, c->b, "", "block");
+    dims(L, 3, c->g, BRACKET, "grid");
+    dims(L, 4, c->b, BRACKET, "block");
   }
-  if (n >= 3) { lua_rawgeti(L, 2, 3); c->s = cl_tostream(L, -1, "launch configuration"); }
-  if (n >= 4) { lua_rawgeti(L, 2, 4); c->shared = cl_launch_shared(L, -1); }
+  if (n >= 3) { lua_rawgeti(L, 2, 3); c->s = cl_tostream(L, -1, BRACKET); }
+  if (n >= 4) { lua_rawgeti(L, 2, 4); c->shared = cl_launch_shared(L, -1, BRACKET); }
   lua_settop(L, 2);
 }
 
@@ -155,7 +158,7 @@ void cl_launch_bracket(lua_State *L, cl_launch *c) {
   }
   lua_settop(L, 2);
   if (n > 4 || (n < 2 && lua_getfield(L, 2, "block") == LUA_TNIL))
-    cl_error(L, NULL, "launch configuration is {grid, block [, stream [, shared]]}, got %d entries", n);
+    cl_error(L, BRACKET, "launch configuration is {grid, block [, stream [, shared]]}, got %d entries", n);
   lua_settop(L, 2);
-  cl_launch_parse(L, 2, c, CL_CFG_LAUNCH, "kernel[{grid, block}]");
+  cl_launch_parse(L, 2, c, CL_CFG_LAUNCH, BRACKET);
 }

@@ -115,7 +115,7 @@ static int a_copy_to_host(lua_State *L) {
   lua_settop(L, 3);
   if (cl_toarray(L, 2)) { into = 2; sidx = 3; }
   else if (lua_isnil(L, 2) && !lua_isnone(L, 3)) sidx = 3;
-  cl_stream *s = cl_tostream(L, sidx, "copy_to_host");
+  cl_stream *s = cl_tostream(L, sidx, "array:copy_to_host");
   cl_array *dst;
   if (into) {
     dst = cl_checkarray(L, 2);
@@ -124,7 +124,7 @@ static int a_copy_to_host(lua_State *L) {
   } else {
     dst = cl_newarray(L, CL_HOST, a->dtype, a->ndim, a->shape, NULL, 0);
   }
-  cl_copy(L, dst, a, s, lua_isnoneornil(L, sidx), "copy_to_host");
+  cl_copy(L, dst, a, s, lua_isnoneornil(L, sidx), "array:copy_to_host");
   cl_flush_deferred(L);
   return 1;
 }
@@ -141,8 +141,8 @@ static int a_copy_to_device(lua_State *L) {
   }
   if (src) lua_replace(L, 2);
   else src = cl_checkarray(L, 2);
-  cl_stream *s = cl_tostream(L, 3, "copy_to_device");
-  cl_copy(L, d, src, s, lua_isnoneornil(L, 3), "copy_to_device");
+  cl_stream *s = cl_tostream(L, 3, "array:copy_to_device");
+  cl_copy(L, d, src, s, lua_isnoneornil(L, 3), "array:copy_to_device");
   cl_flush_deferred(L);
   lua_settop(L, 1);
   return 1;

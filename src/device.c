@@ -91,7 +91,7 @@ static int can_peer(lua_State *L, int a, int b) {
   CUdevice da, db;
   cl_check(L, CU0(cuDeviceGet, &da, a), "cuDeviceGet");
   cl_check(L, CU0(cuDeviceGet, &db, b), "cuDeviceGet");
-  cl_check(L, CU(cuDeviceCanAccessPeer, &can, da, db), "can_access_peer");
+  cl_check(L, CU(cuDeviceCanAccessPeer, &can, da, db), NULL);
   return can;
 }
 
@@ -128,7 +128,7 @@ static int l_enable_peer_access(lua_State *L) {
   CUcontext prev = cl_ctx_swap(ca);
   CUresult r = CU(cuCtxEnablePeerAccess, cb, 0);
   cl_ctx_swap(prev);
-  if (r != CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED) cl_check(L, r, "enable_peer_access");
+  if (r != CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED) cl_check(L, r, NULL);
   /* device arrays come from b's stream-ordered pool, which peer access does not cover: its
      memory is opened to device a as well */
   cl_check(L, pool_access(L, a, b, CU_MEM_ACCESS_FLAGS_PROT_READWRITE), "enable_peer_access (memory pool)");
@@ -144,7 +144,7 @@ static int l_disable_peer_access(lua_State *L) {
   CUcontext prev = cl_ctx_swap(ca);
   CUresult r = CU(cuCtxDisablePeerAccess, cb);
   cl_ctx_swap(prev);
-  if (r != CUDA_ERROR_PEER_ACCESS_NOT_ENABLED) cl_check(L, r, "disable_peer_access");
+  if (r != CUDA_ERROR_PEER_ACCESS_NOT_ENABLED) cl_check(L, r, NULL);
   cl_check(L, pool_access(L, a, b, CU_MEM_ACCESS_FLAGS_PROT_NONE), "disable_peer_access (memory pool)");
   cl_peer_set(a, b, 0);
   return 0;
@@ -165,8 +165,8 @@ static int l_synchronize(lua_State *L) {
   if (!lua_isnone(L, 1))
     return cl_error(L, "cuda.synchronize", "takes no arguments, got %s (a stream: stream:synchronize())", luaL_typename(L, 1));
   cl_ctx(L);
-  cl_capture_guard(L, NULL, 1, "synchronize");
-  cl_wait(L, CL_WAIT_CTX, NULL, "synchronize");
+  cl_capture_guard(L, NULL, 1, NULL);
+  cl_wait(L, CL_WAIT_CTX, NULL, NULL);
   cl_flush_deferred(L);   /* what host functions closed meanwhile: nothing here uses it now */
   return 0;
 }

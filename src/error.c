@@ -6,6 +6,7 @@
    type's methods ("cudalua.array.methods" in the registry: array:slice), a metamethod (array[k]),
    or require "cudalua" and its parts (cuda.zeros, cuda.nvtx.mark, nccl.group). The Lua parts
    raise the same form through cudalua.check's error. */
+#include <ctype.h>
 #include <stdarg.h>
 #include <string.h>
 #include "cl.h"
@@ -119,8 +120,20 @@ const char *cl_where(lua_State *L) {
   return s;
 }
 
+/* the shape of a public name: cuda.copy, array:slice, array[i], kernel 'add', or a C API
+   function (cudalua_push_device_array) */
+static int public_shape(const char *w) {
+  if (!strncmp(w, "kernel '", 8) || !strncmp(w, "elementwise '", 13) || !strncmp(w, "cudalua_", 8)) return 1;
+  if (!isalpha((unsigned char)*w) && *w != '_') return 0;
+  while (isalnum((unsigned char)*w) || *w == '_') w++;
+  return *w == '.' || *w == ':' || *w == '[';
+}
+
+/* where: a public name, NULL or "" (the running function's), or what was being done
+   ("reading a device array element"), which follows the running function's name */
 int cl_error(lua_State *L, const char *where, const char *fmt, ...) {
-  if (!where) where = cl_where(L);
+  if (!where || !*where) where = cl_where(L);
+  else if (!public_shape(where)) where = lua_pushfstring(L, "%s: %s", cl_where(L), where);
   va_list ap;
   va_start(ap, fmt);
   lua_pushfstring(L, "cudalua: %s: ", where);

@@ -90,7 +90,7 @@ static int e_elapsed_time(lua_State *L) {
     return cl_error(L, "event:elapsed_time", "an event has not completed (synchronize it first)");
   if (r == CUDA_ERROR_INVALID_HANDLE)
     return cl_error(L, "event:elapsed_time", "an event was never recorded");
-  cl_check(L, r, "elapsed_time");
+  cl_check(L, r, NULL);
   lua_pushnumber(L, ms);
   return 1;
 }

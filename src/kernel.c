@@ -342,7 +342,7 @@ static int k_occupancy(lua_State *L) {
 static int k_max_blocks(lua_State *L) {
   cl_kernel *k = cl_checkkernel(L, 1);
   lua_Integer b = cl_checkinteger(L, 2);
-  unsigned shared = cl_launch_shared(L, 3);
+  unsigned shared = cl_launch_shared(L, 3, NULL);
   cl_argcheck(L, b >= 1 && b <= 1024, 2, "block size must be 1..1024");
   int nb = 0;
   cl_kernel_shared(L, k, 1, shared);

@@ -125,9 +125,9 @@ static const char *coop_refusal(lua_State *L, cl_kernel *k, const cl_launch *c) 
 /* pageable host arrays passed to a kernel: copied to temporary device memory first. Their
    host addresses are taken now (a host function run during a wait may close the arrays; their
    memory's free is then put off until this call is done) */
-static void tmp_copies_in(lua_State *L, cl_args *A, CUstream h) {
+static void tmp_copies_in(lua_State *L, cl_args *A, CUstream h, const char *where) {
   for (int i = 0; i < A->ntmp; i++) {
-    cl_still_open(L, A->tmp[i].a, "kernel launch");
+    cl_still_open(L, A->tmp[i].a, where);
     A->tmp[i].host = cl_hostptr(A->tmp[i].a);
     A->tmp[i].n = cl_nbytes(A->tmp[i].a);
     cl_pageable_prepare(L, A->tmp[i].a->mem);
@@ -142,18 +142,21 @@ static void tmp_copies_in(lua_State *L, cl_args *A, CUstream h) {
   }
   if (r != CUDA_SUCCESS)
     for (int j = 0; j < i; j++) if (A->tmp[j].d) { CU(cuMemFreeAsync, A->tmp[j].d, h); A->tmp[j].d = 0; }
-  cl_check(L, r, "temporary device copy of a host array argument");
+  if (r != CUDA_SUCCESS) cl_check(L, r, lua_pushfstring(L, "%s: temporary device copy of a host array argument", where));
 }
+
+/* a launch's public name, "kernel 'add'", made only where it is needed (off the fast path) */
+#define KWHERE(L, kidx) lua_pushfstring((L), "kernel '%s'", cl_kernel_name((L), (kidx)))
 
 int cl_kernel_launch(lua_State *L, cl_kernel *k, int kidx, int first, const cl_launch *c) {
   cl_args A;
   int nargs = lua_gettop(L) - first + 1;
   cl_stream *s = c->s;
   CUstream h = s ? s->h : NULL;
-  if (s && s->ctx != k->ctx) cl_stream_check(L, s, k->ctx, "kernel launch", "kernel");
+  if (s && s->ctx != k->ctx) cl_stream_check(L, s, k->ctx, KWHERE(L, kidx), "kernel");
   cl_marshal(L, k, kidx, first, nargs, &A, 1);
   if (cl_capturing) {
-    cl_capture_guard(L, s, A.ntmp > 0, "kernel launch");
+    if (cl_capture_refuses(s, A.ntmp > 0)) cl_capture_guard(L, s, A.ntmp > 0, KWHERE(L, kidx));
     capture_keep(L, s, kidx, first, nargs);
   }
   if (c->g[0] == 0) return 0;   /* forall(0): the arguments were checked, there is no work */
@@ -170,8 +173,8 @@ int cl_kernel_launch(lua_State *L, cl_kernel *k, int kidx, int first, const cl_l
     const char *why = cluster_refusal(L, k, c);
     if (why) launch_error(L, kidx, c, &A, h, why);
   }
-  CL_BEFORE_ENQUEUE(L, "kernel launch");
-  if (A.ntmp) tmp_copies_in(L, &A, h);
+  CL_BEFORE_ENQUEUE(L, KWHERE(L, kidx));
+  if (A.ntmp) tmp_copies_in(L, &A, h, KWHERE(L, kidx));
   CUresult r = CL_PARKED(L, CL_PARK_ENQUEUE, !c->cooperative && !c->cluster[0]
     ? cu.cuLaunchKernel(k->fn, c->g[0], c->g[1], c->g[2], c->b[0], c->b[1], c->b[2], c->shared, h, A.params, NULL)
     : launch_ex(k, c, h, A.params));
@@ -189,8 +192,11 @@ int cl_kernel_launch(lua_State *L, cl_kernel *k, int kidx, int first, const cl_l
       CU(cuMemFreeAsync, A.tmp[i].d, h);
     }
     CUresult r2 = cl_wait_raw(L, CL_WAIT_STREAM, h);
-    cl_check(L, r, "copying a host array back after the kernel");
-    cl_check(L, r2, "waiting for the kernel that used a host array");
+    if (r != CUDA_SUCCESS || r2 != CUDA_SUCCESS) {
+      const char *where = KWHERE(L, kidx);
+      cl_check(L, r, lua_pushfstring(L, "%s: copying a host array back after the kernel", where));
+      cl_check(L, r2, lua_pushfstring(L, "%s: waiting for the kernel that used a host array", where));
+    }
     cl_flush_deferred(L);   /* what host functions closed while it waited */
     cl_host_raise(L);
   }

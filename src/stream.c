@@ -52,6 +52,9 @@ cl_stream *cl_tostream(lua_State *L, int idx, const char *where) {
    {non_blocking =, priority =}; anything else, or an unknown key, raises */
 static void stream_options(lua_State *L, int *nonblocking, int *priority, int *has_priority) {
   *nonblocking = 0; *priority = 0; *has_priority = 0;
+  if (lua_gettop(L) > 1)   /* cuda.stream(true, 5): a priority meant, silently dropped */
+    cl_error(L, "cuda.stream", "takes one argument (non_blocking, or {non_blocking =, priority =}), got %d",
+             lua_gettop(L));
   int t = lua_type(L, 1);
   if (t == LUA_TNONE || t == LUA_TNIL) return;
   if (t == LUA_TBOOLEAN) { *nonblocking = lua_toboolean(L, 1); return; }

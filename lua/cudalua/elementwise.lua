@@ -166,7 +166,11 @@ local function kernel_for(self, mask, w, dev)
   for i, v in ipairs(self.ins) do ins[i] = { dtype = v.dtype, name = v.name, scalar = mask & (1 << (i - 1)) ~= 0 } end
   local src = source(ins, self.outs, self.body, w)
   local ok, mod = pcall(self.cuda.compile, src, { name = self.name .. ".cu" })
-  if not ok then check.error("cuda.elementwise", 3, "%s does not compile: %s", self.name, tostring(mod)) end
+  -- named as the call that compiled it (the first with these argument kinds)
+  if not ok then
+    check.error("elementwise '" .. self.name .. "'", 3, "its code does not compile: %s",
+      (tostring(mod):gsub("^cudalua: ", "")))
+  end
   k = mod:get("cudalua_elementwise")
   per[mask * 32 + w] = k
   return k
