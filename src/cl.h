@@ -466,6 +466,8 @@ cl_stream *cl_checkstream(lua_State *L, int idx);   /* a method's self: NULL for
 CUstream cl_stream_use(lua_State *L, cl_stream *s);  /* its context made current; its handle */
 /* s (NULL: the legacy stream of ctx) may carry work of context ctx; raises naming both devices */
 void cl_stream_check(lua_State *L, cl_stream *s, CUcontext ctx, const char *where, const char *what);
+/* cl_tostream, cl_stream_check and ctx made current: a stream argument for work on ctx */
+cl_stream *cl_stream_arg(lua_State *L, int idx, CUcontext ctx, const char *where, const char *what);
 void cl_open_stream(lua_State *L);
 
 /* ---- from event.c: events ---- */

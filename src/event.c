@@ -41,9 +41,7 @@ static int l_event(lua_State *L) {
 
 static int e_record(lua_State *L) {
   levent *ev = checkev(L, 1);
-  cl_stream *s = cl_tostream(L, 2, "event:record");
-  cl_stream_check(L, s, ev->ctx, "event:record", "event");
-  cl_use_ctx(L, ev->ctx);
+  cl_stream *s = cl_stream_arg(L, 2, ev->ctx, "event:record", "event");
   cl_capture_guard(L, s, 0, "event:record");
   cl_check(L, CU(cuEventRecord, ev->e, s ? s->h : NULL), "event:record");
   ev->recorded = 1;

@@ -124,12 +124,18 @@ static int graph_close(lua_State *L) {
   return 0;
 }
 
+/* a graph's or an executable graph's list of host-node records, gone with its object */
+static void free_recs(cl_hostrec ***recs, int *n) {
+  free(*recs);
+  *recs = NULL;
+  *n = 0;
+}
+
 static int graph_gc(lua_State *L) {
   lgraph *g = cl_checkudata(L, 1, GRAPH_MT);
   graph_close(L);
-  free(g->recs);
-  g->recs = NULL;
-  g->nrecs = g->caprecs = 0;
+  free_recs(&g->recs, &g->nrecs);
+  g->caprecs = 0;
   return 0;
 }
 
@@ -599,9 +605,7 @@ static int n_index(lua_State *L) {
 
 static int e_launch(lua_State *L) {
   lexec *e = checkexec(L, 1);
-  cl_stream *s = cl_tostream(L, 2, "graph_exec:launch");
-  cl_stream_check(L, s, e->ctx, "graph_exec:launch", "graph");
-  cl_use_ctx(L, e->ctx);
+  cl_stream *s = cl_stream_arg(L, 2, e->ctx, "graph_exec:launch", "graph");
   cl_capture_guard(L, s, 0, "graph_exec:launch");
   CUstream h = s ? s->h : NULL;
   if (!e->nrecs) {
@@ -627,9 +631,7 @@ static int e_launch(lua_State *L) {
 
 static int e_upload(lua_State *L) {
   lexec *e = checkexec(L, 1);
-  cl_stream *s = cl_tostream(L, 2, "graph_exec:upload");
-  cl_stream_check(L, s, e->ctx, "graph_exec:upload", "graph");
-  cl_use_ctx(L, e->ctx);
+  cl_stream *s = cl_stream_arg(L, 2, e->ctx, "graph_exec:upload", "graph");
   cl_check(L, CU(cuGraphUpload, e->e, s ? s->h : NULL), "graph_exec:upload");
   lua_settop(L, 1);
   return 1;
@@ -759,9 +761,7 @@ static int e_close(lua_State *L) {
 static int e_gc(lua_State *L) {
   lexec *e = cl_checkudata(L, 1, EXEC_MT);
   e_close(L);
-  free(e->recs);
-  e->recs = NULL;
-  e->nrecs = 0;
+  free_recs(&e->recs, &e->nrecs);
   return 0;
 }
 

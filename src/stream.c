@@ -28,6 +28,15 @@ void cl_stream_check(lua_State *L, cl_stream *s, CUcontext ctx, const char *wher
              cl_device_of(s->ctx), what, cl_device_of(ctx));
 }
 
+/* the stream argument at idx of work on ctx (an event's, a graph's): the stream, checked to be
+   on ctx, and ctx made current */
+cl_stream *cl_stream_arg(lua_State *L, int idx, CUcontext ctx, const char *where, const char *what) {
+  cl_stream *s = cl_tostream(L, idx, where);
+  cl_stream_check(L, s, ctx, where, what);
+  cl_use_ctx(L, ctx);
+  return s;
+}
+
 /* the stream's context made current (the selected device's for the default stream) */
 CUstream cl_stream_use(lua_State *L, cl_stream *s) {
   if (s) { cl_use_ctx(L, s->ctx); return s->h; }
