@@ -91,7 +91,7 @@ local function check_opts(opts)
   check.strings(opts.options or {}, "opts.options", "cuda.compile", level)
   for k, v in pairs(opts.headers or {}) do
     if type(k) ~= "string" or type(v) ~= "string" then
-      error("cudalua: cuda.compile: opts.headers maps header names to their source text (strings)", level - 1)
+      check.error("cuda.compile", level - 1, "opts.headers maps header names to their source text (strings)")
     end
   end
   check.strings(opts.name_expressions or {}, "opts.name_expressions", "cuda.compile", level)
@@ -102,7 +102,7 @@ local function check_opts(opts)
   end
   check.arch(opts.arch, "cuda.compile", level)
   if opts.lto and opts.arch and opts.arch:match("^compute_") then
-    error("cudalua: cuda.compile: lto = true needs an sm_ arch (LTO-IR is linked for a real architecture)", level - 1)
+    check.error("cuda.compile", level - 1, "lto = true needs an sm_ arch (LTO-IR is linked for a real architecture)")
   end
   return opts
 end
@@ -180,7 +180,7 @@ local function choose_target(job)
   local opts = job.opts
   local arch = opts.arch or system.device_arch(5)
   if opts.lto and arch:match("^compute_") then
-    error("cudalua: cuda.compile: lto = true needs an sm_ arch; this device's is newer than NVRTC knows", 4)
+    check.error("cuda.compile", 4, "lto = true needs an sm_ arch; this device's is newer than NVRTC knows")
   end
   local output = opts.lto and "ltoir" or (arch:match("^compute_") and "ptx" or "cubin")
   local via_ptx = output == "cubin" and job.way ~= "nvrtc" and has_includes(job) and jitlink_usable()
@@ -242,7 +242,7 @@ end
 
 -- quiet: a failed compile returns nil instead of raising (cuda.kernel's second try)
 local function compile(src, opts, quiet)
-  if type(src) ~= "string" then error("cudalua: cuda.compile: source must be a string, got " .. type(src), 3) end
+  if type(src) ~= "string" then check.error("cuda.compile", 3, "source must be a string, got %s", type(src)) end
   local job = plan(src, check_opts(opts))
   local key = cache_key(job)
   local mod = key and cached(key, job.name)
@@ -283,7 +283,7 @@ end
 -- way first, any other when the module lacks it. A name NVRTC cannot resolve gets the plain
 -- module's message, which lists its kernels.
 function M.kernel(src, name, opts)
-  if type(name) ~= "string" then error("cudalua: cuda.kernel: expected the kernel's name as argument 2", 2) end
+  if type(name) ~= "string" then check.error("cuda.kernel", 2, "expected the kernel's name as argument 2") end
   local cpp = name:find("[:<]") ~= nil and (opts == nil or type(opts) == "table")
   local mod = cpp and compile(src, naming(opts, name), true) or compile(src, opts)
   if not cpp and not modules.fields(mod).info[name] then

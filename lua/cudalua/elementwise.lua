@@ -20,8 +20,9 @@ local function parse_params(s, where, level)
   if s:match("^%s*$") then return list end
   for part in (s .. ","):gmatch("([^,]*),") do
     local dt, name = part:match("^%s*([%w_]+)%s+([%a_][%w_]*)%s*$")
-    if not dt then error(
-        ("cudalua: %s: cannot read parameter %q (expected \"dtype name\")"):format(where, part:match("^%s*(.-)%s*$")), level) end
+    if not dt then
+      check.error(where, level, "cannot read parameter %q (expected \"dtype name\")", part:match("^%s*(.-)%s*$"))
+    end
     local ok, d = pcall(core.dtype, dt)
     if not ok then check.error(where, level, "parameter %s: unknown dtype %q", name, dt) end
     if seen[name] then check.error(where, level, "parameter %s is named twice", name) end
@@ -137,16 +138,17 @@ function M.elementwise(cuda, in_params, out_params, body, name)
   local where = "cuda.elementwise"
   local ins = parse_params(in_params, where, 3)
   local outs = parse_params(out_params, where, 3)
-  if #outs == 0 then error("cudalua: " .. where .. ": give at least one output parameter", 2) end
+  if #outs == 0 then check.error(where, 2, "give at least one output parameter") end
   for _, o in ipairs(outs) do
     for _, i in ipairs(ins) do
       if o.name == i.name then check.error(where, 2, "%s is both an input and an output", o.name) end
     end
   end
-  if type(body) ~= "string" or body:match("^%s*$") then error(
-      "cudalua: " .. where .. ": the body must be a string of C++ statements", 2) end
+  if type(body) ~= "string" or body:match("^%s*$") then
+    check.error(where, 2, "the body must be a string of C++ statements")
+  end
   if name ~= nil and (type(name) ~= "string" or not name:match("^[%a_][%w_]*$")) then
-    error("cudalua: " .. where .. ": name must be an identifier", 2)
+    check.error(where, 2, "name must be an identifier")
   end
   local out_widest = 1   -- the outputs' widest itemsize: every call's vector width counts them
   for _, p in ipairs(outs) do out_widest = math.max(out_widest, p.itemsize) end
@@ -214,8 +216,9 @@ local function call_options(self, args)
       stream = v
     end
     if k == "block" then
-      if math.type(v) ~= "integer" or v < 1 or v > 1024 then error(
-          "cudalua: " .. where .. ": block must be an integer from 1 to 1024", 3) end
+      if math.type(v) ~= "integer" or v < 1 or v > 1024 then
+        check.error(where, 3, "block must be an integer from 1 to 1024")
+      end
       block = v
     end
   end
@@ -257,7 +260,9 @@ local function scan_args(self, args)
   for j, p in ipairs(self.outs) do   -- the outputs go in args, after the inputs
     if args[nin + j] ~= nil then check_array(self, scan, args[nin + j], p, "output", nin + j) end
   end
-  if not scan.n then error("cudalua: elementwise '" .. self.name .. "': no array among the inputs or outputs says how many elements", 3) end
+  if not scan.n then
+    check.error("elementwise '" .. self.name .. "'", 3, "no array among the inputs or outputs says how many elements")
+  end
   return scan
 end
 

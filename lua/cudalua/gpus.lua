@@ -5,13 +5,14 @@
 --   local g <close> = cuda.gpus[1]:use()      -- until the end of the block
 --   cuda.gpus[1]:run(function() ... end)      -- for the call (errors too)
 local core = ...
+local check = require "cudalua.check"
 
 local Gpu = {}
 local ids = setmetatable({}, { __mode = "k" })   -- gpu object -> its device id (read-only)
 
-local function check(g, what)
+local function id_of(g, what)
   local id = ids[g]
-  if not id then error(("cudalua: gpu:%s: expected a gpu (call it as g:%s())"):format(what, what), 3) end
+  if not id then check.error("gpu:" .. what, 3, "expected a gpu (call it as g:%s())", what) end
   return id
 end
 
@@ -20,9 +21,9 @@ local gpu_mt = {
     if k == "id" then return ids[g] end
     local m = Gpu[k]
     if m then return m end
-    error(("cudalua: gpu[k]: gpus have no field '%s'"):format(tostring(k)), 2)
+    check.error("gpu[k]", 2, "gpus have no field '%s'", tostring(k))
   end,
-  __newindex = function() error("cudalua: gpu[k] =: gpus are read-only", 2) end,
+  __newindex = function() check.error("gpu[k] =", 2, "gpus are read-only") end,
   __tostring = function(g) return ("cudalua.gpu<%d: %s>"):format(ids[g], core.devices()[ids[g] + 1].name) end,
   __name = "cudalua.gpu",
 }
@@ -39,20 +40,20 @@ local function gpu(i)
 end
 
 -- name, compute_capability, multiprocessors, ... as cuda.devices() gives them
-function Gpu.info(g) return core.devices()[check(g, "info") + 1] end
+function Gpu.info(g) return core.devices()[id_of(g, "info") + 1] end
 
 local Guard = {}
 Guard.__index = Guard
 Guard.__name = "cudalua.gpu_guard"
 function Guard.restore(self)
-  if getmetatable(self) ~= Guard then error("cudalua: guard:restore: call it as guard:restore()", 2) end
+  if getmetatable(self) ~= Guard then check.error("guard:restore", 2, "call it as guard:restore()") end
   if self.prev then core.select_device(self.prev); self.prev = nil end
 end
 Guard.__close = Guard.restore
 
 -- g:use() -> a guard: this device is selected until the guard is closed (<close>) or restored
 function Gpu.use(g)
-  local id = check(g, "use")
+  local id = id_of(g, "use")
   local prev = core.current_device()
   core.select_device(id)
   return setmetatable({ prev = prev }, Guard)
@@ -60,8 +61,8 @@ end
 
 -- g:run(fn, ...) -> fn(...)'s results, with this device selected for the call
 function Gpu.run(g, fn, ...)
-  local id = check(g, "run")
-  if type(fn) ~= "function" then error("cudalua: gpu:run: expected a function, got " .. type(fn), 2) end
+  local id = id_of(g, "run")
+  if type(fn) ~= "function" then check.error("gpu:run", 2, "expected a function, got %s", type(fn)) end
   local prev = core.current_device()
   if prev == id then return fn(...) end
   core.select_device(id)
@@ -73,7 +74,7 @@ end
 
 -- g:synchronize(): waits for all work on this device
 function Gpu.synchronize(g)
-  check(g, "synchronize")
+  id_of(g, "synchronize")
   Gpu.run(g, core.synchronize)
 end
 
@@ -82,12 +83,12 @@ return setmetatable({}, {
   __index = function(_, k)
     if k == "current" then return gpu(core.current_device()) end
     if math.type(k) ~= "integer" then
-      error(("cudalua: cuda.gpus: expected a device id (0-based) or 'current', got %s"):format(tostring(k)), 2)
+      check.error("cuda.gpus", 2, "expected a device id (0-based) or 'current', got %s", tostring(k))
     end
     local n = core.device_count()
     if k < 0 or k >= n then
-      error(("cudalua: cuda.gpus[%d]: device id out of range (%s)"):format(k, n > 0 and ("0.." .. n - 1) or
-            "no CUDA device: " .. tostring(core.driver_error())), 2)
+      check.error("cuda.gpus[" .. k .. "]", 2, "device id out of range (%s)",
+        n > 0 and ("0.." .. n - 1) or "no CUDA device: " .. tostring(core.driver_error()))
     end
     return gpu(k)
   end,
@@ -98,7 +99,7 @@ return setmetatable({}, {
       if i < n then return i, gpu(i) end
     end, nil, -1
   end,
-  __newindex = function() error("cudalua: cuda.gpus is read-only", 2) end,
+  __newindex = function() check.error("cuda.gpus[k] =", 2, "cuda.gpus is read-only") end,
   __name = "cudalua.gpus",
   methods = Gpu,   -- for the reference spec
 })

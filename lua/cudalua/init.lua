@@ -3,6 +3,7 @@
 -- are glue and policy. They are compiled into the binary (see src/core.c).
 local core = ...
 local cuda = {}
+local check = require "cudalua.check"
 
 for _, name in ipairs {
   "is_available", "driver_error", "launches_block", "devices", "select_device", "current_device", "synchronize",
@@ -31,7 +32,7 @@ cuda.mem_info = core.mem_info
 function cuda.detect(out)
   out = out or io.stdout
   if not pcall(function() assert(type(out.write) == "function") end) then
-    error("cudalua: cuda.detect: out must be a file or an object with a write method, got " .. type(out), 2)
+    check.error("cuda.detect", 2, "out must be a file or an object with a write method, got %s", type(out))
   end
   local v = cuda.versions()
   local ma, mi, path = core.nvrtc_version()
@@ -52,7 +53,6 @@ function cuda.detect(out)
   return true
 end
 
-local check = require "cudalua.check"
 local compile = require "cudalua.compile"
 cuda.compile = compile.compile
 cuda.kernel = compile.kernel
@@ -95,7 +95,7 @@ cuda.profile_start, cuda.profile_stop = core.profile_start, core.profile_stop
 
 -- nvtx.range(name, fn, ...) -> fn's results, run inside a range that ends when fn raises too
 function nvtx.range(name, fn, ...)
-  if type(fn) ~= "function" then error("cudalua: cuda.nvtx.range: expected a function, got " .. type(fn), 2) end
+  if type(fn) ~= "function" then check.error("cuda.nvtx.range", 2, "expected a function, got %s", type(fn)) end
   nvtx.range_push(name)
   local r = table.pack(pcall(fn, ...))
   nvtx.range_pop()

@@ -69,9 +69,8 @@ function M.load_module(v, opts)
     local elf = modules.elf_info(f.image)
     if elf == false then check.error("cuda.load_module", 2, "%s is a damaged cubin (its ELF tables do not fit in it)", name) end
     if not elf or not elf.cuda then
-      error(
-          ("cudalua: cuda.load_module: %s is an ELF file but not a CUDA cubin "
-          .. "(a host object? build with nvcc -cubin or -fatbin)"):format(name), 2)
+      check.error("cuda.load_module", 2, "%s is an ELF file but not a CUDA cubin "
+        .. "(a host object? build with nvcc -cubin or -fatbin)", name)
     end
     f.listed, f.relocatable, f.nparams = elf.kernels, elf.relocatable, elf.nparams   -- read once
   elseif f.kind == "ptx" then
@@ -89,9 +88,8 @@ local LINK_OPTS = { name = "string", arch = "string", options = "table" }
 
 function M.link(inputs, opts)
   if type(inputs) ~= "table" or #inputs == 0 then
-    error(
-        "cudalua: cuda.link: expected a list of modules or images, got "
-          .. (type(inputs) == "table" and "an empty table" or type(inputs)), 2)
+    check.error("cuda.link", 2, "expected a list of modules or images, got %s",
+      type(inputs) == "table" and "an empty table" or type(inputs))
   end
   check.list(inputs, "the list of inputs", "cuda.link", 3)
   opts = check.table(opts, LINK_OPTS, "cuda.link", 3)

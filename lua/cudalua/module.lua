@@ -187,7 +187,7 @@ local state = setmetatable({}, { __mode = "k" }) -- module -> private fields
 
 local function fields(mod, what)
   local st = state[mod]
-  if not st then error(("cudalua: module:%s: expected a module (call it as m:%s())"):format(what, what), 3) end
+  if not st then check.error("module:" .. what, 3, "expected a module (call it as m:%s())", what) end
   return st
 end
 
@@ -196,8 +196,8 @@ end
 local function load(mod, level, by)
   local st = state[mod]
   if st.relocatable then
-    error(("cudalua: %s: module %s holds relocatable code (relocatable = true, lto = true or an -rdc "
-           .. "object): link it first, cuda.link{...}"):format(by and "module." .. by or "module:get", st.name), level + 1)
+    check.error(by and "module." .. by or "module:get", level + 1, "module %s holds relocatable code "
+      .. "(relocatable = true, lto = true or an -rdc object): link it first, cuda.link{...}", st.name)
   end
   local dev = core.is_available() and core.current_device() or 0
   local h = st.handles[dev]
@@ -212,8 +212,8 @@ local function load(mod, level, by)
 end
 
 local function no_kernel(st, expr, names, level, by)
-  error(("cudalua: %s: no kernel '%s' in module %s (kernels: %s)"):format(by and "module." .. by or "module:get", expr, st.name,
-        #names > 0 and table.concat(names, ", ") or "none found"), level + 1)
+  check.error(by and "module." .. by or "module:get", level + 1, "no kernel '%s' in module %s (kernels: %s)", expr,
+    st.name, #names > 0 and table.concat(names, ", ") or "none found")
 end
 
 -- names of the kernels a module has, as m:get takes them (shared: callers copy)
@@ -312,14 +312,14 @@ local function get_kernel(mod, expr, sig, level, by)
   local count = (sig or not codes) and param_count(st, info.symbol, info.codes) or nil
   if sig then
     local ok, c, t = pcall(parse_signature, sig)
-    if not ok then error(("cudalua: module:get: kernel '%s': %s"):format(expr, c), level + 1) end
+    if not ok then check.error("module:get", level + 1, "kernel '%s': %s", expr, c) end
     if count and count ~= #c then
-      error(("cudalua: module:get: kernel '%s': the signature %q has %d parameters, the kernel %d"):format(
-        expr, sig, #c, count), level + 1)
+      check.error("module:get", level + 1, "kernel '%s': the signature %q has %d parameters, the kernel %d",
+        expr, sig, #c, count)
     end
     codes, types = c, t
   elseif info.error then
-    error(("cudalua: kernel '%s': %s"):format(expr, info.error), level + 1)
+    check.error("kernel '" .. expr .. "'", level + 1, "%s", info.error)
   end
   local handle = load(mod, level + 1, by)
   -- without codes, module_kernel takes the sizes from the driver and fills in types; with a
@@ -337,9 +337,9 @@ M.get = get_kernel
 
 function Module.get(mod, expr, sig)
   fields(mod, "get")
-  if type(expr) ~= "string" then error("cudalua: module:get: expected a kernel name or name expression", 2) end
+  if type(expr) ~= "string" then check.error("module:get", 2, "expected a kernel name or name expression") end
   if sig ~= nil and type(sig) ~= "string" then
-    error("cudalua: module:get: the signature must be a string such as \"float*, const float*, int\", got " .. type(sig), 2)
+    check.error("module:get", 2, "the signature must be a string such as \"float*, const float*, int\", got %s", type(sig))
   end
   local k = get_kernel(mod, expr, sig, 2)
   return k
@@ -362,15 +362,15 @@ function Module.ptx(mod)
   local st = fields(mod, "ptx")
   if st.kind == "ptx" then return st.image end
   if st.ptx then return st.ptx end
-  error(("cudalua: module:ptx: module %s has no PTX (it holds %s%s)"):format(st.name, holds[st.kind],
-        st.linked and " made by cuda.link" or st.source and "" or " loaded as it was built"), 2)
+  check.error("module:ptx", 2, "module %s has no PTX (it holds %s%s)", st.name, holds[st.kind],
+    st.linked and " made by cuda.link" or st.source and "" or " loaded as it was built")
 end
 
 function Module.cubin(mod)
   local st = fields(mod, "cubin")
   if st.kind == "cubin" then return st.image end
-  error(("cudalua: module:cubin: module %s holds %s, not a cubin%s"):format(st.name, holds[st.kind],
-        st.kind == "ptx" and " (compile with an sm_ arch, or with arch unset, for one)" or ""), 2)
+  check.error("module:cubin", 2, "module %s holds %s, not a cubin%s", st.name, holds[st.kind],
+    st.kind == "ptx" and " (compile with an sm_ arch, or with arch unset, for one)" or "")
 end
 
 local module_mt = {
@@ -380,11 +380,11 @@ local module_mt = {
     if type(key) ~= "string" then
       check.error("module[k]", 2, "modules are indexed by kernel names, got %s", type(key))
     end
-    if not state[mod] then error("cudalua: module.__index: expected a module", 2) end
+    if not state[mod] then check.error("module[k]", 2, "expected a module") end
     local k = get_kernel(mod, key, nil, 2, key)
     return k
   end,
-  __newindex = function() error("cudalua: module[k] =: modules are read-only", 2) end,
+  __newindex = function() check.error("module[k] =", 2, "modules are read-only") end,
   __tostring = function(mod) return "cudalua.module<" .. fields(mod, "__tostring").name .. ">" end,
   __name = "cudalua.module",
 }

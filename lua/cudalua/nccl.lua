@@ -10,6 +10,7 @@
 --   end)
 local core = ...
 local C = core.nccl
+local check = require "cudalua.check"
 local M = {}
 
 -- nccl.is_available() -> true | false, why
@@ -24,7 +25,7 @@ M.unique_id = C.unique_id
 -- nccl.comm_init_rank(nranks, id, rank) -> a communicator on the selected device; blocks until
 -- every rank has joined
 function M.comm_init_rank(nranks, id, rank)
-  if type(id) ~= "string" then error("cudalua: nccl.comm_init_rank: id must be the string nccl.unique_id() gave, got " .. type(id), 2) end
+  if type(id) ~= "string" then check.error("nccl.comm_init_rank", 2, "id must be the string nccl.unique_id() gave, got %s", type(id)) end
   return C.comm_init_rank(nranks, id, rank)   -- a tail call: errors point at the caller
 end
 
@@ -32,7 +33,7 @@ local Comms = {}
 Comms.__index = Comms
 Comms.__name = "cudalua.nccl_comms"
 function Comms:close()   -- closes them all (one member's close closes its whole list)
-  if getmetatable(self) ~= Comms then error("cudalua: comms:close: call it as comms:close()", 2) end
+  if getmetatable(self) ~= Comms then check.error("comms:close", 2, "call it as comms:close()") end
   for _, c in ipairs(self) do c:close() end
 end
 Comms.__close = Comms.close
@@ -43,9 +44,9 @@ function M.comm_init_all(devices)
   if devices == nil then
     devices = {}
     for i = 0, core.device_count() - 1 do devices[#devices + 1] = i end
-    if #devices == 0 then error("cudalua: nccl.comm_init_all: " .. tostring(core.driver_error()), 2) end
+    if #devices == 0 then check.error("nccl.comm_init_all", 2, "%s", tostring(core.driver_error())) end
   elseif type(devices) ~= "table" then
-    error("cudalua: nccl.comm_init_all: expected a list of device ids, got " .. type(devices), 2)
+    check.error("nccl.comm_init_all", 2, "expected a list of device ids, got %s", type(devices))
   end
   local ok, list = pcall(C.comm_init_all, devices)
   if not ok then error(list, 2) end

@@ -30,38 +30,37 @@ local advised = setmetatable({}, { __mode = "k" })
 -- the counter and total checked -> the counter's kind (raises at the caller of watch)
 local function check_counter(counter, total)
   local n, _, kind = core.array_info(counter)
-  if not n then error("cudalua: cuda.progress.watch: counter must be a managed or mapped array, got " .. type(counter), 3) end
+  if not n then check.error("cuda.progress.watch", 3, "counter must be a managed or mapped array, got %s", type(counter)) end
   if kind ~= "managed_array" and kind ~= "mapped_array" then
-    error(
-        "cudalua: cuda.progress.watch: counter must be a managed or mapped array"
-          .. " (the host reads it while the kernel runs), got a " .. kind, 3)
+    check.error("cuda.progress.watch", 3, "counter must be a managed or mapped array"
+      .. " (the host reads it while the kernel runs), got a %s", kind)
   end
-  if n < 1 then error("cudalua: cuda.progress.watch: counter is empty", 3) end
+  if n < 1 then check.error("cuda.progress.watch", 3, "counter is empty") end
   if type(total) ~= "number" or total <= 0 then
-    error("cudalua: cuda.progress.watch: total must be a number > 0, got " .. tostring(total), 3)
+    check.error("cuda.progress.watch", 3, "total must be a number > 0, got %s", tostring(total))
   end
   return kind
 end
 
 -- the options checked, defaults filled in: a table of its own (the caller's is not changed)
 local function check_watch_options(opts)
-  if opts ~= nil and type(opts) ~= "table" then error("cudalua: cuda.progress.watch: options must be a table", 3) end
+  if opts ~= nil and type(opts) ~= "table" then check.error("cuda.progress.watch", 3, "options must be a table") end
   opts = opts or {}
   check.options(opts, { "stream", "label", "interval", "out", "line_interval" }, "cuda.progress.watch", 4)
   if opts.stream ~= nil and not check.is_stream(opts.stream) then
-    error("cudalua: cuda.progress.watch: stream must be a stream (cuda.stream()), got " .. type(opts.stream), 3)
+    check.error("cuda.progress.watch", 3, "stream must be a stream (cuda.stream()), got %s", type(opts.stream))
   end
   if opts.out ~= nil and io.type(opts.out) ~= "file" then
-    error("cudalua: cuda.progress.watch: out must be a file open for writing (io.stderr, io.open(...)), got " .. type(opts.out), 3)
+    check.error("cuda.progress.watch", 3, "out must be a file open for writing (io.stderr, io.open(...)), got %s", type(opts.out))
   end
   local function seconds(v) return type(v) == "number" and v >= 0 and v <= 3600 end   -- NaN is not
   if opts.line_interval ~= nil and not seconds(opts.line_interval) then
-    error("cudalua: cuda.progress.watch: line_interval must be seconds from 0 to 3600", 3)
+    check.error("cuda.progress.watch", 3, "line_interval must be seconds from 0 to 3600")
   end
   local interval = opts.interval or 0.001
-  if not seconds(interval) or interval > 10 then error("cudalua: cuda.progress.watch: interval must be seconds from 0 to 10", 3) end
+  if not seconds(interval) or interval > 10 then check.error("cuda.progress.watch", 3, "interval must be seconds from 0 to 10") end
   if opts.label ~= nil and type(opts.label) ~= "string" then
-    error("cudalua: cuda.progress.watch: label must be a string, got " .. type(opts.label), 3)
+    check.error("cuda.progress.watch", 3, "label must be a string, got %s", type(opts.label))
   end
   return { stream = opts.stream, label = opts.label or "progress", interval = interval,
            out = opts.out or io.stderr, line_interval = opts.line_interval }
@@ -72,8 +71,8 @@ end
 local function prepare_managed(cuda, counter)
   local dev = cuda.devices()[cuda.current_device() + 1]
   if not dev.concurrent_managed_access then
-    error("cudalua: cuda.progress.watch: this device cannot share managed memory with the host while a kernel runs; "
-          .. "use cuda.mapped_array for the counter", 3)
+    check.error("cuda.progress.watch", 3, "this device cannot share managed memory with the host while a kernel "
+      .. "runs; use cuda.mapped_array for the counter")
   end
   if not advised[counter] then
     counter:advise("preferred_device"):advise("accessed_by_host")

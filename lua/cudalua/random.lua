@@ -17,7 +17,7 @@ local function splitmix(seed)   -- seed: an integer (launch's is checked by chec
 end
 function M.splitmix64(seed)
   if math.type(seed) ~= "integer" then
-    error("cudalua: cuda.random.splitmix64: seed must be an integer, got " .. (math.type(seed) or type(seed)), 2)
+    check.error("cuda.random.splitmix64", 2, "seed must be an integer, got %s", (math.type(seed) or type(seed)))
   end
   return splitmix(seed)
 end
@@ -62,7 +62,7 @@ end
 function M.init_xoroshiro128p_states(states, seed, subsequence_start, stream)
   local n, dtype, kind, _, dev = core.array_info(states)
   if not n or kind ~= "device_array" or tostring(dtype) ~= "uint64" or states.shape[2] ~= 2 then
-    error("cudalua: cuda.random.init_xoroshiro128p_states: states must be a device array of uint64 with shape {n, 2}", 2)
+    check.error("cuda.random.init_xoroshiro128p_states", 2, "states must be a device array of uint64 with shape {n, 2}")
   end
   seed = check_int(seed, "seed", "cuda.random.init_xoroshiro128p_states")
   subsequence_start = check_int(subsequence_start or 0, "subsequence_start", "cuda.random.init_xoroshiro128p_states")
@@ -77,12 +77,12 @@ end
 -- create_xoroshiro128p_states(n, {seed =, subsequence_start =, stream =})
 function M.create_xoroshiro128p_states(n, seed, subsequence_start, stream)
   if math.type(n) ~= "integer" or n < 0 then
-    error("cudalua: cuda.random.create_xoroshiro128p_states: n must be an integer >= 0, got " .. tostring(n), 2)
+    check.error("cuda.random.create_xoroshiro128p_states", 2, "n must be an integer >= 0, got %s", tostring(n))
   end
   if type(seed) == "table" then
     if subsequence_start ~= nil or stream ~= nil then
-      error(
-          "cudalua: cuda.random.create_xoroshiro128p_states: with an options table, subsequence_start and stream go in it, not after it", 2)
+      check.error("cuda.random.create_xoroshiro128p_states", 2,
+        "with an options table, subsequence_start and stream go in it, not after it")
     end
     local o = seed
     check.options(o, { "seed", "subsequence_start", "stream" }, "cuda.random.create_xoroshiro128p_states", 3)

@@ -165,13 +165,13 @@ function Reducer:__call(arr, opts)
   local init, stream, res
   if opts ~= nil then
     if type(opts) ~= "table" then
-      error("cudalua: cuda.reduce: options must be a table {init=, res=, stream=}, got " .. type(opts), 2)
+      check.error("cuda.reduce", 2, "options must be a table {init=, res=, stream=}, got %s", type(opts))
     end
     init, stream, res = opts.init, opts.stream, opts.res
     check.options(opts, { "init", "res", "stream" }, "cuda.reduce", 3)
     if stream ~= nil and stream ~= 0 then
       if not check.is_stream(stream) then
-        error("cudalua: cuda.reduce: expected a stream, got " .. type(stream), 2)
+        check.error("cuda.reduce", 2, "expected a stream, got %s", type(stream))
       end
     elseif stream == 0 then
       stream = nil
@@ -184,9 +184,9 @@ function Reducer:__call(arr, opts)
   end
   if not n then
     if type(arr) == "table" and getmetatable(arr) == nil then
-      error("cudalua: cuda.reduce: expected an array, got a table (make one with cuda.array(t, dtype))", 2)
+      check.error("cuda.reduce", 2, "expected an array, got a table (make one with cuda.array(t, dtype))")
     end
-    error("cudalua: cuda.reduce: expected an array, got " .. type(arr), 2)
+    check.error("cuda.reduce", 2, "expected an array, got %s", type(arr))
   end
   if init == nil then init = self.init or 0 end
   if PACK[dtype] then
@@ -194,17 +194,17 @@ function Reducer:__call(arr, opts)
       check.error("cuda.reduce", 2, "init must be a number or a pair {re, im} for %s, got %s", dtype, type(init))
     end
   elseif math.type(init) ~= "integer" then
-    if type(init) ~= "number" then error("cudalua: cuda.reduce: init must be a number, got " .. type(init), 2) end
+    if type(init) ~= "number" then check.error("cuda.reduce", 2, "init must be a number, got %s", type(init)) end
     if not dtype.is_float then
       check.error("cuda.reduce", 2, "init must be an integer for %s, got %s", dtype, init)
     end
   end
   if res ~= nil then
     local rn, rdt, rkind, _, rdev = core.array_info(res)
-    if not rn then error("cudalua: cuda.reduce: res must be an array, got " .. type(res), 2) end
+    if not rn then check.error("cuda.reduce", 2, "res must be an array, got %s", type(res)) end
     if rdt ~= dtype then check.error("cuda.reduce", 2, "res has dtype %s, the input %s", rdt, dtype) end
-    if rn < 1 then error("cudalua: cuda.reduce: res is empty", 2) end
-    if rkind == "array" then error("cudalua: cuda.reduce: res must be a device (or pinned/mapped/managed) array", 2) end
+    if rn < 1 then check.error("cuda.reduce", 2, "res is empty") end
+    if rkind == "array" then check.error("cuda.reduce", 2, "res must be a device (or pinned/mapped/managed) array") end
     if rdev >= 0 and dev >= 0 and rdev ~= dev then
       check.error("cuda.reduce", 2, "res is on device %d and the input on device %d", rdev, dev)
     end
@@ -234,27 +234,25 @@ function M.reduce(cuda, expr, opts)
   elseif type(expr) == "table" then
     for k in pairs(expr) do
       if k ~= "body" and k ~= "preamble" then
-        error(
-            ("cudalua: cuda.reduce: unknown key '%s' in the expression table"
-              .. " (body, preamble; options such as init go in the second argument)")
-              :format(tostring(k)), 3)
+        check.error("cuda.reduce", 3, "unknown key '%s' in the expression table"
+          .. " (body, preamble; options such as init go in the second argument)", tostring(k))
       end
     end
     if type(expr.body) ~= "string" then
-      error("cudalua: cuda.reduce: a table argument needs body = \"...; return ...;\" (a device function of a and b)", 3)
+      check.error("cuda.reduce", 3, "a table argument needs body = \"...; return ...;\" (a device function of a and b)")
     end
     if expr.preamble ~= nil and type(expr.preamble) ~= "string" then
-      error("cudalua: cuda.reduce: preamble must be a string of CUDA C", 3)
+      check.error("cuda.reduce", 3, "preamble must be a string of CUDA C")
     end
     self.body, self.preamble = expr.body, expr.preamble
   else
-    error("cudalua: cuda.reduce: expected a CUDA C expression of a and b, got " .. type(expr), 3)
+    check.error("cuda.reduce", 3, "expected a CUDA C expression of a and b, got %s", type(expr))
   end
   if opts ~= nil then
-    if type(opts) ~= "table" then error("cudalua: cuda.reduce: options must be a table, got " .. type(opts), 3) end
+    if type(opts) ~= "table" then check.error("cuda.reduce", 3, "options must be a table, got %s", type(opts)) end
     check.options(opts, { "init" }, "cuda.reduce", 4)
     if opts.init ~= nil and type(opts.init) ~= "number" then
-      error("cudalua: cuda.reduce: init must be a number, got " .. type(opts.init), 3)
+      check.error("cuda.reduce", 3, "init must be a number, got %s", type(opts.init))
     end
     self.init = opts.init
   end

@@ -11,8 +11,8 @@ local M = {}
 local cc_of, cap_of = {}, {}
 function M.device_cc(level, what)
   if not core.is_available() then
-    error("cudalua: " .. (what or "cuda.compile") .. ": " .. core.driver_error():gsub("^cudalua: ", "")
-          .. "; give opts.arch (e.g. \"sm_90\") to compile without a GPU", level or 3)
+    check.error(what or "cuda.compile", level or 3, "%s; give opts.arch (e.g. \"sm_90\") to compile without a GPU",
+      (core.driver_error():gsub("^cudalua: ", "")))
   end
   local dev = core.current_device()
   if not cc_of[dev] then
