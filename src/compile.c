@@ -33,7 +33,7 @@ static int l_nvrtc_compile(lua_State *L) {
   cl_checktype(L, 5, LUA_TTABLE);
   static const char *const outs[] = {"cubin", "ptx", "ltoir", NULL};
   int out = cl_checkoption(L, 6, "cubin", outs);
-  if (!cl_lib_load(&cl_nvrtc)) return cl_error(L, NULL, "%s", cl_unprefixed(cl_nvrtc.err));
+  cl_lib_need(L, &cl_nvrtc);
   int nopt = (int)lua_rawlen(L, 3), nh = (int)lua_rawlen(L, 4), nx = (int)lua_rawlen(L, 5);
   /* the strings stay referenced by the argument tables while NVRTC reads them */
   const char **opts = lua_newuserdatauv(L, sizeof(char *) * (nopt + 2 * nh + 1), 0);
@@ -181,7 +181,7 @@ static int l_ptx_strip(lua_State *L) {
 
 /* supported architectures, e.g. {75, 80, ..., 120} */
 static int l_nvrtc_archs(lua_State *L) {
-  if (!cl_lib_load(&cl_nvrtc)) return cl_error(L, NULL, "%s", cl_unprefixed(cl_nvrtc.err));
+  cl_lib_need(L, &cl_nvrtc);
   int n = 0;
   cu.nvrtcGetNumSupportedArchs(&n);
   int *a = lua_newuserdatauv(L, sizeof(int) * (n ? n : 1), 0);

@@ -69,7 +69,7 @@ static int cfg_which(lua_State *L, int v, int mode) {
 /* a key no configuration takes: a misspelt option must not be ignored */
 static void cfg_unknown(lua_State *L, int idx, int v, int mode, const char *where) {
   if (mode == CL_CFG_FORALL)
-    cl_error(L, "kernel:forall", "unknown option '%s' (stream, shared, cooperative, cluster)", luaL_tolstring(L, v - 1, NULL));
+    cl_error(L, where, "unknown option '%s' (stream, shared, cooperative, cluster)", luaL_tolstring(L, v - 1, NULL));
   int n = (int)lua_rawlen(L, idx);
   if (lua_type(L, v - 1) == LUA_TNUMBER && n > 4)
     cl_error(L, where, "launch configuration is {grid, block [, stream [, shared]]}, got %d entries", n);

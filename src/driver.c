@@ -147,7 +147,7 @@ void cl_check(lua_State *L, CUresult r, const char *what) {
 }
 
 void cl_need_driver(lua_State *L) {
-  if (!cl_driver_load()) cl_error(L, NULL, "%s", cl_unprefixed(cl_libcuda.err));
+  cl_lib_need(L, &cl_libcuda);
 }
 
 static CUcontext ctx_of(int d) { return __atomic_load_n(&dev_ctx[d], __ATOMIC_ACQUIRE); }

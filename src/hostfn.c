@@ -330,8 +330,9 @@ void cl_host_raise(lua_State *L) {
   lua_Integer n = (lua_Integer)lua_rawlen(L, -2);
   lua_newtable(L);
   lua_setfield(L, LUA_REGISTRYINDEX, "cudalua.hosterrors");
-  cl_error(L, NULL, "a Lua host function failed%s: %s",
-             n > 1 ? lua_pushfstring(L, " (and %I more)", n - 1) : "", luaL_tolstring(L, -1, NULL));
+  /* the message first: an argument that pushes would move index -1 (C leaves the order open) */
+  const char *msg = luaL_tolstring(L, -1, NULL);
+  cl_error(L, NULL, "a Lua host function failed%s: %s", n > 1 ? lua_pushfstring(L, " (and %I more)", n - 1) : "", msg);
 }
 
 /* ---- parking: the Lua thread in a driver call that may wait for a fired function ---- */

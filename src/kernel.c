@@ -348,7 +348,7 @@ static int k_max_blocks(lua_State *L) {
   cl_kernel_shared(L, k, 1, shared);
   cl_kernel_ctx(L, k);
   cl_check(L, CU(cuOccupancyMaxActiveBlocksPerMultiprocessor, &nb, k->fn, (int)b, shared),
-           "max_blocks_per_sm");
+           NULL);
   lua_pushinteger(L, nb);
   return 1;
 }

@@ -12,7 +12,8 @@
 static void capture_keep(lua_State *L, cl_stream *s, int kidx, int first, int nargs) {
   if (!cl_capture_push_keep(L, s)) return;
   cl_keep(L, -1, kidx);
-  for (int i = 0; i < nargs; i++) cl_keep(L, -1, first + i);
+  for (int i = 0; i < nargs; i++)   /* values (numbers, {re, im} pairs) were copied: not kept */
+    if (lua_type(L, first + i) == LUA_TUSERDATA) cl_keep(L, -1, first + i);
   lua_pop(L, 1);
 }
 
@@ -122,12 +123,15 @@ static const char *coop_refusal(lua_State *L, cl_kernel *k, const cl_launch *c) 
                          (int)k->coop_per, (int)k->coop_sms, (int)threads, (int)c->shared);
 }
 
+/* a launch's public name, "kernel 'add'", made only where it is needed (off the fast path) */
+#define KWHERE(L, kidx) lua_pushfstring((L), "kernel '%s'", cl_kernel_name((L), (kidx)))
+
 /* pageable host arrays passed to a kernel: copied to temporary device memory first. Their
    host addresses are taken now (a host function run during a wait may close the arrays; their
    memory's free is then put off until this call is done) */
-static void tmp_copies_in(lua_State *L, cl_args *A, CUstream h, const char *where) {
+static void tmp_copies_in(lua_State *L, cl_args *A, CUstream h, int kidx) {
   for (int i = 0; i < A->ntmp; i++) {
-    cl_still_open(L, A->tmp[i].a, where);
+    if (!A->tmp[i].a->mem) cl_still_open(L, A->tmp[i].a, KWHERE(L, kidx));
     A->tmp[i].host = cl_hostptr(A->tmp[i].a);
     A->tmp[i].n = cl_nbytes(A->tmp[i].a);
     cl_pageable_prepare(L, A->tmp[i].a->mem);
@@ -142,11 +146,10 @@ static void tmp_copies_in(lua_State *L, cl_args *A, CUstream h, const char *wher
   }
   if (r != CUDA_SUCCESS)
     for (int j = 0; j < i; j++) if (A->tmp[j].d) { CU(cuMemFreeAsync, A->tmp[j].d, h); A->tmp[j].d = 0; }
-  if (r != CUDA_SUCCESS) cl_check(L, r, lua_pushfstring(L, "%s: temporary device copy of a host array argument", where));
+  if (r != CUDA_SUCCESS)
+    cl_check(L, r, lua_pushfstring(L, "%s: temporary device copy of a host array argument", KWHERE(L, kidx)));
 }
 
-/* a launch's public name, "kernel 'add'", made only where it is needed (off the fast path) */
-#define KWHERE(L, kidx) lua_pushfstring((L), "kernel '%s'", cl_kernel_name((L), (kidx)))
 
 int cl_kernel_launch(lua_State *L, cl_kernel *k, int kidx, int first, const cl_launch *c) {
   cl_args A;
@@ -174,7 +177,7 @@ int cl_kernel_launch(lua_State *L, cl_kernel *k, int kidx, int first, const cl_l
     if (why) launch_error(L, kidx, c, &A, h, why);
   }
   CL_BEFORE_ENQUEUE(L, KWHERE(L, kidx));
-  if (A.ntmp) tmp_copies_in(L, &A, h, KWHERE(L, kidx));
+  if (A.ntmp) tmp_copies_in(L, &A, h, kidx);
   CUresult r = CL_PARKED(L, CL_PARK_ENQUEUE, !c->cooperative && !c->cluster[0]
     ? cu.cuLaunchKernel(k->fn, c->g[0], c->g[1], c->g[2], c->b[0], c->b[1], c->b[2], c->shared, h, A.params, NULL)
     : launch_ex(k, c, h, A.params));

@@ -23,7 +23,7 @@ static int l_jitlink(lua_State *L) {
   cl_checktype(L, 1, LUA_TTABLE);
   cl_checktype(L, 2, LUA_TTABLE);
   int want_ptx = lua_toboolean(L, 3);
-  if (!cl_lib_load(&cl_nvjitlink)) return cl_error(L, NULL, "%s", cl_unprefixed(cl_nvjitlink.err));
+  cl_lib_need(L, &cl_nvjitlink);
   int nopt = (int)lua_rawlen(L, 2), nin = (int)lua_rawlen(L, 1);
   if (nin == 0) return cl_error(L, "cuda.link", "nothing to link");
   const char **opts = lua_newuserdatauv(L, sizeof(char *) * (nopt + 1), 0);

@@ -92,3 +92,9 @@ const char *cl_result_name(cl_lib *l, int r) {
   else if (l->result_of && cl_lib_ok(l)) n = l->result_of(r);
   return n ? n : l->unknown;
 }
+
+/* the library loaded, else the loader's message (made once, with its own prefix) raised for
+   the public function running */
+void cl_lib_need(lua_State *L, cl_lib *l) {
+  if (!cl_lib_load(l)) cl_error(L, NULL, "%s", cl_unprefixed(l->err));
+}

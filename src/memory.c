@@ -202,13 +202,17 @@ static int cache_put(lua_State *L, CUdeviceptr p, size_t bytes, CUcontext ctx, c
   block out[SLOTS];
   int n = 0;
   pthread_mutex_lock(&cache_mu);
-  /* room once all of this state's blocks were gone? If not, none of them goes for nothing */
-  int mine = 0;
-  size_t mine_bytes = 0;
-  for (int i = 0; i < ncache; i++)
-    if (cache[i].owner == me) { mine++; mine_bytes += cache[i].bytes; }
-  int room = (ncache < SLOTS || mine) && cached - mine_bytes + bytes <= cache_limit;
-  while (room && ncache && (ncache == SLOTS || cached + bytes > cache_limit) && evict_oldest(me, &out[n])) n++;
+  int room = 1;
+  if (ncache == SLOTS || cached + bytes > cache_limit) {
+    /* full: room once all of this state's blocks were gone? If not, none of them goes for
+       nothing (counted only here: every free of a device array comes through) */
+    int mine = 0;
+    size_t mine_bytes = 0;
+    for (int i = 0; i < ncache; i++)
+      if (cache[i].owner == me) { mine++; mine_bytes += cache[i].bytes; }
+    room = (ncache < SLOTS || mine) && cached - mine_bytes + bytes <= cache_limit;
+    while (room && ncache && (ncache == SLOTS || cached + bytes > cache_limit) && evict_oldest(me, &out[n])) n++;
+  }
   if (room) {
     cache[ncache++] = (block){p, bytes, ctx, s, me};
     cached += bytes;

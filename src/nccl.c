@@ -63,9 +63,7 @@ static cl_lib nccl = {
   .results = nccl_results, .nresults = sizeof nccl_results / sizeof nccl_results[0], .unknown = "ncclError",
   .lock = PTHREAD_MUTEX_INITIALIZER};
 
-static void need(lua_State *L) {
-  if (!cl_lib_load(&nccl)) cl_error(L, NULL, "%s", cl_unprefixed(nccl.err));
-}
+static void need(lua_State *L) { cl_lib_need(L, &nccl); }
 
 #define COMM_MT "cudalua.nccl_comm"
 typedef struct {

@@ -40,7 +40,8 @@ local function lua_functions(lines, report)
     local name = rest:match("^local function ([%w_.:]+)") or rest:match("^function ([%w_.:]+)")
       or (rest:match("^[%w_.]+%s*=%s*function") and rest:match("^([%w_.]+)"))
     if name then
-      open[#open + 1] = { ind = #ind, start = n, name = name }
+      -- one that ends on its own line ("local function K(n) return m[n] end") opens nothing
+      if not rest:gsub("%s*%-%-.*$", ""):match("%f[%w_]end[%s%),]*$") then open[#open + 1] = { ind = #ind, start = n, name = name } end
     elseif rest == "end" or rest:match("^end[%s%),]") then
       local top = open[#open]
       if top and top.ind == #ind then

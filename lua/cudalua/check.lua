@@ -10,6 +10,10 @@ function M.error(where, level, fmt, ...)
   error(("cudalua: %s: " .. fmt):format(where, ...), level and level > 0 and level + 1 or level)
 end
 
+-- a message cudalua made (a library's "cudalua: no CUDA driver found", a nested call's
+-- "cudalua: cuda.compile: ...") without its "cudalua: ", to follow another call's name
+function M.cause(e) return (tostring(e):gsub("^cudalua: ", "")) end
+
 -- a cudalua stream? (each caller says what it expected in its own words)
 function M.is_stream(v)
   local mt = getmetatable(v)
@@ -25,7 +29,9 @@ end
 function M.options(opts, names, where, level)
   for k in pairs(opts) do
     local known = false
-    for i = 1, #names do known = known or names[i] == k end
+    for i = 1, #names do
+      if names[i] == k then known = true; break end
+    end
     if not known then M.unknown(k, names, where, level + 1) end
   end
 end

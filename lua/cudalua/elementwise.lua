@@ -170,8 +170,7 @@ local function kernel_for(self, mask, w, dev)
   local ok, mod = pcall(self.cuda.compile, src, { name = self.name .. ".cu" })
   -- named as the call that compiled it (the first with these argument kinds)
   if not ok then
-    check.error("elementwise '" .. self.name .. "'", 3, "its code does not compile: %s",
-      (tostring(mod):gsub("^cudalua: ", "")))
+    check.error(self.where, 3, "its code does not compile: %s", check.cause(mod))
   end
   k = mod:get("cudalua_elementwise")
   per[mask * 32 + w] = k
@@ -204,7 +203,7 @@ local function call_options(self, args)
   end
   local nin, nout = #self.ins, #self.outs
   if args.n ~= nin and args.n ~= nin + nout then
-    check.error(where, 3, "expected %d inputs%s, got %d arguments", nin, (" (and optionally %d outputs)"):format(nout), args.n)
+    check.error(where, 3, "expected %d inputs (and optionally %d outputs), got %d arguments", nin, nout, args.n)
   end
   local stream, block = nil, 256
   for k, v in pairs(opts or NO_OPTS) do
@@ -261,7 +260,7 @@ local function scan_args(self, args)
     if args[nin + j] ~= nil then check_array(self, scan, args[nin + j], p, "output", nin + j) end
   end
   if not scan.n then
-    check.error("elementwise '" .. self.name .. "'", 3, "no array among the inputs or outputs says how many elements")
+    check.error(self.where, 3, "no array among the inputs or outputs says how many elements")
   end
   return scan
 end

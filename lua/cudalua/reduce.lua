@@ -160,6 +160,8 @@ local function run(self, arr, n, dtype, kind, ptr, init, stream, res, dev)
   return out[1]
 end
 
+local CALL_OPTS = { "init", "res", "stream" }   -- a reducer's call takes these (made once)
+
 function Reducer:__call(arr, opts)
   local cuda = self.cuda
   local init, stream, res
@@ -168,7 +170,7 @@ function Reducer:__call(arr, opts)
       check.error("cuda.reduce", 2, "options must be a table {init=, res=, stream=}, got %s", type(opts))
     end
     init, stream, res = opts.init, opts.stream, opts.res
-    check.options(opts, { "init", "res", "stream" }, "cuda.reduce", 3)
+    check.options(opts, CALL_OPTS, "cuda.reduce", 3)
     if stream ~= nil and stream ~= 0 then
       if not check.is_stream(stream) then
         check.error("cuda.reduce", 2, "expected a stream, got %s", type(stream))

@@ -12,7 +12,7 @@ local cc_of, cap_of = {}, {}
 function M.device_cc(level, what)
   if not core.is_available() then
     check.error(what or "cuda.compile", level or 3, "%s; give opts.arch (e.g. \"sm_90\") to compile without a GPU",
-      (core.driver_error():gsub("^cudalua: ", "")))
+      check.cause(core.driver_error()))
   end
   local dev = core.current_device()
   if not cc_of[dev] then
