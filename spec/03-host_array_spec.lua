@@ -249,7 +249,10 @@ describe("values per dtype", function()
       local a = cuda.array(3, c[1])
       for _, bad in ipairs(c[3]) do
         local e = C.raises(bad[2], function() a[3] = bad[1] end)
-        assert.matches("element 3", e, 1, true)
+        assert.matches("cudalua: array[i] =: element 3: ", e, 1, true)
+        -- a:set is named as itself (set_elem serves both)
+        e = C.raises(bad[2], a.set, a, 3, bad[1])
+        assert.matches("cudalua: array:set: element 3: ", e, 1, true)
         C.raises(bad[2], a.fill, a, bad[1])
       end
     end

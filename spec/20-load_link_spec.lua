@@ -333,7 +333,7 @@ __device__ float twice(float v) { return 2.0f * v; }]]
       local ok, e = pcall(cuda.link, {a})
       print(ok, e, cuda.versions().nvjitlink)]]
     local out = H.run(("CUDALUA_NVJITLINK=/nonexistent/libnvJitLink.so %s -e %s 2>&1"):format(H.LUA, H.q(prog)))
-    assert.matches("false\tcudalua: nvJitLink not found (libnvJitLink.so.13 or .12, from the CUDA toolkit): " ..
+    assert.matches("false\tcudalua: cuda.link: nvJitLink not found (libnvJitLink.so.13 or .12, from the CUDA toolkit): " ..
                    "CUDALUA_NVJITLINK=/nonexistent/libnvJitLink.so cannot be opened (/nonexistent/libnvJitLink.so: " ..
                    "cannot open shared object file: No such file or directory): linking and LTO-IR modules need it\tnil",
                    out, 1, true)

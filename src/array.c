@@ -294,11 +294,12 @@ static void get_elem(lua_State *L, cl_array *a, size_t i) {
   }
 }
 
-static void set_elem(lua_State *L, cl_array *a, size_t i, int vidx) {
+/* where: a[i] = v's name or a:set's, for a value that does not fit */
+static void set_elem(lua_State *L, cl_array *a, size_t i, int vidx, const char *where) {
   int isz = cl_dtypes[a->dtype].size;
   char buf[CL_MAXITEM];
   if (a->readonly) cl_error(L, NULL, "array is read-only");
-  cl_tovalue(L, vidx, a->dtype, buf, "array[i] =", (lua_Integer)i + 1);
+  cl_tovalue(L, vidx, a->dtype, buf, where, (lua_Integer)i + 1);
   if (cl_is_host(a)) {
     cl_host_access(L, a);
     memcpy((char *)cl_hostptr(a) + i * isz, buf, isz);
@@ -322,7 +323,7 @@ static int a_set(lua_State *L) {
   cl_array *a = cl_checkarray(L, 1);
   int n = lua_gettop(L) - 2;
   if (n < 1) return cl_error(L, NULL, "set needs indices and a value");
-  set_elem(L, a, flat_index(L, a, 2, n, 0), n + 2);
+  set_elem(L, a, flat_index(L, a, 2, n, 0), n + 2, "array:set");
   return 0;
 }
 
@@ -365,7 +366,7 @@ static int a_newindex(lua_State *L) {
   if (lua_type(L, 2) != LUA_TNUMBER)
     return cl_error(L, NULL, "cannot set field '%s' of an array", luaL_tolstring(L, 2, NULL));
   if (!a->mem) return cl_error(L, NULL, "closed array");
-  set_elem(L, a, flat_index(L, a, 2, 1, 1), 3);
+  set_elem(L, a, flat_index(L, a, 2, 1, 1), 3, "array[i] =");
   return 0;
 }
 

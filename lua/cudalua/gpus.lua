@@ -88,7 +88,7 @@ return setmetatable({}, {
     local n = core.device_count()
     if k < 0 or k >= n then
       check.error("cuda.gpus[" .. k .. "]", 2, "device id out of range (%s)",
-        n > 0 and ("0.." .. n - 1) or "no CUDA device: " .. tostring(core.driver_error()))
+        n > 0 and ("0.." .. n - 1) or "no CUDA device: " .. check.cause(core.driver_error()))
     end
     return gpu(k)
   end,

@@ -71,7 +71,8 @@ end
 function cuda.reduce(...)
   at_most(2, "cuda.reduce", ...)
   local expr, opts = ...
-  return reduce.reduce(cuda, expr, opts)
+  local r = reduce.reduce(cuda, expr, opts)   -- not a tail call: its errors count this frame
+  return r
 end
 
 cuda.as_cuda_array = core.as_cuda_array -- src/interop.c

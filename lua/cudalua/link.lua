@@ -33,7 +33,7 @@ end
 -- LTO-IR is linked into a cubin by nvJitLink before it can be loaded
 local function jitlink(inputs, arch, lto, extra, where, level)
   local have, why = system.jitlink_version()
-  if not have then error(why, level) end
+  if not have then check.error(where, level, "%s", check.cause(why)) end
   local options = { "-arch=" .. arch }
   if lto then options[#options + 1] = "-lto" end
   for _, o in ipairs(extra or {}) do options[#options + 1] = o end

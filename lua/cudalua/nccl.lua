@@ -44,7 +44,7 @@ function M.comm_init_all(devices)
   if devices == nil then
     devices = {}
     for i = 0, core.device_count() - 1 do devices[#devices + 1] = i end
-    if #devices == 0 then check.error("nccl.comm_init_all", 2, "%s", tostring(core.driver_error())) end
+    if #devices == 0 then check.error("nccl.comm_init_all", 2, "%s", check.cause(core.driver_error())) end
   elseif type(devices) ~= "table" then
     check.error("nccl.comm_init_all", 2, "expected a list of device ids, got %s", type(devices))
   end

@@ -57,7 +57,7 @@ local function kernels(self, dtype, dev)
   local ok, mod = pcall(compile.compile, source(self, ctype, header), {
     name = "cudalua_reduce.cu", name_expressions = { aligned, unaligned } })
   if not ok then
-    check.error("cuda.reduce", 0, "the reduction %q does not compile for %s:\n%s", self.expr or self.body, name, tostring(mod))
+    check.error("cuda.reduce", 0, "the reduction %q does not compile for %s:\n%s", self.expr or self.body, name, check.cause(mod))
   end
   local sms = core.devices()[core.current_device() + 1].multiprocessors
   -- per_block: the elements that give each warp of a block its un tiles
