@@ -489,8 +489,55 @@ function cuda.profile_stop() end
 --- Graphs
 -- @section graphs
 
---- An empty graph.
+--- An empty graph: nodes are added to it with its methods (the bound form). `cuda.graph` is also
+-- a table of node makers (the unbound form, the seed's): nodes that belong to no graph until
+-- `node:build()`. The bound `local g = cuda.graph(); local n0 = g:memcpy(d, h);
+-- g:kernel(k, {4, 1}, {d}, {n0}); g:launch(s)` and the unbound `local n0 = cuda.graph.memcpy(d, h);
+-- cuda.graph.kernel[{4, 1}](k, {d}, {n0}):build():launch(s)` give the same CUDA graph.
 function cuda.graph() end
+
+--- Unbound graph nodes (the seed's form)
+-- @section unbound
+
+--- A kernel node of no graph: `cuda.graph.kernel(k, config, args, deps)` or
+-- `cuda.graph.kernel[config](k, args, deps)` (the seed's `KernelNode[64, 32](k, args, deps)`).
+function cuda.graph.kernel(k, config, args, deps) end
+
+--- A copy node of no graph (host to device, device to host or device to device).
+function cuda.graph.memcpy(dst, src, deps) end
+
+--- A fill node of no graph.
+function cuda.graph.memset(dst, value, deps) end
+
+--- A node of no graph that runs `fn(args...)` on the Lua thread (the args as they are at build).
+function cuda.graph.host(fn, args, deps) end
+
+--- A node of no graph that does nothing (joins dependencies).
+function cuda.graph.empty(deps) end
+
+--- A node of no graph: a copy of another graph.
+function cuda.graph.child(graph, deps) end
+
+--- A node of no graph, made by `cuda.graph.kernel` and the others (the form of the CUDA graph API
+-- proposal for Numba). Its `args` and `deps` are its own plain lists, changed as the user likes
+-- until `node:build()`. Fields: `Node.kind` ("kernel",
+-- "memcpy", "memset", "host", "empty", "child"), `Node.args` and `Node.deps` (lists; kernel and
+-- host nodes have args), `Node.config`, `Node.kernel`, `Node.fn`, `Node.dst`, `Node.src`,
+-- `Node.value`, `Node.graph` as made.
+-- @type Node
+local Node = {}
+Node.kind = ""
+Node.args = {}
+Node.deps = {}
+
+--- A new graph of this node and every node it depends on, each once, dependencies first; also
+-- a table from each unbound node to its node in the graph (for `exec:set_args` and the like). A
+-- cycle, or a dependency that is not a node, is refused before the graph is made; a node the
+-- graph refuses closes it and names `node:build` and the node's kind.
+function Node:build() end
+
+--- Graph objects
+-- @section graph_objects
 
 --- A CUDA graph. Metafields `__close`, `__gc`. Node functions take an optional list of nodes
 -- they depend on.
@@ -520,6 +567,10 @@ function Graph:add_dependency(from, to) end
 
 --- An executable graph.
 function Graph:instantiate() end
+
+--- Launches the graph on a stream (the default stream when none): `g:instantiate():launch(s)`
+-- with the executable graph kept, made again only once nodes or dependencies were added since.
+function Graph:launch(stream) end
 
 --- The number of nodes.
 function Graph:node_count() end

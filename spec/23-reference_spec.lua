@@ -75,6 +75,7 @@ describe("the API reference (docs/API.md)", function()
     assert.same({}, missing_from(keys(cuda.progress), function(n) return "`cuda.progress." .. n .. "(" end), "cuda.progress.*")
     assert.same({}, missing_from(keys(nccl), function(n) return "`nccl." .. n .. "(" end), "nccl.*")
     assert.same({}, missing_from(keys(cuda.nvtx), function(n) return "`cuda.nvtx." .. n .. "(" end), "cuda.nvtx.*")
+    assert.same({}, missing_from(keys(cuda.graph), function(n) return "`cuda.graph." .. n .. "(" end), "cuda.graph.*")
   end)
 
   it("names every method and field of each object type", function()
@@ -85,6 +86,7 @@ describe("the API reference (docs/API.md)", function()
       Graph = keys(reg["cudalua.graph"].__index), GraphExec = keys(reg["cudalua.graph_exec"].__index),
       Comm = keys(reg["cudalua.nccl_comm"].__index),
       Module = keys(require("cudalua.module").methods), Gpu = keys(getmetatable(cuda.gpus).methods),
+      Node = keys(getmetatable(cuda.graph.empty()).__index),
     }
     for t, names in pairs(types) do
       assert(#names > 0, t .. ": no methods found")

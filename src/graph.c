@@ -20,6 +20,9 @@ typedef struct lgraph {
   cl_hostrec **recs;   /* its Lua host nodes' records, children's copies included: each
                           launch of an executable graph made from it arms them */
   int nrecs, caprecs;
+  unsigned version;    /* bumped by every node and dependency added: g:launch's executable
+                          graph is made again when it differs from launched */
+  unsigned launched;
 } lgraph;
 
 enum { N_KERNEL, N_MEMCPY, N_MEMSET, N_HOST, N_EMPTY, N_CHILD };
@@ -63,7 +66,8 @@ static lnode *checknode(lua_State *L, int idx, lgraph *g, const char *where) {
 }
 
 /* the user value holding a graph's keep set, and an executable graph's (its 1 is its graph) */
-enum { GRAPH_KEEP = 1, EXEC_KEEP = 2 };
+enum { GRAPH_KEEP = 1, EXEC_KEEP = 2 };   /* a graph's and an executable graph's keep tables */
+enum { GRAPH_EXEC = 2 };                   /* a graph's user value: the executable g:launch made */
 
 /* keeps the value at idx alive with the graph or executable graph at uidx, in its keep set
    (user value uv): keeping the same object again, set_args in a loop say, does not grow it */
@@ -100,6 +104,7 @@ static lnode *push_node(lua_State *L, int gidx, int kind) {
   memset(n, 0, sizeof *n);
   n->kind = kind;
   n->owner = lua_touserdata(L, gidx);
+  n->owner->version++;
   luaL_setmetatable(L, NODE_MT);
   lua_pushvalue(L, gidx);
   lua_setiuservalue(L, -2, 1);
@@ -151,7 +156,7 @@ void cl_graph_add_hostrec(lua_State *L, int gidx, cl_hostrec *r) {
 }
 
 void *cl_push_graph(lua_State *L, CUgraph h, CUcontext ctx) {
-  lgraph *g = lua_newuserdatauv(L, sizeof *g, 1);
+  lgraph *g = lua_newuserdatauv(L, sizeof *g, 2);
   memset(g, 0, sizeof *g);
   g->ctx = ctx;
   luaL_setmetatable(L, GRAPH_MT);
@@ -528,6 +533,7 @@ static int g_add_dependency(lua_State *L) {
     return cl_error(L, "graph:add_dependency", "this would make a cycle (the %s node already depends on the %s node)",
                       node_kinds[a->kind], node_kinds[b->kind]);
   cl_check(L, CU(cuGraphAddDependencies, g->g, &a->n, &b->n, NULL, 1), "graph:add_dependency");
+  g->version++;
   return 0;
 }
 
@@ -771,11 +777,34 @@ static int e_tostring(lua_State *L) {
   return 1;
 }
 
+/* g:launch([stream]): the seed's short form of g:instantiate():launch(stream). The executable
+   graph is kept with the graph and made again only when nodes or dependencies were added since
+   (a new node changes the topology, which cuGraphExecUpdate would refuse anyway) */
+static int g_launch(lua_State *L) {
+  lgraph *g = checkgraph(L, 1);
+  lua_settop(L, 2);
+  if (lua_getiuservalue(L, 1, GRAPH_EXEC) != LUA_TUSERDATA || g->launched != g->version) {
+    lua_pop(L, 1);
+    lua_pushcfunction(L, g_instantiate);
+    lua_pushvalue(L, 1);
+    lua_call(L, 1, 1);
+    lua_pushvalue(L, -1);
+    lua_setiuservalue(L, 1, GRAPH_EXEC);
+    g->launched = g->version;
+  }
+  lua_pushcfunction(L, e_launch);
+  lua_insert(L, -2);
+  lua_pushvalue(L, 2);
+  lua_call(L, 2, 0);
+  lua_settop(L, 1);
+  return 1;
+}
+
 void cl_open_graph(lua_State *L) {
   static const luaL_Reg gm[] = {
     {"kernel", g_kernel}, {"memcpy", g_memcpy}, {"memset", g_memset}, {"host", g_host},
     {"empty", g_empty}, {"child", g_child}, {"add_dependency", g_add_dependency},
-    {"instantiate", g_instantiate}, {"dot", g_dot}, {"node_count", g_node_count},
+    {"instantiate", g_instantiate}, {"launch", g_launch}, {"dot", g_dot}, {"node_count", g_node_count},
     {"close", graph_close}, {NULL, NULL}};
   static const luaL_Reg em[] = {
     {"launch", e_launch}, {"upload", e_upload}, {"set_args", e_set_args},

@@ -53,6 +53,9 @@ function cuda.detect(out)
   return true
 end
 
+-- cuda.graph() makes a graph; cuda.graph.kernel, .memcpy, ... make nodes of none (the seed's form)
+cuda.graph = require("cudalua.nodes").namespace(core.graph)
+
 local compile = require "cudalua.compile"
 cuda.compile = compile.compile
 cuda.kernel = compile.kernel

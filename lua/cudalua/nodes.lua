@@ -1,0 +1,160 @@
+-- cudalua.nodes: graphs the seed's way (the CUDA graph API proposal for Numba). Nodes belong to no
+-- graph until built, so they can be made in any order and changed until then:
+--   local G = cuda.graph
+--   local n1 = G.kernel[{4, 1}](k1, {d_a}, {n0})      -- or G.kernel(k1, {4, 1}, {d_a}, {n0})
+--   n1.args[#n1.args + 1] = x ; n1.deps[#n1.deps + 1] = n2
+--   local g = n1:build() ; g:launch(s)                -- g: a cuda.graph, the same as the bound form
+-- node:build() makes a cuda.graph() and adds the node and everything it depends on, each node once,
+-- dependencies first, through the bound functions (g:kernel, g:memcpy, ...): the CUDA graph is
+-- the one the bound form gives, and so is the cost of each replay.
+local check = require "cudalua.check"
+
+local M = {}
+local Node = {}
+local node_mt = { __index = Node, __name = "cudalua.unbound_node" }
+function node_mt.__tostring(n) return ("cudalua.unbound_node<%s>"):format(n.kind) end
+
+local function is_node(v) return getmetatable(v) == node_mt end
+
+-- a fresh list of the nodes in deps (nil: none); the user's table is not kept
+local function deps_list(deps, where)
+  if deps == nil then return {} end
+  if type(deps) ~= "table" or is_node(deps) then
+    check.error(where, 3, "deps must be a list of nodes, got %s", is_node(deps) and "a node (wrap it: {node})" or type(deps))
+  end
+  local out = {}
+  for i = 1, #deps do
+    if not is_node(deps[i]) then check.error(where, 3, "deps[%d] must be a node, got %s", i, type(deps[i])) end
+    out[i] = deps[i]
+  end
+  return out
+end
+
+local function list(v, what, where)
+  if v == nil then return {} end
+  if type(v) ~= "table" or is_node(v) then check.error(where, 3, "%s must be a list, got %s", what, type(v)) end
+  return table.move(v, 1, #v, 1, {})
+end
+
+local function node(kind, fields, deps, where)
+  fields.kind = kind
+  fields.deps = deps_list(deps, where)
+  return setmetatable(fields, node_mt)
+end
+
+local function kernel_node(k, config, args, deps)
+  if type(config) ~= "table" then
+    check.error("cuda.graph.kernel", 3, "config must be a table ({grid, block} or keys), got %s", type(config))
+  end
+  return node("kernel", { kernel = k, config = config, args = list(args, "args", "cuda.graph.kernel") }, deps,
+    "cuda.graph.kernel")
+end
+
+-- cuda.graph.kernel(k, config, args, deps) and cuda.graph.kernel[config](k, args, deps), the
+-- seed's KernelNode[64, 32](k, args, deps)
+M.kernel = setmetatable({}, {
+  __call = function(_, k, config, args, deps) return kernel_node(k, config, args, deps) end,
+  __index = function(_, config)
+    if type(config) ~= "table" then
+      check.error("cuda.graph.kernel[config]", 2, "config must be a table ({grid, block} or keys), got %s", type(config))
+    end
+    return function(k, args, deps) return kernel_node(k, config, args, deps) end
+  end,
+})
+
+function M.memcpy(dst, src, deps) return node("memcpy", { dst = dst, src = src }, deps, "cuda.graph.memcpy") end
+function M.memset(dst, value, deps) return node("memset", { dst = dst, value = value }, deps, "cuda.graph.memset") end
+function M.empty(deps) return node("empty", {}, deps, "cuda.graph.empty") end
+function M.child(graph, deps) return node("child", { graph = graph }, deps, "cuda.graph.child") end
+
+-- cuda.graph.host(fn, args, deps): fn(args...) runs on the Lua thread when the graph reaches it
+function M.host(fn, args, deps)
+  if type(fn) ~= "function" then check.error("cuda.graph.host", 2, "expected a function, got %s", type(fn)) end
+  return node("host", { fn = fn, args = list(args, "args", "cuda.graph.host") }, deps, "cuda.graph.host")
+end
+
+-- every node root depends on, each once, dependencies first (an iterative depth-first walk: a
+-- chain of thousands of nodes needs no deep recursion); a cycle raises
+local function order_of(root)
+  local state, order, stack = { [root] = 1 }, {}, { { root, 0 } }
+  while #stack > 0 do
+    local top = stack[#stack]
+    local n = top[1]
+    top[2] = top[2] + 1
+    local deps = n.deps
+    if type(deps) ~= "table" then check.error("node:build", 3, "the %s node's deps is not a list (%s)", n.kind, type(deps)) end
+    if top[2] > #deps then
+      state[n] = 2
+      order[#order + 1] = n
+      stack[#stack] = nil
+    else
+      local d = deps[top[2]]
+      if not is_node(d) then check.error("node:build", 3, "the %s node's deps[%d] is not a node (%s)", n.kind, top[2], type(d)) end
+      if state[d] == 1 then check.error("node:build", 3, "the deps make a cycle (this %s node depends on itself through them)", d.kind) end
+      if not state[d] then
+        state[d] = 1
+        stack[#stack + 1] = { d, 0 }
+      end
+    end
+  end
+  return order
+end
+
+local add = {
+  kernel = function(g, n, deps) return g:kernel(n.kernel, n.config, n.args, deps) end,
+  memcpy = function(g, n, deps) return g:memcpy(n.dst, n.src, deps) end,
+  memset = function(g, n, deps) return g:memset(n.dst, n.value, deps) end,
+  empty = function(g, _, deps) return g:empty(deps) end,
+  child = function(g, n, deps) return g:child(n.graph, deps) end,
+  host = function(g, n, deps)
+    local fn, args = n.fn, table.move(n.args, 1, #n.args, 1, {})   -- as they are now
+    return g:host(function() fn(table.unpack(args, 1, #args)) end, deps)
+  end,
+}
+
+-- the bound nodes' dependencies, each once (the driver refuses a node listed twice)
+local function bound_deps(n, bound)
+  local out, seen = {}, {}
+  for _, d in ipairs(n.deps) do
+    local b = bound[d]
+    if not seen[b] then seen[b] = true; out[#out + 1] = b end
+  end
+  return out
+end
+
+-- node:build() -> graph, nodes: a new cuda.graph of the node and everything it depends on;
+-- nodes maps each unbound node to its node in the graph (for exec:set_args and the like). An
+-- error closes the half-made graph and names node:build and the node's kind.
+function Node.build(root)
+  if not is_node(root) then check.error("node:build", 2, "call it as node:build()") end
+  local order = order_of(root)
+  local g = M.new()
+  local bound = {}
+  for _, n in ipairs(order) do
+    local ok, r = pcall(add[n.kind], g, n, bound_deps(n, bound))
+    if not ok then
+      g:close()
+      error((tostring(r):gsub("^cudalua: graph:(%w+): ", "cudalua: node:build: %1 node: ")), 2)
+    end
+    bound[n] = r
+  end
+  return g, bound
+end
+
+-- cuda.graph: called, a new empty graph (graph: the C constructor); indexed, the unbound nodes
+function M.namespace(graph)
+  M.new = function()
+    local g = graph()   -- (not a tail call: an error names cuda.graph)
+    return g
+  end
+  local public = { kernel = M.kernel, memcpy = M.memcpy, memset = M.memset, host = M.host, empty = M.empty,
+                   child = M.child }
+  return setmetatable(public, {
+    __call = function(_, ...)
+      local g = graph(...)
+      return g
+    end,
+  })
+end
+
+return M
