@@ -30,6 +30,17 @@ extern "C" __global__ void touch(float *m, int n) {
   if (i < n) m[i] = 1.0f;
 }
 ]]
+-- section 10's loop body, as bench/raw_helpers.c's tick (cudalua declares the setter)
+local WSRC = [[
+extern "C" __global__ void tick(float *x, int *count, int limit, cudaGraphConditionalHandle c) {
+  x[threadIdx.x] += 1.0f;
+  if (threadIdx.x == 0 && ++*count >= limit) cudaGraphSetConditional(c, 0);
+}
+extern "C" __global__ void tick_flag(float *x, int *count, int limit, int *done) {
+  x[threadIdx.x] += 1.0f;
+  if (threadIdx.x == 0 && ++*count >= limit) *done = 1;
+}
+]]
 -- examples/pi.lua's kernel
 local PI_SRC = [[
 #include <cudalua/grid.cuh>
@@ -504,6 +515,72 @@ section("graphs", function()
   end
   out("diag_graph_replay_events_us", median(t))
   x:close(); g:close()
+  -- the same chain from the seed's unbound nodes: built and instantiated, then replayed in
+  -- turns with the bound form's graph (the same CUDA graph: the replays must match)
+  local G = cuda.graph
+  local function build_unbound()
+    local prev
+    for _ = 1, CHAIN do prev = G.kernel(empty, cfg, nil, prev and { prev } or nil) end
+    return (prev:build())
+  end
+  t = {}
+  for r = 0, REPS do
+    collectgarbage()
+    local t0 = now()
+    local ug = build_unbound()
+    local ux = ug:instantiate()
+    if r > 0 then t[r] = (now() - t0) * 1e3 end
+    ux:close(); ug:close()
+  end
+  out("unbound_build_ms", median(t))
+  local bx, ux = build():instantiate(), build_unbound():instantiate()
+  local r = interleaved({
+    bound = function(m) for _ = 1, m do bx:launch() end end,
+    unbound = function(m) for _ = 1, m do ux:launch() end end,
+  }, 20)
+  out("graph_replay_alt_us", r.bound / CHAIN)
+  out("unbound_replay_us", r.unbound / CHAIN)
+  bx:close(); ux:close()
+end)
+collectgarbage()
+
+---------------------------------------------------------------------------------------------
+-- 10: 1000 iterations of a small kernel with a convergence test: a WHILE conditional node (one
+-- launch) against a host loop that launches and reads a flag back each iteration
+section("conditional graphs", function()
+  local WLOOP = 1000
+  local wmod = cuda.compile(WSRC)
+  local x, count = cuda.device_array(32, "float32"), cuda.device_array(1, "int32")
+  local g = cuda.graph()
+  local go_on = g:condition { default = 1 }
+  local zero = g:memset(count, 0)
+  local body = g:while_loop(go_on, { zero })
+  body:kernel(wmod.tick, { 1, 32 }, { x, count, WLOOP, go_on })
+  local t = {}
+  for r = -1, REPS do
+    local t0 = now()
+    g:launch()
+    cuda.synchronize()
+    if r > 0 then t[r] = (now() - t0) * 1e3 end
+  end
+  if count[1] ~= WLOOP then note(("the WHILE loop ran %d times"):format(count[1])) end
+  out("graph_while_ms", median(t))
+  local s = cuda.stream()
+  local done, dflag = cuda.pinned_array(1, "int32"), cuda.device_array(1, "int32")
+  local l = wmod.tick_flag[{ 1, 32, s }]
+  t = {}
+  for r = 0, REPS do
+    count:fill(0, s); dflag:fill(0, s)
+    local t0 = now()
+    repeat
+      l(x, count, WLOOP, dflag)
+      dflag:copy_to_host(done, s)
+      s:synchronize()
+    until done[1] ~= 0
+    if r > 0 then t[r] = (now() - t0) * 1e3 end
+  end
+  out("host_loop_ms", median(t))
+  g:close(); s:close()
 end)
 collectgarbage()
 

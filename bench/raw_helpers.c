@@ -8,7 +8,8 @@
      * a chain of 1000 empty kernels: launched one by one, built as a graph and instantiated
        (cuGraphAddKernelNode x1000 + cuGraphInstantiate), replayed (cuGraphLaunch);
      * host functions: cuLaunchHostFunc + cuStreamSynchronize one at a time, 100 then one sync,
-       and a graph of HCHAIN host nodes in a chain (cuGraphAddHostNode) replayed.
+       and a graph of HCHAIN host nodes in a chain (cuGraphAddHostNode) replayed;
+     * a WHILE conditional node looping a small kernel WLOOP times in one launch.
    Build: gcc -O2 -I$CUDA_DIR/include raw_helpers.c -L$CUDA_DIR/lib64 -lcuda -lnvrtc -lm
    Env:   BENCH_LAUNCHES (default 100000), BENCH_REPS (default 5)
    raw_helpers --compile-only: only compiles the kernels with NVRTC (sm_90), no GPU needed */
@@ -29,6 +30,12 @@ static const char *KSRC =
   "extern \"C\" __global__ void bump(float *x, int n) {\n"
   "  int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
   "  if (i < n) x[i] += 1.0f;\n"
+  "}\n"
+  /* section 10's loop body (bench/helpers.lua's): NVRTC does not declare the setter */
+  "extern \"C\" __device__ __cudart_builtin__ void CUDARTAPI cudaGraphSetConditional(cudaGraphConditionalHandle, unsigned int);\n"
+  "extern \"C\" __global__ void tick(float *x, int *count, int limit, cudaGraphConditionalHandle c) {\n"
+  "  x[threadIdx.x] += 1.0f;\n"
+  "  if (threadIdx.x == 0 && ++*count >= limit) cudaGraphSetConditional(c, 0);\n"
   "}\n"
   "extern \"C\" __global__ void sum_f32(const float *x, long long n, float *out) {\n"
   "  const float4 *x4 = reinterpret_cast<const float4 *>(x);\n"
@@ -59,6 +66,7 @@ static const char *KSRC =
 #define FORALL_N (1 << 16)
 #define CHAIN 1000
 #define HCHAIN 1000                  /* host nodes in section 9's graph */
+#define WLOOP 1000                   /* iterations of section 10's WHILE node */
 
 
 /* fills n float32 (or float64) elements at d with 1 */
@@ -260,6 +268,58 @@ int main(int argc, char **argv) {
     out("diag_graph_replay_events_us", median(t, REPS));
     CK(cuGraphExecDestroy(x));
     CK(cuGraphDestroy(g));
+  }
+
+  /* 10: a WHILE conditional node running a small kernel WLOOP times in one launch: a memset
+     of the counter, then the loop (bench/helpers.lua builds the same with cudalua) */
+  {
+    CUfunction ftick;
+    CK(cuModuleGetFunction(&ftick, mod, "tick"));
+    CUdeviceptr dx, dcount;
+    CK(cuMemAlloc(&dx, 32 * sizeof(float)));
+    CK(cuMemAlloc(&dcount, sizeof(int)));
+    CUcontext ctx;
+    CK(cuCtxGetCurrent(&ctx));
+    CUgraph g;
+    CK(cuGraphCreate(&g, 0));
+    CUgraphConditionalHandle h;
+    CK(cuGraphConditionalHandleCreate(&h, g, ctx, 1, CU_GRAPH_COND_ASSIGN_DEFAULT));
+    CUDA_MEMSET_NODE_PARAMS ms;
+    memset(&ms, 0, sizeof ms);
+    ms.dst = dcount; ms.elementSize = 4; ms.width = 1; ms.height = 1;
+    CUgraphNode zero, loop, kn;
+    CK(cuGraphAddMemsetNode(&zero, g, NULL, 0, &ms, ctx));
+    CUgraphNodeParams cp;
+    memset(&cp, 0, sizeof cp);
+    cp.type = CU_GRAPH_NODE_TYPE_CONDITIONAL;
+    cp.conditional.handle = h; cp.conditional.type = CU_GRAPH_COND_TYPE_WHILE;
+    cp.conditional.size = 1; cp.conditional.ctx = ctx;
+    CK(cuGraphAddNode(&loop, g, &zero, NULL, 1, &cp));
+    int limit = WLOOP;
+    void *args[] = {&dx, &dcount, &limit, &h};
+    CUDA_KERNEL_NODE_PARAMS kp;
+    memset(&kp, 0, sizeof kp);
+    kp.func = ftick;
+    kp.gridDimX = kp.gridDimY = kp.gridDimZ = 1;
+    kp.blockDimX = 32; kp.blockDimY = kp.blockDimZ = 1;
+    kp.kernelParams = args;
+    CK(cuGraphAddKernelNode(&kn, cp.conditional.phGraph_out[0], NULL, 0, &kp));
+    CUgraphExec x;
+    CK(cuGraphInstantiate(&x, g, 0));
+    for (int r = -2; r < REPS; r++) {
+      double t0 = now();
+      CK(cuGraphLaunch(x, NULL));
+      CK(cuCtxSynchronize());
+      if (r >= 0) t[r] = (now() - t0) * 1e3;
+    }
+    int count = 0;
+    CK(cuMemcpyDtoH(&count, dcount, sizeof count));
+    if (count != WLOOP) { fprintf(stderr, PROG ": the WHILE loop ran %d times, not %d\n", count, WLOOP); exit(1); }
+    out("graph_while_ms", median(t, REPS));
+    CK(cuGraphExecDestroy(x));
+    CK(cuGraphDestroy(g));
+    CK(cuMemFree(dx));
+    CK(cuMemFree(dcount));
   }
 
   /* 9: host functions on a stream of its own (cudalua's Lua ones: bench/helpers.lua) */

@@ -294,8 +294,10 @@ function Stream:close() end
 -- @type Event
 local Event = {}
 
---- Records the event on a stream (default: the legacy stream).
-function Event:record(stream) end
+--- Records the event on a stream (default: the legacy stream). Options (`opts`): `external`
+-- (in a stream capture: an event record node, recorded at each launch of the graph; without
+-- it a record there only orders the capture's streams).
+function Event:record(stream, opts) end
 
 --- Waits for the event.
 function Event:synchronize() end
@@ -518,6 +520,13 @@ function cuda.graph.empty(deps) end
 --- A node of no graph: a copy of another graph.
 function cuda.graph.child(graph, deps) end
 
+--- An unbound event record node (`Graph:record` once built).
+function cuda.graph.record(event, deps) end
+
+--- An unbound event wait node (`Graph:wait` once built). Allocations and conditions have no
+-- unbound form: their address and handle are made by the graph they belong to.
+function cuda.graph.wait(event, deps) end
+
 --- A node of no graph, made by `cuda.graph.kernel` and the others (the form of the CUDA graph API
 -- proposal for Numba). Its `args` and `deps` are its own plain lists, changed as the user likes
 -- until `node:build()`. Fields: `Node.kind` ("kernel",
@@ -581,6 +590,59 @@ function Graph:dot(path) end
 --- Destroys the graph.
 function Graph:close() end
 
+--- A memory allocation node: returns the node and an array that exists while the graph runs,
+-- from this node until a `Graph:free` node, which the graph must have (instantiating refuses
+-- a graph that allocates without freeing: its second launch would fail). The array may be
+-- used by this graph's nodes only: anywhere else (a launch, a copy, an element) it raises.
+-- Stream-ordered allocation in a capture is the same: `cuda.device_array(n, dtype, {stream =
+-- s})` while `s` captures is an allocation node, closing it in the capture a free node, and
+-- one still open when the capture ends is freed there by cudalua.
+function Graph:alloc(shape, dtype, deps) end
+
+--- A free node for an array from this graph's `Graph:alloc`, after its last use.
+function Graph:free(array, deps) end
+
+--- An event record node: the graph records the event at each launch (for timing it, or for
+-- work outside the graph to wait on). The graph keeps the event; `Event:close` then waits
+-- for the graph to go. In a capture, `Event:record(s, {external = true})` makes one; a plain
+-- record there orders the capture's streams (CUDA's fork and join) and makes no node.
+function Graph:record(event, deps) end
+
+--- An event wait node: later nodes wait for the event's latest record at each launch. In a
+-- capture, `Stream:wait_event` on an event recorded outside the capture makes one.
+function Graph:wait(event, deps) end
+
+--- A condition for this graph's conditional nodes (an unsigned 32-bit value). Kernels of the
+-- graph and of its bodies take it as a `cudaGraphConditionalHandle` parameter and call
+-- `cudaGraphSetConditional(handle, value)` (cudalua declares it for NVRTC); options:
+-- `default` (set at the start of each launch; without it the value is what a kernel set).
+function Graph:condition(opts) end
+
+--- An IF node: returns its body (a graph to fill, bound or with `Node:build`'s nodes inside
+-- it) and the node; the body runs when the condition is not 0.
+function Graph:if_then(cond, deps) end
+
+--- An IF/ELSE node: returns the body run when the condition is not 0, the one run when it
+-- is 0, and the node.
+function Graph:if_else(cond, deps) end
+
+--- A WHILE node: returns its body and the node. The condition is tested before each run of
+-- the body; a kernel in the body sets it to 0 to end the loop (a device-side loop: no host
+-- round trip). Bodies hold kernels, copies, memsets, empty, child and conditional nodes, not
+-- Lua host functions, memory or event nodes; an empty body is refused at instantiation.
+function Graph:while_loop(cond, deps) end
+
+--- A SWITCH node of n bodies: returns the list of bodies and the node; body k + 1 runs when
+-- the condition is k, none when it is n or more.
+function Graph:switch(cond, n, deps) end
+
+--- A copy of the graph (its host nodes with records of their own). CUDA cannot clone graphs
+-- with memory or conditional nodes.
+function Graph:clone() end
+
+--- The copy, in this clone, of a node of the graph it was cloned from.
+function Graph:find(node) end
+
 --- A graph node. Fields: `GraphNode.kind` ("kernel", "memcpy", ...), `GraphNode.graph`.
 -- @type GraphNode
 local GraphNode = {}
@@ -612,6 +674,20 @@ function GraphExec:update(graph) end
 
 --- Destroys it once its launches are done.
 function GraphExec:close() end
+
+--- Turns a kernel, memcpy or memset node off (false: later launches skip it) or on again,
+-- without instantiating again.
+function GraphExec:enable(node, on) end
+
+--- A host node calls fn at later launches (a launch queued before still calls the old one).
+function GraphExec:set_host(node, fn) end
+
+--- A child node runs a copy of graph (same shape) at later launches. Child graphs with Lua
+-- host functions cannot be swapped (instantiate again).
+function GraphExec:set_child(node, graph) end
+
+--- A record or wait node's event at later launches.
+function GraphExec:set_event(node, event) end
 
 --- Many GPUs
 -- @section gpus

@@ -147,6 +147,25 @@ describe("cuda.graph's unbound nodes", function()
     for i = 1, n do assert.equal(C.f32(C.f32(x[i]) + reps * (7 + steps)), C.f32(h[i])) end
   end)
 
+  gpu("record and wait nodes built from unbound ones time a kernel", function()
+    local n = 1 << 16
+    local d = cuda.device_array(n, "float32")
+    d:fill(0)
+    local e0, e1 = cuda.event(), cuda.event()
+    local r0 = G.record(e0)
+    local k = G.kernel(K("add"), { n // 256, 256 }, { d, 2, n }, { r0 })
+    local r1 = G.record(e1, { k })
+    local w = G.wait(e1, { r1 })
+    local g, bound = w:build()
+    assert.equal(4, g:node_count())
+    assert.equal("wait", bound[w].kind)
+    local reps = math.random(1, 3)
+    for _ = 1, reps do g:launch() end
+    cuda.synchronize()
+    assert.equal(2 * reps, d[n])
+    assert.is_true(e0:elapsed_time(e1) >= 0)
+  end)
+
   gpu("g:launch instantiates again once nodes were added, not before", function()
     local n = 257
     local d = cuda.device_array(n, "float32")

@@ -32,6 +32,12 @@ static void reach(lua_State *L, cl_kernel *k, int kidx, int i, int idx, cl_mem *
             "(cuda.enable_peer_access(%d, %d) lets device %d's kernels use device %d's memory)", a, b, b, a, b, a));
 }
 
+/* a graph's allocation passed to a launch outside any capture (slow path) */
+static void graph_memory(lua_State *L, int kidx, int i, int idx) {
+  arg_error(L, kidx, i, idx, "the array's memory is a graph's (allocated in a stream capture or by graph:alloc): "
+            "it exists only while that graph runs, so only that graph's work may use it");
+}
+
 /* the cudalua array at idx, else NULL; by the metatable's address the kernel keeps (no
    registry lookup: this runs for every array argument of every launch) */
 static cl_array *karray(lua_State *L, const cl_kernel *k, int idx) {
@@ -67,13 +73,14 @@ static void array_arg(lua_State *L, cl_kernel *k, int kidx, int i, int idx, cl_a
     *(CUdeviceptr *)p = 0;
   } else {
     if (a->mem->ctx != k->ctx) reach(L, k, kidx, i, idx, a->mem);
+    if (a->mem->gmem && allow_pageable && !cl_capturing) graph_memory(L, kidx, i, idx);
     *(CUdeviceptr *)p = cl_devptr(a);
     A->used[A->nused++] = a->mem;
   }
 }
 
 /* .u64 from PTX or 8 bytes of unknown type: an array or an address */
-static void address_arg(lua_State *L, cl_kernel *k, int kidx, int i, int idx, cl_args *A) {
+static void address_arg(lua_State *L, cl_kernel *k, int kidx, int i, int idx, cl_args *A, int eager) {
   void *p = A->slots[i];
   cl_array *a = karray(L, k, idx);
   if (!a && lua_type(L, idx) != LUA_TNUMBER) a = cl_cai_view(L, idx);
@@ -82,6 +89,7 @@ static void address_arg(lua_State *L, cl_kernel *k, int kidx, int i, int idx, cl
     if (a->kind == CL_HOST)
       arg_error(L, kidx, i, idx, "expected a device, pinned, mapped or managed array (the parameter's type is not known, so a host array is not copied)");
     if (a->mem->ctx != k->ctx) reach(L, k, kidx, i, idx, a->mem);
+    if (a->mem->gmem && eager && !cl_capturing) graph_memory(L, kidx, i, idx);
     *(CUdeviceptr *)p = cl_devptr(a);
     A->used[A->nused++] = a->mem;
   } else if (lua_isinteger(L, idx)) {
@@ -106,11 +114,16 @@ static void bytes_arg(lua_State *L, cl_kernel *k, int kidx, int i, int idx, cl_a
 }
 
 /* a scalar, through dtype.c's conversion and its range checks, in kernel arguments' words */
-static void value_arg(lua_State *L, int kidx, int i, int idx, const cl_param_kind *pk, void *p) {
+static void value_arg(lua_State *L, int kidx, int i, int idx, const cl_param_kind *pk, void *p, int eager) {
   int dt = pk->bools && lua_type(L, idx) == LUA_TBOOLEAN ? CL_BOOL : pk->dtype;
   int st = cl_convert(L, idx, dt, p);
   if (st == CL_CONV_RANGE && pk->dtype_neg >= 0) st = cl_convert(L, idx, pk->dtype_neg, p);
   if (st == CL_CONV_OK) return;
+  /* a graph condition (cudaGraphConditionalHandle is an unsigned long long): only kernels of
+     its graph may set it, so a launch outside a graph may not take it */
+  cl_condition *c = st == CL_CONV_TYPE && cl_dtypes[dt].size == 8 ? luaL_testudata(L, idx, CL_CONDITION_MT) : NULL;
+  if (c && !eager) { *(uint64_t *)p = c->h; return; }
+  if (c) arg_error(L, kidx, i, idx, "a graph condition is an argument only of kernel nodes of its graph (and of their bodies)");
   const char *type = pk->how == CL_PARAM_COMPLEX ? "expected a number or a pair {re, im}" : "expected a number";
   arg_error(L, kidx, i, idx, st == CL_CONV_TYPE ? type : st == CL_CONV_RANGE ? "value out of range" : "expected an integer");
 }
@@ -128,13 +141,13 @@ void cl_marshal(lua_State *L, cl_kernel *k, int kidx, int first, int nargs, cl_a
     A->params[i] = p;
     const cl_param_kind *pk = &cl_params[k->ptype[i]];
     switch (pk->how) {
-      case CL_PARAM_VALUE: value_arg(L, kidx, i, idx, pk, p); break;
+      case CL_PARAM_VALUE: value_arg(L, kidx, i, idx, pk, p, allow_pageable); break;
       case CL_PARAM_ARRAY: array_arg(L, k, kidx, i, idx, A, 1, allow_pageable); break;
       case CL_PARAM_CONST_ARRAY: array_arg(L, k, kidx, i, idx, A, 0, allow_pageable); break;
-      case CL_PARAM_ADDRESS: address_arg(L, k, kidx, i, idx, A); break;
+      case CL_PARAM_ADDRESS: address_arg(L, k, kidx, i, idx, A, allow_pageable); break;
       case CL_PARAM_BYTES: bytes_arg(L, k, kidx, i, idx, A, 1); break;
       case CL_PARAM_UNKNOWN: bytes_arg(L, k, kidx, i, idx, A, 0); break;
-      case CL_PARAM_COMPLEX: value_arg(L, kidx, i, idx, pk, p); break;   /* a number or {re, im} */
+      case CL_PARAM_COMPLEX: value_arg(L, kidx, i, idx, pk, p, allow_pageable); break;   /* a number or {re, im} */
     }
   }
 }

@@ -284,6 +284,7 @@ static void get_elem(lua_State *L, cl_array *a, size_t i) {
     char buf[CL_MAXITEM];
     cl_use_ctx(L, a->mem->ctx);
     cl_capture_guard(L, NULL, 1, "reading a device array element");
+    if (a->mem->gmem) cl_mem_graph_use(L, a->mem, NULL, "reading a device array element");
     /* after the work queued on it: the legacy stream's copy does not wait for non-blocking
        streams by itself */
     if (a->mem->used) cl_mem_settle(L, a->mem);
@@ -306,6 +307,7 @@ static void set_elem(lua_State *L, cl_array *a, size_t i, int vidx, const char *
   } else {
     cl_use_ctx(L, a->mem->ctx);
     cl_capture_guard(L, NULL, 1, "writing a device array element");
+    if (a->mem->gmem) cl_mem_graph_use(L, a->mem, NULL, "writing a device array element");
     if (a->mem->used) cl_mem_settle(L, a->mem);   /* as reads do */
     if (cl_host_armed(L)) cl_wait(L, CL_WAIT_HOSTFNS, NULL, "writing a device array element");
     cl_still_open(L, a, "writing a device array element");

@@ -42,10 +42,11 @@ static int s_end_capture(lua_State *L) {
   if (!s->capture_ref) return cl_error(L, "stream:end_capture", "the stream is not capturing");
   cl_use_ctx(L, s->ctx);
   cuuint64_t id = cl_capture_id(L, s);
-  CUgraph h = NULL;
-  CUresult r = CU(cuStreamEndCapture, s->h, &h);
   lua_rawgeti(L, LUA_REGISTRYINDEX, s->capture_ref);
   int refs = lua_gettop(L);
+  cl_mem_capture_ending(L, refs, s);   /* the graph frees what the capture allocated */
+  CUgraph h = NULL;
+  CUresult r = CU(cuStreamEndCapture, s->h, &h);
   cl_capture_ended(L, s, id);
   cl_flush_deferred(L);   /* what the capture held off */
   if (r != CUDA_SUCCESS) {

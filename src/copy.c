@@ -40,6 +40,8 @@ void cl_copy(lua_State *L, cl_array *dst, cl_array *src, cl_stream *s, int sync,
   cl_stream_check(L, s, ctx, where, "arrays");
   cl_use_ctx(L, ctx);
   cl_capture_guard(L, s, sync || dst->kind == CL_HOST || src->kind == CL_HOST, where);
+  if (dst->mem->gmem) cl_mem_graph_use(L, dst->mem, s, where);
+  if (src->mem && src->mem->gmem) cl_mem_graph_use(L, src->mem, s, where);
   if (!s) {   /* ctx is dctx when both ends are devices */
     cl_mem_order(L, dst->mem, ctx, sctx ? sctx : ctx);
     if (src->mem) cl_mem_order(L, src->mem, ctx, sctx ? sctx : ctx);
@@ -180,6 +182,7 @@ static int a_fill(lua_State *L) {
   cl_stream_check(L, s, a->mem->ctx, "array:fill", "array");
   cl_use_ctx(L, a->mem->ctx);
   cl_capture_guard(L, s, !s, "array:fill");
+  if (a->mem->gmem) cl_mem_graph_use(L, a->mem, s, "array:fill");
   if (!s) cl_mem_order(L, a->mem, a->mem->ctx, a->mem->ctx);
   CUstream h = s ? s->h : NULL;
   CL_BEFORE_ENQUEUE(L, "array:fill");

@@ -5,15 +5,29 @@
 #include "cl.h"
 
 #define EVENT_MT "cudalua.event"
-typedef struct { CUevent e; int timing; int ipc; int recorded; CUcontext ctx; } levent;
+/* in_graph: a graph node or a captured external record/wait uses it, and the graph keeps the
+   object: close only hides it then, the collector (once no graph keeps it) destroys it.
+   capture: the capture id its last record was captured in (a wait in another capture, or in
+   none, is an external wait node) */
+typedef struct { CUevent e; int timing; int ipc; int recorded; CUcontext ctx; int in_graph, closed;
+                 cuuint64_t capture; } levent;
 
 static levent *checkev(lua_State *L, int idx) {
   levent *ev = cl_checkudata(L, idx, EVENT_MT);
-  if (!ev->e) cl_argerror(L, idx, "closed event");
+  if (!ev->e || ev->closed) cl_argerror(L, idx, "closed event");
   return ev;
 }
 
 CUevent cl_checkevent(lua_State *L, int idx) { return checkev(L, idx)->e; }
+
+CUevent cl_graph_event(lua_State *L, int idx, CUcontext ctx, int records, const char *where) {
+  levent *ev = checkev(L, idx);
+  if (ev->ctx != ctx)
+    cl_error(L, where, "the event is on device %d and the graph on device %d", cl_device_of(ev->ctx), cl_device_of(ctx));
+  ev->in_graph = 1;
+  if (records) ev->recorded = 1;   /* (for elapsed_time: the graph's launches record it) */
+  return ev->e;
+}
 
 /* cuda.event([timing]) or cuda.event{timing =, interprocess =}: on the selected device.
    An interprocess event (e:ipc_handle(), cuda.open_ipc_event) cannot time. */
@@ -32,18 +46,38 @@ static int l_event(lua_State *L) {
                       "{timing =, interprocess =}, got %s", luaL_typename(L, 1));
   CUcontext ctx = cl_ctx(L);
   levent *ev = lua_newuserdatauv(L, sizeof *ev, 0);
-  ev->e = NULL; ev->timing = timing; ev->ipc = ipc; ev->recorded = 0; ev->ctx = ctx;
+  memset(ev, 0, sizeof *ev);
+  ev->timing = timing; ev->ipc = ipc; ev->ctx = ctx;
   luaL_setmetatable(L, EVENT_MT);
   unsigned flags = (timing ? CU_EVENT_DEFAULT : CU_EVENT_DISABLE_TIMING) | (ipc ? CU_EVENT_INTERPROCESS : 0);
   cl_check(L, CU(cuEventCreate, &ev->e, flags), "cuda.event");
   return 1;
 }
 
+/* e:record([stream] [, {external = true}]): in a capture a record orders the capture's streams
+   (CUDA's fork and join) and is no node; external = true makes it an event record node, which
+   records the event at each launch of the graph (to time it, or for work outside it) */
 static int e_record(lua_State *L) {
   levent *ev = checkev(L, 1);
+  int external = 0;
+  if (lua_istable(L, 3) || lua_istable(L, 2)) {   /* (streams are userdata) */
+    int o = lua_istable(L, 3) ? 3 : 2;
+    static const char *const opts[] = {"external", NULL};
+    cl_check_options(L, o, "event:record", opts);
+    external = cl_opt_bool(L, o, "external", "event:record") == 1;
+    if (o == 2) lua_pushnil(L), lua_replace(L, 2);
+  }
   cl_stream *s = cl_stream_arg(L, 2, ev->ctx, "event:record", "event");
   cl_capture_guard(L, s, 0, "event:record");
-  cl_check(L, CU(cuEventRecord, ev->e, s ? s->h : NULL), "event:record");
+  cuuint64_t cap = cl_capturing && s ? cl_capture_id(L, s) : 0;
+  /* (the external flag outside a capture is CUDA_ERROR_ILLEGAL_STATE: a plain record there) */
+  cl_check(L, external && cap ? CU(cuEventRecordWithFlags, ev->e, s ? s->h : NULL, CU_EVENT_RECORD_EXTERNAL)
+                       : CU(cuEventRecord, ev->e, s ? s->h : NULL), "event:record");
+  if (cap && external) {   /* the graph records it: kept with the capture, as a node keeps it */
+    ev->in_graph = 1;
+    if (cl_capture_push_keep(L, s)) { cl_keep(L, -1, 1); lua_pop(L, 1); }
+  }
+  ev->capture = external ? 0 : cap;
   ev->recorded = 1;
   return 0;
 }
@@ -137,7 +171,7 @@ static void destroy_event(lua_State *L, void *e, void *unused) {
   CU(cuEventDestroy, (CUevent)e);   /* the driver defers it if the event is still pending */
 }
 
-static int e_close(lua_State *L) {
+static int e_gc(lua_State *L) {
   levent *ev = cl_checkudata(L, 1, EVENT_MT);
   if (ev->e) {
     /* inside a host function the cudalua call it runs in may be recording this very event */
@@ -147,9 +181,16 @@ static int e_close(lua_State *L) {
   return 0;
 }
 
+/* e:close(): a graph that uses the event keeps it until the graph goes (see levent) */
+static int e_close(lua_State *L) {
+  levent *ev = cl_checkudata(L, 1, EVENT_MT);
+  if (ev->in_graph) { ev->closed = 1; return 0; }
+  return e_gc(L);
+}
+
 static int e_tostring(lua_State *L) {
   levent *ev = cl_checkudata(L, 1, EVENT_MT);
-  if (ev->e) lua_pushfstring(L, "cudalua.event<%p>", (void *)ev->e);
+  if (ev->e && !ev->closed) lua_pushfstring(L, "cudalua.event<%p>", (void *)ev->e);
   else lua_pushliteral(L, "cudalua.event<closed>");
   return 1;
 }
@@ -158,9 +199,17 @@ static int e_tostring(lua_State *L) {
    event, so it is here, above both: event.c adds it to the stream's methods */
 static int s_wait_event(lua_State *L) {
   cl_stream *s = cl_checkstream(L, 1);
-  CUevent e = cl_checkevent(L, 2);
+  levent *ev = checkev(L, 2);
   CUstream h = cl_stream_use(L, s);
-  cl_check(L, CU(cuStreamWaitEvent, h, e, 0), "stream:wait_event");
+  /* in a capture, an event recorded outside it (or in another) is an event wait node: the
+     graph waits for the event's latest record at each launch */
+  cuuint64_t cap = cl_capturing ? cl_capture_id(L, s) : 0;
+  int external = cap && ev->capture != cap;
+  if (external) {
+    ev->in_graph = 1;
+    if (cl_capture_push_keep(L, s)) { cl_keep(L, -1, 2); lua_pop(L, 1); }
+  }
+  cl_check(L, CU(cuStreamWaitEvent, h, ev->e, external ? CU_EVENT_WAIT_EXTERNAL : 0), "stream:wait_event");
   return 0;
 }
 
@@ -169,7 +218,7 @@ void cl_open_event(lua_State *L) {
     {"record", e_record}, {"query", e_query}, {"synchronize", e_synchronize},
     {"elapsed_time", e_elapsed_time}, {"close", e_close}, {"ipc_handle", e_ipc_handle}, {NULL, NULL}};
   static const luaL_Reg meta[] = {
-    {"__gc", e_close}, {"__close", e_close}, {"__tostring", e_tostring}, {NULL, NULL}};
+    {"__gc", e_gc}, {"__close", e_close}, {"__tostring", e_tostring}, {NULL, NULL}};
   cl_class_define(L, &(cl_class){EVENT_MT, m, NULL, meta});
   lua_pushcfunction(L, l_event); lua_setfield(L, -2, "event");
   lua_pushcfunction(L, e_elapsed_time); lua_setfield(L, -2, "event_elapsed_time");

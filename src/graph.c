@@ -23,10 +23,19 @@ typedef struct lgraph {
   unsigned version;    /* bumped by every node and dependency added: g:launch's executable
                           graph is made again when it differs from launched */
   unsigned launched;
+  uint64_t origin;     /* a clone: the id of the graph it was cloned from (graph:find) */
+  uint64_t id;         /* never reused: what a condition or a graph allocation names */
+  struct lgraph *parent;   /* a conditional node's body: the graph holding the node (kept by
+                              the body's keep set; the driver owns the body's CUgraph) */
+  const char *body;    /* a body: its node's kind ("while_loop"...), NULL for a graph */
+  struct lgraph **bodies;  /* a graph's bodies, theirs included, checked at instantiation */
+  int nbodies;
+  int nalloc;          /* graph:alloc arrays not yet given to graph:free */
 } lgraph;
 
-enum { N_KERNEL, N_MEMCPY, N_MEMSET, N_HOST, N_EMPTY, N_CHILD };
-static const char *node_kinds[] = {"kernel", "memcpy", "memset", "host", "empty", "child"};
+enum { N_KERNEL, N_MEMCPY, N_MEMSET, N_HOST, N_EMPTY, N_CHILD, N_ALLOC, N_FREE, N_RECORD, N_WAIT, N_COND };
+static const char *node_kinds[] = {"kernel", "memcpy", "memset", "host", "empty", "child", "alloc",
+  "free", "record", "wait", "conditional"};
 
 typedef struct lnode {
   CUgraphNode n;
@@ -34,7 +43,20 @@ typedef struct lnode {
   int kind;
   unsigned g[3], b[3], shared;   /* kernel nodes */
   int parts;                     /* memset nodes: one driver node per 4-byte word of 8 and 16-byte elements */
+  int hosts;                     /* child nodes: whether the child calls Lua host functions */
 } lnode;
+
+/* ids of graphs: above any capture id, so that the two never meet in cl_mem.graph */
+static uint64_t next_id = (uint64_t)1 << 62;
+
+/* the graph at the top of g's bodies */
+static lgraph *top_of(lgraph *g) { while (g->parent) g = g->parent; return g; }
+
+/* whether g is the graph with id, or a body inside it */
+static int within(const lgraph *g, uint64_t id) {
+  for (; g; g = g->parent) if (g->id == id) return 1;
+  return 0;
+}
 
 typedef struct lexec {
   CUgraphExec e;
@@ -45,7 +67,7 @@ typedef struct lexec {
 
 static lgraph *checkgraph(lua_State *L, int idx) {
   lgraph *g = cl_checkudata(L, idx, GRAPH_MT);
-  if (!g->g) cl_argerror(L, idx, "closed graph");
+  if (!g->g || !top_of(g)->g) cl_argerror(L, idx, "closed graph");
   return g;
 }
 
@@ -60,7 +82,7 @@ static lnode *checknode(lua_State *L, int idx, lgraph *g, const char *where) {
   lnode *n = luaL_testudata(L, idx, NODE_MT);
   if (!n) cl_error(L, where, "expected a graph node, got %s", luaL_typename(L, idx));
   lgraph *owner = n->owner;   /* set by push_node; the node's user value 1 keeps it alive */
-  if (!owner || !owner->g || !n->n) cl_error(L, where, "the node's graph is closed");
+  if (!owner || !owner->g || !top_of(owner)->g || !n->n) cl_error(L, where, "the node's graph is closed");
   if (g && owner != g) cl_error(L, where, "the node belongs to another graph");
   return n;
 }
@@ -105,6 +127,7 @@ static lnode *push_node(lua_State *L, int gidx, int kind) {
   n->kind = kind;
   n->owner = lua_touserdata(L, gidx);
   n->owner->version++;
+  top_of(n->owner)->version++;   /* a body's new node changes its graph's executable graph */
   luaL_setmetatable(L, NODE_MT);
   lua_pushvalue(L, gidx);
   lua_setiuservalue(L, -2, 1);
@@ -118,6 +141,7 @@ static void destroy_graph(lua_State *L, void *g, void *unused) {
 
 static int graph_close(lua_State *L) {
   lgraph *g = cl_checkudata(L, 1, GRAPH_MT);
+  if (g->body) return 0;   /* the driver's, gone with its graph */
   if (g->g) {
     /* executable graphs made from it are independent of it; inside a host function (a
        collection there) the driver is not called */
@@ -141,6 +165,9 @@ static int graph_gc(lua_State *L) {
   graph_close(L);
   free_recs(&g->recs, &g->nrecs);
   g->caprecs = 0;
+  free(g->bodies);
+  g->bodies = NULL;
+  g->nbodies = 0;
   return 0;
 }
 
@@ -163,6 +190,7 @@ void *cl_push_graph(lua_State *L, CUgraph h, CUcontext ctx) {
   lua_newtable(L);
   lua_setiuservalue(L, -2, GRAPH_KEEP);
   g->g = h;
+  g->id = __atomic_fetch_add(&next_id, 1, __ATOMIC_RELAXED);
   return g;
 }
 
@@ -185,6 +213,24 @@ static int push_args(lua_State *L, int idx, int *n) {
   int first = lua_gettop(L) + 1;
   for (int i = 1; i <= *n; i++) lua_rawgeti(L, idx, i);
   return first;
+}
+
+/* a graph allocation may be used by the graph that allocates it (its bodies included) */
+static void own_mem(lua_State *L, const lgraph *g, const cl_mem *m, const char *where) {
+  if ((m->gmem & CL_GMEM_KIND) == CL_GMEM_NODE && !within(g, m->graph))
+    cl_error(L, where, "the array was allocated by another graph (graph:alloc)");
+}
+
+/* the conditions and graph allocations among a kernel node's arguments are g's */
+static void own_args(lua_State *L, const lgraph *g, int first, int nargs, const char *where) {
+  for (int i = 0; i < nargs; i++) {
+    if (lua_type(L, first + i) != LUA_TUSERDATA) continue;
+    cl_condition *c = luaL_testudata(L, first + i, CL_CONDITION_MT);
+    if (c && !within(g, c->graph))
+      cl_error(L, where, "argument %d is a condition of another graph (a kernel may set the conditions of its own graph and of the graphs around its body)", i + 1);
+    cl_array *a = c ? NULL : cl_toarray(L, first + i);
+    if (a && a->mem) own_mem(L, g, a->mem, where);
+  }
 }
 
 static void kernel_params(lnode *n, cl_kernel *k, cl_args *A, CUDA_KERNEL_NODE_PARAMS *p) {
@@ -216,6 +262,7 @@ static int g_kernel(lua_State *L) {
   int nargs, first = push_args(L, 4, &nargs);
   cl_args A;
   cl_marshal(L, k, 2, first, nargs, &A, 0);
+  own_args(L, g, first, nargs, "graph:kernel");
   cl_use_ctx(L, g->ctx);
   cl_kernel_shared(L, k, 2, c.shared);   /* a function attribute: graph launches use it too */
   CUDA_KERNEL_NODE_PARAMS p;
@@ -262,7 +309,7 @@ static CUdeviceptr copy_addr(lua_State *L, cl_array *a, int idx, const char *whe
 }
 
 static void memcpy_params(lua_State *L, int didx, int sidx, CUDA_MEMCPY3D *p, const char *where,
-                          CUcontext ctx) {
+                          CUcontext ctx, const lgraph *g) {
   cl_array *d = cl_checkarray(L, didx), *s = cl_checkarray(L, sidx);
   cl_mem_reach(L, d->mem, ctx, where);
   cl_mem_reach(L, s->mem, ctx, where);
@@ -273,6 +320,7 @@ static void memcpy_params(lua_State *L, int didx, int sidx, CUDA_MEMCPY3D *p, co
   if (d->readonly) cl_error(L, where, "destination is read-only");
   size_t n = cl_nbytes(d);
   if (n == 0) cl_error(L, where, "empty arrays");
+  if (g) { own_mem(L, g, d->mem, where); own_mem(L, g, s->mem, where); }
   memset(p, 0, sizeof *p);
   p->srcMemoryType = CU_MEMORYTYPE_UNIFIED;
   p->srcDevice = copy_addr(L, s, 2, where);
@@ -291,7 +339,7 @@ static int g_memcpy(lua_State *L) {
   CUDA_MEMCPY3D p;
   CUcontext ctx = g->ctx;
   cl_use_ctx(L, ctx);
-  memcpy_params(L, 2, 3, &p, "graph:memcpy", ctx);
+  memcpy_params(L, 2, 3, &p, "graph:memcpy", ctx, g);
   CUgraphNode small[SMALL_DEPS];
   CUgraphNode *deps = deps_of(L, 4, g, &nd, "graph:memcpy", small);
   CUgraphNode h;
@@ -305,12 +353,13 @@ static int g_memcpy(lua_State *L) {
 /* memset parameters: 1, 2 and 4-byte elements directly; 8 and 16-byte ones as one strided
    memset per 4-byte word; returns how many (p holds CL_MAXITEM / 4) */
 static int memset_params(lua_State *L, int didx, int vidx, CUDA_MEMSET_NODE_PARAMS *p, const char *where,
-                         CUcontext ctx) {
+                         CUcontext ctx, const lgraph *g) {
   cl_array *d = cl_checkarray(L, didx);
   cl_mem_reach(L, d->mem, ctx, where);
   if (d->kind == CL_HOST) cl_error(L, where, "a pageable host array cannot be set by the GPU; use a pinned or device array");
   if (d->readonly) cl_error(L, where, "destination is read-only");
   if (d->size == 0) cl_error(L, where, "empty array");
+  if (g) own_mem(L, g, d->mem, where);
   char v[CL_MAXITEM];
   cl_tovalue(L, vidx, d->dtype, v, where, 0);
   int isz = cl_dtypes[d->dtype].size;
@@ -341,7 +390,7 @@ static int g_memset(lua_State *L) {
   CUcontext ctx = g->ctx;
   cl_use_ctx(L, ctx);
   CUDA_MEMSET_NODE_PARAMS p[CL_MAXITEM / 4];
-  int parts = memset_params(L, 2, 3, p, "graph:memset", ctx);
+  int parts = memset_params(L, 2, 3, p, "graph:memset", ctx, g);
   size_t nd;
   CUgraphNode small[SMALL_DEPS];
   CUgraphNode *deps = deps_of(L, 4, g, &nd, "graph:memset", small);
@@ -359,6 +408,8 @@ static int g_memset(lua_State *L) {
 static int g_host(lua_State *L) {
   lgraph *g = checkgraph(L, 1);
   cl_checktype(L, 2, LUA_TFUNCTION);
+  /* a Lua host node is armed once per launch: in a body it would run any number of times */
+  if (g->body) return cl_error(L, "graph:host", "a %s node's body cannot call Lua host functions", g->body);
   lua_settop(L, 3);
   size_t nd;
   CUgraphNode small[SMALL_DEPS];
@@ -433,6 +484,8 @@ static int g_child(lua_State *L) {
   if (c == g) return cl_error(L, "graph:child", "a graph cannot contain itself");
   if (c->ctx != g->ctx)
     return cl_error(L, "graph:child", "the graphs are on devices %d and %d", cl_device_of(c->ctx), cl_device_of(g->ctx));
+  if (c->nrecs && g->body)
+    return cl_error(L, "graph:child", "a %s node's body cannot call Lua host functions (the child graph has some)", g->body);
   lua_settop(L, 3);
   size_t nd;
   CUgraphNode small[SMALL_DEPS];
@@ -448,6 +501,219 @@ static int g_child(lua_State *L) {
   }
   lnode *n = push_node(L, 1, N_CHILD);
   n->n = h;
+  n->hosts = c->nrecs > 0;
+  return 1;
+}
+
+/* g:alloc(shape, dtype, deps) -> node, array: memory that exists while the graph runs, from
+   this node until a graph:free node (which the graph must have: see instantiate_check) */
+static int g_alloc(lua_State *L) {
+  lgraph *g = checkgraph(L, 1);
+  if (g->body) return cl_error(L, "graph:alloc", "a %s node's body cannot allocate (CUDA allows memory nodes only at a graph's top level)", g->body);
+  lua_settop(L, 4);
+  int64_t shape[CL_MAXDIM];
+  int ndim = cl_parse_shape(L, 2, shape, "graph:alloc");
+  int dt = cl_checkdtype(L, 3);
+  size_t n = 1;
+  if (!cl_shape_mul(&n, ndim, shape)) return cl_error(L, "graph:alloc", "the array would be too large");
+  size_t bytes = n * (size_t)cl_dtypes[dt].size;
+  if (!bytes) return cl_error(L, "graph:alloc", "an empty array cannot be allocated in a graph");
+  size_t nd;
+  CUgraphNode small[SMALL_DEPS];
+  CUgraphNode *deps = deps_of(L, 4, g, &nd, "graph:alloc", small);
+  CUDA_MEM_ALLOC_NODE_PARAMS p;
+  memset(&p, 0, sizeof p);
+  p.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+  p.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  p.poolProps.location.id = cl_device_of(g->ctx);
+  p.bytesize = bytes;
+  cl_use_ctx(L, g->ctx);
+  CUgraphNode h;
+  cl_check(L, CU(cuGraphAddMemAllocNode, &h, g->g, deps, nd, &p), "graph:alloc");
+  cl_mem *m = cl_mem_record(L, CL_DEVICE, bytes, g->ctx);
+  m->dptr = p.dptr;
+  m->gmem = CL_GMEM_NODE;
+  m->graph = g->id;
+  g->nalloc++;
+  lnode *node = push_node(L, 1, N_ALLOC);
+  node->n = h;
+  cl_push_array(L, m, 0, CL_DEVICE, dt, ndim, shape);
+  return 2;
+}
+
+/* g:free(array, deps): the end of a graph:alloc array's life in each launch */
+static int g_free(lua_State *L) {
+  lgraph *g = checkgraph(L, 1);
+  cl_array *a = cl_checkarray(L, 2);
+  cl_mem *m = a->mem;
+  if ((m->gmem & CL_GMEM_KIND) != CL_GMEM_NODE || m->graph != top_of(g)->id)
+    return cl_error(L, "graph:free", "expected an array from this graph's graph:alloc");
+  if (g->body) return cl_error(L, "graph:free", "a %s node's body cannot free (CUDA allows memory nodes only at a graph's top level)", g->body);
+  if (m->gmem & CL_GMEM_FREED) return cl_error(L, "graph:free", "the array is freed in this graph already");
+  if (a->offset) return cl_error(L, "graph:free", "expected the array graph:alloc returned, not a view into it");
+  lua_settop(L, 3);
+  size_t nd;
+  CUgraphNode small[SMALL_DEPS];
+  CUgraphNode *deps = deps_of(L, 3, g, &nd, "graph:free", small);
+  cl_use_ctx(L, g->ctx);
+  CUgraphNode h;
+  cl_check(L, CU(cuGraphAddMemFreeNode, &h, g->g, deps, nd, m->dptr), "graph:free");
+  m->gmem |= CL_GMEM_FREED;
+  g->nalloc--;
+  lnode *node = push_node(L, 1, N_FREE);
+  node->n = h;
+  return 1;
+}
+
+/* g:record(event, deps) and g:wait(event, deps) */
+static int event_node(lua_State *L, int kind, const char *where) {
+  lgraph *g = checkgraph(L, 1);
+  /* the driver takes the node and refuses the instantiation (CUDA_ERROR_INVALID_VALUE) */
+  if (g->body) return cl_error(L, where, "a %s node's body cannot hold event nodes (CUDA allows kernels, copies, memsets, empty, child and conditional nodes there)", g->body);
+  CUevent e = cl_graph_event(L, 2, g->ctx, kind == N_RECORD, where);
+  lua_settop(L, 3);
+  size_t nd;
+  CUgraphNode small[SMALL_DEPS];
+  CUgraphNode *deps = deps_of(L, 3, g, &nd, where, small);
+  cl_use_ctx(L, g->ctx);
+  CUgraphNode h;
+  cl_check(L, kind == N_RECORD ? CU(cuGraphAddEventRecordNode, &h, g->g, deps, nd, e)
+                               : CU(cuGraphAddEventWaitNode, &h, g->g, deps, nd, e), where);
+  keep(L, 1, GRAPH_KEEP, 2);
+  lnode *n = push_node(L, 1, kind);
+  n->n = h;
+  return 1;
+}
+static int g_record(lua_State *L) { return event_node(L, N_RECORD, "graph:record"); }
+static int g_wait(lua_State *L) { return event_node(L, N_WAIT, "graph:wait"); }
+
+/* g:condition([{default = v}]): a conditional node's value, set by kernels of this graph (and
+   of the bodies in it) with cudaGraphSetConditional; with a default it is v at each launch */
+static int g_condition(lua_State *L) {
+  lgraph *g = checkgraph(L, 1);
+  unsigned def = 0, flags = 0;
+  if (!lua_isnoneornil(L, 2)) {
+    static const char *const opts[] = {"default", NULL};
+    cl_checktype(L, 2, LUA_TTABLE);
+    cl_check_options(L, 2, "graph:condition", opts);
+    if (lua_getfield(L, 2, "default") != LUA_TNIL) {
+      int ok;
+      lua_Integer v = lua_tointegerx(L, -1, &ok);
+      if (!ok || v < 0 || v > 0xffffffffLL)
+        return cl_error(L, "graph:condition", "default must be an integer from 0 to 2^32-1, got %s", luaL_typename(L, -1));
+      def = (unsigned)v;
+      flags = CU_GRAPH_COND_ASSIGN_DEFAULT;
+    }
+    lua_pop(L, 1);
+  }
+  cl_use_ctx(L, g->ctx);
+  cl_condition *c = lua_newuserdatauv(L, sizeof *c, 1);
+  c->graph = g->id;
+  cl_check(L, CU(cuGraphConditionalHandleCreate, &c->h, g->g, g->ctx, def, flags), "graph:condition");
+  luaL_setmetatable(L, CL_CONDITION_MT);
+  lua_pushvalue(L, 1);
+  lua_setiuservalue(L, -2, 1);
+  return 1;
+}
+
+/* a conditional node's body graph at the top of the stack, kept by its graph (at pidx) and
+   keeping it */
+static void push_body(lua_State *L, int pidx, CUgraph h, const char *kind) {
+  lgraph *p = lua_touserdata(L, pidx);
+  lgraph *top = top_of(p);
+  if (top->nbodies % 8 == 0) {
+    lgraph **v = realloc(top->bodies, sizeof *v * (size_t)(top->nbodies + 8));
+    if (!v) cl_error(L, NULL, "out of host memory");
+    top->bodies = v;
+  }
+  lgraph *b = cl_push_graph(L, h, p->ctx);
+  b->parent = p;
+  b->body = kind;
+  top->bodies[top->nbodies++] = b;
+  keep(L, pidx, GRAPH_KEEP, -1);
+  lua_pushvalue(L, pidx);
+  keep(L, -2, GRAPH_KEEP, -1);
+  lua_pop(L, 1);
+}
+
+/* the conditional node of type with size bodies, its condition at 2 and deps at didx: pushes
+   the bodies (as a list when list) and the node */
+static int cond_node(lua_State *L, CUgraphConditionalNodeType type, unsigned size, int didx, int list,
+                     const char *kind, const char *where) {
+  lgraph *g = checkgraph(L, 1);
+  cl_condition *c = luaL_testudata(L, 2, CL_CONDITION_MT);
+  if (!c) return cl_error(L, where, "expected a condition (graph:condition()), got %s", luaL_typename(L, 2));
+  if (c->graph != g->id)
+    return cl_error(L, where, "the condition is another graph's (a conditional node takes a condition made by its own graph's :condition())");
+  lua_settop(L, didx);
+  size_t nd;
+  CUgraphNode small[SMALL_DEPS];
+  CUgraphNode *deps = deps_of(L, didx, g, &nd, where, small);
+  CUgraphNodeParams p;
+  memset(&p, 0, sizeof p);
+  p.type = CU_GRAPH_NODE_TYPE_CONDITIONAL;
+  p.conditional.handle = c->h;
+  p.conditional.type = type;
+  p.conditional.size = size;
+  p.conditional.ctx = g->ctx;
+  cl_use_ctx(L, g->ctx);
+  CUgraphNode h;
+  cl_check(L, CU(cuGraphAddNode, &h, g->g, deps, NULL, nd, &p), where);
+  keep(L, 1, GRAPH_KEEP, 2);
+  if (list) lua_createtable(L, (int)size, 0);
+  for (unsigned i = 0; i < size; i++) {
+    push_body(L, 1, p.conditional.phGraph_out[i], kind);
+    if (list) lua_rawseti(L, -2, (lua_Integer)i + 1);
+  }
+  lnode *n = push_node(L, 1, N_COND);
+  n->n = h;
+  return (list ? 1 : (int)size) + 1;
+}
+
+/* g:if_then(cond, deps) -> body, node; g:if_else -> then body, else body, node;
+   g:while_loop -> body, node (the body runs while the condition is not 0, tested before each
+   run); g:switch(cond, n, deps) -> {n bodies}, node (body k + 1 runs when it is k) */
+static int g_if_then(lua_State *L) { return cond_node(L, CU_GRAPH_COND_TYPE_IF, 1, 3, 0, "if_then", "graph:if_then"); }
+static int g_if_else(lua_State *L) { return cond_node(L, CU_GRAPH_COND_TYPE_IF, 2, 3, 0, "if_else", "graph:if_else"); }
+static int g_while_loop(lua_State *L) { return cond_node(L, CU_GRAPH_COND_TYPE_WHILE, 1, 3, 0, "while_loop", "graph:while_loop"); }
+static int g_switch(lua_State *L) {
+  lua_Integer n = cl_checkinteger(L, 3);
+  if (n < 1 || n > 4096) return cl_error(L, "graph:switch", "the number of bodies must be 1 to 4096, got %I", n);
+  lua_remove(L, 3);
+  lua_settop(L, 3);
+  return cond_node(L, CU_GRAPH_COND_TYPE_SWITCH, (unsigned)n, 3, 1, "switch", "graph:switch");
+}
+
+/* g:clone() -> a copy of the graph; clone:find(node) is the copy of one of g's nodes */
+static int g_clone(lua_State *L) {
+  lgraph *g = checkgraph(L, 1);
+  if (g->body) return cl_error(L, "graph:clone", "a %s node's body is cloned with its graph", g->body);
+  cl_use_ctx(L, g->ctx);
+  CUgraph h;
+  cl_check(L, CU(cuGraphClone, &h, g->g), "graph:clone");
+  lgraph *c = cl_push_graph(L, h, g->ctx);
+  int ci = lua_gettop(L);
+  c->origin = g->id;
+  c->nalloc = g->nalloc;
+  keep(L, ci, GRAPH_KEEP, 1);   /* the original keeps everything its nodes use */
+  if (g->nrecs) own_host_nodes(L, ci, h, 0);   /* the copies' host nodes get records of their own */
+  lua_settop(L, ci);
+  return 1;
+}
+
+static int g_find(lua_State *L) {
+  lgraph *g = checkgraph(L, 1);
+  lnode *n = checknode(L, 2, NULL, "graph:find");
+  if (!g->origin || n->owner->id != g->origin)
+    return cl_error(L, "graph:find", "the node is not from the graph this one was cloned from");
+  cl_use_ctx(L, g->ctx);
+  CUgraphNode h;
+  cl_check(L, CU(cuGraphNodeFindInClone, &h, n->n, g->g), "graph:find");
+  lnode *c = push_node(L, 1, n->kind);
+  memcpy(c->g, n->g, sizeof c->g); memcpy(c->b, n->b, sizeof c->b);
+  c->shared = n->shared; c->parts = n->parts; c->hosts = n->hosts; c->n = h;
+  lua_getiuservalue(L, 2, 2);   /* a kernel node's kernel */
+  lua_setiuservalue(L, -2, 2);
   return 1;
 }
 
@@ -547,8 +813,24 @@ static void exec_take_recs(lua_State *L, lexec *e, const lgraph *g) {
   e->nrecs = g->nrecs;
 }
 
+/* what the driver would take but cannot run right: a body is launched by its node, a graph
+   allocation must be freed in the graph (else the second launch fails), an empty body would
+   loop forever or do nothing */
+static void instantiate_check(lua_State *L, lgraph *g, const char *where) {
+  if (g->body) cl_error(L, where, "a %s node's body runs as part of its graph: instantiate that graph", g->body);
+  if (g->nalloc > 0)
+    cl_error(L, where, "%d array%s from graph:alloc %s not freed in the graph (add graph:free(array, deps) after the last use)",
+             g->nalloc, g->nalloc == 1 ? "" : "s", g->nalloc == 1 ? "is" : "are");
+  for (int i = 0; i < g->nbodies; i++) {
+    size_t n = 0;
+    cl_check(L, CU(cuGraphGetNodes, g->bodies[i]->g, NULL, &n), where);
+    if (!n) cl_error(L, where, "the body of a %s node is empty (fill it: body:kernel(...))", g->bodies[i]->body);
+  }
+}
+
 static int g_instantiate(lua_State *L) {
   lgraph *g = checkgraph(L, 1);
+  instantiate_check(L, g, "graph:instantiate");
   lexec *e = lua_newuserdatauv(L, sizeof *e, 2);
   memset(e, 0, sizeof *e);
   luaL_setmetatable(L, EXEC_MT);
@@ -596,6 +878,12 @@ static int g_tostring(lua_State *L) {
 static int n_tostring(lua_State *L) {
   lnode *n = cl_checkudata(L, 1, NODE_MT);
   lua_pushfstring(L, "cudalua.graph_node<%s>", node_kinds[n->kind]);
+  return 1;
+}
+
+static int c_tostring(lua_State *L) {
+  cl_condition *c = cl_checkudata(L, 1, CL_CONDITION_MT);
+  lua_pushfstring(L, "cudalua.graph_condition<%I>", (lua_Integer)c->h);
   return 1;
 }
 
@@ -688,6 +976,7 @@ static int e_set_args(lua_State *L) {
   int first = 3, nargs = kidx - 3;
   cl_args A;
   cl_marshal(L, k, kidx, first, nargs, &A, 0);
+  own_args(L, exec_graph(L, 1), first, nargs, "graph_exec:set_args");
   /* after the arguments: a foreign array's view may have made the selected device current */
   cl_use_ctx(L, e->ctx);
   CUDA_KERNEL_NODE_PARAMS p;
@@ -704,7 +993,7 @@ static int e_set_memcpy(lua_State *L) {
   lnode *n = exec_node(L, N_MEMCPY, "graph_exec:set_memcpy");
   CUDA_MEMCPY3D p;
   cl_use_ctx(L, e->ctx);
-  memcpy_params(L, 3, 4, &p, "graph_exec:set_memcpy", e->ctx);
+  memcpy_params(L, 3, 4, &p, "graph_exec:set_memcpy", e->ctx, exec_graph(L, 1));
   cl_check(L, CU(cuGraphExecMemcpyNodeSetParams, e->e, n->n, &p, e->ctx), "graph_exec:set_memcpy");
   keep(L, 1, EXEC_KEEP, 3); keep(L, 1, EXEC_KEEP, 4);
   lua_settop(L, 1);
@@ -717,7 +1006,7 @@ static int e_set_memset(lua_State *L) {
   lnode *n = exec_node(L, N_MEMSET, "graph_exec:set_memset");
   CUDA_MEMSET_NODE_PARAMS p[CL_MAXITEM / 4];
   cl_use_ctx(L, e->ctx);
-  if (memset_params(L, 3, 4, p, "graph_exec:set_memset", e->ctx) != 1 || n->parts != 1)
+  if (memset_params(L, 3, 4, p, "graph_exec:set_memset", e->ctx, exec_graph(L, 1)) != 1 || n->parts != 1)
     return cl_error(L, "graph_exec:set_memset", "8 and 16-byte elements are several memsets; build the graph again");
   cl_check(L, CU(cuGraphExecMemsetNodeSetParams, e->e, n->n, &p[0], e->ctx), "graph_exec:set_memset");
   keep(L, 1, EXEC_KEEP, 3);
@@ -744,6 +1033,86 @@ static int e_update(lua_State *L) {
   cl_check(L, r, "graph_exec:update");
   keep(L, 1, EXEC_KEEP, 2);
   exec_take_recs(L, e, g);
+  lua_settop(L, 1);
+  return 1;
+}
+
+/* exec:enable(node, on): a kernel, memcpy or memset node skipped (false) or run again (true)
+   by later launches, without instantiating again */
+static int e_enable(lua_State *L) {
+  lexec *e = checkexec(L, 1);
+  lnode *n = checknode(L, 2, NULL, "graph_exec:enable");
+  if (n->owner != exec_graph(L, 1)) return cl_error(L, "graph_exec:enable", "the node is not from this executable graph's graph");
+  if (!lua_isboolean(L, 3)) return cl_error(L, "graph_exec:enable", "expected a boolean, got %s", luaL_typename(L, 3));
+  if (n->kind != N_KERNEL && n->kind != N_MEMCPY && n->kind != N_MEMSET)
+    return cl_error(L, "graph_exec:enable", "only kernel, memcpy and memset nodes can be turned off, not a %s node", node_kinds[n->kind]);
+  if (n->parts > 1)
+    return cl_error(L, "graph_exec:enable", "a memset of 8 or 16-byte elements is several nodes and cannot be turned off");
+  cl_use_ctx(L, e->ctx);
+  cl_check(L, CU(cuGraphNodeSetEnabled, e->e, n->n, (unsigned)lua_toboolean(L, 3)), "graph_exec:enable");
+  lua_settop(L, 1);
+  return 1;
+}
+
+/* exec:set_host(node, fn): the host node calls fn at later launches. The old record stays
+   kept (a launch queued before may still call it); this executable graph arms the new one */
+static int e_set_host(lua_State *L) {
+  lexec *e = checkexec(L, 1);
+  lnode *n = exec_node(L, N_HOST, "graph_exec:set_host");
+  cl_checktype(L, 3, LUA_TFUNCTION);
+  lua_settop(L, 3);
+  cl_use_ctx(L, e->ctx);
+  lua_getiuservalue(L, 1, EXEC_KEEP);   /* 4: its keep set, and node -> record box */
+  cl_hostrec *old = NULL;
+  if (lua_rawgetp(L, 4, n) == LUA_TUSERDATA) old = cl_hostrec_of_box(L, -1);
+  lua_pop(L, 1);
+  CUDA_BATCH_MEM_OP_NODE_PARAMS p;
+  cl_check(L, CU(cuGraphBatchMemOpNodeGetParams, n->n, &p), "graph_exec:set_host");
+  if (!old) old = cl_hostrec_at(p.paramArray[0].writeValue.address);
+  cl_hostrec *r = cl_hostrec_new(L, 3, "graph_exec:set_host");   /* its box at 5 */
+  CUstreamBatchMemOpParams op[2];
+  cl_hostrec_ops(r, op);
+  p.paramArray = op;
+  cl_check(L, CU(cuGraphExecBatchMemOpNodeSetParams, e->e, n->n, &p), "graph_exec:set_host");
+  keep(L, 1, EXEC_KEEP, 5);
+  lua_pushvalue(L, 5);
+  lua_rawsetp(L, 4, n);
+  for (int i = 0; i < e->nrecs; i++) if (e->recs[i] == old) e->recs[i] = r;
+  lua_settop(L, 1);
+  return 1;
+}
+
+/* exec:set_child(node, graph): a child node runs a copy of graph (of the same shape) */
+static int e_set_child(lua_State *L) {
+  lexec *e = checkexec(L, 1);
+  lnode *n = exec_node(L, N_CHILD, "graph_exec:set_child");
+  lgraph *c = checkgraph(L, 3);
+  /* its host nodes' records would be shared with the graph itself: arming them cannot tell
+     the two apart */
+  if (c->nrecs)
+    return cl_error(L, "graph_exec:set_child", "a graph with Lua host functions cannot replace a child: instantiate again");
+  /* and the child's own would be armed at each launch and never called: a hang */
+  if (n->hosts)
+    return cl_error(L, "graph_exec:set_child", "the child node calls Lua host functions, so it cannot be replaced: instantiate again");
+  cl_use_ctx(L, e->ctx);
+  cl_check(L, CU(cuGraphExecChildGraphNodeSetParams, e->e, n->n, c->g), "graph_exec:set_child");
+  keep(L, 1, EXEC_KEEP, 3);
+  lua_settop(L, 1);
+  return 1;
+}
+
+/* exec:set_event(node, event): a record or wait node's event at later launches */
+static int e_set_event(lua_State *L) {
+  lexec *e = checkexec(L, 1);
+  lnode *n = checknode(L, 2, NULL, "graph_exec:set_event");
+  if (n->owner != exec_graph(L, 1)) return cl_error(L, "graph_exec:set_event", "the node is not from this executable graph's graph");
+  if (n->kind != N_RECORD && n->kind != N_WAIT)
+    return cl_error(L, "graph_exec:set_event", "expected a record or wait node, got a %s node", node_kinds[n->kind]);
+  CUevent ev = cl_graph_event(L, 3, e->ctx, n->kind == N_RECORD, "graph_exec:set_event");
+  cl_use_ctx(L, e->ctx);
+  cl_check(L, n->kind == N_RECORD ? CU(cuGraphExecEventRecordNodeSetEvent, e->e, n->n, ev)
+                                  : CU(cuGraphExecEventWaitNodeSetEvent, e->e, n->n, ev), "graph_exec:set_event");
+  keep(L, 1, EXEC_KEEP, 3);
   lua_settop(L, 1);
   return 1;
 }
@@ -785,6 +1154,11 @@ static int g_launch(lua_State *L) {
   lua_settop(L, 2);
   if (lua_getiuservalue(L, 1, GRAPH_EXEC) != LUA_TUSERDATA || g->launched != g->version) {
     lua_pop(L, 1);
+    cl_use_ctx(L, g->ctx);
+    instantiate_check(L, g, "graph:launch");
+    /* a graph with memory nodes has one executable graph at a time */
+    if (lua_getiuservalue(L, 1, GRAPH_EXEC) == LUA_TUSERDATA) { lua_pushcfunction(L, e_close); lua_insert(L, -2); lua_call(L, 1, 0); }
+    else lua_pop(L, 1);
     lua_pushcfunction(L, g_instantiate);
     lua_pushvalue(L, 1);
     lua_call(L, 1, 1);
@@ -805,11 +1179,15 @@ void cl_open_graph(lua_State *L) {
     {"kernel", g_kernel}, {"memcpy", g_memcpy}, {"memset", g_memset}, {"host", g_host},
     {"empty", g_empty}, {"child", g_child}, {"add_dependency", g_add_dependency},
     {"instantiate", g_instantiate}, {"launch", g_launch}, {"dot", g_dot}, {"node_count", g_node_count},
+    {"alloc", g_alloc}, {"free", g_free}, {"record", g_record}, {"wait", g_wait},
+    {"condition", g_condition}, {"if_then", g_if_then}, {"if_else", g_if_else},
+    {"while_loop", g_while_loop}, {"switch", g_switch}, {"clone", g_clone}, {"find", g_find},
     {"close", graph_close}, {NULL, NULL}};
   static const luaL_Reg em[] = {
     {"launch", e_launch}, {"upload", e_upload}, {"set_args", e_set_args},
     {"set_memcpy", e_set_memcpy}, {"set_memset", e_set_memset}, {"update", e_update},
-    {"close", e_close}, {NULL, NULL}};
+    {"enable", e_enable}, {"set_host", e_set_host}, {"set_child", e_set_child},
+    {"set_event", e_set_event}, {"close", e_close}, {NULL, NULL}};
   static const luaL_Reg gmeta[] = {
     {"__gc", graph_gc}, {"__close", graph_close}, {"__tostring", g_tostring}, {NULL, NULL}};
   static const luaL_Reg nmeta[] = {{"__tostring", n_tostring}, {NULL, NULL}};
@@ -818,5 +1196,7 @@ void cl_open_graph(lua_State *L) {
   cl_class_define(L, &(cl_class){GRAPH_MT, gm, NULL, gmeta});
   cl_class_define(L, &(cl_class){NODE_MT, NULL, n_index, nmeta});
   cl_class_define(L, &(cl_class){EXEC_MT, em, NULL, emeta});
+  static const luaL_Reg cmeta[] = {{"__tostring", c_tostring}, {NULL, NULL}};
+  cl_class_define(L, &(cl_class){CL_CONDITION_MT, NULL, NULL, cmeta});
   lua_pushcfunction(L, l_graph); lua_setfield(L, -2, "graph");
 }

@@ -333,6 +333,7 @@ static CUresult alloc_gpu(lua_State *L, cl_mem *m, cl_stream *s, int zero) {
     m->dptr = ncache ? cache_get(m->bytes, m->ctx, s) : 0;
     if (!m->dptr) r = CU(cuMemAllocAsync, &m->dptr, m->bytes, s ? s->h : NULL);
     if (r == CUDA_SUCCESS) cl_mem_use(m, s, m->ctx);
+    if (r == CUDA_SUCCESS && cl_capturing && s) cl_mem_captured(L, m, s);
   }
   if (r != CUDA_SUCCESS && m->host && m->kind != CL_MANAGED) CU(cuMemFreeHost, m->host);
   if (r != CUDA_SUCCESS) { m->host = NULL; m->dptr = 0; }
@@ -447,8 +448,95 @@ static int waits_for_device(const cl_mem *m) {
 
 static void release(lua_State *L, cl_mem *m);
 
+/* ---- a graph's allocations ----
+   cuMemAllocAsync on a capturing stream is an allocation node: the address exists only while
+   the graph runs, and the graph must free it (a graph that allocates without freeing cannot be
+   launched again: CUDA_ERROR_INVALID_VALUE, as the issue saw). So closing such an array inside
+   its capture is a free node, on the stream that used it last; one still open (or used on
+   several streams) is freed by cudalua at the end of the capture, on the capturing stream,
+   after everything joined it. The capture's keep table holds a box with one reference to the
+   record until then. The record never frees anything itself, and never enters the block cache. */
+#define GMEM_BOX "cudalua.graph_memory"
+
+static int gmem_box_gc(lua_State *L) {
+  cl_mem **b = lua_touserdata(L, 1);
+  cl_mem *m = *b;
+  *b = NULL;
+  if (m) { m->gmem |= CL_GMEM_FREED; cl_mem_unref(L, m); }   /* the capture is gone */
+  return 0;
+}
+
+/* the free node for m, on s, while s still captures m's capture */
+static int gmem_free_on(lua_State *L, cl_mem *m, cl_stream *s) {
+  if (!s || cl_capture_id(L, s) != m->graph) return 0;
+  CUcontext prev = cl_ctx_swap(m->ctx);
+  CUresult r = CU(cuMemFreeAsync, m->dptr, s->h);
+  cl_ctx_swap(prev);
+  if (r != CUDA_SUCCESS) return 0;
+  m->gmem |= CL_GMEM_FREED;
+  return 1;
+}
+
+static void gmem_unref(lua_State *L, cl_mem *m) {
+  if (--m->refs > 0) {
+    /* only the capture's box is left: the arrays are closed, so is the memory (in the graph) */
+    if (m->refs == 1 && (m->gmem & CL_GMEM_KIND) == CL_GMEM_CAPTURED && !(m->gmem & CL_GMEM_FREED) &&
+        cl_capturing && m->spread == CL_ONE_STREAM)
+      gmem_free_on(L, m, m->stream);
+    return;
+  }
+  if ((m->gmem & CL_GMEM_KIND) == CL_GMEM_CAPTURED) pressure_sub(m->bytes);   /* counted by cl_mem_new */
+  cl_stream_unref(L, m->stream);
+  mem_free(m);
+}
+
+void cl_mem_captured(lua_State *L, cl_mem *m, cl_stream *s) {
+  cuuint64_t id = cl_capture_id(L, s);
+  if (!id || !cl_capture_push_keep(L, s)) return;   /* a stream of another process's capture: no */
+  m->gmem = CL_GMEM_CAPTURED;
+  m->graph = id;
+  cl_mem **b = lua_newuserdatauv(L, sizeof *b, 0);
+  *b = cl_mem_ref(m);
+  if (luaL_newmetatable(L, GMEM_BOX)) { lua_pushcfunction(L, gmem_box_gc); lua_setfield(L, -2, "__gc"); }
+  lua_setmetatable(L, -2);
+  if (lua_getfield(L, -2, CL_CAPTURE_GMEM) != LUA_TTABLE) {
+    lua_pop(L, 1);
+    lua_newtable(L);
+    lua_pushvalue(L, -1);
+    lua_setfield(L, -4, CL_CAPTURE_GMEM);
+  }
+  lua_insert(L, -2);
+  lua_rawseti(L, -2, (lua_Integer)lua_rawlen(L, -2) + 1);
+  lua_pop(L, 2);
+}
+
+void cl_mem_capture_ending(lua_State *L, int keepidx, cl_stream *s) {
+  if (lua_getfield(L, keepidx, CL_CAPTURE_GMEM) != LUA_TTABLE) { lua_pop(L, 1); return; }
+  for (lua_Integer i = 1, n = (lua_Integer)lua_rawlen(L, -1); i <= n; i++) {
+    lua_rawgeti(L, -1, i);
+    cl_mem **b = lua_touserdata(L, -1);
+    cl_mem *m = b ? *b : NULL;
+    if (m && !(m->gmem & CL_GMEM_FREED)) gmem_free_on(L, m, s);
+    if (m) { m->gmem |= CL_GMEM_FREED; *b = NULL; cl_mem_unref(L, m); }
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
+}
+
+void cl_mem_graph_use(lua_State *L, const cl_mem *m, cl_stream *s, const char *where) {
+  if (!m->gmem) return;
+  if (cl_capturing && s && (s->capture_ref || cl_capture_id(L, s))) {
+    if (!(m->gmem & CL_GMEM_FREED)) return;
+    cl_error(L, where, "the array was closed in this capture (its graph frees it there)");
+  }
+  cl_error(L, where, "the array's memory is a graph's (allocated in a stream capture or by "
+             "graph:alloc): it exists only while that graph runs, so only that graph's work may use it");
+}
+
 void cl_mem_unref(lua_State *L, cl_mem *m) {
-  if (!m || --m->refs > 0) return;
+  if (!m) return;
+  if (m->gmem) { gmem_unref(L, m); return; }
+  if (--m->refs > 0) return;
   m->later.fn = free_later;
   if (must_defer(L, m)) {
     cl_defer(L, &m->later);

@@ -199,9 +199,20 @@ local function header_list(job)
   return headers
 end
 
+-- NVRTC knows the type cudaGraphConditionalHandle but does not declare the device function
+-- that sets a graph condition (cuda_device_runtime_api.h does, for nvcc): a source that calls
+-- it gets the declaration (cuda.core's tests write it by hand). The driver resolves the call
+-- when the module loads: no -rdc, no device runtime library. #line keeps the user's line numbers.
+local SET_CONDITIONAL = 'extern "C" __device__ __cudart_builtin__ void CUDARTAPI '
+  .. "cudaGraphSetConditional(cudaGraphConditionalHandle, unsigned int);\n#line 1 \"%s\"\n"
+local function declared(job)
+  if not job.src:find("cudaGraphSetConditional", 1, true) then return job.src end
+  return SET_CONDITIONAL:format(job.name) .. job.src
+end
+
 -- one NVRTC run that looks up the kernels of list (see cudalua.probe); the result keeps list
 local function nvrtc(job, list)
-  local image, log, lowered, ptx = core.nvrtc_compile(job.src .. probe.SOURCE, job.name, job.options,
+  local image, log, lowered, ptx = core.nvrtc_compile(declared(job) .. probe.SOURCE, job.name, job.options,
     job.headers, probe.expressions(list), job.nvrtc_output)
   return { image = image, log = log, lowered = lowered, ptx = ptx, wanted = list }
 end

@@ -66,6 +66,10 @@ function M.memcpy(dst, src, deps) return node("memcpy", { dst = dst, src = src }
 function M.memset(dst, value, deps) return node("memset", { dst = dst, value = value }, deps, "cuda.graph.memset") end
 function M.empty(deps) return node("empty", {}, deps, "cuda.graph.empty") end
 function M.child(graph, deps) return node("child", { graph = graph }, deps, "cuda.graph.child") end
+function M.record(event, deps) return node("record", { event = event }, deps, "cuda.graph.record") end
+function M.wait(event, deps) return node("wait", { event = event }, deps, "cuda.graph.wait") end
+-- (allocations and conditions have no unbound form: an allocation's address and a condition's
+-- handle are made by the graph they belong to, so they exist only once it does)
 
 -- cuda.graph.host(fn, args, deps): fn(args...) runs on the Lua thread when the graph reaches it
 function M.host(fn, args, deps)
@@ -106,6 +110,8 @@ local add = {
   memset = function(g, n, deps) return g:memset(n.dst, n.value, deps) end,
   empty = function(g, _, deps) return g:empty(deps) end,
   child = function(g, n, deps) return g:child(n.graph, deps) end,
+  record = function(g, n, deps) return g:record(n.event, deps) end,
+  wait = function(g, n, deps) return g:wait(n.event, deps) end,
   host = function(g, n, deps)
     local fn, args = n.fn, table.move(n.args, 1, #n.args, 1, {})   -- as they are now
     return g:host(function() fn(table.unpack(args, 1, #args)) end, deps)
@@ -148,7 +154,7 @@ function M.namespace(graph)
     return g
   end
   local public = { kernel = M.kernel, memcpy = M.memcpy, memset = M.memset, host = M.host, empty = M.empty,
-                   child = M.child }
+                   child = M.child, record = M.record, wait = M.wait }
   return setmetatable(public, {
     __call = function(_, ...)
       local g = graph(...)
