@@ -3,14 +3,7 @@
 package.cpath = "./?.so;" .. package.cpath
 local cuda = require "cudalua"
 
-local mod = cuda.compile([[
-#include <cudalua/grid.cuh>
-extern "C" __global__ void k1(double *a) { a[0] += 2; printf("k1 %g\n", a[0]); }
-extern "C" __global__ void k2(double *a) { a[0] *= 3; printf("k2 %g\n", a[0]); }
-extern "C" __global__ void k3(double *a) {
-  atomicAdd(a, 2.0);
-  printf("this runs on device and a[0] = %g, grid = %d\n", a[0], (int)grid(1));
-}]])
+local mod = cuda.compile(assert(io.open("examples/cuda/seed001.cu")):read("a"), { name = "examples/cuda/seed001.cu" })
 
 -- 1. k1, k2, k2 on one array: (1 + 2) * 3 * 3 = 27
 local arr = cuda.to_device({ 1.0 }, cuda.float64)

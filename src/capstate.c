@@ -66,14 +66,14 @@ int cl_capture_push_keep(lua_State *L, cl_stream *s) {
   return 0;
 }
 
-void cl_capture_add_hostrec(lua_State *L, int keepidx, int boxidx) {
+void cl_capture_add(lua_State *L, int keepidx, const char *list, int boxidx) {
   keepidx = lua_absindex(L, keepidx);
   boxidx = lua_absindex(L, boxidx);
-  if (lua_getfield(L, keepidx, CL_CAPTURE_HOSTRECS) != LUA_TTABLE) {
+  if (lua_getfield(L, keepidx, list) != LUA_TTABLE) {
     lua_pop(L, 1);
     lua_newtable(L);
     lua_pushvalue(L, -1);
-    lua_setfield(L, keepidx, CL_CAPTURE_HOSTRECS);
+    lua_setfield(L, keepidx, list);
   }
   lua_pushvalue(L, boxidx);
   lua_rawseti(L, -2, (lua_Integer)lua_rawlen(L, -2) + 1);

@@ -148,16 +148,16 @@ const char *cl_result_name(cl_lib *l, int r);   /* a result code's name, as the 
   X(cuStreamGetCaptureInfo) X(cuStreamBatchMemOp) X(cuGraphAddBatchMemOpNode) \
   X(cuGraphBatchMemOpNodeGetParams) X(cuGraphBatchMemOpNodeSetParams) X(cuGraphChildGraphNodeGetGraph) \
   X(cuGraphNodeGetType) X(cuStreamCreateWithPriority) X(cuStreamGetPriority) X(cuCtxGetStreamPriorityRange) \
-  X(cuGraphAddNode) X(cuGraphConditionalHandleCreate) X(cuGraphAddMemAllocNode) X(cuGraphAddMemFreeNode) \
+  X(cuGraphAddMemAllocNode) X(cuGraphAddMemFreeNode) \
   X(cuGraphAddEventRecordNode) X(cuGraphAddEventWaitNode) X(cuGraphNodeSetEnabled) X(cuGraphClone) \
   X(cuGraphNodeFindInClone) X(cuGraphExecBatchMemOpNodeSetParams) X(cuGraphExecChildGraphNodeSetParams) \
   X(cuGraphExecEventRecordNodeSetEvent) X(cuGraphExecEventWaitNodeSetEvent) X(cuEventRecordWithFlags)
 
 /* entry points of newer drivers: NULL when missing (cuFuncGetParamInfo 12.4, the module
-   function listing 12.4, cuFuncGetName 12.3) */
+   function listing 12.4, cuFuncGetName 12.3, conditional graph nodes 12.3) */
 #define CL_CUDA_OPTIONAL(X) \
   X(cuFuncGetParamInfo) X(cuModuleGetFunctionCount) X(cuModuleEnumerateFunctions) X(cuFuncGetName) \
-  X(cuProfilerStart) X(cuProfilerStop)
+  X(cuProfilerStart) X(cuProfilerStop) X(cuGraphAddNode) X(cuGraphConditionalHandleCreate)
 
 #define CL_NVRTC_FUNCS(X) \
   X(nvrtcVersion) X(nvrtcGetErrorString) X(nvrtcCreateProgram) X(nvrtcDestroyProgram) \
@@ -339,7 +339,8 @@ void cl_capture_ended(lua_State *L, cl_stream *s, cuuint64_t id);   /* and dropp
 int cl_capture_push_keep(lua_State *L, cl_stream *s);
 #define CL_CAPTURE_HOSTRECS "cudalua.hostrecs"   /* in a keep table: its host nodes' boxes */
 #define CL_CAPTURE_GMEM "cudalua.gmem"   /* in a keep table: its allocations' boxes (memory.c) */
-void cl_capture_add_hostrec(lua_State *L, int keepidx, int boxidx);   /* a captured host node */
+/* appends the box at boxidx to the list named list (CL_CAPTURE_HOSTRECS...) of a keep table */
+void cl_capture_add(lua_State *L, int keepidx, const char *list, int boxidx);
 int cl_capture_abandon(lua_State *L, cl_stream *s);   /* s closes while capturing: 1, ended */
 
 /* ---- from wait.c: waits that run host functions, device-wide claims ---- */
@@ -399,10 +400,11 @@ typedef struct cl_mem {
   int portable;        /* host-visible memory every device reaches (pinned, mapped, managed) */
   CUcontext use_ctx;   /* the context whose work used it last (with used) */
   cl_mem_ipc ipc;
+  int gmem;            /* a graph's allocation (CL_GMEM_*): its address exists only while that
+                          graph runs, the graph frees it, and nothing outside it may use it
+                          (here: beside the fields every launch reads, in a hole of the struct) */
   void (*release)(void *ud, CUdeviceptr p);  /* foreign memory */
   void *ud;
-  int gmem;            /* a graph's allocation (CL_GMEM_*): its address exists only while that
-                          graph runs, the graph frees it, and nothing outside a graph may use it */
   uint64_t graph;      /* the graph (cl_graph_id) or capture (its id) that allocates it */
   struct cl_mem *next; /* in the list of spare records (memory.c) */
   cl_deferred later;   /* a free put off (memory.c) */
@@ -654,6 +656,7 @@ typedef struct cl_args {
   void *params[CL_MAXPARAMS];
   cl_mem *used[CL_MAXPARAMS];
   int nused;
+  int gmem;            /* some used block is a graph's: the launch checks it against its stream */
   struct { cl_array *a; CUdeviceptr d; int back; void *slot; void *host; size_t n; } tmp[CL_MAXPARAMS];
   int ntmp;
 } cl_args;

@@ -161,7 +161,7 @@ static int s_launch_host_func(lua_State *L) {
     cl_hostrec *r = cl_hostrec_new(L, 2, "stream:launch_host_func");
     cl_hostrec_ops(r, op);
     cl_check(L, CU(cuStreamBatchMemOp, h, 2, op, 0), "stream:launch_host_func");
-    cl_capture_add_hostrec(L, lua_gettop(L) - 1, lua_gettop(L));
+    cl_capture_add(L, lua_gettop(L) - 1, CL_CAPTURE_HOSTRECS, lua_gettop(L));
     return 0;
   }
   CL_BEFORE_ENQUEUE(L, "stream:launch_host_func");

@@ -203,11 +203,12 @@ end
 -- that sets a graph condition (cuda_device_runtime_api.h does, for nvcc): a source that calls
 -- it gets the declaration (cuda.core's tests write it by hand). The driver resolves the call
 -- when the module loads: no -rdc, no device runtime library. #line keeps the user's line numbers.
+-- (Only the source is searched: a header that calls it declares it itself.)
 local SET_CONDITIONAL = 'extern "C" __device__ __cudart_builtin__ void CUDARTAPI '
-  .. "cudaGraphSetConditional(cudaGraphConditionalHandle, unsigned int);\n#line 1 \"%s\"\n"
+  .. "cudaGraphSetConditional(cudaGraphConditionalHandle, unsigned int);\n#line 1\n"
 local function declared(job)
   if not job.src:find("cudaGraphSetConditional", 1, true) then return job.src end
-  return SET_CONDITIONAL:format(job.name) .. job.src
+  return SET_CONDITIONAL .. job.src
 end
 
 -- one NVRTC run that looks up the kernels of list (see cudalua.probe); the result keeps list
