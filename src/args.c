@@ -32,10 +32,13 @@ static void reach(lua_State *L, cl_kernel *k, int kidx, int i, int idx, cl_mem *
             "(cuda.enable_peer_access(%d, %d) lets device %d's kernels use device %d's memory)", a, b, b, a, b, a));
 }
 
-/* a graph's allocation passed to a launch outside any capture (slow path) */
-static void graph_memory(lua_State *L, int kidx, int i, int idx) {
-  arg_error(L, kidx, i, idx, "the array's memory is a graph's (allocated in a stream capture or by graph:alloc): "
-            "it exists only while that graph runs, so only that graph's work may use it");
+/* a graph's allocation passed to a launch (slow path): refused outside any capture; in one,
+   the launch checks it against its stream's capture (cl_mem_graph_use) */
+static void graph_arg(lua_State *L, int kidx, int i, int idx, cl_args *A) {
+  if (!cl_capturing)
+    arg_error(L, kidx, i, idx, "the array's memory is a graph's (allocated in a stream capture or by graph:alloc): "
+              "it exists only while that graph runs, so only that graph's work may use it");
+  A->gmem = 1;
 }
 
 /* the cudalua array at idx, else NULL; by the metatable's address the kernel keeps (no
@@ -73,7 +76,7 @@ static void array_arg(lua_State *L, cl_kernel *k, int kidx, int i, int idx, cl_a
     *(CUdeviceptr *)p = 0;
   } else {
     if (a->mem->ctx != k->ctx) reach(L, k, kidx, i, idx, a->mem);
-    if (a->mem->gmem && allow_pageable && !cl_capturing) graph_memory(L, kidx, i, idx);
+    if (a->mem->gmem && allow_pageable) graph_arg(L, kidx, i, idx, A);
     *(CUdeviceptr *)p = cl_devptr(a);
     A->used[A->nused++] = a->mem;
   }
@@ -89,7 +92,7 @@ static void address_arg(lua_State *L, cl_kernel *k, int kidx, int i, int idx, cl
     if (a->kind == CL_HOST)
       arg_error(L, kidx, i, idx, "expected a device, pinned, mapped or managed array (the parameter's type is not known, so a host array is not copied)");
     if (a->mem->ctx != k->ctx) reach(L, k, kidx, i, idx, a->mem);
-    if (a->mem->gmem && eager && !cl_capturing) graph_memory(L, kidx, i, idx);
+    if (a->mem->gmem && eager) graph_arg(L, kidx, i, idx, A);
     *(CUdeviceptr *)p = cl_devptr(a);
     A->used[A->nused++] = a->mem;
   } else if (lua_isinteger(L, idx)) {
@@ -134,7 +137,7 @@ void cl_marshal(lua_State *L, cl_kernel *k, int kidx, int first, int nargs, cl_a
   if (nargs != k->nparams)
     cl_error_named(L, "kernel '%s' expects %d arguments, got %d", cl_kernel_name(L, kidx),
                k->nparams, nargs);
-  A->nused = A->ntmp = 0;
+  A->nused = A->ntmp = A->gmem = 0;
   for (int i = 0; i < k->nparams; i++) {
     int idx = first + i;
     void *p = A->slots[i];

@@ -62,6 +62,7 @@ typedef struct lexec {
   CUgraphExec e;
   cl_hostrec **recs;   /* the records of the graph it was made (or updated) from */
   int nrecs;
+  int updated;         /* exec:update took another graph (exec:set_host refuses then) */
   CUcontext ctx;
 } lexec;
 
@@ -126,8 +127,7 @@ static lnode *push_node(lua_State *L, int gidx, int kind) {
   memset(n, 0, sizeof *n);
   n->kind = kind;
   n->owner = lua_touserdata(L, gidx);
-  n->owner->version++;
-  top_of(n->owner)->version++;   /* a body's new node changes its graph's executable graph */
+  top_of(n->owner)->version++;   /* (only the top graph's is read: a body's node changes it too) */
   luaL_setmetatable(L, NODE_MT);
   lua_pushvalue(L, gidx);
   lua_setiuservalue(L, -2, 1);
@@ -217,6 +217,8 @@ static int push_args(lua_State *L, int idx, int *n) {
 
 /* a graph allocation may be used by the graph that allocates it (its bodies included) */
 static void own_mem(lua_State *L, const lgraph *g, const cl_mem *m, const char *where) {
+  if ((m->gmem & CL_GMEM_KIND) == CL_GMEM_CAPTURED)
+    cl_error(L, where, "the array was allocated in a stream capture: only that capture's work may use it");
   if ((m->gmem & CL_GMEM_KIND) == CL_GMEM_NODE && !within(g, m->graph))
     cl_error(L, where, "the array was allocated by another graph (graph:alloc)");
 }
@@ -589,8 +591,15 @@ static int g_wait(lua_State *L) { return event_node(L, N_WAIT, "graph:wait"); }
 
 /* g:condition([{default = v}]): a conditional node's value, set by kernels of this graph (and
    of the bodies in it) with cudaGraphSetConditional; with a default it is v at each launch */
+/* conditional nodes came with the 12.3 driver: an older one has neither entry point */
+static void need_conditionals(lua_State *L, const char *where) {
+  if (!cu.cuGraphConditionalHandleCreate || !cu.cuGraphAddNode)
+    cl_error(L, where, "conditional nodes need a CUDA 12.3 or newer driver");
+}
+
 static int g_condition(lua_State *L) {
   lgraph *g = checkgraph(L, 1);
+  need_conditionals(L, "graph:condition");
   unsigned def = 0, flags = 0;
   if (!lua_isnoneornil(L, 2)) {
     static const char *const opts[] = {"default", NULL};
@@ -690,11 +699,13 @@ static int g_clone(lua_State *L) {
   if (g->body) return cl_error(L, "graph:clone", "a %s node's body is cloned with its graph", g->body);
   cl_use_ctx(L, g->ctx);
   CUgraph h;
-  cl_check(L, CU(cuGraphClone, &h, g->g), "graph:clone");
+  CUresult r = CU(cuGraphClone, &h, g->g);
+  if (r == CUDA_ERROR_NOT_SUPPORTED)
+    return cl_error(L, "graph:clone", "CUDA cannot clone a graph with memory or conditional nodes");
+  cl_check(L, r, "graph:clone");
   lgraph *c = cl_push_graph(L, h, g->ctx);
   int ci = lua_gettop(L);
   c->origin = g->id;
-  c->nalloc = g->nalloc;
   keep(L, ci, GRAPH_KEEP, 1);   /* the original keeps everything its nodes use */
   if (g->nrecs) own_host_nodes(L, ci, h, 0);   /* the copies' host nodes get records of their own */
   lua_settop(L, ci);
@@ -709,7 +720,9 @@ static int g_find(lua_State *L) {
   cl_use_ctx(L, g->ctx);
   CUgraphNode h;
   cl_check(L, CU(cuGraphNodeFindInClone, &h, n->n, g->g), "graph:find");
+  unsigned v = g->version;
   lnode *c = push_node(L, 1, n->kind);
+  g->version = v;   /* a node found, not added: the executable graph stays */
   memcpy(c->g, n->g, sizeof c->g); memcpy(c->b, n->b, sizeof c->b);
   c->shared = n->shared; c->parts = n->parts; c->hosts = n->hosts; c->n = h;
   lua_getiuservalue(L, 2, 2);   /* a kernel node's kernel */
@@ -799,7 +812,7 @@ static int g_add_dependency(lua_State *L) {
     return cl_error(L, "graph:add_dependency", "this would make a cycle (the %s node already depends on the %s node)",
                       node_kinds[a->kind], node_kinds[b->kind]);
   cl_check(L, CU(cuGraphAddDependencies, g->g, &a->n, &b->n, NULL, 1), "graph:add_dependency");
-  g->version++;
+  top_of(g)->version++;
   return 0;
 }
 
@@ -828,9 +841,9 @@ static void instantiate_check(lua_State *L, lgraph *g, const char *where) {
   }
 }
 
-static int g_instantiate(lua_State *L) {
-  lgraph *g = checkgraph(L, 1);
-  instantiate_check(L, g, "graph:instantiate");
+/* the executable graph of the graph g at 1, pushed; errors name where */
+static lexec *instantiate(lua_State *L, lgraph *g, const char *where) {
+  instantiate_check(L, g, where);
   lexec *e = lua_newuserdatauv(L, sizeof *e, 2);
   memset(e, 0, sizeof *e);
   luaL_setmetatable(L, EXEC_MT);
@@ -839,7 +852,12 @@ static int g_instantiate(lua_State *L) {
   e->ctx = g->ctx;
   cl_use_ctx(L, g->ctx);
   exec_take_recs(L, e, g);
-  cl_check(L, CU(cuGraphInstantiate, &e->e, g->g, 0), "graph:instantiate");
+  cl_check(L, CU(cuGraphInstantiate, &e->e, g->g, 0), where);
+  return e;
+}
+
+static int g_instantiate(lua_State *L) {
+  instantiate(L, checkgraph(L, 1), "graph:instantiate");
   return 1;
 }
 
@@ -869,7 +887,7 @@ static int g_dot(lua_State *L) {
 static int g_tostring(lua_State *L) {
   lgraph *g = cl_checkudata(L, 1, GRAPH_MT);
   size_t n = 0;
-  if (!g->g) lua_pushliteral(L, "cudalua.graph<closed>");
+  if (!g->g || !top_of(g)->g) lua_pushliteral(L, "cudalua.graph<closed>");
   else if (CU(cuGraphGetNodes, g->g, NULL, &n) == CUDA_SUCCESS) lua_pushfstring(L, "cudalua.graph<%d nodes>", (int)n);
   else lua_pushliteral(L, "cudalua.graph");
   return 1;
@@ -897,28 +915,31 @@ static int n_index(lua_State *L) {
 
 /* ---- executable graphs ---- */
 
-static int e_launch(lua_State *L) {
-  lexec *e = checkexec(L, 1);
-  cl_stream *s = cl_stream_arg(L, 2, e->ctx, "graph_exec:launch", "graph");
-  cl_capture_guard(L, s, 0, "graph_exec:launch");
+/* launches e (its object on the stack meanwhile) on the stream at sidx; errors name where */
+static void exec_launch(lua_State *L, lexec *e, int sidx, const char *where) {
+  cl_stream *s = cl_stream_arg(L, sidx, e->ctx, where, "graph");
+  cl_capture_guard(L, s, 0, where);
   CUstream h = s ? s->h : NULL;
   if (!e->nrecs) {
-    CL_BEFORE_ENQUEUE(L, "graph_exec:launch");
-    cl_check(L, CU(cuGraphLaunch, e->e, h), "graph_exec:launch");
-    lua_settop(L, 1);
-    return 1;
+    CL_BEFORE_ENQUEUE(L, where);
+    cl_check(L, CU(cuGraphLaunch, e->e, h), where);
+    return;
   }
   /* host nodes launched into a capture would be armed here and never fire */
   if (cl_capturing && cl_capture_push_keep(L, s))
-    return cl_error(L, "graph_exec:launch", "a graph with Lua host functions cannot be launched into a stream capture");
-  CL_BEFORE_ENQUEUE(L, "graph_exec:launch");   /* before this launch's own host nodes are armed */
+    cl_error(L, where, "a graph with Lua host functions cannot be launched into a stream capture");
+  CL_BEFORE_ENQUEUE(L, where);   /* before this launch's own host nodes are armed */
   /* where the launch blocks, the host nodes run meanwhile (on the helper thread): the stream
      object stays on the stack and a close inside them is put off */
-  int token = cl_host_graph_begin(L, e->recs, e->nrecs, e->ctx, h, "graph_exec:launch");
+  int token = cl_host_graph_begin(L, e->recs, e->nrecs, e->ctx, h, where);
   CUresult r = CU(cuGraphLaunch, e->e, h);   /* blocking launches wait */
-  cl_host_graph_end(L, e->recs, e->nrecs, token, h, r == CUDA_SUCCESS, "graph_exec:launch");
-  cl_check(L, r, "graph_exec:launch");
-  cl_host_after_enqueue(L, h, "graph_exec:launch");
+  cl_host_graph_end(L, e->recs, e->nrecs, token, h, r == CUDA_SUCCESS, where);
+  cl_check(L, r, where);
+  cl_host_after_enqueue(L, h, where);
+}
+
+static int e_launch(lua_State *L) {
+  exec_launch(L, checkexec(L, 1), 2, "graph_exec:launch");
   lua_settop(L, 1);
   return 1;
 }
@@ -945,6 +966,7 @@ static lnode *exec_node(lua_State *L, int kind, const char *where) {
   lnode *n = checknode(L, 2, NULL, where);
   if (n->owner != exec_graph(L, 1))
     cl_error(L, where, "the node is not from this executable graph's graph");
+  if (kind < 0) return n;   /* the caller checks the kind */
   if (n->kind != kind && kind == N_KERNEL)
     cl_error(L, where, "a %s node has no arguments", node_kinds[n->kind]);
   if (n->kind != kind)
@@ -1033,6 +1055,7 @@ static int e_update(lua_State *L) {
   cl_check(L, r, "graph_exec:update");
   keep(L, 1, EXEC_KEEP, 2);
   exec_take_recs(L, e, g);
+  e->updated = 1;
   lua_settop(L, 1);
   return 1;
 }
@@ -1041,8 +1064,7 @@ static int e_update(lua_State *L) {
    by later launches, without instantiating again */
 static int e_enable(lua_State *L) {
   lexec *e = checkexec(L, 1);
-  lnode *n = checknode(L, 2, NULL, "graph_exec:enable");
-  if (n->owner != exec_graph(L, 1)) return cl_error(L, "graph_exec:enable", "the node is not from this executable graph's graph");
+  lnode *n = exec_node(L, -1, "graph_exec:enable");
   if (!lua_isboolean(L, 3)) return cl_error(L, "graph_exec:enable", "expected a boolean, got %s", luaL_typename(L, 3));
   if (n->kind != N_KERNEL && n->kind != N_MEMCPY && n->kind != N_MEMSET)
     return cl_error(L, "graph_exec:enable", "only kernel, memcpy and memset nodes can be turned off, not a %s node", node_kinds[n->kind]);
@@ -1062,9 +1084,12 @@ static int e_set_host(lua_State *L) {
   cl_checktype(L, 3, LUA_TFUNCTION);
   lua_settop(L, 3);
   cl_use_ctx(L, e->ctx);
-  lua_getiuservalue(L, 1, EXEC_KEEP);   /* 4: its keep set, and node -> record box */
+  /* after exec:update the node's record is the other graph's, which cannot be read back */
+  if (e->updated)
+    return cl_error(L, "graph_exec:set_host", "the executable graph was updated from another graph: instantiate again");
+  lua_getiuservalue(L, 1, EXEC_KEEP);   /* 4: its keep set, and driver node -> record box */
   cl_hostrec *old = NULL;
-  if (lua_rawgetp(L, 4, n) == LUA_TUSERDATA) old = cl_hostrec_of_box(L, -1);
+  if (lua_rawgetp(L, 4, n->n) == LUA_TUSERDATA) old = cl_hostrec_of_box(L, -1);
   lua_pop(L, 1);
   CUDA_BATCH_MEM_OP_NODE_PARAMS p;
   cl_check(L, CU(cuGraphBatchMemOpNodeGetParams, n->n, &p), "graph_exec:set_host");
@@ -1076,7 +1101,7 @@ static int e_set_host(lua_State *L) {
   cl_check(L, CU(cuGraphExecBatchMemOpNodeSetParams, e->e, n->n, &p), "graph_exec:set_host");
   keep(L, 1, EXEC_KEEP, 5);
   lua_pushvalue(L, 5);
-  lua_rawsetp(L, 4, n);
+  lua_rawsetp(L, 4, n->n);
   for (int i = 0; i < e->nrecs; i++) if (e->recs[i] == old) e->recs[i] = r;
   lua_settop(L, 1);
   return 1;
@@ -1104,8 +1129,7 @@ static int e_set_child(lua_State *L) {
 /* exec:set_event(node, event): a record or wait node's event at later launches */
 static int e_set_event(lua_State *L) {
   lexec *e = checkexec(L, 1);
-  lnode *n = checknode(L, 2, NULL, "graph_exec:set_event");
-  if (n->owner != exec_graph(L, 1)) return cl_error(L, "graph_exec:set_event", "the node is not from this executable graph's graph");
+  lnode *n = exec_node(L, -1, "graph_exec:set_event");
   if (n->kind != N_RECORD && n->kind != N_WAIT)
     return cl_error(L, "graph_exec:set_event", "expected a record or wait node, got a %s node", node_kinds[n->kind]);
   CUevent ev = cl_graph_event(L, 3, e->ctx, n->kind == N_RECORD, "graph_exec:set_event");
@@ -1123,13 +1147,16 @@ static void destroy_exec(lua_State *L, void *h, void *ctx) {
   cl_ctx_swap(prev);
 }
 
-static int e_close(lua_State *L) {
-  lexec *e = cl_checkudata(L, 1, EXEC_MT);
+static void close_exec(lua_State *L, lexec *e) {
   if (e->e) {
     /* inside a host function the cudalua call it runs in may be launching this very graph */
     if (!(cl_must_defer(L) && cl_defer_call(L, 0, destroy_exec, e->e, e->ctx))) destroy_exec(L, e->e, e->ctx);
     e->e = NULL;
   }
+}
+
+static int e_close(lua_State *L) {
+  close_exec(L, cl_checkudata(L, 1, EXEC_MT));
   return 0;
 }
 
@@ -1152,24 +1179,20 @@ static int e_tostring(lua_State *L) {
 static int g_launch(lua_State *L) {
   lgraph *g = checkgraph(L, 1);
   lua_settop(L, 2);
-  if (lua_getiuservalue(L, 1, GRAPH_EXEC) != LUA_TUSERDATA || g->launched != g->version) {
+  lexec *e = NULL;
+  if (lua_getiuservalue(L, 1, GRAPH_EXEC) == LUA_TUSERDATA && g->launched == g->version) e = lua_touserdata(L, 3);
+  if (!e) {
+    /* a graph with memory or conditional nodes has one executable graph at a time */
+    lexec *old = lua_touserdata(L, 3);
+    if (old) close_exec(L, old);
     lua_pop(L, 1);
     cl_use_ctx(L, g->ctx);
-    instantiate_check(L, g, "graph:launch");
-    /* a graph with memory nodes has one executable graph at a time */
-    if (lua_getiuservalue(L, 1, GRAPH_EXEC) == LUA_TUSERDATA) { lua_pushcfunction(L, e_close); lua_insert(L, -2); lua_call(L, 1, 0); }
-    else lua_pop(L, 1);
-    lua_pushcfunction(L, g_instantiate);
-    lua_pushvalue(L, 1);
-    lua_call(L, 1, 1);
+    e = instantiate(L, g, "graph:launch");
     lua_pushvalue(L, -1);
     lua_setiuservalue(L, 1, GRAPH_EXEC);
     g->launched = g->version;
   }
-  lua_pushcfunction(L, e_launch);
-  lua_insert(L, -2);
-  lua_pushvalue(L, 2);
-  lua_call(L, 2, 0);
+  exec_launch(L, e, 2, "graph:launch");
   lua_settop(L, 1);
   return 1;
 }

@@ -492,21 +492,16 @@ static void gmem_unref(lua_State *L, cl_mem *m) {
 
 void cl_mem_captured(lua_State *L, cl_mem *m, cl_stream *s) {
   cuuint64_t id = cl_capture_id(L, s);
-  if (!id || !cl_capture_push_keep(L, s)) return;   /* a stream of another process's capture: no */
+  if (!id) return;
+  /* the graph's, whatever follows: never cached, never freed outside it */
   m->gmem = CL_GMEM_CAPTURED;
   m->graph = id;
+  if (!cl_capture_push_keep(L, s)) return;   /* (no keep table: another state's capture) */
   cl_mem **b = lua_newuserdatauv(L, sizeof *b, 0);
   *b = cl_mem_ref(m);
   if (luaL_newmetatable(L, GMEM_BOX)) { lua_pushcfunction(L, gmem_box_gc); lua_setfield(L, -2, "__gc"); }
   lua_setmetatable(L, -2);
-  if (lua_getfield(L, -2, CL_CAPTURE_GMEM) != LUA_TTABLE) {
-    lua_pop(L, 1);
-    lua_newtable(L);
-    lua_pushvalue(L, -1);
-    lua_setfield(L, -4, CL_CAPTURE_GMEM);
-  }
-  lua_insert(L, -2);
-  lua_rawseti(L, -2, (lua_Integer)lua_rawlen(L, -2) + 1);
+  cl_capture_add(L, -2, CL_CAPTURE_GMEM, -1);
   lua_pop(L, 2);
 }
 
@@ -525,10 +520,15 @@ void cl_mem_capture_ending(lua_State *L, int keepidx, cl_stream *s) {
 
 void cl_mem_graph_use(lua_State *L, const cl_mem *m, cl_stream *s, const char *where) {
   if (!m->gmem) return;
-  if (cl_capturing && s && (s->capture_ref || cl_capture_id(L, s))) {
+  cuuint64_t id = cl_capturing && s ? cl_capture_id(L, s) : 0;
+  if (id && (m->gmem & CL_GMEM_KIND) == CL_GMEM_CAPTURED && m->graph == id) {
     if (!(m->gmem & CL_GMEM_FREED)) return;
     cl_error(L, where, "the array was closed in this capture (its graph frees it there)");
   }
+  if (id && (m->gmem & CL_GMEM_KIND) == CL_GMEM_CAPTURED)
+    cl_error(L, where, "the array was allocated in another stream capture: only that capture's work may use it");
+  if (id)
+    cl_error(L, where, "the array is from graph:alloc: only its graph's nodes may use it");
   cl_error(L, where, "the array's memory is a graph's (allocated in a stream capture or by "
              "graph:alloc): it exists only while that graph runs, so only that graph's work may use it");
 }

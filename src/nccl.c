@@ -273,6 +273,7 @@ static cl_array *buffer(lua_State *L, lcomm *c, int idx, const char *where) {
   if (!cl_mem_reachable(a->mem, c->ctx))
     cl_error(L, where, "the array is on device %d and the communicator on device %d",
                cl_device_of(a->mem->ctx), c->dev);
+  if (a->mem->gmem && !cl_capturing) cl_mem_graph_use(L, a->mem, NULL, where);   /* (it raises) */
   return a;
 }
 

@@ -5,7 +5,8 @@
 -- blocking or non-blocking, with a device int32 array and a mapped tick counter), and queues at
 -- random: kernels, copies into pinned, pageable and mapped arrays, Lua host functions (some that
 -- raise, some that close or drop arrays and streams made for them, some that collect garbage),
--- captures and explicit graphs with host nodes replayed several times, bursts of launches behind
+-- captures (some through a temporary the graph allocates) and explicit graphs with host nodes
+-- or a WHILE node replayed several times, bursts of launches behind
 -- a host function (the driver's queue fills), and waits of every kind (synchronize, query,
 -- events, element reads, blocking copies). Host functions check, when they run, that every tick
 -- queued before them has happened and that the copy before them arrived.
@@ -22,11 +23,17 @@ extern "C" __global__ void add(int *x, int v, int n) {
   if (i < n) x[i] += v;
 }
 extern "C" __global__ void tick(int *c) { c[0] += 1; }
+// a WHILE node's body: x += v, and the loop ends after *left runs (issue 26)
+extern "C" __global__ void step(int *x, int v, int n, int *left, cudaGraphConditionalHandle go_on) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) x[i] += v;
+  if (i == 0 && --*left <= 0) cudaGraphSetConditional(go_on, 0);
+}
 ]]
 
 local function kernels()
   local m = cuda.compile(SRC, { name = "stress.cu" })
-  return m:get("add"), m:get("tick")
+  return m:get("add"), m:get("tick"), m:get("step")
 end
 
 -- the model of one lane: the values its array must hold, the ticks queued, and the expected
@@ -48,7 +55,7 @@ function M.run(seed, seconds, thread, solo)
     t.wrong = t.wrong + 1
     if #report < 5 then report[#report + 1] = msg end
   end
-  local add, tick = kernels()
+  local add, tick, step = kernels()
   local deadline = cuda.time() + seconds
   local sequence = 0
   while cuda.time() < deadline do
@@ -161,7 +168,15 @@ function M.run(seed, seconds, thread, solo)
         local g
         locked(try_capture, function()
           s:begin_capture(modes[rng(1, #modes)])
-          add[{ (l.n + 127) // 128, 128, s }](l.d, v, l.n)
+          if rng(1, 2) == 1 then
+            add[{ (l.n + 127) // 128, 128, s }](l.d, v, l.n)
+          else   -- through a temporary the graph allocates, and frees (closed here, or at the end)
+            local tmp = cuda.device_array(l.n, "int32", { stream = s })
+            tmp:copy_to_device(l.d, s)
+            add[{ (l.n + 127) // 128, 128, s }](tmp, v, l.n)
+            l.d:copy_to_device(tmp, s)
+            if rng(1, 2) == 1 then tmp:close() end
+          end
           tick[{ 1, 1, s }](l.c)
           s:launch_host_func(function()
             runs = runs + 1
@@ -176,6 +191,16 @@ function M.run(seed, seconds, thread, solo)
         hf.want = hf.want + k
         e = nil   -- luacheck: ignore
         if rng(1, 3) == 1 then collectgarbage() end
+      elseif op == 9 and rng(1, 3) == 1 then
+        beat("graph with a WHILE node")
+        local v, k, runs = rng(-9, 9), rng(1, 40), rng(1, 3)
+        local left = cuda.device_array(1, "int32", l.kind ~= "legacy" and s or nil)
+        local g = cuda.graph()
+        local go_on = g:condition { default = 1 }
+        local body = g:while_loop(go_on, { g:memset(left, k) })
+        body:kernel(step, { (l.n + 127) // 128, 128 }, { l.d, v, l.n, left, go_on })
+        for _ = 1, runs do g:launch(s) end
+        l.value = l.value + v * k * runs
       elseif op == 9 then
         beat("graph with a host node")
         local v, k, base, runs = rng(-9, 9), rng(1, 3), l.ticks, 0

@@ -36,8 +36,8 @@ local function list(v, what, where)
   return table.move(v, 1, #v, 1, {})
 end
 
-local function node(kind, fields, deps, where)
-  fields.kind = kind
+-- fields: the node's table, made with kind and a deps slot in one constructor (no rehash)
+local function node(fields, deps, where)
   fields.deps = deps_list(deps, where)
   return setmetatable(fields, node_mt)
 end
@@ -46,8 +46,8 @@ local function kernel_node(k, config, args, deps)
   if type(config) ~= "table" then
     check.error("cuda.graph.kernel", 3, "config must be a table ({grid, block} or keys), got %s", type(config))
   end
-  return node("kernel", { kernel = k, config = config, args = list(args, "args", "cuda.graph.kernel") }, deps,
-    "cuda.graph.kernel")
+  return node({ kind = "kernel", kernel = k, config = config, args = list(args, "args", "cuda.graph.kernel"),
+                deps = false }, deps, "cuda.graph.kernel")
 end
 
 -- cuda.graph.kernel(k, config, args, deps) and cuda.graph.kernel[config](k, args, deps), the
@@ -62,48 +62,23 @@ M.kernel = setmetatable({}, {
   end,
 })
 
-function M.memcpy(dst, src, deps) return node("memcpy", { dst = dst, src = src }, deps, "cuda.graph.memcpy") end
-function M.memset(dst, value, deps) return node("memset", { dst = dst, value = value }, deps, "cuda.graph.memset") end
-function M.empty(deps) return node("empty", {}, deps, "cuda.graph.empty") end
-function M.child(graph, deps) return node("child", { graph = graph }, deps, "cuda.graph.child") end
-function M.record(event, deps) return node("record", { event = event }, deps, "cuda.graph.record") end
-function M.wait(event, deps) return node("wait", { event = event }, deps, "cuda.graph.wait") end
+function M.memcpy(dst, src, deps) return node({ kind = "memcpy", dst = dst, src = src, deps = false }, deps, "cuda.graph.memcpy") end
+function M.memset(dst, value, deps) return node({ kind = "memset", dst = dst, value = value, deps = false }, deps, "cuda.graph.memset") end
+function M.empty(deps) return node({ kind = "empty", deps = false }, deps, "cuda.graph.empty") end
+function M.child(graph, deps) return node({ kind = "child", graph = graph, deps = false }, deps, "cuda.graph.child") end
+function M.record(event, deps) return node({ kind = "record", event = event, deps = false }, deps, "cuda.graph.record") end
+function M.wait(event, deps) return node({ kind = "wait", event = event, deps = false }, deps, "cuda.graph.wait") end
 -- (allocations and conditions have no unbound form: an allocation's address and a condition's
 -- handle are made by the graph they belong to, so they exist only once it does)
 
 -- cuda.graph.host(fn, args, deps): fn(args...) runs on the Lua thread when the graph reaches it
 function M.host(fn, args, deps)
   if type(fn) ~= "function" then check.error("cuda.graph.host", 2, "expected a function, got %s", type(fn)) end
-  return node("host", { fn = fn, args = list(args, "args", "cuda.graph.host") }, deps, "cuda.graph.host")
+  return node({ kind = "host", fn = fn, args = list(args, "args", "cuda.graph.host"), deps = false }, deps,
+    "cuda.graph.host")
 end
 
--- every node root depends on, each once, dependencies first (an iterative depth-first walk: a
--- chain of thousands of nodes needs no deep recursion); a cycle raises
-local function order_of(root)
-  local state, order, stack = { [root] = 1 }, {}, { { root, 0 } }
-  while #stack > 0 do
-    local top = stack[#stack]
-    local n = top[1]
-    top[2] = top[2] + 1
-    local deps = n.deps
-    if type(deps) ~= "table" then check.error("node:build", 3, "the %s node's deps is not a list (%s)", n.kind, type(deps)) end
-    if top[2] > #deps then
-      state[n] = 2
-      order[#order + 1] = n
-      stack[#stack] = nil
-    else
-      local d = deps[top[2]]
-      if not is_node(d) then check.error("node:build", 3, "the %s node's deps[%d] is not a node (%s)", n.kind, top[2], type(d)) end
-      if state[d] == 1 then check.error("node:build", 3, "the deps make a cycle (this %s node depends on itself through them)", d.kind) end
-      if not state[d] then
-        state[d] = 1
-        stack[#stack + 1] = { d, 0 }
-      end
-    end
-  end
-  return order
-end
-
+-- how each kind is added to the graph, through the bound functions
 local add = {
   kernel = function(g, n, deps) return g:kernel(n.kernel, n.config, n.args, deps) end,
   memcpy = function(g, n, deps) return g:memcpy(n.dst, n.src, deps) end,
@@ -118,15 +93,61 @@ local add = {
   end,
 }
 
--- the bound nodes' dependencies, each once (the driver refuses a node listed twice)
-local function bound_deps(n, bound)
+-- every node root depends on, each once, dependencies first (an iterative depth-first walk on
+-- two flat stacks, the node and how many of its deps were walked: a chain of thousands of
+-- nodes needs no deep recursion and no table per node); a cycle raises
+local function order_of(root)
+  local state, order = { [root] = 1 }, {}
+  local nodes, at, sp = { root }, { 0 }, 1
+  while sp > 0 do
+    local n = nodes[sp]
+    local i = at[sp] + 1
+    at[sp] = i
+    local deps = n.deps
+    if type(deps) ~= "table" then check.error("node:build", 3, "the %s node's deps is not a list (%s)", n.kind, type(deps)) end
+    if i == 1 and not add[n.kind] then check.error("node:build", 3, "a node of unknown kind %s", tostring(n.kind)) end
+    local d = deps[i]
+    if d == nil and i > #deps then
+      state[n] = 2
+      order[#order + 1] = n
+      sp = sp - 1
+    else
+      if not is_node(d) then check.error("node:build", 3, "the %s node's deps[%d] is not a node (%s)", n.kind, i, type(d)) end
+      if state[d] == 1 then check.error("node:build", 3, "the deps make a cycle (this %s node depends on itself through them)", d.kind) end
+      if not state[d] then
+        state[d] = 1
+        sp = sp + 1
+        nodes[sp], at[sp] = d, 0
+      end
+    end
+  end
+  return order
+end
+
+
+-- the bound nodes' dependencies, each once (the driver refuses a node listed twice): none is
+-- nil, one is the list `one` reused (the graph's functions keep no deps list)
+local function bound_deps(n, bound, one)
+  local deps = n.deps
+  if #deps == 0 then return nil end
+  if #deps == 1 then one[1] = bound[deps[1]]; return one end
   local out, seen = {}, {}
-  for _, d in ipairs(n.deps) do
+  for _, d in ipairs(deps) do
     local b = bound[d]
     if not seen[b] then seen[b] = true; out[#out + 1] = b end
   end
   return out
 end
+
+local function add_all(g, order, bound)
+  local one = {}
+  for i = 1, #order do
+    local n = order[i]
+    bound[n] = add[n.kind](g, n, bound_deps(n, bound, one))
+  end
+end
+
+local new_graph   -- cuda.graph's constructor (M.namespace)
 
 -- node:build() -> graph, nodes: a new cuda.graph of the node and everything it depends on;
 -- nodes maps each unbound node to its node in the graph (for exec:set_args and the like). An
@@ -134,25 +155,21 @@ end
 function Node.build(root)
   if not is_node(root) then check.error("node:build", 2, "call it as node:build()") end
   local order = order_of(root)
-  local g = M.new()
+  local g = new_graph()   -- (not a tail call: an error names cuda.graph)
   local bound = {}
-  for _, n in ipairs(order) do
-    local ok, r = pcall(add[n.kind], g, n, bound_deps(n, bound))
-    if not ok then
-      g:close()
-      error((tostring(r):gsub("^cudalua: graph:(%w+): ", "cudalua: node:build: %1 node: ")), 2)
-    end
-    bound[n] = r
+  local ok, r = pcall(add_all, g, order, bound)
+  if not ok then
+    g:close()
+    local failed = order[1]
+    for _, n in ipairs(order) do if bound[n] == nil then failed = n break end end
+    check.error("node:build", 2, "%s node: %s", failed.kind, (check.cause(r):gsub("^graph:%w+: ", "")))
   end
   return g, bound
 end
 
 -- cuda.graph: called, a new empty graph (graph: the C constructor); indexed, the unbound nodes
 function M.namespace(graph)
-  M.new = function()
-    local g = graph()   -- (not a tail call: an error names cuda.graph)
-    return g
-  end
+  new_graph = graph
   local public = { kernel = M.kernel, memcpy = M.memcpy, memset = M.memset, host = M.host, empty = M.empty,
                    child = M.child, record = M.record, wait = M.wait }
   return setmetatable(public, {
