@@ -630,6 +630,14 @@ function Graph:if_else(cond, deps) end
 -- the body; a kernel in the body sets it to 0 to end the loop (a device-side loop: no host
 -- round trip). Bodies hold kernels, copies, memsets, empty, child and conditional nodes, not
 -- Lua host functions, memory or event nodes; an empty body is refused at instantiation.
+--
+-- Graphs with conditional nodes run one at a time on each device: cudalua launches them on a
+-- stream of its own, after the launching stream's earlier work and before its later work.
+-- Known driver fault (580.159.04, H100, reproduced in plain CUDA C by tools/while_repro.cu):
+-- two such graphs running at once on different streams fail the context
+-- (`CUDA_ERROR_LAUNCH_FAILED`); one at a time they do not, which is why cudalua orders them.
+-- Other streams' kernels running while a WHILE graph runs can still fail it on that driver:
+-- run WHILE graphs while other streams are idle.
 function Graph:while_loop(cond, deps) end
 
 --- A SWITCH node of n bodies: returns the list of bodies and the node; body k + 1 runs when

@@ -297,9 +297,9 @@ describe("executable graph control", function()
     local c = g:clone():instantiate()
     c:launch(s); x:launch(s); s:synchronize()
     assert.same({ "old", "new", "new", "old", "new" }, seen)
+    local g2 = g:clone()   -- (before the empty node below: x:update takes it at the end)
     C.raises("cudalua: graph_exec:set_host: expected a host node, got a", x.set_host, x, g:empty(), print)
     -- through nodes found in a clone, twice: the second replaces the first (a hang before)
-    local g2 = g:clone()
     local x2 = g2:instantiate()
     x2:set_host(g2:find(h), function() seen[#seen + 1] = "f1" end)
     x2:set_host(g2:find(h), function() seen[#seen + 1] = "f2" end)
@@ -325,5 +325,149 @@ describe("executable graph control", function()
     local hg = cuda.graph()
     hg:host(print)
     C.raises("cudalua: graph_exec:set_child: a graph with Lua host functions cannot replace a child", x.set_child, x, node, hg)
+  end)
+end)
+
+-- A graph holds the memory of the arrays its nodes use, and each launch marks it used on the
+-- launch's stream: found by tools/stress.lua (a WHILE graph over a temporary array, dropped
+-- while its launch ran, made the context fail: CUDA_ERROR_LAUNCH_FAILED).
+describe("graphs and their arrays' memory", function()
+  -- in a child process: before, the spin kernel wrote into a block the next allocation took
+  gpu("a graph dropped while its launch runs frees nothing under it", function()
+    local out, ok = H.child([==[
+local spin = cuda.compile([[extern "C" __global__ void spin(float *x, long long c) {
+  long long t0 = clock64(); while (clock64() - t0 < c) {} x[threadIdx.x] += 1; }]]):get("spin")
+local s = cuda.stream(true)   -- non-blocking: stream-less work does not wait for it
+local bytes = 4 * (32 + math.random(0, 64))
+do
+  local a = cuda.device_array(bytes // 4, "float32")   -- stream-less: no stream used it yet
+  a:fill(0)
+  cuda.synchronize()
+  local g = cuda.graph()
+  g:kernel(spin, { 1, 32 }, { a, 100000000 })   -- tens of milliseconds
+  g:launch(s)
+end
+collectgarbage(); collectgarbage()   -- the graph, its executable graph and the array
+local b = cuda.device_array(bytes // 4, "float32")   -- the same size: a's block if it was free
+b:fill(7)
+local early = b:copy_to_host()
+s:synchronize()
+local late = b:copy_to_host()
+print(early[1], late[1], s:query())
+]==], nil, "timeout 60")
+    assert.is_true(ok, out)
+    assert.equal("7.0\t7.0\ttrue\n", out)
+  end)
+
+  -- the block cache's count is the process's: no collection may free other blocks meanwhile
+  before_each(function() collectgarbage(); collectgarbage("stop") end)
+  after_each(function() collectgarbage("restart") end)
+
+  gpu("an array closed while a graph uses it leaves its memory to the graph until the graph goes", function()
+    cuda.empty_cache()
+    local n = math.random(200, 2000)
+    local x = H.rand_table(n, -50, 50, true)
+    local a = cuda.to_device(cuda.array(x, "float32"))
+    local b = cuda.device_array(n, "float32")
+    local g = cuda.graph()
+    local k = g:kernel(K("add"), { (n + 255) // 256, 256 }, { a, 1.5, n })
+    g:memcpy(b, a, { k })
+    local e = g:instantiate()
+    local before = cuda.block_cache()
+    a:close()
+    assert.equal(before, (cuda.block_cache()))   -- the graph holds the block
+    local s = cuda.stream()
+    e:launch(s); e:launch(s)
+    g:close()
+    e:launch(s)
+    s:synchronize()
+    local h = b:copy_to_host()
+    for i = 1, n do assert.near(x[i] + 4.5, h[i], 1e-4) end
+    assert.equal(before, (cuda.block_cache()))   -- the executable graph holds it
+    e:close()
+    s:synchronize()
+    assert.equal(before + 4 * n, (cuda.block_cache()))   -- freed after its launches (to the cache)
+  end)
+
+  gpu("a captured graph holds its arrays too, and its launches order their frees", function()
+    cuda.empty_cache()
+    local n = math.random(200, 2000)
+    local a = cuda.device_array(n, "float32")
+    a:fill(2)
+    local s = cuda.stream()
+    s:begin_capture()
+    K("add")[{ (n + 255) // 256, 256, s }](a, 3, n)
+    local g = s:end_capture()
+    local e = g:instantiate()
+    local view = a:slice(1, n)
+    a:close()
+    for _ = 1, 4 do e:launch(s) end
+    s:synchronize()
+    assert.equal(14, view[math.random(1, n)])
+    local before = cuda.block_cache()
+    view:close()
+    assert.equal(before, (cuda.block_cache()))   -- the graph and the executable graph hold it
+    g:close(); e:close()
+    s:synchronize()
+    assert.equal(before + 4 * n, (cuda.block_cache()))
+  end)
+end)
+
+-- Found by tools/stress.lua, then in plain CUDA C (driver 580.159.04, H100): WHILE graphs
+-- running at once on two or three streams fail the context (CUDA_ERROR_LAUNCH_FAILED) within
+-- a few hundred graphs. cudalua runs a device's conditional graphs one at a time, in each
+-- stream's order (src/graph.c, cond_launch). In a child process: the failure poisons a context.
+describe("graphs with conditional nodes on several streams", function()
+  gpu("run one at a time, each in its stream's order: 300 WHILE graphs on 3 streams against the CPU", function()
+    local seed = math.random(1, 1e6)
+    local out, ok = H.child(([==[
+math.randomseed(%d)
+local rng = math.random
+local m = cuda.compile([[
+extern "C" __global__ void step(int *x, int v, int n, int *left, cudaGraphConditionalHandle go_on) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) x[i] += v;
+  if (i == 0 && --*left <= 0) cudaGraphSetConditional(go_on, 0);
+}
+extern "C" __global__ void negate(int *x, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) x[i] = -x[i];
+}]])
+local step, negate = m:get("step"), m:get("negate")
+local lanes = {}
+for i, nb in ipairs { false, false, true } do
+  local s = cuda.stream(nb)
+  local n = rng(1, 8) * 128 + rng(0, 127)
+  local d = cuda.device_array(n, "int32", s)
+  d:fill(0, s)
+  lanes[i] = { s = s, n = n, d = d, value = 0 }
+end
+for _ = 1, 300 do
+  local l = lanes[rng(1, 3)]
+  local v, k, runs = rng(-9, 9), rng(1, 40), rng(1, 3)
+  local left = cuda.device_array(1, "int32", l.s)
+  local g = cuda.graph()
+  local go_on = g:condition { default = 1 }
+  local body = g:while_loop(go_on, { g:memset(left, k) })
+  body:kernel(step, { (l.n + 127) // 128, 128 }, { l.d, v, l.n, left, go_on })
+  for _ = 1, runs do
+    g:launch(l.s)
+    l.value = l.value + v * k
+    if rng(1, 4) == 1 then   -- plain work between: the graph must keep the stream's order
+      negate[{ (l.n + 127) // 128, 128, l.s }](l.d, l.n)
+      l.value = -l.value
+    end
+  end
+end
+cuda.synchronize()
+local bad = 0
+for _, l in ipairs(lanes) do
+  local h = l.d:copy_to_host()
+  for i = 1, l.n do if h[i] ~= l.value then bad = bad + 1 break end end
+end
+print("wrong lanes", bad)
+]==]):format(seed), nil, "timeout 120")
+    assert.is_true(ok, out)
+    assert.equal("wrong lanes\t0\n", out)
   end)
 end)

@@ -57,6 +57,7 @@ static int s_end_capture(lua_State *L) {
   int g = lua_gettop(L);
   lua_pushvalue(L, refs);
   lua_setiuservalue(L, g, 1);
+  cl_graph_hold_kept(L, g);
   /* the captured host functions run at each launch of the graph */
   if (lua_getfield(L, refs, CL_CAPTURE_HOSTRECS) == LUA_TTABLE) {
     lua_Integer n = (lua_Integer)lua_rawlen(L, -1);

@@ -432,6 +432,12 @@ void cl_mem_reach(lua_State *L, cl_mem *m, CUcontext ctx, const char *where);
 int cl_mem_reachable(const cl_mem *m, CUcontext ctx);
 cl_mem *cl_mem_ref(cl_mem *m);
 void cl_mem_unref(lua_State *L, cl_mem *m);       /* never raises */
+/* the blocks a graph or an executable graph holds (memory.c says why): each once, referenced */
+typedef struct cl_hold { cl_mem **v, **slot; int n, nv, cap; } cl_hold;
+void cl_hold_add(lua_State *L, cl_hold *h, cl_mem *m);   /* raises only when out of memory */
+void cl_hold_merge(lua_State *L, cl_hold *dst, const cl_hold *src);
+void cl_hold_use(const cl_hold *h, cl_stream *s, CUcontext ctx);   /* a launch on s uses them */
+void cl_hold_release(lua_State *L, cl_hold *h);   /* never raises */
 void cl_mem_use(cl_mem *m, cl_stream *s, CUcontext ctx);  /* queued work on s, in ctx, uses m */
 void cl_mem_settle(lua_State *L, cl_mem *m);      /* waits for queued work that uses m */
 /* before stream-less work on m in context a or b: waits for any other device's work on m */
@@ -681,6 +687,7 @@ void cl_open_launcher(lua_State *L);   /* the launcher type; adds k[{grid, block
 void cl_open_graph(lua_State *L);
 /* a graph object for h (pushed); a host function's record the graph now runs */
 void *cl_push_graph(lua_State *L, CUgraph h, CUcontext ctx);
+void cl_graph_hold_kept(lua_State *L, int gidx);   /* a captured graph holds its arrays' memory */
 void cl_graph_add_hostrec(lua_State *L, int gidx, cl_hostrec *r);
 
 /* ---- from capture.c: stream captures ---- */

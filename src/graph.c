@@ -3,6 +3,7 @@
    keeps every Lua object its nodes use (arrays, kernels, host functions, child graphs) in its
    user value, and an executable graph keeps its graph, so nothing a replay touches is freed. */
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +32,9 @@ typedef struct lgraph {
   struct lgraph **bodies;  /* a graph's bodies, theirs included, checked at instantiation */
   int nbodies;
   int nalloc;          /* graph:alloc arrays not yet given to graph:free */
+  cl_hold hold;        /* the blocks of its nodes' arrays, its bodies' and children's included
+                          (empty in a body: they are its top graph's) */
+  int conds;           /* it has conditional nodes, or a child that has (see cond_launch) */
 } lgraph;
 
 enum { N_KERNEL, N_MEMCPY, N_MEMSET, N_HOST, N_EMPTY, N_CHILD, N_ALLOC, N_FREE, N_RECORD, N_WAIT, N_COND };
@@ -64,6 +68,9 @@ typedef struct lexec {
   int nrecs;
   int updated;         /* exec:update took another graph (exec:set_host refuses then) */
   CUcontext ctx;
+  cl_hold hold;        /* its graph's blocks and those given since: each launch uses them */
+  int conds;           /* launched on its device's conditional lane (see cond_launch) */
+  CUevent lane_ev[2];  /* that launch's order: the stream's work before it, the graph done */
 } lexec;
 
 static lgraph *checkgraph(lua_State *L, int idx) {
@@ -98,6 +105,24 @@ static void keep(lua_State *L, int uidx, int uv, int idx) {
   idx = lua_absindex(L, idx);
   lua_getiuservalue(L, uidx, uv);
   cl_keep(L, -1, idx);
+  lua_pop(L, 1);
+  if (lua_type(L, idx) != LUA_TUSERDATA) return;
+  /* and holds its memory: an array's block, or what a graph (a child, an update) holds */
+  cl_hold *h = uv == GRAPH_KEEP ? &top_of(lua_touserdata(L, uidx))->hold : &((lexec *)lua_touserdata(L, uidx))->hold;
+  cl_array *a = cl_toarray(L, idx);
+  lgraph *c = a ? NULL : luaL_testudata(L, idx, GRAPH_MT);
+  if (a) cl_hold_add(L, h, a->mem);
+  else if (c) cl_hold_merge(L, h, &top_of(c)->hold);
+}
+
+/* a captured graph (at gidx) holds the arrays its capture kept */
+void cl_graph_hold_kept(lua_State *L, int gidx) {
+  lgraph *g = lua_touserdata(L, gidx);
+  lua_getiuservalue(L, gidx, GRAPH_KEEP);
+  for (lua_pushnil(L); lua_next(L, -2); lua_pop(L, 1)) {
+    cl_array *a = lua_type(L, -2) == LUA_TUSERDATA ? cl_toarray(L, -2) : NULL;
+    if (a) cl_hold_add(L, &g->hold, a->mem);
+  }
   lua_pop(L, 1);
 }
 
@@ -148,6 +173,7 @@ static int graph_close(lua_State *L) {
     if (!(cl_in_hostfn && cl_defer_call(L, 0, destroy_graph, g->g, NULL))) destroy_graph(L, g->g, NULL);
     g->g = NULL;
   }
+  cl_hold_release(L, &g->hold);   /* executable graphs made from it hold their own */
   /* the host nodes' records may be used by executable graphs: they hold this object, so the
      records (owned by boxes in its user value) go with the collector */
   return 0;
@@ -501,6 +527,7 @@ static int g_child(lua_State *L) {
     cl_check(L, CU(cuGraphChildGraphNodeGetGraph, h, &emb), "graph:child");
     own_host_nodes(L, 1, emb, 0);
   }
+  if (top_of(c)->conds) top_of(g)->conds = 1;
   lnode *n = push_node(L, 1, N_CHILD);
   n->n = h;
   n->hosts = c->nrecs > 0;
@@ -674,6 +701,7 @@ static int cond_node(lua_State *L, CUgraphConditionalNodeType type, unsigned siz
     push_body(L, 1, p.conditional.phGraph_out[i], kind);
     if (list) lua_rawseti(L, -2, (lua_Integer)i + 1);
   }
+  top_of(g)->conds = 1;
   lnode *n = push_node(L, 1, N_COND);
   n->n = h;
   return (list ? 1 : (int)size) + 1;
@@ -852,6 +880,8 @@ static lexec *instantiate(lua_State *L, lgraph *g, const char *where) {
   e->ctx = g->ctx;
   cl_use_ctx(L, g->ctx);
   exec_take_recs(L, e, g);
+  cl_hold_merge(L, &e->hold, &g->hold);
+  e->conds = g->conds;
   cl_check(L, CU(cuGraphInstantiate, &e->e, g->g, 0), where);
   return e;
 }
@@ -915,6 +945,52 @@ static int n_index(lua_State *L) {
 
 /* ---- executable graphs ---- */
 
+/* Graphs with conditional nodes run one at a time on each device. The driver this was
+   measured with (580.159.04, H100) fails the context (CUDA_ERROR_LAUNCH_FAILED, at a later
+   call) when two of them run at once on different streams, in plain CUDA C too: new WHILE
+   graphs launched on two or three streams, 17 to 380 graphs in. Ordered through one
+   stream, the same 1500 graphs ran clean. So such a graph is launched on its device's
+   conditional lane (a non-blocking stream cudalua owns), after the stream's earlier work and
+   before its later work, through two events of its own: a stream's order is kept, and
+   conditional graphs of every stream and state of the process queue behind each other. In
+   a stream capture it is launched into the capture as it is (a child graph there). */
+static CUstream lanes[CL_MAXDEV];
+static pthread_mutex_t lanes_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static CUresult lane_of(CUcontext ctx, CUstream *out) {
+  int dev = cl_device_of(ctx);
+  if (dev < 0 || dev >= CL_MAXDEV) return CUDA_ERROR_INVALID_CONTEXT;
+  pthread_mutex_lock(&lanes_mu);
+  CUresult r = CUDA_SUCCESS;
+  if (!lanes[dev]) {
+    CUcontext prev = cl_ctx_swap(ctx);
+    r = CU0(cuStreamCreate, &lanes[dev], CU_STREAM_NON_BLOCKING);   /* (not parked: under the lock) */
+    cl_ctx_swap(prev);
+  }
+  *out = lanes[dev];
+  pthread_mutex_unlock(&lanes_mu);
+  return r;
+}
+
+static CUresult cond_launch(lua_State *L, lexec *e, CUstream h) {
+  CUstream lane;
+  CUresult r = lane_of(e->ctx, &lane);
+  for (int i = 0; i < 2 && r == CUDA_SUCCESS; i++)
+    if (!e->lane_ev[i]) r = CU(cuEventCreate, &e->lane_ev[i], CU_EVENT_DISABLE_TIMING);
+  if (r == CUDA_SUCCESS) r = CU(cuEventRecord, e->lane_ev[0], h);
+  if (r == CUDA_SUCCESS) r = CU(cuStreamWaitEvent, lane, e->lane_ev[0], 0);
+  if (r == CUDA_SUCCESS) r = CU(cuGraphLaunch, e->e, lane);
+  if (r == CUDA_SUCCESS) r = CU(cuEventRecord, e->lane_ev[1], lane);
+  if (r == CUDA_SUCCESS) r = CU(cuStreamWaitEvent, h, e->lane_ev[1], 0);
+  return r;
+}
+
+static CUresult graph_launch(lua_State *L, lexec *e, cl_stream *s) {
+  CUstream h = s ? s->h : NULL;
+  if (!e->conds || (cl_capturing && s && cl_capture_id(L, s))) return CU(cuGraphLaunch, e->e, h);
+  return cond_launch(L, e, h);
+}
+
 /* launches e (its object on the stack meanwhile) on the stream at sidx; errors name where */
 static void exec_launch(lua_State *L, lexec *e, int sidx, const char *where) {
   cl_stream *s = cl_stream_arg(L, sidx, e->ctx, where, "graph");
@@ -922,7 +998,8 @@ static void exec_launch(lua_State *L, lexec *e, int sidx, const char *where) {
   CUstream h = s ? s->h : NULL;
   if (!e->nrecs) {
     CL_BEFORE_ENQUEUE(L, where);
-    cl_check(L, CU(cuGraphLaunch, e->e, h), where);
+    cl_check(L, graph_launch(L, e, s), where);
+    cl_hold_use(&e->hold, s, e->ctx);
     return;
   }
   /* host nodes launched into a capture would be armed here and never fire */
@@ -932,9 +1009,10 @@ static void exec_launch(lua_State *L, lexec *e, int sidx, const char *where) {
   /* where the launch blocks, the host nodes run meanwhile (on the helper thread): the stream
      object stays on the stack and a close inside them is put off */
   int token = cl_host_graph_begin(L, e->recs, e->nrecs, e->ctx, h, where);
-  CUresult r = CU(cuGraphLaunch, e->e, h);   /* blocking launches wait */
+  CUresult r = graph_launch(L, e, s);   /* blocking launches wait */
   cl_host_graph_end(L, e->recs, e->nrecs, token, h, r == CUDA_SUCCESS, where);
   cl_check(L, r, where);
+  cl_hold_use(&e->hold, s, e->ctx);
   cl_host_after_enqueue(L, h, where);
 }
 
@@ -1056,6 +1134,7 @@ static int e_update(lua_State *L) {
   keep(L, 1, EXEC_KEEP, 2);
   exec_take_recs(L, e, g);
   e->updated = 1;
+  e->conds |= g->conds;
   lua_settop(L, 1);
   return 1;
 }
@@ -1122,6 +1201,7 @@ static int e_set_child(lua_State *L) {
   cl_use_ctx(L, e->ctx);
   cl_check(L, CU(cuGraphExecChildGraphNodeSetParams, e->e, n->n, c->g), "graph_exec:set_child");
   keep(L, 1, EXEC_KEEP, 3);
+  if (top_of(c)->conds) e->conds = 1;
   lua_settop(L, 1);
   return 1;
 }
@@ -1147,12 +1227,23 @@ static void destroy_exec(lua_State *L, void *h, void *ctx) {
   cl_ctx_swap(prev);
 }
 
+static void destroy_event(lua_State *L, void *ev, void *unused) {
+  (void)unused;
+  CU(cuEventDestroy, (CUevent)ev);   /* (recorded work pending is fine: the driver finishes it) */
+}
+
 static void close_exec(lua_State *L, lexec *e) {
   if (e->e) {
     /* inside a host function the cudalua call it runs in may be launching this very graph */
     if (!(cl_must_defer(L) && cl_defer_call(L, 0, destroy_exec, e->e, e->ctx))) destroy_exec(L, e->e, e->ctx);
     e->e = NULL;
   }
+  for (int i = 0; i < 2; i++) {
+    if (e->lane_ev[i] && !(cl_must_defer(L) && cl_defer_call(L, 0, destroy_event, e->lane_ev[i], NULL)))
+      destroy_event(L, e->lane_ev[i], NULL);
+    e->lane_ev[i] = NULL;
+  }
+  cl_hold_release(L, &e->hold);   /* freed after its launches: they marked the blocks used */
 }
 
 static int e_close(lua_State *L) {

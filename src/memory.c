@@ -423,6 +423,74 @@ cl_mem *cl_mem_new(lua_State *L, int kind, size_t bytes, cl_stream *s, int flags
 
 cl_mem *cl_mem_ref(cl_mem *m) { if (m) m->refs++; return m; }
 
+/* A graph's blocks (cl_hold): each once, with a reference. Closing an array a graph uses then
+   leaves its memory to the graph, and every launch of an executable graph marks its blocks used
+   on the launch's stream, so that they are freed in that stream's order when the last of the
+   graph, the executable graph and the arrays goes: a graph dropped while its launch still runs
+   frees nothing under it. An index (open addressing) finds a block already held once the list
+   is long (a graph of many nodes over the same few arrays adds them again and again). */
+static size_t hold_hash(const cl_mem *m, int cap) {
+  return (size_t)(((uintptr_t)m >> 4) * 0x9E3779B97F4A7C15ULL) & (size_t)(cap - 1);
+}
+
+static int hold_index(cl_hold *h) {
+  int cap = h->cap ? 2 * h->cap : 64;
+  cl_mem **slot = calloc((size_t)cap, sizeof *slot);
+  if (!slot) return 0;
+  for (int i = 0; i < h->n; i++) {
+    size_t j = hold_hash(h->v[i], cap);
+    while (slot[j]) j = (j + 1) & (size_t)(cap - 1);
+    slot[j] = h->v[i];
+  }
+  free(h->slot);
+  h->slot = slot; h->cap = cap;
+  return 1;
+}
+
+static int held(cl_hold *h, const cl_mem *m) {
+  if (h->n <= 8) {
+    for (int i = 0; i < h->n; i++) if (h->v[i] == m) return 1;
+    return 0;
+  }
+  for (size_t j = hold_hash(m, h->cap); h->slot[j]; j = (j + 1) & (size_t)(h->cap - 1))
+    if (h->slot[j] == m) return 1;
+  return 0;
+}
+
+void cl_hold_add(lua_State *L, cl_hold *h, cl_mem *m) {
+  if (!m || m->gmem || held(h, m)) return;   /* a graph's own allocation is the graph's */
+  if (h->n == h->nv) {
+    int nv = h->nv ? 2 * h->nv : 4;
+    cl_mem **v = realloc(h->v, sizeof *v * (size_t)nv);
+    if (!v) cl_error(L, NULL, "out of host memory");
+    h->v = v; h->nv = nv;
+  }
+  if (h->n >= 8 && 2 * (h->n + 1) > h->cap && !hold_index(h)) cl_error(L, NULL, "out of host memory");
+  h->v[h->n++] = cl_mem_ref(m);
+  if (h->n > 8) {
+    size_t j = hold_hash(m, h->cap);
+    while (h->slot[j]) j = (j + 1) & (size_t)(h->cap - 1);
+    h->slot[j] = m;
+  }
+}
+
+void cl_hold_merge(lua_State *L, cl_hold *dst, const cl_hold *src) {
+  if (dst != src) for (int i = 0; i < src->n; i++) cl_hold_add(L, dst, src->v[i]);
+}
+
+void cl_hold_use(const cl_hold *h, cl_stream *s, CUcontext ctx) {
+  for (int i = 0; i < h->n; i++) cl_mem_use(h->v[i], s, ctx);
+}
+
+void cl_hold_release(lua_State *L, cl_hold *h) {
+  cl_mem **v = h->v;
+  int n = h->n;
+  free(h->slot);
+  memset(h, 0, sizeof *h);   /* first: a free below may wait, and run host functions meanwhile */
+  for (int i = 0; i < n; i++) cl_mem_unref(L, v[i]);
+  free(v);
+}
+
 /* Memory dropped while it cannot be freed now is put off (cl_defer): while a stream captures
    (a free would be captured, or refused), and inside a Lua host function: a free may wait for
    the GPU (the stream waits for that very function), and the cudalua call the function runs

@@ -1,0 +1,78 @@
+// tools/while_repro.cu: the driver fault behind src/graph.c's conditional lane, in plain CUDA C
+// (no cudalua). Each step makes a new graph (a memset, then a WHILE node whose body kernel
+// counts down), instantiates it and launches it 1 to 3 times on one of STREAMS streams.
+//   nvcc -arch=sm_90 -o build/while_repro tools/while_repro.cu
+//   build/while_repro STEPS STREAMS SEED MODE
+// MODE 0: as said; 1: every WHILE graph ordered after the one before (one event across the
+// streams: what cudalua does); 2: as 1, with a plain kernel on a random stream after each launch.
+// On driver 580.159.04 (H100, CUDA 13.0), 1500 3 SEED: MODE 0 fails (unspecified launch
+// failure) within 17 to 380 steps, MODE 1 runs clean, MODE 2 fails within a few hundred steps.
+// One stream (1500 1 SEED 0) runs clean.
+#include <cuda_runtime.h>
+#include <cstdio>
+#include <cstdlib>
+#define CK(x) do { cudaError_t e_ = (x); if (e_) { printf("step %d: %s: %s\n", i, #x, cudaGetErrorString(e_)); return 1; } } while (0)
+
+__global__ void add(int *x, int v, int n) {
+  int j = blockIdx.x * blockDim.x + threadIdx.x;
+  if (j < n) x[j] += v;
+}
+
+__global__ void count_down(int *x, int v, int n, int *left, cudaGraphConditionalHandle h) {
+  int j = blockIdx.x * blockDim.x + threadIdx.x;
+  if (j < n) x[j] += v;
+  if (j == 0 && --*left <= 0) cudaGraphSetConditional(h, 0);
+}
+
+int main(int argc, char **argv) {
+  int i = 0;
+  if (argc != 5) { fprintf(stderr, "usage: while_repro STEPS STREAMS SEED MODE\n"); return 2; }
+  int steps = atoi(argv[1]), ns = atoi(argv[2]), mode = atoi(argv[4]);
+  if (ns < 1 || ns > 8) { fprintf(stderr, "STREAMS: 1 to 8\n"); return 2; }
+  srand((unsigned)atoi(argv[3]));
+  cudaStream_t st[8];
+  int *d[8], n[8];
+  for (int k = 0; k < ns; k++) {
+    CK(cudaStreamCreate(&st[k]));
+    n[k] = (rand() % 8 + 1) * 128 + rand() % 128;
+    CK(cudaMalloc(&d[k], n[k] * sizeof(int)));
+    CK(cudaMemset(d[k], 0, n[k] * sizeof(int)));
+  }
+  cudaEvent_t last;
+  CK(cudaEventCreateWithFlags(&last, cudaEventDisableTiming));
+  int last_stream = -1;
+  for (i = 1; i <= steps; i++) {
+    int l = rand() % ns, v = rand() % 19 - 9, count = rand() % 40 + 1, runs = rand() % 3 + 1;
+    int *left;
+    CK(cudaMallocAsync((void **)&left, sizeof(int), st[l]));
+    cudaGraph_t g;
+    CK(cudaGraphCreate(&g, 0));
+    cudaGraphConditionalHandle h;
+    CK(cudaGraphConditionalHandleCreate(&h, g, 1, cudaGraphCondAssignDefault));
+    cudaMemsetParams mp = {};
+    mp.dst = left; mp.value = (unsigned)count; mp.elementSize = 4; mp.width = 1; mp.height = 1;
+    cudaGraphNode_t ms, loop, body_kernel;
+    CK(cudaGraphAddMemsetNode(&ms, g, nullptr, 0, &mp));
+    cudaGraphNodeParams cp = {};
+    cp.type = cudaGraphNodeTypeConditional;
+    cp.conditional.handle = h; cp.conditional.type = cudaGraphCondTypeWhile; cp.conditional.size = 1;
+    CK(cudaGraphAddNode(&loop, g, &ms, nullptr, 1, &cp));
+    void *args[] = {&d[l], &v, &n[l], &left, &h};
+    cudaKernelNodeParams kp = {};
+    kp.func = (void *)count_down; kp.gridDim = dim3((n[l] + 127) / 128); kp.blockDim = dim3(128);
+    kp.kernelParams = args;
+    CK(cudaGraphAddKernelNode(&body_kernel, cp.conditional.phGraph_out[0], nullptr, 0, &kp));
+    cudaGraphExec_t e;
+    CK(cudaGraphInstantiate(&e, g, 0));
+    for (int r = 0; r < runs; r++) {
+      if (mode && last_stream >= 0 && last_stream != l) CK(cudaStreamWaitEvent(st[l], last, 0));
+      CK(cudaGraphLaunch(e, st[l]));
+      if (mode) { CK(cudaEventRecord(last, st[l])); last_stream = l; }
+      if (mode == 2) { int o = rand() % ns; add<<<(n[o] + 127) / 128, 128, 0, st[o]>>>(d[o], 0, n[o]); }
+    }
+    CK(cudaFreeAsync(left, st[l]));
+  }
+  CK(cudaDeviceSynchronize());
+  printf("ok: %d steps on %d streams\n", steps, ns);
+  return 0;
+}
