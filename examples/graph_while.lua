@@ -25,18 +25,19 @@ __device__ bool jacobi2(double *u, double *v, const double *f, int n, double h2,
     u[i] = w;
   }
   __syncthreads();
-  if (i == 0) *iters += 1;
+  if (i != 0) return false;   // thread 0 alone reads the verdict and counts
+  *iters += 1;
   return __longlong_as_double((long long)change) < tol;
 }
 extern "C" __global__ void step(double *u, double *v, const double *f, int n, double h2, double tol,
                                 int *iters, int max_iters, cudaGraphConditionalHandle go_on) {
-  if (jacobi2(u, v, f, n, h2, tol, iters) || *iters >= max_iters)
-    if (threadIdx.x == 0) cudaGraphSetConditional(go_on, 0);
+  bool converged = jacobi2(u, v, f, n, h2, tol, iters);
+  if (threadIdx.x == 0 && (converged || *iters >= max_iters)) cudaGraphSetConditional(go_on, 0);
 }
 // the host loop's kernel: the same step, the verdict in a flag the host reads
 extern "C" __global__ void step_flag(double *u, double *v, const double *f, int n, double h2, double tol,
                                      int *iters, int *done) {
-  if (jacobi2(u, v, f, n, h2, tol, iters) && threadIdx.x == 0) *done = 1;
+  if (jacobi2(u, v, f, n, h2, tol, iters)) *done = 1;
 }
 ]], { options = { "--fmad=false" } })   -- no fused multiply-add: the CPU's arithmetic, step by step
 
