@@ -71,6 +71,7 @@ typedef struct lexec {
   cl_hold hold;        /* its graph's blocks and those given since: each launch uses them */
   int conds;           /* launched on its device's conditional lane (see cond_launch) */
   CUevent lane_ev[2];  /* that launch's order: the stream's work before it, the graph done */
+  CUstream lane;       /* its device's conditional lane, found at its first launch */
 } lexec;
 
 static lgraph *checkgraph(lua_State *L, int idx) {
@@ -973,8 +974,9 @@ static CUresult lane_of(CUcontext ctx, CUstream *out) {
 }
 
 static CUresult cond_launch(lua_State *L, lexec *e, CUstream h) {
-  CUstream lane;
-  CUresult r = lane_of(e->ctx, &lane);
+  /* (the lane and the events once per executable graph: not a lock at every launch) */
+  CUresult r = e->lane ? CUDA_SUCCESS : lane_of(e->ctx, &e->lane);
+  CUstream lane = e->lane;
   for (int i = 0; i < 2 && r == CUDA_SUCCESS; i++)
     if (!e->lane_ev[i]) r = CU(cuEventCreate, &e->lane_ev[i], CU_EVENT_DISABLE_TIMING);
   if (r == CUDA_SUCCESS) r = CU(cuEventRecord, e->lane_ev[0], h);
