@@ -37,6 +37,10 @@ static const char *KSRC =
   "  x[threadIdx.x] += 1.0f;\n"
   "  if (threadIdx.x == 0 && ++*count >= limit) cudaGraphSetConditional(c, 0);\n"
   "}\n"
+  "extern \"C\" __global__ void tick_flag(float *x, int *count, int limit, int *done) {\n"
+  "  x[threadIdx.x] += 1.0f;\n"
+  "  if (threadIdx.x == 0 && ++*count >= limit) *done = 1;\n"
+  "}\n"
   "extern \"C\" __global__ void sum_f32(const float *x, long long n, float *out) {\n"
   "  const float4 *x4 = reinterpret_cast<const float4 *>(x);\n"
   "  long long n4 = n >> 2, stride = (long long)gridDim.x * blockDim.x;\n"
@@ -316,6 +320,38 @@ int main(int argc, char **argv) {
     CK(cuMemcpyDtoH(&count, dcount, sizeof count));
     if (count != WLOOP) { fprintf(stderr, PROG ": the WHILE loop ran %d times, not %d\n", count, WLOOP); exit(1); }
     out("graph_while_ms", median(t, REPS));
+    /* the host loop of bench/helpers.lua in C: each iteration a launch, the flag read back
+       into page-locked memory and a stream synchronize (what the hardware allows a loop with
+       a host round trip, beside the WHILE node) */
+    CUfunction fflag;
+    CK(cuModuleGetFunction(&fflag, mod, "tick_flag"));
+    CUstream ls;
+    CK(cuStreamCreate(&ls, CU_STREAM_DEFAULT));
+    CUdeviceptr dflag;
+    CK(cuMemAlloc(&dflag, sizeof(int)));
+    int *done;
+    CK(cuMemAllocHost((void **)&done, sizeof(int)));
+    void *fargs[] = {&dx, &dcount, &limit, &dflag};
+    int loops = 0;
+    for (int r = -1; r < REPS; r++) {
+      CK(cuMemsetD32Async(dcount, 0, 1, ls));
+      CK(cuMemsetD32Async(dflag, 0, 1, ls));
+      CK(cuStreamSynchronize(ls));
+      double t0 = now();
+      loops = 0;
+      do {
+        CK(cuLaunchKernel(fflag, 1, 1, 1, 32, 1, 1, 0, ls, fargs, NULL));
+        CK(cuMemcpyDtoHAsync(done, dflag, sizeof(int), ls));
+        CK(cuStreamSynchronize(ls));
+        loops++;
+      } while (!*done);
+      if (r >= 0) t[r] = (now() - t0) * 1e3;
+    }
+    if (loops != WLOOP) { fprintf(stderr, PROG ": the host loop ran %d times, not %d\n", loops, WLOOP); exit(1); }
+    out("host_loop_ms", median(t, REPS));
+    CK(cuMemFreeHost(done));
+    CK(cuMemFree(dflag));
+    CK(cuStreamDestroy(ls));
     CK(cuGraphExecDestroy(x));
     CK(cuGraphDestroy(g));
     CK(cuMemFree(dx));

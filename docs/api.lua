@@ -281,6 +281,31 @@ function Stream:end_capture() end
 --- True while the stream captures.
 function Stream:is_capturing() end
 
+--- In a capture: a condition of the captured graph, for the conditional nodes made on this
+-- stream (`Stream:while_loop`...) and for the kernels launched in the capture that set it
+-- (`cudaGraphSetConditional`); options as `Graph:condition`'s. The capture form of
+-- `Graph:condition`, as cuda.core's `GraphBuilder.create_conditional_handle`.
+function Stream:condition(opts) end
+
+--- In a capture: an IF node at the stream's place. `fn(body_stream)` is called at once with a
+-- new stream that captures the node's body (launch the body's work on it); the body runs
+-- when the condition is not 0. Later work on this stream follows the node.
+function Stream:if_then(cond, fn) end
+
+--- In a capture: an IF/ELSE node; `fn_then` and `fn_else` capture its two bodies.
+function Stream:if_else(cond, fn_then, fn_else) end
+
+--- In a capture: a WHILE node; `fn(body_stream)` captures its body, run while the condition
+-- is not 0 (tested before each run). Bodies may launch kernels, copy, fill, and nest
+-- conditional nodes (`body_stream:while_loop`...); Lua host functions, allocations and
+-- event nodes are refused there (CUDA refuses them in bodies); a body with no work is
+-- refused. Its graph runs as `Graph:while_loop`'s (one at a time per device).
+function Stream:while_loop(cond, fn) end
+
+--- In a capture: a SWITCH node, one body per function of the list `fns`; body k + 1 runs when
+-- the condition is k, none when it is `#fns` or more.
+function Stream:switch(cond, fns) end
+
 --- The CUstream handle (an integer).
 function Stream:handle() end
 

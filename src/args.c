@@ -117,15 +117,18 @@ static void bytes_arg(lua_State *L, cl_kernel *k, int kidx, int i, int idx, cl_a
 }
 
 /* a scalar, through dtype.c's conversion and its range checks, in kernel arguments' words */
-static void value_arg(lua_State *L, int kidx, int i, int idx, const cl_param_kind *pk, void *p, int eager) {
+static void value_arg(lua_State *L, int kidx, int i, int idx, const cl_param_kind *pk, void *p, int eager,
+                      cl_args *A) {
   int dt = pk->bools && lua_type(L, idx) == LUA_TBOOLEAN ? CL_BOOL : pk->dtype;
   int st = cl_convert(L, idx, dt, p);
   if (st == CL_CONV_RANGE && pk->dtype_neg >= 0) st = cl_convert(L, idx, pk->dtype_neg, p);
   if (st == CL_CONV_OK) return;
   /* a graph condition (cudaGraphConditionalHandle is an unsigned long long): only kernels of
-     its graph may set it, so a launch outside a graph may not take it */
+     its graph may set it, so a launch outside a graph may not take it; one in a capture is
+     checked against the stream's capture by the launch (cl_args.conds) */
   cl_condition *c = st == CL_CONV_TYPE && cl_dtypes[dt].size == 8 ? luaL_testudata(L, idx, CL_CONDITION_MT) : NULL;
-  if (c && !eager) { *(uint64_t *)p = c->h; return; }
+  if (c && eager && cl_capturing) A->conds = 1;
+  if (c && (!eager || cl_capturing)) { *(uint64_t *)p = c->h; return; }
   if (c) arg_error(L, kidx, i, idx, "a graph condition is an argument only of kernel nodes of its graph (and of their bodies)");
   const char *type = pk->how == CL_PARAM_COMPLEX ? "expected a number or a pair {re, im}" : "expected a number";
   arg_error(L, kidx, i, idx, st == CL_CONV_TYPE ? type : st == CL_CONV_RANGE ? "value out of range" : "expected an integer");
@@ -137,20 +140,20 @@ void cl_marshal(lua_State *L, cl_kernel *k, int kidx, int first, int nargs, cl_a
   if (nargs != k->nparams)
     cl_error_named(L, "kernel '%s' expects %d arguments, got %d", cl_kernel_name(L, kidx),
                k->nparams, nargs);
-  A->nused = A->ntmp = A->gmem = 0;
+  A->nused = A->ntmp = A->gmem = A->conds = 0;
   for (int i = 0; i < k->nparams; i++) {
     int idx = first + i;
     void *p = A->slots[i];
     A->params[i] = p;
     const cl_param_kind *pk = &cl_params[k->ptype[i]];
     switch (pk->how) {
-      case CL_PARAM_VALUE: value_arg(L, kidx, i, idx, pk, p, allow_pageable); break;
+      case CL_PARAM_VALUE: value_arg(L, kidx, i, idx, pk, p, allow_pageable, A); break;
       case CL_PARAM_ARRAY: array_arg(L, k, kidx, i, idx, A, 1, allow_pageable); break;
       case CL_PARAM_CONST_ARRAY: array_arg(L, k, kidx, i, idx, A, 0, allow_pageable); break;
       case CL_PARAM_ADDRESS: address_arg(L, k, kidx, i, idx, A, allow_pageable); break;
       case CL_PARAM_BYTES: bytes_arg(L, k, kidx, i, idx, A, 1); break;
       case CL_PARAM_UNKNOWN: bytes_arg(L, k, kidx, i, idx, A, 0); break;
-      case CL_PARAM_COMPLEX: value_arg(L, kidx, i, idx, pk, p, allow_pageable); break;   /* a number or {re, im} */
+      case CL_PARAM_COMPLEX: value_arg(L, kidx, i, idx, pk, p, allow_pageable, A); break;   /* a number or {re, im} */
     }
   }
 }

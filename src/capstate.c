@@ -7,6 +7,8 @@
 /* registry: capture id -> the capture's keep table, so that streams joined to a capture (by
    an event) find the table of the stream that began it */
 #define CAPTURES "cudalua.captures"
+/* registry: a conditional body's capture id -> the id of the capture it is part of */
+#define PARENTS "cudalua.capture_parents"
 
 /* whether cl_capture_guard would refuse: for callers that make its name only to raise */
 int cl_capture_refuses(const cl_stream *s, int waits) {
@@ -81,6 +83,14 @@ void cl_capture_add(lua_State *L, int keepidx, const char *list, int boxidx) {
 }
 
 void cl_capture_ended(lua_State *L, cl_stream *s, cuuint64_t id) {
+  if (id && s->body) {   /* (the table goes with the state) */
+    if (lua_getfield(L, LUA_REGISTRYINDEX, PARENTS) == LUA_TTABLE) {
+      lua_pushnil(L);
+      lua_rawseti(L, -2, (lua_Integer)id);
+    }
+    lua_pop(L, 1);
+  }
+  s->body = 0;
   if (id) {
     luaL_getsubtable(L, LUA_REGISTRYINDEX, CAPTURES);
     lua_pushnil(L);
@@ -94,6 +104,49 @@ void cl_capture_ended(lua_State *L, cl_stream *s, cuuint64_t id) {
   s->capture_ref = 0;
   __atomic_sub_fetch(&cl_capturing, 1, __ATOMIC_SEQ_CST);
   if (s->blocking) __atomic_sub_fetch(&cl_capturing_blocking, 1, __ATOMIC_SEQ_CST);
+}
+
+void cl_capture_body_begun(lua_State *L, cl_stream *body, cl_stream *outer) {
+  cuuint64_t id = cl_capture_id(L, body), oid = cl_capture_id(L, outer);
+  if (!cl_capture_push_keep(L, outer)) lua_newtable(L);   /* (outer's is always there) */
+  if (id) {
+    luaL_getsubtable(L, LUA_REGISTRYINDEX, CAPTURES);
+    lua_pushvalue(L, -2);
+    lua_rawseti(L, -2, (lua_Integer)id);
+    luaL_getsubtable(L, LUA_REGISTRYINDEX, PARENTS);
+    lua_pushinteger(L, (lua_Integer)oid);
+    lua_rawseti(L, -2, (lua_Integer)id);
+    lua_pop(L, 2);
+  }
+  body->capture_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  body->body = 1;
+  if (body->blocking) __atomic_add_fetch(&cl_capturing_blocking, 1, __ATOMIC_SEQ_CST);
+}
+
+int cl_capture_in_body(lua_State *L, cl_stream *s) {
+  if (!s || !cl_capturing) return 0;
+  if (s->body) return 1;
+  if (lua_getfield(L, LUA_REGISTRYINDEX, PARENTS) != LUA_TTABLE) { lua_pop(L, 1); return 0; }
+  cuuint64_t id = cl_capture_id(L, s);   /* a stream joined to a body's capture by an event */
+  int in = id && lua_rawgeti(L, -1, (lua_Integer)id) != LUA_TNIL;
+  lua_pop(L, id ? 2 : 1);
+  return in;
+}
+
+int cl_capture_within(lua_State *L, cl_stream *s, cuuint64_t id) {
+  cuuint64_t at = s ? cl_capture_id(L, s) : 0;
+  if (!at) return 0;
+  if (at == id) return 1;
+  if (lua_getfield(L, LUA_REGISTRYINDEX, PARENTS) != LUA_TTABLE) { lua_pop(L, 1); return 0; }
+  int found = 0;
+  for (int depth = 0; at && !found && depth < 64; depth++) {   /* (bodies nest a few deep) */
+    lua_rawgeti(L, -1, (lua_Integer)at);
+    at = (cuuint64_t)lua_tointeger(L, -1);
+    lua_pop(L, 1);
+    found = at == id;
+  }
+  lua_pop(L, 1);
+  return found;
 }
 
 /* the stream is closed or collected while it captures: the capture is ended and dropped */

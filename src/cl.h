@@ -154,10 +154,12 @@ const char *cl_result_name(cl_lib *l, int r);   /* a result code's name, as the 
   X(cuGraphExecEventRecordNodeSetEvent) X(cuGraphExecEventWaitNodeSetEvent) X(cuEventRecordWithFlags)
 
 /* entry points of newer drivers: NULL when missing (cuFuncGetParamInfo 12.4, the module
-   function listing 12.4, cuFuncGetName 12.3, conditional graph nodes 12.3) */
+   function listing 12.4, cuFuncGetName 12.3, conditional graph nodes and captures into them
+   12.3) */
 #define CL_CUDA_OPTIONAL(X) \
   X(cuFuncGetParamInfo) X(cuModuleGetFunctionCount) X(cuModuleEnumerateFunctions) X(cuFuncGetName) \
-  X(cuProfilerStart) X(cuProfilerStop) X(cuGraphAddNode) X(cuGraphConditionalHandleCreate)
+  X(cuProfilerStart) X(cuProfilerStop) X(cuGraphAddNode) X(cuGraphConditionalHandleCreate) \
+  X(cuStreamBeginCaptureToGraph) X(cuStreamUpdateCaptureDependencies)
 
 #define CL_NVRTC_FUNCS(X) \
   X(nvrtcVersion) X(nvrtcGetErrorString) X(nvrtcCreateProgram) X(nvrtcDestroyProgram) \
@@ -339,9 +341,19 @@ void cl_capture_ended(lua_State *L, cl_stream *s, cuuint64_t id);   /* and dropp
 int cl_capture_push_keep(lua_State *L, cl_stream *s);
 #define CL_CAPTURE_HOSTRECS "cudalua.hostrecs"   /* in a keep table: its host nodes' boxes */
 #define CL_CAPTURE_GMEM "cudalua.gmem"   /* in a keep table: its allocations' boxes (memory.c) */
+#define CL_CAPTURE_CONDS "cudalua.conds"   /* in a keep table: true when it made conditional nodes */
 /* appends the box at boxidx to the list named list (CL_CAPTURE_HOSTRECS...) of a keep table */
 void cl_capture_add(lua_State *L, int keepidx, const char *list, int boxidx);
 int cl_capture_abandon(lua_State *L, cl_stream *s);   /* s closes while capturing: 1, ended */
+/* the capture of body (a stream capturing a conditional node's body) is part of outer's: it
+   shares outer's keep table, and what outer's capture made (conditions, allocations) is
+   accepted in it */
+void cl_capture_body_begun(lua_State *L, cl_stream *body, cl_stream *outer);
+/* whether work on s (capturing) may use what the capture with id made: s's capture is it or a
+   body inside it */
+int cl_capture_within(lua_State *L, cl_stream *s, cuuint64_t id);
+/* whether s captures a conditional node's body (it is the body's stream, or joined to it) */
+int cl_capture_in_body(lua_State *L, cl_stream *s);
 
 /* ---- from wait.c: waits that run host functions, device-wide claims ---- */
 enum { CL_WAIT_STREAM, CL_WAIT_EVENT, CL_WAIT_CTX, CL_WAIT_HOSTFNS };   /* HOSTFNS: until L's have run */
@@ -488,6 +500,10 @@ struct cl_stream {
   CUcontext ctx;       /* its device's context */
   int owned;           /* destroy the handle with the last reference */
   int blocking;        /* synchronises with the legacy stream */
+  int body;            /* capturing a conditional node's body (capture.c): no host functions,
+                          allocations or event nodes there (the driver refuses them at
+                          instantiation, or runs them once per launch, not per iteration) */
+  int bodies;          /* its capture's conditional bodies being captured (it may not end) */
 };
 /* the stream at idx: nil/0/default stream -> NULL (legacy); raises for other values */
 cl_stream *cl_tostream(lua_State *L, int idx, const char *where);
@@ -499,6 +515,7 @@ CUstream cl_stream_use(lua_State *L, cl_stream *s);  /* its context made current
 void cl_stream_check(lua_State *L, cl_stream *s, CUcontext ctx, const char *where, const char *what);
 /* cl_tostream, cl_stream_check and ctx made current: a stream argument for work on ctx */
 cl_stream *cl_stream_arg(lua_State *L, int idx, CUcontext ctx, const char *where, const char *what);
+cl_stream *cl_push_stream(lua_State *L, CUcontext ctx, unsigned flags, const char *where);   /* a new one, ctx current */
 void cl_open_stream(lua_State *L);
 
 /* ---- from event.c: events ---- */
@@ -663,6 +680,7 @@ typedef struct cl_args {
   cl_mem *used[CL_MAXPARAMS];
   int nused;
   int gmem;            /* some used block is a graph's: the launch checks it against its stream */
+  int conds;           /* some argument is a graph condition (in a capture): the launch checks it */
   struct { cl_array *a; CUdeviceptr d; int back; void *slot; void *host; size_t n; } tmp[CL_MAXPARAMS];
   int ntmp;
 } cl_args;
@@ -689,6 +707,10 @@ void cl_open_graph(lua_State *L);
 void *cl_push_graph(lua_State *L, CUgraph h, CUcontext ctx);
 void cl_graph_hold_kept(lua_State *L, int gidx);   /* a captured graph holds its arrays' memory */
 void cl_graph_add_hostrec(lua_State *L, int gidx, cl_hostrec *r);
+/* pushes a condition of graph h (of ctx) named owner (a graph's id or a capture's), its
+   options {default = v} at optidx (0: none) */
+cl_condition *cl_push_condition(lua_State *L, CUgraph h, CUcontext ctx, uint64_t owner, int optidx,
+                                const char *where);
 
 /* ---- from capture.c: stream captures ---- */
 void cl_open_capture(lua_State *L);   /* the stream's capture methods */

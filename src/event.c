@@ -69,6 +69,8 @@ static int e_record(lua_State *L) {
   }
   cl_stream *s = cl_stream_arg(L, 2, ev->ctx, "event:record", "event");
   cl_capture_guard(L, s, 0, "event:record");
+  if (external && cl_capture_in_body(L, s))
+    return cl_error(L, "event:record", "a conditional node's body cannot have event record nodes (CUDA refuses them there)");
   cuuint64_t cap = cl_capturing && s ? cl_capture_id(L, s) : 0;
   /* (the external flag outside a capture is CUDA_ERROR_ILLEGAL_STATE: a plain record there) */
   cl_check(L, external && cap ? CU(cuEventRecordWithFlags, ev->e, s ? s->h : NULL, CU_EVENT_RECORD_EXTERNAL)
@@ -203,8 +205,13 @@ static int s_wait_event(lua_State *L) {
   CUstream h = cl_stream_use(L, s);
   /* in a capture, an event recorded outside it (or in another) is an event wait node: the
      graph waits for the event's latest record at each launch */
-  cuuint64_t cap = cl_capturing ? cl_capture_id(L, s) : 0;
+  /* (the legacy stream, s NULL, captures never; it may not wait while a blocking stream does) */
+  cl_capture_guard(L, s, 0, "stream:wait_event");
+  cuuint64_t cap = cl_capturing && s ? cl_capture_id(L, s) : 0;
   int external = cap && ev->capture != cap;
+  if (external && cl_capture_in_body(L, s))
+    return cl_error(L, "stream:wait_event", "a conditional node's body can wait only for events recorded in the same body "
+                    "(an event of another would be an event wait node, which CUDA refuses in bodies)");
   if (external) {
     ev->in_graph = 1;
     if (cl_capture_push_keep(L, s)) { cl_keep(L, -1, 2); lua_pop(L, 1); }

@@ -116,10 +116,13 @@ static void keep(lua_State *L, int uidx, int uv, int idx) {
   else if (c) cl_hold_merge(L, h, &top_of(c)->hold);
 }
 
-/* a captured graph (at gidx) holds the arrays its capture kept */
+/* a captured graph (at gidx) holds the arrays its capture kept, and runs on its device's
+   conditional lane if the capture made conditional nodes (stream:while_loop...) */
 void cl_graph_hold_kept(lua_State *L, int gidx) {
   lgraph *g = lua_touserdata(L, gidx);
   lua_getiuservalue(L, gidx, GRAPH_KEEP);
+  g->conds = lua_getfield(L, -1, CL_CAPTURE_CONDS) != LUA_TNIL;
+  lua_pop(L, 1);
   for (lua_pushnil(L); lua_next(L, -2); lua_pop(L, 1)) {
     cl_array *a = lua_type(L, -2) == LUA_TUSERDATA ? cl_toarray(L, -2) : NULL;
     if (a) cl_hold_add(L, &g->hold, a->mem);
@@ -625,29 +628,38 @@ static void need_conditionals(lua_State *L, const char *where) {
     cl_error(L, where, "conditional nodes need a CUDA 12.3 or newer driver");
 }
 
-static int g_condition(lua_State *L) {
-  lgraph *g = checkgraph(L, 1);
-  need_conditionals(L, "graph:condition");
+/* pushes a condition of graph h (of ctx) named owner (a graph's id or a capture's), its
+   options {default = v} at optidx (none: 0) */
+cl_condition *cl_push_condition(lua_State *L, CUgraph h, CUcontext ctx, uint64_t owner, int optidx,
+                                const char *where) {
+  need_conditionals(L, where);
   unsigned def = 0, flags = 0;
-  if (!lua_isnoneornil(L, 2)) {
+  if (optidx && !lua_isnoneornil(L, optidx)) {
     static const char *const opts[] = {"default", NULL};
-    cl_checktype(L, 2, LUA_TTABLE);
-    cl_check_options(L, 2, "graph:condition", opts);
-    if (lua_getfield(L, 2, "default") != LUA_TNIL) {
+    cl_checktype(L, optidx, LUA_TTABLE);
+    cl_check_options(L, optidx, where, opts);
+    if (lua_getfield(L, optidx, "default") != LUA_TNIL) {
       int ok;
       lua_Integer v = lua_tointegerx(L, -1, &ok);
       if (!ok || v < 0 || v > 0xffffffffLL)
-        return cl_error(L, "graph:condition", "default must be an integer from 0 to 2^32-1, got %s", luaL_typename(L, -1));
+        cl_error(L, where, "default must be an integer from 0 to 2^32-1, got %s", luaL_typename(L, -1));
       def = (unsigned)v;
       flags = CU_GRAPH_COND_ASSIGN_DEFAULT;
     }
     lua_pop(L, 1);
   }
-  cl_use_ctx(L, g->ctx);
+  cl_use_ctx(L, ctx);
   cl_condition *c = lua_newuserdatauv(L, sizeof *c, 1);
-  c->graph = g->id;
-  cl_check(L, CU(cuGraphConditionalHandleCreate, &c->h, g->g, g->ctx, def, flags), "graph:condition");
+  c->graph = owner;
+  cl_check(L, CU(cuGraphConditionalHandleCreate, &c->h, h, ctx, def, flags), where);
   luaL_setmetatable(L, CL_CONDITION_MT);
+  return c;
+}
+
+/* g:condition{default = v} */
+static int g_condition(lua_State *L) {
+  lgraph *g = checkgraph(L, 1);
+  cl_push_condition(L, g->g, g->ctx, g->id, 2, "graph:condition");
   lua_pushvalue(L, 1);
   lua_setiuservalue(L, -2, 1);
   return 1;

@@ -151,6 +151,17 @@ static void tmp_copies_in(lua_State *L, cl_args *A, CUstream h, int kidx) {
 }
 
 
+/* a captured launch's conditions are its capture's (stream:condition), or of a capture whose
+   conditional body it is in */
+static void capture_conds(lua_State *L, cl_stream *s, int kidx, int first, int nargs) {
+  for (int i = 0; i < nargs; i++) {
+    cl_condition *c = luaL_testudata(L, first + i, CL_CONDITION_MT);
+    if (c && !cl_capture_within(L, s, c->graph))
+      cl_error_named(L, "%s argument %d: a graph condition is an argument only of kernel nodes of its graph "
+                     "(and of their bodies), or of launches in its capture", KWHERE(L, kidx), i + 1);
+  }
+}
+
 int cl_kernel_launch(lua_State *L, cl_kernel *k, int kidx, int first, const cl_launch *c) {
   cl_args A;
   int nargs = lua_gettop(L) - first + 1;
@@ -162,6 +173,7 @@ int cl_kernel_launch(lua_State *L, cl_kernel *k, int kidx, int first, const cl_l
     if (cl_capture_refuses(s, A.ntmp > 0)) cl_capture_guard(L, s, A.ntmp > 0, KWHERE(L, kidx));
     for (int i = 0; A.gmem && i < A.nused; i++)
       if (A.used[i]->gmem) cl_mem_graph_use(L, A.used[i], s, KWHERE(L, kidx));
+    if (A.conds) capture_conds(L, s, kidx, first, nargs);
     capture_keep(L, s, kidx, first, nargs);
   }
   if (c->g[0] == 0) return 0;   /* forall(0): the arguments were checked, there is no work */

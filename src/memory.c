@@ -386,6 +386,11 @@ cl_mem *cl_mem_new(lua_State *L, int kind, size_t bytes, cl_stream *s, int flags
   if (kind != CL_HOST) {
     if (s) { cl_use_ctx(L, s->ctx); ctx = s->ctx; } else ctx = cl_ctx(L);
   }
+  if (cl_capture_in_body(L, s)) {
+    if (kind != CL_HOST) pressure_sub(bytes);
+    cl_error(L, NULL, "a conditional node's body cannot allocate memory (CUDA refuses memory nodes in "
+               "bodies): allocate before the capture, or before the conditional node on the capturing stream");
+  }
   cl_mem *m = cl_mem_record(L, kind, bytes, ctx);   /* ctx NULL for pageable host memory */
   if (kind == CL_HOST) {
     if (bytes >= BIG) {
@@ -589,7 +594,7 @@ void cl_mem_capture_ending(lua_State *L, int keepidx, cl_stream *s) {
 void cl_mem_graph_use(lua_State *L, const cl_mem *m, cl_stream *s, const char *where) {
   if (!m->gmem) return;
   cuuint64_t id = cl_capturing && s ? cl_capture_id(L, s) : 0;
-  if (id && (m->gmem & CL_GMEM_KIND) == CL_GMEM_CAPTURED && m->graph == id) {
+  if (id && (m->gmem & CL_GMEM_KIND) == CL_GMEM_CAPTURED && cl_capture_within(L, s, m->graph)) {
     if (!(m->gmem & CL_GMEM_FREED)) return;
     cl_error(L, where, "the array was closed in this capture (its graph frees it there)");
   }

@@ -87,6 +87,21 @@ static void stream_options(lua_State *L, int *nonblocking, int *priority, int *h
 
 /* cuda.stream([non_blocking | {non_blocking =, priority =}]): a priority outside the device's
    range is refused (the driver would clamp it silently; cuda.core refuses too) */
+/* pushes a new stream of ctx (current) */
+static cl_stream *new_stream(lua_State *L, CUcontext ctx, unsigned flags, int has_priority, int priority,
+                             const char *where) {
+  lstream *ls = lua_newuserdatauv(L, sizeof *ls, 0);
+  ls->s = NULL; ls->is_default = 0;
+  luaL_setmetatable(L, STREAM_MT);
+  cl_stream *s = calloc(1, sizeof *s);
+  if (!s) cl_error(L, NULL, "out of host memory");
+  CUresult r = has_priority ? CU(cuStreamCreateWithPriority, &s->h, flags, priority) : CU(cuStreamCreate, &s->h, flags);
+  if (r != CUDA_SUCCESS) { free(s); cl_check(L, r, where); }
+  s->refs = 1; s->owned = 1; s->blocking = !(flags & CU_STREAM_NON_BLOCKING); s->ctx = ctx;
+  ls->s = s;
+  return s;
+}
+
 static int l_stream(lua_State *L) {
   int nonblocking, priority, has_priority;
   stream_options(L, &nonblocking, &priority, &has_priority);
@@ -98,17 +113,12 @@ static int l_stream(lua_State *L) {
       return cl_error(L, "cuda.stream", "priority %d is outside device %d's range %d (highest) to %d "
                         "(lowest, the default)", priority, cl_device_of(ctx), greatest, least);
   }
-  lstream *ls = lua_newuserdatauv(L, sizeof *ls, 0);
-  ls->s = NULL; ls->is_default = 0;
-  luaL_setmetatable(L, STREAM_MT);
-  cl_stream *s = calloc(1, sizeof *s);
-  if (!s) return cl_error(L, NULL, "out of host memory");
-  unsigned flags = nonblocking ? CU_STREAM_NON_BLOCKING : CU_STREAM_DEFAULT;
-  CUresult r = has_priority ? CU(cuStreamCreateWithPriority, &s->h, flags, priority) : CU(cuStreamCreate, &s->h, flags);
-  if (r != CUDA_SUCCESS) { free(s); cl_check(L, r, "cuda.stream"); }
-  s->refs = 1; s->owned = 1; s->blocking = !nonblocking; s->ctx = ctx;
-  ls->s = s;
+  new_stream(L, ctx, nonblocking ? CU_STREAM_NON_BLOCKING : CU_STREAM_DEFAULT, has_priority, priority, "cuda.stream");
   return 1;
+}
+
+cl_stream *cl_push_stream(lua_State *L, CUcontext ctx, unsigned flags, const char *where) {
+  return new_stream(L, ctx, flags, 0, 0, where);
 }
 
 /* cuda.stream_priority_range() -> least, greatest (of the selected device; a smaller number
@@ -156,6 +166,9 @@ static int s_launch_host_func(lua_State *L) {
   CUstream h = cl_stream_use(L, s);
   cl_checktype(L, 2, LUA_TFUNCTION);
   cl_capture_guard(L, s, 0, "stream:launch_host_func");
+  if (cl_capture_in_body(L, s))
+    return cl_error(L, "stream:launch_host_func", "a conditional node's body cannot call Lua host functions "
+                    "(a body runs any number of times per launch; a host node runs once per launch)");
   if (cl_capturing && s && cl_capture_push_keep(L, s)) {
     CUstreamBatchMemOpParams op[2];
     cl_hostrec *r = cl_hostrec_new(L, 2, "stream:launch_host_func");
@@ -187,6 +200,9 @@ static void close_stream(lua_State *L, void *s, void *unused) {
 static int s_close(lua_State *L) {
   lstream *ls = cl_checkudata(L, 1, STREAM_MT);
   if (!ls->s) return 0;
+  if (ls->s->body || ls->s->bodies)
+    return cl_error(L, "stream:close", "the stream captures a conditional node's body, or its capture has one "
+                    "being captured: close it after the body's function returns");
   /* inside a host function the cudalua call it runs in may be queueing work on this stream,
      and ending its capture there would call the driver (on the helper thread, another thread
      than the capture's): the whole close is put off, to the next flush even if it captures */

@@ -11,7 +11,18 @@ local check = require "cudalua.check"
 
 local M = {}
 local Node = {}
-local node_mt = { __index = Node, __name = "cudalua.unbound_node" }
+-- a kernel or host node's args list is made when first read (most nodes of big graphs have
+-- none: one table less per node)
+local node_mt = { __name = "cudalua.unbound_node" }
+local has_args = { kernel = true, host = true }
+function node_mt.__index(n, k)
+  if k == "args" and has_args[rawget(n, "kind")] then
+    local a = {}
+    rawset(n, "args", a)
+    return a
+  end
+  return Node[k]
+end
 function node_mt.__tostring(n) return ("cudalua.unbound_node<%s>"):format(n.kind) end
 
 local function is_node(v) return getmetatable(v) == node_mt end
@@ -19,13 +30,20 @@ local function is_node(v) return getmetatable(v) == node_mt end
 -- a fresh list of the nodes in deps (nil: none); the user's table is not kept
 local function deps_list(deps, where)
   if deps == nil then return {} end
-  if type(deps) ~= "table" or is_node(deps) then
+  if type(deps) ~= "table" or getmetatable(deps) == node_mt then
     check.error(where, 3, "deps must be a list of nodes, got %s", is_node(deps) and "a node (wrap it: {node})" or type(deps))
   end
+  local n = #deps
+  if n == 1 then   -- (the common case, a chain: one constructor)
+    local d = deps[1]
+    if getmetatable(d) ~= node_mt then check.error(where, 3, "deps[1] must be a node, got %s", type(d)) end
+    return { d }
+  end
   local out = {}
-  for i = 1, #deps do
-    if not is_node(deps[i]) then check.error(where, 3, "deps[%d] must be a node, got %s", i, type(deps[i])) end
-    out[i] = deps[i]
+  for i = 1, n do
+    local d = deps[i]
+    if getmetatable(d) ~= node_mt then check.error(where, 3, "deps[%d] must be a node, got %s", i, type(d)) end
+    out[i] = d
   end
   return out
 end
@@ -43,11 +61,11 @@ local function node(fields, deps, where)
 end
 
 local function kernel_node(k, config, args, deps)
-  if type(config) ~= "table" then
-    check.error("cuda.graph.kernel", 3, "config must be a table ({grid, block} or keys), got %s", type(config))
-  end
-  return node({ kind = "kernel", kernel = k, config = config, args = list(args, "args", "cuda.graph.kernel"),
-                deps = false }, deps, "cuda.graph.kernel")
+  local where = "cuda.graph.kernel"
+  if type(config) ~= "table" then check.error(where, 3, "config must be a table ({grid, block} or keys), got %s", type(config)) end
+  -- (one constructor: graphs of thousands of kernel nodes are made in loops)
+  return setmetatable({ kind = "kernel", kernel = k, config = config, args = args ~= nil and list(args, "args", where) or nil,
+                        deps = deps_list(deps, where) }, node_mt)
 end
 
 -- cuda.graph.kernel(k, config, args, deps) and cuda.graph.kernel[config](k, args, deps), the
@@ -93,29 +111,45 @@ local add = {
   end,
 }
 
--- every node root depends on, each once, dependencies first (an iterative depth-first walk on
--- two flat stacks, the node and how many of its deps were walked: a chain of thousands of
--- nodes needs no deep recursion and no table per node); a cycle raises
-local function order_of(root)
-  local state, order = { [root] = 1 }, {}
-  local nodes, at, sp = { root }, { 0 }, 1
+-- the bound nodes' dependencies, each once (the driver refuses a node listed twice): none is
+-- nil, one is the list `one` reused (the graph's functions keep no deps list)
+local function bound_deps(deps, bound, one)
+  local k = #deps
+  if k == 0 then return nil end
+  if k == 1 then one[1] = bound[deps[1]]; return one end
+  local out, seen = {}, {}
+  for i = 1, k do
+    local b = bound[deps[i]]
+    if not seen[b] then seen[b] = true; out[#out + 1] = b end
+  end
+  return out
+end
+
+-- every node root depends on, each once, dependencies first, checked before any graph is made
+-- (an iterative depth-first walk on two flat stacks, the node and how many of its deps were
+-- walked: a chain of thousands of nodes needs no recursion and no table per node). state:
+-- node -> false while walked, true once ordered. A malformed node or a cycle raises.
+local function order_of(root, state)
+  local order, nodes, at, sp = {}, { root }, { 0 }, 1
+  state[root] = false
   while sp > 0 do
     local n = nodes[sp]
     local i = at[sp] + 1
-    at[sp] = i
     local deps = n.deps
     if type(deps) ~= "table" then check.error("node:build", 3, "the %s node's deps is not a list (%s)", n.kind, type(deps)) end
-    if i == 1 and not add[n.kind] then check.error("node:build", 3, "a node of unknown kind %s", tostring(n.kind)) end
     local d = deps[i]
     if d == nil and i > #deps then
-      state[n] = 2
+      if not add[n.kind] then check.error("node:build", 3, "a node of unknown kind %s", tostring(n.kind)) end
+      state[n] = true
       order[#order + 1] = n
       sp = sp - 1
     else
-      if not is_node(d) then check.error("node:build", 3, "the %s node's deps[%d] is not a node (%s)", n.kind, i, type(d)) end
-      if state[d] == 1 then check.error("node:build", 3, "the deps make a cycle (this %s node depends on itself through them)", d.kind) end
-      if not state[d] then
-        state[d] = 1
+      at[sp] = i
+      if getmetatable(d) ~= node_mt then check.error("node:build", 3, "the %s node's deps[%d] is not a node (%s)", n.kind, i, type(d)) end
+      local st = state[d]
+      if st == false then check.error("node:build", 3, "the deps make a cycle (this %s node depends on itself through them)", d.kind) end
+      if st == nil then
+        state[d] = false
         sp = sp + 1
         nodes[sp], at[sp] = d, 0
       end
@@ -124,26 +158,18 @@ local function order_of(root)
   return order
 end
 
-
--- the bound nodes' dependencies, each once (the driver refuses a node listed twice): none is
--- nil, one is the list `one` reused (the graph's functions keep no deps list)
-local function bound_deps(n, bound, one)
-  local deps = n.deps
-  if #deps == 0 then return nil end
-  if #deps == 1 then one[1] = bound[deps[1]]; return one end
-  local out, seen = {}, {}
-  for _, d in ipairs(deps) do
-    local b = bound[d]
-    if not seen[b] then seen[b] = true; out[#out + 1] = b end
-  end
-  return out
-end
-
-local function add_all(g, order, bound)
-  local one = {}
+-- adds the ordered nodes to g; bound: node -> its node in g (it was the walk's state table)
+local function add_all(g, order, bound, failing)
+  local one, gkernel = {}, g.kernel
   for i = 1, #order do
     local n = order[i]
-    bound[n] = add[n.kind](g, n, bound_deps(n, bound, one))
+    failing[1] = n
+    local deps = n.deps
+    if n.kind == "kernel" then   -- (most nodes: no dispatch)
+      bound[n] = gkernel(g, n.kernel, n.config, rawget(n, "args"), bound_deps(deps, bound, one))
+    else
+      bound[n] = add[n.kind](g, n, bound_deps(deps, bound, one))
+    end
   end
 end
 
@@ -154,15 +180,13 @@ local new_graph   -- cuda.graph's constructor (M.namespace)
 -- error closes the half-made graph and names node:build and the node's kind.
 function Node.build(root)
   if not is_node(root) then check.error("node:build", 2, "call it as node:build()") end
-  local order = order_of(root)
+  local bound, failing = {}, {}
+  local order = order_of(root, bound)
   local g = new_graph()   -- (not a tail call: an error names cuda.graph)
-  local bound = {}
-  local ok, r = pcall(add_all, g, order, bound)
+  local ok, r = pcall(add_all, g, order, bound, failing)
   if not ok then
     g:close()
-    local failed = order[1]
-    for _, n in ipairs(order) do if bound[n] == nil then failed = n break end end
-    check.error("node:build", 2, "%s node: %s", failed.kind, (check.cause(r):gsub("^graph:%w+: ", "")))
+    check.error("node:build", 2, "%s node: %s", failing[1].kind, (check.cause(r):gsub("^graph:%w+: ", "")))
   end
   return g, bound
 end
