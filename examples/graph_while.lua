@@ -4,7 +4,8 @@
 -- both ends, n interior points: u_i <- (u_{i-1} + u_{i+1} + h^2 f_i) / 2. The body kernel does
 -- two sweeps and, in thread 0, stops the loop (cudaGraphSetConditional(cond, 0)) once the
 -- largest change is below tol. No host round trip per iteration: checked against the same
--- iteration on the CPU, and timed against a host loop that reads a flag back each time.
+-- iteration on the CPU, and timed against a host loop that reads a flag back each time. The
+-- same graph is also made by stream capture (stream:condition, stream:while_loop).
 package.cpath = "./?.so;" .. package.cpath
 local cuda = require "cudalua"
 
@@ -87,6 +88,23 @@ print(("WHILE graph: %d iterations in one launch, %.3f ms; CPU: %d iterations; l
   :format(got_iters, graph_ms, want_iters, worst))
 assert(got_iters == want_iters, "the GPU and the CPU converged after different numbers of iterations")
 assert(worst < 1e-12, "the GPU's solution differs from the CPU's")
+
+-- the same graph from a stream capture: the condition and the WHILE node come from the
+-- capturing stream, and the body is captured on the stream handed to its function
+s:begin_capture()
+u:fill(0, s); iters:fill(0, s)
+local cgo_on = s:condition { default = 1 }
+s:while_loop(cgo_on, function(b)
+  mod.step[{ 1, 64, b }](u, v, df, n, h * h, tol, iters, max_iters, cgo_on)
+end)
+local captured = s:end_capture()
+captured:launch(s); s:synchronize()
+got = u:copy_to_host()
+worst = 0
+for i = 1, n do worst = math.max(worst, math.abs(got[i] - want[i])) end
+print(("captured WHILE graph: %d iterations; largest difference from the CPU %.3g"):format(iters[1], worst))
+assert(iters[1] == want_iters and worst < 1e-12, "the captured graph's solution differs from the CPU's")
+captured:close()
 
 -- the host loop: a launch and a flag read back per iteration
 local done = cuda.pinned_array(1, "int32")

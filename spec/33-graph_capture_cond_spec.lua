@@ -170,15 +170,16 @@ describe("conditional nodes in a stream capture", function()
     local n = math.random(100, 2000)
     local x = H.rand_table(n, -100, 100, true)
     local out = cuda.device_array(n, "float32")
+    -- only the graph keeps the module and the array once the capture ended
+    local hold = { m = cuda.compile(SRC), tmp = cuda.to_device(cuda.array(x, "float32")) }
     local g, s = capture(function(s)
-      local m = cuda.compile(SRC)                     -- only the graph keeps the module
-      local tmp = cuda.to_device(cuda.array(x, "float32"))   -- only the graph keeps it
       local c = s:condition { default = 1 }
       s:if_then(c, function(b)
-        m.add[{ (n + 127) // 128, 128, b }](tmp, 5, n)
-        cuda.copy(out, tmp, b)
+        hold.m.add[{ (n + 127) // 128, 128, b }](hold.tmp, 5, n)
+        cuda.copy(out, hold.tmp, b)
       end)
     end)
+    hold.m, hold.tmp = nil, nil
     collectgarbage(); collectgarbage()
     for _ = 1, 3 do g:launch(s) end
     s:synchronize()
@@ -192,18 +193,21 @@ describe("conditional nodes in a stream capture", function()
     local errs = {}
     local other = cuda.stream()
     local g, s = capture(function(s)
-      local c = s:condition { default = 1 }
+      local function cond() return s:condition { default = 1 } end
       other:begin_capture("relaxed")
       local foreign = other:condition()
       K("add_one")[{ 1, 1, other }](a)
       other:end_capture():close()
       errs.foreign = H.err(s.while_loop, s, foreign, function(b) inc(a, b) end)
       errs.launch_foreign = H.err(function() K("set_handle")[{ 1, 1, s }](foreign, 0) end)
-      errs.notfn = H.err(s.if_then, s, c, 42)
-      errs.noswitch = H.err(s.switch, s, c, {})
-      errs.empty = H.err(s.if_then, s, c, function() end)
-      errs.own = H.err(s.if_then, s, c, function(b) inc(a, b); error("mine", 0) end)
-      s:if_then(c, function(b)
+      errs.notfn = H.err(s.if_then, s, cond(), 42)
+      errs.noswitch = H.err(s.switch, s, cond(), {})
+      errs.empty = H.err(s.if_then, s, cond(), function() end)
+      errs.own = H.err(s.if_then, s, cond(), function(b) inc(a, b); error("mine", 0) end)
+      local used = cond()
+      s:if_then(used, function(b) inc(a, b) end)
+      errs.reused = H.err(s.while_loop, s, used, function(b) inc(a, b) end)
+      s:if_then(cond(), function(b)
         inc(a, b)
         errs.host = H.err(b.launch_host_func, b, function() end)
         errs.alloc = H.err(cuda.device_array, 4, "float32", { stream = b })
@@ -222,6 +226,7 @@ describe("conditional nodes in a stream capture", function()
       noswitch = "cudalua: stream:switch: the list of body functions must have 1 to 4096, got 0",
       empty = "cudalua: stream:if_then: the body's function queued no work on the body's stream",
       own = "mine",
+      reused = "cudalua: stream:while_loop: the condition already controls a conditional node",
       host = "cudalua: stream:launch_host_func: a conditional node's body cannot call Lua host functions",
       alloc = "cudalua: cuda.device_array: a conditional node's body cannot allocate memory",
       record = "cudalua: event:record: a conditional node's body cannot have event record nodes",
@@ -235,6 +240,12 @@ describe("conditional nodes in a stream capture", function()
       assert.matches(msg, errs[k], 1, true)
       if k ~= "own" then assert(C.prefix(errs[k])) end
     end
+    -- the explicit form refuses a condition's second node the same way
+    local eg = cuda.graph()
+    local ec = eg:condition { default = 0 }
+    eg:if_then(ec):kernel(K("add_one"), ONE, { a })
+    C.raises("cudalua: graph:while_loop: the condition already controls a conditional node", eg.while_loop, eg, ec)
+    eg:close()
     -- outside any capture
     local idle = cuda.stream()
     C.raises("cudalua: stream:condition: the stream is not capturing", idle.condition, idle)

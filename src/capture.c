@@ -166,6 +166,8 @@ static int cond_capture(lua_State *L, CUgraphConditionalNodeType type, int size,
   if (!c) return cl_error(L, where, "expected a condition (stream:condition()), got %s", luaL_typename(L, 2));
   if (c->graph != id)
     return cl_error(L, where, "the condition is not this capture's (a conditional node takes a condition made by its capturing stream's :condition())");
+  if (c->node)
+    return cl_error(L, where, "the condition already controls a conditional node (CUDA allows one node per condition: make another)");
   if (list) {
     cl_checktype(L, 3, LUA_TTABLE);
     size = (int)lua_rawlen(L, 3);
@@ -186,6 +188,7 @@ static int cond_capture(lua_State *L, CUgraphConditionalNodeType type, int size,
   p.conditional.ctx = s->ctx;
   CUgraphNode node;
   cl_check(L, CU(cuGraphAddNode, &node, g, deps, edges, nd, &p), where);
+  c->node = 1;
   cl_check(L, CU(cuStreamUpdateCaptureDependencies, s->h, &node, NULL, 1, CU_STREAM_SET_CAPTURE_DEPENDENCIES), where);
   if (cl_capture_push_keep(L, s)) {   /* the graph made of it runs on the conditional lane */
     lua_pushboolean(L, 1);

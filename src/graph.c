@@ -651,6 +651,7 @@ cl_condition *cl_push_condition(lua_State *L, CUgraph h, CUcontext ctx, uint64_t
   cl_use_ctx(L, ctx);
   cl_condition *c = lua_newuserdatauv(L, sizeof *c, 1);
   c->graph = owner;
+  c->node = 0;
   cl_check(L, CU(cuGraphConditionalHandleCreate, &c->h, h, ctx, def, flags), where);
   luaL_setmetatable(L, CL_CONDITION_MT);
   return c;
@@ -694,6 +695,8 @@ static int cond_node(lua_State *L, CUgraphConditionalNodeType type, unsigned siz
   if (!c) return cl_error(L, where, "expected a condition (graph:condition()), got %s", luaL_typename(L, 2));
   if (c->graph != g->id)
     return cl_error(L, where, "the condition is another graph's (a conditional node takes a condition made by its own graph's :condition())");
+  if (c->node)
+    return cl_error(L, where, "the condition already controls a conditional node (CUDA allows one node per condition: make another)");
   lua_settop(L, didx);
   size_t nd;
   CUgraphNode small[SMALL_DEPS];
@@ -708,6 +711,7 @@ static int cond_node(lua_State *L, CUgraphConditionalNodeType type, unsigned siz
   cl_use_ctx(L, g->ctx);
   CUgraphNode h;
   cl_check(L, CU(cuGraphAddNode, &h, g->g, deps, NULL, nd, &p), where);
+  c->node = 1;
   keep(L, 1, GRAPH_KEEP, 2);
   if (list) lua_createtable(L, (int)size, 0);
   for (unsigned i = 0; i < size; i++) {

@@ -61,11 +61,18 @@ local function node(fields, deps, where)
 end
 
 local function kernel_node(k, config, args, deps)
-  local where = "cuda.graph.kernel"
-  if type(config) ~= "table" then check.error(where, 3, "config must be a table ({grid, block} or keys), got %s", type(config)) end
-  -- (one constructor: graphs of thousands of kernel nodes are made in loops)
-  return setmetatable({ kind = "kernel", kernel = k, config = config, args = args ~= nil and list(args, "args", where) or nil,
-                        deps = deps_list(deps, where) }, node_mt)
+  if type(config) ~= "table" then
+    check.error("cuda.graph.kernel", 3, "config must be a table ({grid, block} or keys), got %s", type(config))
+  end
+  if args ~= nil then args = list(args, "args", "cuda.graph.kernel") end
+  -- (one constructor, the one-dependency list inline: graphs of thousands of kernel nodes are
+  -- made in loops)
+  local d = deps and getmetatable(deps) ~= node_mt and #deps == 1 and deps[1]
+  if d and getmetatable(d) == node_mt then
+    return setmetatable({ kind = "kernel", kernel = k, config = config, args = args, deps = { d } }, node_mt)
+  end
+  return setmetatable({ kind = "kernel", kernel = k, config = config, args = args,
+                        deps = deps_list(deps, "cuda.graph.kernel") }, node_mt)
 end
 
 -- cuda.graph.kernel(k, config, args, deps) and cuda.graph.kernel[config](k, args, deps), the
@@ -113,10 +120,8 @@ local add = {
 
 -- the bound nodes' dependencies, each once (the driver refuses a node listed twice): none is
 -- nil, one is the list `one` reused (the graph's functions keep no deps list)
-local function bound_deps(deps, bound, one)
-  local k = #deps
+local function bound_deps(deps, bound, k)
   if k == 0 then return nil end
-  if k == 1 then one[1] = bound[deps[1]]; return one end
   local out, seen = {}, {}
   for i = 1, k do
     local b = bound[deps[i]]
@@ -165,10 +170,13 @@ local function add_all(g, order, bound, failing)
     local n = order[i]
     failing[1] = n
     local deps = n.deps
+    local k = #deps
+    if k == 1 then one[1] = bound[deps[1]]; deps = one   -- (a chain: no call)
+    else deps = bound_deps(deps, bound, k) end
     if n.kind == "kernel" then   -- (most nodes: no dispatch)
-      bound[n] = gkernel(g, n.kernel, n.config, rawget(n, "args"), bound_deps(deps, bound, one))
+      bound[n] = gkernel(g, n.kernel, n.config, rawget(n, "args"), deps)
     else
-      bound[n] = add[n.kind](g, n, bound_deps(deps, bound, one))
+      bound[n] = add[n.kind](g, n, deps)
     end
   end
 end
