@@ -416,7 +416,7 @@ end)
 -- Found by tools/stress.lua, then in plain CUDA C (driver 580.159.04, H100): WHILE graphs
 -- running at once on two or three streams fail the context (CUDA_ERROR_LAUNCH_FAILED) within
 -- a few hundred graphs. cudalua runs a device's conditional graphs one at a time, in each
--- stream's order (src/graph.c, cond_launch). In a child process: the failure poisons a context.
+-- stream's order (src/gexec.c, cond_launch). In a child process: the failure poisons a context.
 describe("graphs with conditional nodes on several streams", function()
   gpu("run one at a time, each in its stream's order: 300 WHILE graphs on 3 streams against the CPU", function()
     local seed = math.random(1, 1e6)

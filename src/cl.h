@@ -4,7 +4,8 @@
    against the object files: make layers).
      layers: embedded error class loader driver opts hostfn capstate wait memory
              dtype stream event array interop ipc copy config kernel module compile link
-             args launch launcher graph capture random progress cache nvtx nccl device embed core
+             args launch launcher graph gexec capture random progress cache nvtx nccl device
+             embed core
    embedded: the Lua parts and CUDA headers, as data. error: raising `cudalua: <public name>:
    <what is wrong>`, the one form of every error; argument checks in that form. class: a Lua
    type's metatable, made from one description. loader: opening a library with dlopen from its table (libcuda, NVRTC,
@@ -14,9 +15,9 @@
    waits). memory: device and host blocks. dtype..link: one file per Lua type, each with its
    metatable, check/push functions and methods; config among them is launch configurations, a
    C struct with no Lua type of its own (the kernel type reads its shared memory sizes).
-   args..capture: submitting work (arguments, launches, launchers, graphs, captures). The
-   rest: Lua entry points; core.c opens them all, each type before the files that add methods
-   to it.
+   args..capture: submitting work (arguments, launches, launchers, graphs with their nodes and
+   conditions, executable graphs, captures). The rest: Lua entry points; core.c opens them all,
+   each type before the files that add methods to it.
    No upward use is allowed: where a lower file needs what a higher one does (the array check
    takes CUDA Array Interface objects, which interop.c makes views of), the higher one sets a
    function pointer the lower one owns when it opens. */
@@ -705,7 +706,46 @@ void cl_open_launch(lua_State *L);     /* adds k:launch */
 #define CL_LAUNCHER "cudalua.launcher"
 void cl_open_launcher(lua_State *L);   /* the launcher type; adds k[{grid, block}] and k:forall */
 
-/* ---- from graph.c: graphs ---- */
+/* ---- from graph.c: graphs, their nodes and conditions ---- */
+/* A Lua host node is a memop node (write, then wait: hostfn.c) with a record of its own; the
+   record's box is kept in the graph's user value. */
+typedef struct cl_graph {
+  CUgraph g;
+  CUcontext ctx;       /* its device's: nodes, instantiation and launches are there */
+  cl_hostrec **recs;   /* its Lua host nodes' records, children's copies included: each
+                          launch of an executable graph made from it arms them */
+  int nrecs, caprecs;
+  unsigned version;    /* bumped by every node and dependency added: g:launch's executable
+                          graph is made again when it differs from launched */
+  unsigned launched;
+  uint64_t origin;     /* a clone: the id of the graph it was cloned from (graph:find) */
+  uint64_t id;         /* never reused: what a condition or a graph allocation names */
+  struct cl_graph *parent;   /* a conditional node's body: the graph holding the node (kept by
+                                the body's keep set; the driver owns the body's CUgraph) */
+  const char *body;    /* a body: its node's kind ("while_loop"...), NULL for a graph */
+  struct cl_graph **bodies;  /* a graph's bodies, theirs included, checked at instantiation */
+  int nbodies;
+  int nalloc;          /* graph:alloc arrays not yet given to graph:free */
+  cl_hold hold;        /* the blocks of its nodes' arrays, its bodies' and children's included
+                          (empty in a body: they are its top graph's) */
+  int conds;           /* it has conditional nodes, or a child that has (see gexec.c's cond_launch) */
+} cl_graph;
+#define CL_GRAPH_MT "cudalua.graph"   /* also the registry's "cudalua.graph.methods" (gexec.c adds to it) */
+/* the graph at the top of g's bodies */
+static inline cl_graph *cl_graph_top(cl_graph *g) { while (g->parent) g = g->parent; return g; }
+
+enum { CL_NODE_KERNEL, CL_NODE_MEMCPY, CL_NODE_MEMSET, CL_NODE_HOST, CL_NODE_EMPTY, CL_NODE_CHILD,
+       CL_NODE_ALLOC, CL_NODE_FREE, CL_NODE_RECORD, CL_NODE_WAIT, CL_NODE_COND };
+extern const char *const cl_node_kinds[];   /* "kernel"...: n.kind, and messages */
+typedef struct cl_node {
+  CUgraphNode n;
+  cl_graph *owner;
+  int kind;
+  unsigned g[3], b[3], shared;   /* kernel nodes */
+  int parts;                     /* memset nodes: one driver node per 4-byte word of 8 and 16-byte elements */
+  int hosts;                     /* child nodes: whether the child calls Lua host functions */
+} cl_node;
+
 void cl_open_graph(lua_State *L);
 /* a graph object for h (pushed); a host function's record the graph now runs */
 void *cl_push_graph(lua_State *L, CUgraph h, CUcontext ctx);
@@ -715,6 +755,29 @@ void cl_graph_add_hostrec(lua_State *L, int gidx, cl_hostrec *r);
    options {default = v} at optidx (0: none) */
 cl_condition *cl_push_condition(lua_State *L, CUgraph h, CUcontext ctx, uint64_t owner, int optidx,
                                 const char *where);
+/* what executable graphs (gexec.c) share with graphs */
+cl_graph *cl_checkgraph(lua_State *L, int idx);   /* an open graph */
+/* a node that is still alive (of graph g unless NULL); errors name where */
+cl_node *cl_checknode(lua_State *L, int idx, cl_graph *g, const char *where);
+/* keeps the value at idx alive with the graph or executable graph at uidx, in its keep set (user
+   value uv), and holds its memory in h (an array's block, or what a graph holds) */
+void cl_graph_keep(lua_State *L, int uidx, int uv, cl_hold *h, int idx);
+void cl_graph_free_recs(cl_hostrec ***recs, int *n);   /* a list of host-node records, freed */
+/* raises unless the conditions and graph allocations among the stack values first.. first +
+   nargs - 1 (a kernel node's arguments) are g's */
+void cl_graph_own_args(lua_State *L, const cl_graph *g, int first, int nargs, const char *where);
+/* a kernel node's driver parameters: n's configuration, k's function, A's arguments */
+void cl_graph_kernel_params(cl_node *n, cl_kernel *k, cl_args *A, CUDA_KERNEL_NODE_PARAMS *p);
+/* a memcpy node's parameters, dst at didx, src at sidx; a memset node's, dst at didx, the value
+   at vidx (returns how many memsets: p holds CL_MAXITEM / 4). g: the graph the arrays must be
+   allowed in (graph:alloc arrays), NULL: not checked */
+void cl_graph_memcpy_params(lua_State *L, int didx, int sidx, CUDA_MEMCPY3D *p, const char *where,
+                            CUcontext ctx, const cl_graph *g);
+int cl_graph_memset_params(lua_State *L, int didx, int vidx, CUDA_MEMSET_NODE_PARAMS *p,
+                           const char *where, CUcontext ctx, const cl_graph *g);
+
+/* ---- from gexec.c: executable graphs ---- */
+void cl_open_gexec(lua_State *L);   /* the executable graph type; adds graph:instantiate and graph:launch */
 
 /* ---- from capture.c: stream captures ---- */
 void cl_open_capture(lua_State *L);   /* the stream's capture methods */

@@ -94,6 +94,7 @@ int luaopen_cudalua(lua_State *L) {
   cl_open_hostfn(L);
   cl_open_wait(L);
   cl_open_graph(L);
+  cl_open_gexec(L);     /* adds graph:instantiate and graph:launch */
   cl_open_capture(L);   /* adds the stream's capture methods */
   cl_open_interop(L);
   cl_open_ipc(L);

@@ -1,4 +1,4 @@
-// tools/while_repro.cu: the driver fault behind src/graph.c's conditional lane, in plain CUDA C
+// tools/while_repro.cu: the driver fault behind src/gexec.c's conditional lane, in plain CUDA C
 // (no cudalua). Each step makes a new graph (a memset, then a WHILE node whose body kernel
 // counts down), instantiates it and launches it 1 to 3 times on one of STREAMS streams.
 //   nvcc -arch=sm_90 -o build/while_repro tools/while_repro.cu
