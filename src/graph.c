@@ -221,29 +221,26 @@ void cl_graph_kernel_params(cl_node *n, cl_kernel *k, cl_args *A, CUDA_KERNEL_NO
   p->kernelParams = A->params;
 }
 
-/* g:kernel(k, config, args, deps) */
-static int g_kernel(lua_State *L) {
-  cl_graph *g = cl_checkgraph(L, 1);
-  cl_kernel *k = cl_checkkernel(L, 2);
-  lua_settop(L, 5);
-  size_t nd;
-  CUgraphNode small[SMALL_DEPS];
-  CUgraphNode *deps = deps_of(L, 5, g, &nd, "graph:kernel", small);   /* at 6 */
-  cl_node cfg;   /* the configuration, copied into the node once it is made */
-  memset(&cfg, 0, sizeof cfg);
-  cl_launch c;
-  cl_launch_parse(L, 3, &c, CL_CFG_GRAPH, "graph:kernel");
-  memcpy(cfg.g, c.g, sizeof cfg.g); memcpy(cfg.b, c.b, sizeof cfg.b); cfg.shared = c.shared;
+/* adds a kernel node to the graph at gidx: the kernel at kidx (k), configuration c, the
+   argument list at aidx (nil: none), dependencies deps; pushes the node. keep_kernel: 0 when
+   the graph already keeps k (node:build's run of one kernel's nodes) */
+static cl_node *add_kernel(lua_State *L, int gidx, int kidx, const cl_launch *c, int aidx,
+                           const CUgraphNode *deps, size_t nd, int keep_kernel) {
+  cl_graph *g = lua_touserdata(L, gidx);
+  cl_kernel *k = lua_touserdata(L, kidx);
   if (k->ctx != g->ctx)
     cl_error(L, "graph:kernel", "the kernel is on device %d and the graph on device %d (get the "
                "kernel from its module with device %d selected)", cl_device_of(k->ctx), cl_device_of(g->ctx),
                cl_device_of(g->ctx));
-  int nargs, first = push_args(L, 4, &nargs);
+  cl_node cfg;   /* the configuration, copied into the node once it is made */
+  memset(&cfg, 0, sizeof cfg);
+  memcpy(cfg.g, c->g, sizeof cfg.g); memcpy(cfg.b, c->b, sizeof cfg.b); cfg.shared = c->shared;
+  int nargs, first = push_args(L, aidx, &nargs);
   cl_args A;
-  cl_marshal(L, k, 2, first, nargs, &A, 0);
+  cl_marshal(L, k, kidx, first, nargs, &A, 0);
   cl_graph_own_args(L, g, first, nargs, "graph:kernel");
   cl_use_ctx(L, g->ctx);
-  cl_kernel_shared(L, k, 2, c.shared);   /* a function attribute: graph launches use it too */
+  cl_kernel_shared(L, k, kidx, c->shared);   /* a function attribute: graph launches use it too */
   CUDA_KERNEL_NODE_PARAMS p;
   cl_graph_kernel_params(&cfg, k, &A, &p);
   CUgraphNode h = NULL;
@@ -251,27 +248,141 @@ static int g_kernel(lua_State *L) {
   int added = r == CUDA_SUCCESS;
   /* cluster and cooperative launches are attributes of the node */
   CUkernelNodeAttrValue v;
-  if (r == CUDA_SUCCESS && c.cluster[0]) {
+  if (r == CUDA_SUCCESS && c->cluster[0]) {
     memset(&v, 0, sizeof v);
-    v.clusterDim.x = c.cluster[0]; v.clusterDim.y = c.cluster[1]; v.clusterDim.z = c.cluster[2];
+    v.clusterDim.x = c->cluster[0]; v.clusterDim.y = c->cluster[1]; v.clusterDim.z = c->cluster[2];
     r = CU(cuGraphKernelNodeSetAttribute, h, CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, &v);
   }
-  if (r == CUDA_SUCCESS && c.cooperative) {
+  if (r == CUDA_SUCCESS && c->cooperative) {
     memset(&v, 0, sizeof v);
     v.cooperative = 1;
     r = CU(cuGraphKernelNodeSetAttribute, h, CU_LAUNCH_ATTRIBUTE_COOPERATIVE, &v);
   }
   if (r != CUDA_SUCCESS) {
     if (added) CU(cuGraphDestroyNode, h);   /* added, its attributes refused */
-    cl_error_named(L, "graph:kernel '%s': %s", cl_kernel_name(L, 2), cl_errname(r));
+    cl_error_named(L, "graph:kernel '%s': %s", cl_kernel_name(L, kidx), cl_errname(r));
   }
-  for (int i = 0; i < nargs; i++) keep(L, 1, first + i);
-  keep(L, 1, 2);
-  cl_node *n = push_node(L, 1, CL_NODE_KERNEL);
+  for (int i = 0; i < nargs; i++) keep(L, gidx, first + i);
+  if (keep_kernel) keep(L, gidx, kidx);
+  cl_node *n = push_node(L, gidx, CL_NODE_KERNEL);
   memcpy(n->g, cfg.g, sizeof n->g); memcpy(n->b, cfg.b, sizeof n->b); n->shared = cfg.shared;
   n->n = h;
-  lua_pushvalue(L, 2); lua_setiuservalue(L, -2, 2);   /* the kernel, for set_args */
+  lua_pushvalue(L, kidx); lua_setiuservalue(L, -2, 2);   /* the kernel, for set_args */
+  return n;
+}
+
+/* g:kernel(k, config, args, deps) */
+static int g_kernel(lua_State *L) {
+  cl_graph *g = cl_checkgraph(L, 1);
+  cl_checkkernel(L, 2);
+  lua_settop(L, 5);
+  size_t nd;
+  CUgraphNode small[SMALL_DEPS];
+  CUgraphNode *deps = deps_of(L, 5, g, &nd, "graph:kernel", small);   /* at 6 */
+  cl_launch c;
+  cl_launch_parse(L, 3, &c, CL_CFG_GRAPH, "graph:kernel");
+  add_kernel(L, 1, 2, &c, 4, deps, nd, 1);
   return 1;
+}
+
+/* ---- node:build's adding (lua/cudalua/nodes.lua): the seed's unbound nodes, walked and checked
+   there, become nodes of a graph here, kernel nodes without a Lua call each (a build must cost
+   about what the same g:kernel calls do: bench/helpers.lua) */
+
+/* the graph nodes bound[d] of the unbound node's deps (at didx), each once (the driver refuses
+   a dependency listed twice); small[SMALL_DEPS] for a few, else a userdata (pushed, or nil) */
+static CUgraphNode *bound_deps(lua_State *L, int didx, int bidx, cl_graph *g, size_t *n, CUgraphNode *small) {
+  size_t k = lua_rawlen(L, didx);
+  CUgraphNode *d = small;
+  if (k <= SMALL_DEPS) lua_pushnil(L);
+  else d = lua_newuserdatauv(L, sizeof(CUgraphNode) * k, 0);
+  *n = 0;
+  for (size_t i = 0; i < k; i++) {
+    lua_rawgeti(L, didx, (lua_Integer)i + 1);
+    lua_rawget(L, bidx);
+    CUgraphNode h = cl_checknode(L, -1, g, "graph:kernel")->n;
+    lua_pop(L, 1);
+    size_t j = 0;
+    while (j < *n && d[j] != h) j++;
+    if (j == *n) d[(*n)++] = h;
+  }
+  return d;
+}
+
+/* the unbound kernel node at nidx added to g (at 1): pushes its node. last: the kernel and
+   configuration table of the node before, whose parse is reused when they are the same */
+static void add_unbound_kernel(lua_State *L, int nidx, int bidx, const void **last, cl_launch *c) {
+  cl_graph *g = lua_touserdata(L, 1);
+  lua_getfield(L, nidx, "kernel");
+  int kidx = lua_gettop(L);
+  if (!luaL_testudata(L, kidx, CL_KERNEL))
+    cl_error(L, "graph:kernel", "expected a kernel, got %s", luaL_typename(L, kidx));
+  lua_getfield(L, nidx, "config");
+  if (lua_topointer(L, -1) != last[1] || !last[1]) {
+    cl_launch_parse(L, kidx + 1, c, CL_CFG_GRAPH, "graph:kernel");
+    last[1] = lua_topointer(L, kidx + 1);
+  }
+  lua_getfield(L, nidx, "args");
+  lua_getfield(L, nidx, "deps");
+  size_t nd;
+  CUgraphNode small[SMALL_DEPS];
+  CUgraphNode *deps = bound_deps(L, kidx + 3, bidx, g, &nd, small);
+  int same = lua_topointer(L, kidx) == last[0];
+  last[0] = lua_topointer(L, kidx);
+  add_kernel(L, 1, kidx, c, kidx + 2, deps, nd, !same);
+}
+
+/* the unbound node at nidx of another kind: add[kind](g, node, deps) (the bound function) */
+static void add_unbound_other(lua_State *L, int nidx, int bidx, int addidx) {
+  lua_getfield(L, nidx, "kind");
+  lua_rawget(L, addidx);
+  lua_pushvalue(L, 1);
+  lua_pushvalue(L, nidx);
+  lua_getfield(L, nidx, "deps");
+  int didx = lua_gettop(L);
+  lua_Integer k = (lua_Integer)lua_rawlen(L, didx);
+  lua_createtable(L, (int)k, 0);   /* the bound nodes, each once */
+  for (lua_Integer i = 1, m = 0; i <= k; i++) {
+    lua_rawgeti(L, didx, i);
+    lua_rawget(L, bidx);
+    int seen = 0;
+    for (lua_Integer j = 1; j <= m && !seen; j++) {
+      lua_rawgeti(L, -2, j);
+      seen = lua_rawequal(L, -1, -2);
+      lua_pop(L, 1);
+    }
+    if (seen) lua_pop(L, 1);
+    else lua_rawseti(L, -2, ++m);
+  }
+  lua_remove(L, didx);
+  if (k == 0) { lua_pop(L, 1); lua_pushnil(L); }
+  lua_call(L, 3, 1);
+}
+
+/* core.graph_add_nodes(g, order, bound, failing, add): each node of the list order added to g,
+   bound[node] = its graph node; failing[1] = the node being added (node:build names it) */
+static int l_graph_add_nodes(lua_State *L) {
+  cl_checkgraph(L, 1);
+  for (int i = 2; i <= 5; i++) cl_checktype(L, i, LUA_TTABLE);
+  lua_settop(L, 5);
+  lua_Integer n = (lua_Integer)lua_rawlen(L, 2);
+  const void *last[2] = {NULL, NULL};   /* the kernel and configuration of the last kernel node */
+  cl_launch c;
+  for (lua_Integer i = 1; i <= n; i++) {
+    lua_settop(L, 5);
+    lua_rawgeti(L, 2, i);   /* the node, at 6 */
+    lua_pushvalue(L, 6);
+    lua_rawseti(L, 4, 1);
+    lua_getfield(L, 6, "kind");
+    int kernel = lua_type(L, -1) == LUA_TSTRING && !strcmp(lua_tostring(L, -1), "kernel");
+    lua_pop(L, 1);
+    if (kernel) add_unbound_kernel(L, 6, 3, last, &c);
+    else add_unbound_other(L, 6, 3, 5);
+    lua_pushvalue(L, 6);
+    lua_insert(L, -2);
+    lua_rawset(L, 3);
+  }
+  return 0;
 }
 
 /* the address an array has for copies in graphs: pageable memory is page-locked first */
@@ -878,4 +989,5 @@ void cl_open_graph(lua_State *L) {
   static const luaL_Reg cmeta[] = {{"__tostring", c_tostring}, {NULL, NULL}};
   cl_class_define(L, &(cl_class){CL_CONDITION_MT, NULL, NULL, cmeta});
   lua_pushcfunction(L, l_graph); lua_setfield(L, -2, "graph");
+  lua_pushcfunction(L, l_graph_add_nodes); lua_setfield(L, -2, "graph_add_nodes");
 }

@@ -5,26 +5,16 @@
 --   n1.args[#n1.args + 1] = x ; n1.deps[#n1.deps + 1] = n2
 --   local g = n1:build() ; g:launch(s)                -- g: a cuda.graph, the same as the bound form
 -- node:build() makes a cuda.graph() and adds the node and everything it depends on, each node once,
--- dependencies first, through the bound functions (g:kernel, g:memcpy, ...): the CUDA graph is
--- the one the bound form gives, and so is the cost of each replay.
+-- dependencies first: kernel nodes by g:kernel's C code (core.graph_add_nodes: no Lua call per
+-- node, so a build costs about what the bound form's calls do), the others through the bound
+-- functions (g:memcpy, ...). The CUDA graph is the one the bound form gives, and so is the
+-- cost of each replay.
 local check = require "cudalua.check"
 
 local M = {}
 local Node = {}
--- a kernel or host node's args list is made when first read (most nodes of big graphs have
--- none: one table less per node)
-local node_mt = { __name = "cudalua.unbound_node" }
-local has_args = { kernel = true, host = true }
-function node_mt.__index(n, k)
-  if k == "args" and has_args[rawget(n, "kind")] then
-    local a = {}
-    rawset(n, "args", a)
-    return a
-  end
-  return Node[k]
-end
+local node_mt = { __index = Node, __name = "cudalua.unbound_node" }
 function node_mt.__tostring(n) return ("cudalua.unbound_node<%s>"):format(n.kind) end
-
 local function is_node(v) return getmetatable(v) == node_mt end
 
 -- a fresh list of the nodes in deps (nil: none); the user's table is not kept
@@ -64,14 +54,8 @@ local function kernel_node(k, config, args, deps)
   if type(config) ~= "table" then
     check.error("cuda.graph.kernel", 3, "config must be a table ({grid, block} or keys), got %s", type(config))
   end
-  if args ~= nil then args = list(args, "args", "cuda.graph.kernel") end
-  -- (one constructor, the one-dependency list inline: graphs of thousands of kernel nodes are
-  -- made in loops)
-  local d = deps and getmetatable(deps) ~= node_mt and #deps == 1 and deps[1]
-  if d and getmetatable(d) == node_mt then
-    return setmetatable({ kind = "kernel", kernel = k, config = config, args = args, deps = { d } }, node_mt)
-  end
-  return setmetatable({ kind = "kernel", kernel = k, config = config, args = args,
+  -- (one constructor: graphs of thousands of kernel nodes are made in loops)
+  return setmetatable({ kind = "kernel", kernel = k, config = config, args = list(args, "args", "cuda.graph.kernel"),
                         deps = deps_list(deps, "cuda.graph.kernel") }, node_mt)
 end
 
@@ -118,18 +102,6 @@ local add = {
   end,
 }
 
--- the bound nodes' dependencies, each once (the driver refuses a node listed twice): none is
--- nil, one is the list `one` reused (the graph's functions keep no deps list)
-local function bound_deps(deps, bound, k)
-  if k == 0 then return nil end
-  local out, seen = {}, {}
-  for i = 1, k do
-    local b = bound[deps[i]]
-    if not seen[b] then seen[b] = true; out[#out + 1] = b end
-  end
-  return out
-end
-
 -- every node root depends on, each once, dependencies first, checked before any graph is made
 -- (an iterative depth-first walk on two flat stacks, the node and how many of its deps were
 -- walked: a chain of thousands of nodes needs no recursion and no table per node). state:
@@ -163,25 +135,7 @@ local function order_of(root, state)
   return order
 end
 
--- adds the ordered nodes to g; bound: node -> its node in g (it was the walk's state table)
-local function add_all(g, order, bound, failing)
-  local one, gkernel = {}, g.kernel
-  for i = 1, #order do
-    local n = order[i]
-    failing[1] = n
-    local deps = n.deps
-    local k = #deps
-    if k == 1 then one[1] = bound[deps[1]]; deps = one   -- (a chain: no call)
-    else deps = bound_deps(deps, bound, k) end
-    if n.kind == "kernel" then   -- (most nodes: no dispatch)
-      bound[n] = gkernel(g, n.kernel, n.config, rawget(n, "args"), deps)
-    else
-      bound[n] = add[n.kind](g, n, deps)
-    end
-  end
-end
-
-local new_graph   -- cuda.graph's constructor (M.namespace)
+local new_graph, add_nodes   -- cuda.graph's constructor, core.graph_add_nodes (M.namespace)
 
 -- node:build() -> graph, nodes: a new cuda.graph of the node and everything it depends on;
 -- nodes maps each unbound node to its node in the graph (for exec:set_args and the like). An
@@ -191,17 +145,17 @@ function Node.build(root)
   local bound, failing = {}, {}
   local order = order_of(root, bound)
   local g = new_graph()   -- (not a tail call: an error names cuda.graph)
-  local ok, r = pcall(add_all, g, order, bound, failing)
+  local ok, r = pcall(add_nodes, g, order, bound, failing, add)
   if not ok then
     g:close()
-    check.error("node:build", 2, "%s node: %s", failing[1].kind, (check.cause(r):gsub("^graph:%w+: ", "")))
+    check.error("node:build", 2, "%s node: %s", (failing[1] or root).kind, (check.cause(r):gsub("^graph:%w+: ", "")))
   end
   return g, bound
 end
 
 -- cuda.graph: called, a new empty graph (graph: the C constructor); indexed, the unbound nodes
-function M.namespace(graph)
-  new_graph = graph
+function M.namespace(graph, adder)
+  new_graph, add_nodes = graph, adder
   local public = { kernel = M.kernel, memcpy = M.memcpy, memset = M.memset, host = M.host, empty = M.empty,
                    child = M.child, record = M.record, wait = M.wait }
   return setmetatable(public, {
