@@ -309,10 +309,10 @@ static CUgraphNode *bound_deps(lua_State *L, int didx, int bidx, cl_graph *g, si
   return d;
 }
 
-/* the unbound kernel node at nidx added to g (at 1): pushes its node. last: the kernel and
+/* the unbound kernel node at nidx added to the graph at gidx: pushes its node. last: the kernel and
    configuration table of the node before, whose parse is reused when they are the same */
-static void add_unbound_kernel(lua_State *L, int nidx, int bidx, const void **last, cl_launch *c) {
-  cl_graph *g = lua_touserdata(L, 1);
+static void add_unbound_kernel(lua_State *L, int gidx, int nidx, int bidx, const void **last, cl_launch *c) {
+  cl_graph *g = lua_touserdata(L, gidx);
   lua_getfield(L, nidx, "kernel");
   int kidx = lua_gettop(L);
   if (!luaL_testudata(L, kidx, CL_KERNEL))
@@ -329,14 +329,14 @@ static void add_unbound_kernel(lua_State *L, int nidx, int bidx, const void **la
   CUgraphNode *deps = bound_deps(L, kidx + 3, bidx, g, &nd, small);
   int same = lua_topointer(L, kidx) == last[0];
   last[0] = lua_topointer(L, kidx);
-  add_kernel(L, 1, kidx, c, kidx + 2, deps, nd, !same);
+  add_kernel(L, gidx, kidx, c, kidx + 2, deps, nd, !same);
 }
 
 /* the unbound node at nidx of another kind: add[kind](g, node, deps) (the bound function) */
-static void add_unbound_other(lua_State *L, int nidx, int bidx, int addidx) {
+static void add_unbound_other(lua_State *L, int gidx, int nidx, int bidx, int addidx) {
   lua_getfield(L, nidx, "kind");
   lua_rawget(L, addidx);
-  lua_pushvalue(L, 1);
+  lua_pushvalue(L, gidx);
   lua_pushvalue(L, nidx);
   lua_getfield(L, nidx, "deps");
   int didx = lua_gettop(L);
@@ -359,30 +359,105 @@ static void add_unbound_other(lua_State *L, int nidx, int bidx, int addidx) {
   lua_call(L, 3, 1);
 }
 
-/* core.graph_add_nodes(g, order, bound, failing, add): each node of the list order added to g,
-   bound[node] = its graph node; failing[1] = the node being added (node:build names it) */
-static int l_graph_add_nodes(lua_State *L) {
-  cl_checkgraph(L, 1);
-  for (int i = 2; i <= 5; i++) cl_checktype(L, i, LUA_TTABLE);
-  lua_settop(L, 5);
-  lua_Integer n = (lua_Integer)lua_rawlen(L, 2);
-  const void *last[2] = {NULL, NULL};   /* the kernel and configuration of the last kernel node */
-  cl_launch c;
-  for (lua_Integer i = 1; i <= n; i++) {
-    lua_settop(L, 5);
-    lua_rawgeti(L, 2, i);   /* the node, at 6 */
-    lua_pushvalue(L, 6);
-    lua_rawseti(L, 4, 1);
-    lua_getfield(L, 6, "kind");
-    int kernel = lua_type(L, -1) == LUA_TSTRING && !strcmp(lua_tostring(L, -1), "kernel");
-    lua_pop(L, 1);
-    if (kernel) add_unbound_kernel(L, 6, 3, last, &c);
-    else add_unbound_other(L, 6, 3, 5);
-    lua_pushvalue(L, 6);
-    lua_insert(L, -2);
-    lua_rawset(L, 3);
+/* the unbound node at idx, reached for the first time: its deps a list of nodes (mtidx: their
+   metatable), its kind one addidx has, before any of its dependencies is walked */
+static void walk_check(lua_State *L, int idx, int mtidx, int addidx) {
+  lua_getfield(L, idx, "kind");
+  lua_pushvalue(L, -1);
+  if (lua_rawget(L, addidx) == LUA_TNIL)
+    cl_error(L, "node:build", "a node of unknown kind %s", luaL_tolstring(L, -2, NULL));
+  const char *kind = lua_tostring(L, -2);
+  if (lua_getfield(L, idx, "deps") != LUA_TTABLE)
+    cl_error(L, "node:build", "the %s node's deps is not a list (%s)", kind, luaL_typename(L, -1));
+  lua_Integer k = (lua_Integer)lua_rawlen(L, -1);
+  for (lua_Integer i = 1; i <= k; i++) {
+    lua_rawgeti(L, -1, i);
+    int mt = lua_getmetatable(L, -1);
+    if (!mt || !lua_rawequal(L, -1, mtidx))
+      cl_error(L, "node:build", "the %s node's deps[%I] is not a node (%s)", kind, i, luaL_typename(L, mt ? -2 : -1));
+    lua_pop(L, 2);
   }
-  return 0;
+  lua_pop(L, 3);
+}
+
+/* the finished node at nidx (its dependencies added) added to the graph (made by new_graph at
+   its first node, kept in failing[2] so that node:build closes it on an error) */
+static void walk_add(lua_State *L, int nidx, const void **last, cl_launch *c) {
+  enum { ADD = 3, NEW, BOUND, FAILING, GRAPH };   /* l_graph_build's arguments */
+  if (lua_isnil(L, GRAPH)) {
+    lua_pushvalue(L, NEW);
+    lua_call(L, 0, 1);
+    cl_checkgraph(L, -1);
+    lua_pushvalue(L, -1);
+    lua_rawseti(L, FAILING, 2);
+    lua_replace(L, GRAPH);
+  }
+  lua_pushvalue(L, nidx);
+  lua_rawseti(L, FAILING, 1);
+  lua_getfield(L, nidx, "kind");
+  int kernel = !strcmp(lua_tostring(L, -1), "kernel");
+  lua_pop(L, 1);
+  int top = lua_gettop(L);
+  if (kernel) add_unbound_kernel(L, GRAPH, nidx, BOUND, last, c);
+  else add_unbound_other(L, GRAPH, nidx, BOUND, ADD);
+  lua_pushvalue(L, nidx);
+  lua_insert(L, -2);
+  lua_rawset(L, BOUND);   /* bound[node] = its graph node */
+  lua_settop(L, top);
+}
+
+/* core.graph_build(root, node_mt, add, new_graph, bound, failing) -> graph: node:build's walk
+   (lua/cudalua/nodes.lua): every node root depends on, each once, added dependencies first,
+   a depth-first walk whose path is on the Lua stack (no recursion: chains of thousands of
+   nodes). A node is checked when first reached, before what it depends on is walked, and the
+   graph is made at the first node added: a malformed node or a cycle of nodes is refused before
+   any graph exists. bound: node -> false while walked, its graph node once added. */
+static int l_graph_build(lua_State *L) {
+  lua_settop(L, 6);
+  lua_pushnil(L);   /* 7: the graph */
+  size_t cap = 64, sp = 1;
+  int *at = lua_newuserdatauv(L, cap * sizeof *at, 0);   /* 8: how many deps of each frame were walked */
+  const int base = 8;
+  const void *last[2] = {NULL, NULL};
+  cl_launch c;
+  walk_check(L, 1, 2, 3);
+  lua_pushvalue(L, 1); lua_pushboolean(L, 0); lua_rawset(L, 5);
+  lua_pushvalue(L, 1);
+  at[0] = 0;
+  while (sp > 0) {
+    int nidx = base + (int)sp;
+    lua_getfield(L, nidx, "deps");
+    if (lua_rawgeti(L, -1, ++at[sp - 1]) == LUA_TNIL) {   /* all walked: added, the frame popped */
+      lua_settop(L, nidx);
+      walk_add(L, nidx, last, &c);
+      lua_settop(L, nidx - 1);
+      sp--;
+      continue;
+    }
+    lua_remove(L, -2);
+    lua_pushvalue(L, -1);
+    int st = lua_rawget(L, 5);
+    int walking = st == LUA_TBOOLEAN && !lua_toboolean(L, -1);
+    lua_pop(L, 1);
+    if (walking) {
+      lua_getfield(L, -1, "kind");
+      cl_error(L, "node:build", "the deps make a cycle (this %s node depends on itself through them)", lua_tostring(L, -1));
+    }
+    if (st != LUA_TNIL) { lua_pop(L, 1); continue; }   /* added before */
+    walk_check(L, lua_gettop(L), 2, 3);
+    lua_pushvalue(L, -1); lua_pushboolean(L, 0); lua_rawset(L, 5);
+    if (!lua_checkstack(L, 8)) cl_error(L, "node:build", "the graph is too deep (a chain of over %d nodes)", (int)sp);
+    if (sp == cap) {   /* a bigger frame list, in place of the old */
+      int *more = lua_newuserdatauv(L, 2 * cap * sizeof *more, 0);
+      memcpy(more, at, cap * sizeof *at);
+      at = more;
+      cap *= 2;
+      lua_replace(L, base);
+    }
+    at[sp++] = 0;   /* the dependency, on the stack, is the new frame */
+  }
+  lua_pushvalue(L, 7);
+  return 1;
 }
 
 /* the address an array has for copies in graphs: pageable memory is page-locked first */
@@ -989,5 +1064,5 @@ void cl_open_graph(lua_State *L) {
   static const luaL_Reg cmeta[] = {{"__tostring", c_tostring}, {NULL, NULL}};
   cl_class_define(L, &(cl_class){CL_CONDITION_MT, NULL, NULL, cmeta});
   lua_pushcfunction(L, l_graph); lua_setfield(L, -2, "graph");
-  lua_pushcfunction(L, l_graph_add_nodes); lua_setfield(L, -2, "graph_add_nodes");
+  lua_pushcfunction(L, l_graph_build); lua_setfield(L, -2, "graph_build");
 }

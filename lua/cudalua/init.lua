@@ -54,7 +54,7 @@ function cuda.detect(out)
 end
 
 -- cuda.graph() makes a graph; cuda.graph.kernel, .memcpy, ... make nodes of none (the seed's form)
-cuda.graph = require("cudalua.nodes").namespace(core.graph, core.graph_add_nodes)
+cuda.graph = require("cudalua.nodes").namespace(core.graph, core.graph_build)
 
 local compile = require "cudalua.compile"
 cuda.compile = compile.compile

@@ -5,9 +5,9 @@
 --   n1.args[#n1.args + 1] = x ; n1.deps[#n1.deps + 1] = n2
 --   local g = n1:build() ; g:launch(s)                -- g: a cuda.graph, the same as the bound form
 -- node:build() makes a cuda.graph() and adds the node and everything it depends on, each node once,
--- dependencies first: kernel nodes by g:kernel's C code (core.graph_add_nodes: no Lua call per
--- node, so a build costs about what the bound form's calls do), the others through the bound
--- functions (g:memcpy, ...). The CUDA graph is the one the bound form gives, and so is the
+-- dependencies first: the walk and kernel nodes by g:kernel's C code (core.graph_build: no Lua
+-- call per node, so a build costs about what the bound form's calls do), the other kinds
+-- through the bound functions (g:memcpy, ...). The CUDA graph is the one the bound form gives, and so is the
 -- cost of each replay.
 local check = require "cudalua.check"
 
@@ -50,24 +50,26 @@ local function node(fields, deps, where)
   return setmetatable(fields, node_mt)
 end
 
-local function kernel_node(k, config, args, deps)
+-- cuda.graph.kernel(k, config, args, deps) (called as a table: the first argument is it) and
+-- cuda.graph.kernel[config](k, args, deps), the seed's KernelNode[64, 32](k, args, deps)
+local function kernel_node(_, k, config, args, deps)
   if type(config) ~= "table" then
     check.error("cuda.graph.kernel", 3, "config must be a table ({grid, block} or keys), got %s", type(config))
   end
-  -- (one constructor: graphs of thousands of kernel nodes are made in loops)
-  return setmetatable({ kind = "kernel", kernel = k, config = config, args = list(args, "args", "cuda.graph.kernel"),
-                        deps = deps_list(deps, "cuda.graph.kernel") }, node_mt)
+  -- (inline: graphs of thousands of kernel nodes, each after one other, are made in loops)
+  if args == nil then args = {} else args = list(args, "args", "cuda.graph.kernel") end
+  local d = type(deps) == "table" and deps[2] == nil and deps[1]
+  if d and getmetatable(d) == node_mt then deps = { d } else deps = deps_list(deps, "cuda.graph.kernel") end
+  return setmetatable({ kind = "kernel", kernel = k, config = config, args = args, deps = deps }, node_mt)
 end
 
--- cuda.graph.kernel(k, config, args, deps) and cuda.graph.kernel[config](k, args, deps), the
--- seed's KernelNode[64, 32](k, args, deps)
 M.kernel = setmetatable({}, {
-  __call = function(_, k, config, args, deps) return kernel_node(k, config, args, deps) end,
+  __call = kernel_node,
   __index = function(_, config)
     if type(config) ~= "table" then
       check.error("cuda.graph.kernel[config]", 2, "config must be a table ({grid, block} or keys), got %s", type(config))
     end
-    return function(k, args, deps) return kernel_node(k, config, args, deps) end
+    return function(k, args, deps) return kernel_node(nil, k, config, args, deps) end
   end,
 })
 
@@ -102,60 +104,27 @@ local add = {
   end,
 }
 
--- every node root depends on, each once, dependencies first, checked before any graph is made
--- (an iterative depth-first walk on two flat stacks, the node and how many of its deps were
--- walked: a chain of thousands of nodes needs no recursion and no table per node). state:
--- node -> false while walked, true once ordered. A malformed node or a cycle raises.
-local function order_of(root, state)
-  local order, nodes, at, sp = {}, { root }, { 0 }, 1
-  state[root] = false
-  while sp > 0 do
-    local n = nodes[sp]
-    local i = at[sp] + 1
-    local deps = n.deps
-    if type(deps) ~= "table" then check.error("node:build", 3, "the %s node's deps is not a list (%s)", n.kind, type(deps)) end
-    local d = deps[i]
-    if d == nil and i > #deps then
-      if not add[n.kind] then check.error("node:build", 3, "a node of unknown kind %s", tostring(n.kind)) end
-      state[n] = true
-      order[#order + 1] = n
-      sp = sp - 1
-    else
-      at[sp] = i
-      if getmetatable(d) ~= node_mt then check.error("node:build", 3, "the %s node's deps[%d] is not a node (%s)", n.kind, i, type(d)) end
-      local st = state[d]
-      if st == false then check.error("node:build", 3, "the deps make a cycle (this %s node depends on itself through them)", d.kind) end
-      if st == nil then
-        state[d] = false
-        sp = sp + 1
-        nodes[sp], at[sp] = d, 0
-      end
-    end
-  end
-  return order
-end
-
-local new_graph, add_nodes   -- cuda.graph's constructor, core.graph_add_nodes (M.namespace)
+local new_graph, build   -- cuda.graph's constructor, core.graph_build (M.namespace)
 
 -- node:build() -> graph, nodes: a new cuda.graph of the node and everything it depends on;
--- nodes maps each unbound node to its node in the graph (for exec:set_args and the like). An
--- error closes the half-made graph and names node:build and the node's kind.
+-- nodes maps each unbound node to its node in the graph (for exec:set_args and the like).
+-- core.graph_build walks the nodes (checking each before what it depends on: a malformed node
+-- or a cycle is refused before any graph is made) and adds them; an error while adding closes
+-- the half-made graph and names node:build and the node's kind.
 function Node.build(root)
   if not is_node(root) then check.error("node:build", 2, "call it as node:build()") end
   local bound, failing = {}, {}
-  local order = order_of(root, bound)
-  local g = new_graph()   -- (not a tail call: an error names cuda.graph)
-  local ok, r = pcall(add_nodes, g, order, bound, failing, add)
-  if not ok then
-    g:close()
-    check.error("node:build", 2, "%s node: %s", (failing[1] or root).kind, (check.cause(r):gsub("^graph:%w+: ", "")))
-  end
-  return g, bound
+  local ok, r = pcall(build, root, node_mt, add, new_graph, bound, failing)
+  if ok then return r, bound end
+  if failing[2] then failing[2]:close() end
+  local msg = tostring(r)
+  if msg:find("^cudalua: node:build: ") or not failing[1] then error(msg, 0) end
+  check.error("node:build", 2, "%s node: %s", failing[1].kind, (check.cause(msg):gsub("^graph:%w+: ", "")))
 end
 
 -- cuda.graph: called, a new empty graph (graph: the C constructor); indexed, the unbound nodes
-function M.namespace(graph, adder)
-  new_graph, add_nodes = graph, adder
+function M.namespace(graph, builder)
+  new_graph, build = graph, builder
   local public = { kernel = M.kernel, memcpy = M.memcpy, memset = M.memset, host = M.host, empty = M.empty,
                    child = M.child, record = M.record, wait = M.wait }
   return setmetatable(public, {
