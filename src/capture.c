@@ -125,7 +125,10 @@ static void capture_body(lua_State *L, cl_stream *s, CUgraph h, int fidx, const 
   int bidx = lua_gettop(L);
   /* counted as a capture (no device-wide wait may begin: none can, s captures) */
   __atomic_add_fetch(&cl_capturing, 1, __ATOMIC_SEQ_CST);
-  CUresult r = CU(cuStreamBeginCaptureToGraph, b->h, h, NULL, NULL, 0, CU_STREAM_CAPTURE_MODE_GLOBAL);
+  /* thread_local: a global body capture would refuse other threads' allocations while it runs,
+     even under an outer capture in the thread_local or relaxed mode (what is unsafe in this
+     thread, cudalua refuses in bodies itself) */
+  CUresult r = CU(cuStreamBeginCaptureToGraph, b->h, h, NULL, NULL, 0, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
   if (r != CUDA_SUCCESS) {
     __atomic_sub_fetch(&cl_capturing, 1, __ATOMIC_SEQ_CST);
     cl_check(L, r, where);

@@ -5,7 +5,8 @@
 -- blocking or non-blocking, with a device int32 array and a mapped tick counter), and queues at
 -- random: kernels, copies into pinned, pageable and mapped arrays, Lua host functions (some that
 -- raise, some that close or drop arrays and streams made for them, some that collect garbage),
--- captures (some through a temporary the graph allocates) and explicit graphs with host nodes
+-- captures (some through a temporary the graph allocates, some with an IF/ELSE node made in
+-- the capture) and explicit graphs with host nodes
 -- or a WHILE node replayed several times, bursts of launches behind
 -- a host function (the driver's queue fills), and waits of every kind (synchronize, query,
 -- events, element reads, blocking copies). Host functions check, when they run, that every tick
@@ -15,7 +16,7 @@ local beat = rawget(_G, "beat") or function() end   -- given by tools/stress.c
 local function yes() return true end
 local try_capture, try_sync = rawget(_G, "try_capture") or yes, rawget(_G, "try_sync") or yes
 local unlock = rawget(_G, "unlock") or function() end
--- STRESS_SKIP="while,temp" leaves those sequences out. The WHILE-node sequence is left out
+-- STRESS_SKIP="while,temp,cond" leaves those sequences out. The WHILE-node sequence is left out
 -- unless STRESS_SKIP is set (to "" for everything): graphs with conditional nodes fail the
 -- context on driver 580.159.04 when other streams run work at the same time, in plain CUDA C
 -- too (tools/while_repro.cu), and every run would end there
@@ -34,11 +35,13 @@ extern "C" __global__ void step(int *x, int v, int n, int *left, cudaGraphCondit
   if (i < n) x[i] += v;
   if (i == 0 && --*left <= 0) cudaGraphSetConditional(go_on, 0);
 }
+// a captured IF/ELSE node's condition, from a value (issue 26's capture form)
+extern "C" __global__ void setc(cudaGraphConditionalHandle c, int v) { cudaGraphSetConditional(c, v); }
 ]]
 
 local function kernels()
   local m = cuda.compile(SRC, { name = "stress.cu" })
-  return m:get("add"), m:get("tick"), m:get("step")
+  return m:get("add"), m:get("tick"), m:get("step"), m:get("setc")
 end
 
 -- the model of one lane: the values its array must hold, the ticks queued, and the expected
@@ -60,7 +63,7 @@ function M.run(seed, seconds, thread, solo)
     t.wrong = t.wrong + 1
     if #report < 5 then report[#report + 1] = msg end
   end
-  local add, tick, step = kernels()
+  local add, tick, step, setc = kernels()
   local deadline = cuda.time() + seconds
   local sequence = 0
   while cuda.time() < deadline do
@@ -173,7 +176,16 @@ function M.run(seed, seconds, thread, solo)
         local g
         locked(try_capture, function()
           s:begin_capture(modes[rng(1, #modes)])
-          if rng(1, 2) == 1 or skip:find("temp", 1, true) then
+          if rng(1, 3) == 1 and not skip:find("cond", 1, true) then
+            -- an IF/ELSE node made in the capture: its bodies captured on streams of their own
+            -- (capture state shared with other threads' captures); v or w at each launch
+            local pick, w, cfg = rng(0, 1), rng(-9, 9), { (l.n + 127) // 128, 128 }
+            local c = s:condition()
+            setc[{ 1, 1, s }](c, pick)
+            s:if_else(c, function(b) add[{ cfg[1], cfg[2], b }](l.d, v, l.n) end,
+                         function(b) add[{ cfg[1], cfg[2], b }](l.d, w, l.n) end)
+            if pick == 0 then v = w end
+          elseif rng(1, 2) == 1 or skip:find("temp", 1, true) then
             add[{ (l.n + 127) // 128, 128, s }](l.d, v, l.n)
           else   -- through a temporary the graph allocates, and frees (closed here, or at the end)
             local tmp = cuda.device_array(l.n, "int32", { stream = s })
