@@ -567,6 +567,7 @@ section("conditional graphs", function()
   t = {}
   for r = 0, REPS do
     count:fill(0, s); dflag:fill(0, s)
+    s:synchronize()   -- (raw C's loop starts from an idle stream too)
     local t0 = now()
     repeat
       l(x, count, WLOOP, dflag)

@@ -555,7 +555,7 @@ function cuda.graph.wait(event, deps) end
 --- A node of no graph, made by `cuda.graph.kernel` and the others (the form of the CUDA graph API
 -- proposal for Numba). Its `args` and `deps` are its own plain lists, changed as the user likes
 -- until `node:build()`. Fields: `Node.kind` ("kernel",
--- "memcpy", "memset", "host", "empty", "child"), `Node.args` and `Node.deps` (lists; kernel and
+-- "memcpy", "memset", "host", "empty", "child", "record", "wait"), `Node.args` and `Node.deps` (lists; kernel and
 -- host nodes have args), `Node.config`, `Node.kernel`, `Node.fn`, `Node.dst`, `Node.src`,
 -- `Node.value`, `Node.graph` as made.
 -- @type Node

@@ -69,6 +69,12 @@ describe("cuda.graph's unbound nodes", function()
     ring[1].deps[1] = ring[n]
     C.raises("cudalua: node:build: the deps make a cycle (this empty node depends on itself through them)",
              ring[n].build, ring[n])
+    -- a cycle in a later branch than a finished one (a leaf): still before any graph
+    local leaf, a2 = G.empty(), G.empty()
+    local b2 = G.empty({ a2 })
+    a2.deps[1] = b2
+    local top = G.empty({ leaf, b2 })
+    C.raises("cudalua: node:build: the deps make a cycle (this empty node depends on itself through them)", top.build, top)
     local self = G.memset(1, 0)
     self.deps[1] = self
     C.raises("the deps make a cycle (this memset node", self.build, self)

@@ -52,7 +52,7 @@ describe("graph memory nodes", function()
     K("copy")[cfg](out, tmp, n)
     tmp:close()                                                    -- a free node
     local kept = cuda.device_array(n, "float32", { stream = s })    -- left open: freed at the end
-    K("copy")[cfg](kept, tmp and src, n)
+    K("copy")[cfg](kept, src, n)
     local g = s:end_capture()
     local exec = g:instantiate()
     for _ = 1, 100 do exec:launch(s) end
@@ -280,8 +280,10 @@ describe("executable graph control", function()
     C.raises("cudalua: graph_exec:enable: the node is not from this executable graph's graph", x.enable, x, b2, true)
     local w = g:wait(cuda.event())
     C.raises("cudalua: graph_exec:enable: expected a boolean, got no value", x.enable, x, b)
+    local x3 = g:instantiate()
     C.raises("cudalua: graph_exec:enable: only kernel, memcpy and memset nodes can be turned off, not a wait node",
-             g:instantiate().enable, g:instantiate(), w, false)
+             x3.enable, x3, w, false)
+    x3:close()
   end)
 
   gpu("exec:set_host calls a new function at later launches; a clone's host nodes are its own", function()

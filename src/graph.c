@@ -380,72 +380,61 @@ static void walk_check(lua_State *L, int idx, int mtidx, int addidx) {
   lua_pop(L, 3);
 }
 
-/* the finished node at nidx (its dependencies added) added to the graph (made by new_graph at
-   its first node, kept in failing[2] so that node:build closes it on an error) */
+/* the node at nidx (its dependencies added) added to the graph at 1 */
 static void walk_add(lua_State *L, int nidx, const void **last, cl_launch *c) {
-  enum { ADD = 3, NEW, BOUND, FAILING, GRAPH };   /* l_graph_build's arguments */
-  if (lua_isnil(L, GRAPH)) {
-    lua_pushvalue(L, NEW);
-    lua_call(L, 0, 1);
-    cl_checkgraph(L, -1);
-    lua_pushvalue(L, -1);
-    lua_rawseti(L, FAILING, 2);
-    lua_replace(L, GRAPH);
-  }
+  enum { ADD = 4, BOUND = 3, FAILING = 5 };   /* l_graph_add's arguments */
   lua_pushvalue(L, nidx);
   lua_rawseti(L, FAILING, 1);
   lua_getfield(L, nidx, "kind");
   int kernel = !strcmp(lua_tostring(L, -1), "kernel");
   lua_pop(L, 1);
   int top = lua_gettop(L);
-  if (kernel) add_unbound_kernel(L, GRAPH, nidx, BOUND, last, c);
-  else add_unbound_other(L, GRAPH, nidx, BOUND, ADD);
+  if (kernel) add_unbound_kernel(L, 1, nidx, BOUND, last, c);
+  else add_unbound_other(L, 1, nidx, BOUND, ADD);
   lua_pushvalue(L, nidx);
   lua_insert(L, -2);
   lua_rawset(L, BOUND);   /* bound[node] = its graph node */
   lua_settop(L, top);
 }
 
-/* core.graph_build(root, node_mt, add, new_graph, bound, failing) -> graph: node:build's walk
-   (lua/cudalua/nodes.lua): every node root depends on, each once, added dependencies first,
-   a depth-first walk whose path is on the Lua stack (no recursion: chains of thousands of
-   nodes). A node is checked when first reached, before what it depends on is walked, and the
-   graph is made at the first node added: a malformed node or a cycle of nodes is refused before
-   any graph exists. bound: node -> false while walked, its graph node once added. */
-static int l_graph_build(lua_State *L) {
-  lua_settop(L, 6);
-  lua_pushnil(L);   /* 7: the graph */
+/* core.graph_walk(root, node_mt, add, state) -> order: node:build's walk (lua/cudalua/nodes.lua):
+   every node root depends on, each once, dependencies first, a depth-first walk whose path is
+   on the Lua stack (no recursion: chains of thousands of nodes). A node is checked when first
+   reached, and the graph is made only after the walk: a malformed node or a cycle is refused
+   before any graph exists. state: node -> false while walked, true once in order. */
+static int l_graph_walk(lua_State *L) {
+  lua_settop(L, 4);
+  lua_newtable(L);   /* 5: the order */
   size_t cap = 64, sp = 1;
-  int *at = lua_newuserdatauv(L, cap * sizeof *at, 0);   /* 8: how many deps of each frame were walked */
-  const int base = 8;
-  const void *last[2] = {NULL, NULL};
-  cl_launch c;
+  int *at = lua_newuserdatauv(L, cap * sizeof *at, 0);   /* 6: how many deps of each frame were walked */
+  const int base = 6;
+  lua_Integer n = 0;
   walk_check(L, 1, 2, 3);
-  lua_pushvalue(L, 1); lua_pushboolean(L, 0); lua_rawset(L, 5);
+  lua_pushvalue(L, 1); lua_pushboolean(L, 0); lua_rawset(L, 4);
   lua_pushvalue(L, 1);
   at[0] = 0;
   while (sp > 0) {
     int nidx = base + (int)sp;
     lua_getfield(L, nidx, "deps");
-    if (lua_rawgeti(L, -1, ++at[sp - 1]) == LUA_TNIL) {   /* all walked: added, the frame popped */
+    if (lua_rawgeti(L, -1, ++at[sp - 1]) == LUA_TNIL) {   /* all walked: in order, the frame popped */
       lua_settop(L, nidx);
-      walk_add(L, nidx, last, &c);
-      lua_settop(L, nidx - 1);
+      lua_pushvalue(L, nidx); lua_pushboolean(L, 1); lua_rawset(L, 4);
+      lua_rawseti(L, 5, ++n);   /* (pops the frame's node) */
       sp--;
       continue;
     }
     lua_remove(L, -2);
     lua_pushvalue(L, -1);
-    int st = lua_rawget(L, 5);
+    int st = lua_rawget(L, 4);
     int walking = st == LUA_TBOOLEAN && !lua_toboolean(L, -1);
     lua_pop(L, 1);
     if (walking) {
       lua_getfield(L, -1, "kind");
       cl_error(L, "node:build", "the deps make a cycle (this %s node depends on itself through them)", lua_tostring(L, -1));
     }
-    if (st != LUA_TNIL) { lua_pop(L, 1); continue; }   /* added before */
+    if (st != LUA_TNIL) { lua_pop(L, 1); continue; }   /* in order before */
     walk_check(L, lua_gettop(L), 2, 3);
-    lua_pushvalue(L, -1); lua_pushboolean(L, 0); lua_rawset(L, 5);
+    lua_pushvalue(L, -1); lua_pushboolean(L, 0); lua_rawset(L, 4);
     if (!lua_checkstack(L, 8)) cl_error(L, "node:build", "the graph is too deep (a chain of over %d nodes)", (int)sp);
     if (sp == cap) {   /* a bigger frame list, in place of the old */
       int *more = lua_newuserdatauv(L, 2 * cap * sizeof *more, 0);
@@ -456,8 +445,24 @@ static int l_graph_build(lua_State *L) {
     }
     at[sp++] = 0;   /* the dependency, on the stack, is the new frame */
   }
-  lua_pushvalue(L, 7);
+  lua_settop(L, 5);
   return 1;
+}
+
+/* core.graph_add(g, order, bound, add, failing): each node of order (core.graph_walk's) added
+   to g; bound[node] = its graph node; failing[1] = the node being added (node:build names it) */
+static int l_graph_add(lua_State *L) {
+  cl_checkgraph(L, 1);
+  lua_settop(L, 5);
+  lua_Integer n = (lua_Integer)lua_rawlen(L, 2);
+  const void *last[2] = {NULL, NULL};   /* the kernel and configuration of the last kernel node */
+  cl_launch c;
+  for (lua_Integer i = 1; i <= n; i++) {
+    lua_rawgeti(L, 2, i);   /* the node, at 6 */
+    walk_add(L, 6, last, &c);
+    lua_settop(L, 5);
+  }
+  return 0;
 }
 
 /* the address an array has for copies in graphs: pageable memory is page-locked first */
@@ -1064,5 +1069,6 @@ void cl_open_graph(lua_State *L) {
   static const luaL_Reg cmeta[] = {{"__tostring", c_tostring}, {NULL, NULL}};
   cl_class_define(L, &(cl_class){CL_CONDITION_MT, NULL, NULL, cmeta});
   lua_pushcfunction(L, l_graph); lua_setfield(L, -2, "graph");
-  lua_pushcfunction(L, l_graph_build); lua_setfield(L, -2, "graph_build");
+  lua_pushcfunction(L, l_graph_walk); lua_setfield(L, -2, "graph_walk");
+  lua_pushcfunction(L, l_graph_add); lua_setfield(L, -2, "graph_add");
 }

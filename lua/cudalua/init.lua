@@ -10,7 +10,7 @@ for _, name in ipairs {
   "time", "sleep", "dtype", "float32", "float64", "int8", "int16", "int32", "int64", "uint8",
   "uint16", "uint32", "uint64", "bool", "float16", "bfloat16", "complex64", "complex128", "array", "zeros", "pinned_array",
   "mapped_array", "managed_array", "device_array", "device_array_like", "to_device", "stream",
-  "default_stream", "stream_priority_range", "event", "event_elapsed_time", "graph", "block_cache", "empty_cache", "copy",
+  "default_stream", "stream_priority_range", "event", "event_elapsed_time", "block_cache", "empty_cache", "copy",
   "can_access_peer", "enable_peer_access", "disable_peer_access", "open_ipc_array",
   "open_ipc_event" } do
   cuda[name] = assert(core[name], name)
@@ -54,7 +54,7 @@ function cuda.detect(out)
 end
 
 -- cuda.graph() makes a graph; cuda.graph.kernel, .memcpy, ... make nodes of none (the seed's form)
-cuda.graph = require("cudalua.nodes").namespace(core.graph, core.graph_build)
+cuda.graph = require("cudalua.nodes").namespace(core.graph, core.graph_walk, core.graph_add)
 
 local compile = require "cudalua.compile"
 cuda.compile = compile.compile

@@ -5,9 +5,9 @@
 --   n1.args[#n1.args + 1] = x ; n1.deps[#n1.deps + 1] = n2
 --   local g = n1:build() ; g:launch(s)                -- g: a cuda.graph, the same as the bound form
 -- node:build() makes a cuda.graph() and adds the node and everything it depends on, each node once,
--- dependencies first: the walk and kernel nodes by g:kernel's C code (core.graph_build: no Lua
--- call per node, so a build costs about what the bound form's calls do), the other kinds
--- through the bound functions (g:memcpy, ...). The CUDA graph is the one the bound form gives, and so is the
+-- dependencies first: the walk in C (core.graph_walk) and kernel nodes by g:kernel's C code
+-- (core.graph_add: no Lua call per node, so a build costs about what the bound form's calls
+-- do), the other kinds through the bound functions (g:memcpy, ...). The CUDA graph is the one the bound form gives, and so is the
 -- cost of each replay.
 local check = require "cudalua.check"
 
@@ -23,14 +23,8 @@ local function deps_list(deps, where)
   if type(deps) ~= "table" or getmetatable(deps) == node_mt then
     check.error(where, 3, "deps must be a list of nodes, got %s", is_node(deps) and "a node (wrap it: {node})" or type(deps))
   end
-  local n = #deps
-  if n == 1 then   -- (the common case, a chain: one constructor)
-    local d = deps[1]
-    if getmetatable(d) ~= node_mt then check.error(where, 3, "deps[1] must be a node, got %s", type(d)) end
-    return { d }
-  end
   local out = {}
-  for i = 1, n do
+  for i = 1, #deps do
     local d = deps[i]
     if getmetatable(d) ~= node_mt then check.error(where, 3, "deps[%d] must be a node, got %s", i, type(d)) end
     out[i] = d
@@ -56,11 +50,9 @@ local function kernel_node(_, k, config, args, deps)
   if type(config) ~= "table" then
     check.error("cuda.graph.kernel", 3, "config must be a table ({grid, block} or keys), got %s", type(config))
   end
-  -- (inline: graphs of thousands of kernel nodes, each after one other, are made in loops)
-  if args == nil then args = {} else args = list(args, "args", "cuda.graph.kernel") end
-  local d = type(deps) == "table" and deps[2] == nil and deps[1]
-  if d and getmetatable(d) == node_mt then deps = { d } else deps = deps_list(deps, "cuda.graph.kernel") end
-  return setmetatable({ kind = "kernel", kernel = k, config = config, args = args, deps = deps }, node_mt)
+  -- (one constructor: graphs of thousands of kernel nodes are made in loops)
+  return setmetatable({ kind = "kernel", kernel = k, config = config, args = list(args, "args", "cuda.graph.kernel"),
+                        deps = deps_list(deps, "cuda.graph.kernel") }, node_mt)
 end
 
 M.kernel = setmetatable({}, {
@@ -91,7 +83,7 @@ end
 
 -- how each kind is added to the graph, through the bound functions
 local add = {
-  kernel = function(g, n, deps) return g:kernel(n.kernel, n.config, n.args, deps) end,
+  kernel = true,   -- (added in C: core.graph_add)
   memcpy = function(g, n, deps) return g:memcpy(n.dst, n.src, deps) end,
   memset = function(g, n, deps) return g:memset(n.dst, n.value, deps) end,
   empty = function(g, _, deps) return g:empty(deps) end,
@@ -104,27 +96,31 @@ local add = {
   end,
 }
 
-local new_graph, build   -- cuda.graph's constructor, core.graph_build (M.namespace)
+-- cuda.graph's constructor (named graph: an error of a C function is named by the variable it
+-- was called through, so a missing driver reads "cuda.graph: ..."), core.graph_walk, core.graph_add
+local graph, walk, add_all
 
 -- node:build() -> graph, nodes: a new cuda.graph of the node and everything it depends on;
 -- nodes maps each unbound node to its node in the graph (for exec:set_args and the like).
--- core.graph_build walks the nodes (checking each before what it depends on: a malformed node
--- or a cycle is refused before any graph is made) and adds them; an error while adding closes
--- the half-made graph and names node:build and the node's kind.
+-- core.graph_walk orders the nodes, checking each before what it depends on (a malformed node
+-- or a cycle is refused before any graph is made); core.graph_add adds them. An error while
+-- adding closes the half-made graph and names node:build and the node's kind.
 function Node.build(root)
   if not is_node(root) then check.error("node:build", 2, "call it as node:build()") end
   local bound, failing = {}, {}
-  local ok, r = pcall(build, root, node_mt, add, new_graph, bound, failing)
-  if ok then return r, bound end
-  if failing[2] then failing[2]:close() end
-  local msg = tostring(r)
-  if msg:find("^cudalua: node:build: ") or not failing[1] then error(msg, 0) end
-  check.error("node:build", 2, "%s node: %s", failing[1].kind, (check.cause(msg):gsub("^graph:%w+: ", "")))
+  local order = walk(root, node_mt, add, bound)
+  local g = graph()   -- (not a tail call: an error names cuda.graph)
+  local ok, r = pcall(add_all, g, order, bound, add, failing)
+  if not ok then
+    g:close()
+    check.error("node:build", 2, "%s node: %s", (failing[1] or root).kind, (check.cause(r):gsub("^graph:%w+: ", "")))
+  end
+  return g, bound
 end
 
 -- cuda.graph: called, a new empty graph (graph: the C constructor); indexed, the unbound nodes
-function M.namespace(graph, builder)
-  new_graph, build = graph, builder
+function M.namespace(ctor, walker, adder)
+  graph, walk, add_all = ctor, walker, adder
   local public = { kernel = M.kernel, memcpy = M.memcpy, memset = M.memset, host = M.host, empty = M.empty,
                    child = M.child, record = M.record, wait = M.wait }
   return setmetatable(public, {
