@@ -38,6 +38,29 @@ end
 local function ints(t) return cuda.to_device(cuda.array(t, "int32")) end
 
 describe("graph memory nodes", function()
+  gpu("a captured launch takes many of the capture's own allocations (each one checked, no stack overflow)", function()
+    local N = math.random(40, 63)   -- (CL_MAXPARAMS is 64: out is one more)
+    local params, body = {}, {}
+    for i = 1, N do
+      params[i] = "float *a" .. i
+      body[i] = ("a%d[0] = %d.0f; s += a%d[0];"):format(i, i, i)
+    end
+    local m = cuda.compile(('extern "C" __global__ void many(float *out, %s) { float s = 0.0f; %s out[0] = s; }')
+      :format(table.concat(params, ", "), table.concat(body, " ")))
+    local out = cuda.device_array(1, "float32")
+    local s = cuda.stream()
+    s:begin_capture()
+    local tmps = {}
+    for i = 1, N do tmps[i] = cuda.device_array(1, "float32", { stream = s }) end
+    m.many[{ 1, 1, s }](out, table.unpack(tmps))
+    for i = 1, N do tmps[i]:close() end
+    local g = s:end_capture()
+    g:launch(s); g:launch(s)
+    s:synchronize()
+    assert.equal(N * (N + 1) / 2, out[1])
+    g:close()
+  end)
+
   gpu("an allocation closed in a capture is freed by the graph: replayed 100 times (graphMemoryNodes)", function()
     local n = math.random(100, 3000)
     local x = H.rand_table(n, -50, 50, true)

@@ -134,12 +134,14 @@ static void capture_body(lua_State *L, cl_stream *s, CUgraph h, int fidx, const 
     cl_check(L, r, where);
   }
   cl_capture_body_begun(L, b, s);
+  /* its id now: after the user's function an invalidated capture has none, and its registry
+     entries (keep table, parent) would stay until the state closes */
+  cuuint64_t id = cl_capture_id(L, b);
   s->bodies++;
   lua_pushvalue(L, fidx);
   lua_pushvalue(L, bidx);
   int failed = lua_pcall(L, 1, 0, 0) != LUA_OK;   /* its error at the top */
   s->bodies--;
-  cuuint64_t id = cl_capture_id(L, b);
   CUgraph out = NULL;
   r = CU(cuStreamEndCapture, b->h, &out);   /* out is h, the node's: not destroyed */
   cl_capture_ended(L, b, id);

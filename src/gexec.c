@@ -224,7 +224,9 @@ static int e_set_args(lua_State *L) {
   CUDA_KERNEL_NODE_PARAMS p;
   cl_graph_kernel_params(n, k, &A, &p);
   cl_check(L, CU(cuGraphExecKernelNodeSetParams, e->e, n->n, &p), "graph_exec:set_args");
-  for (int i = 0; i < nargs; i++) keep(L, 1, first + i);
+  /* userdata only: numbers, strings and {re, im} pairs are copied into the node's parameters
+     (kept, set_args in a loop grew the keep set without end) */
+  for (int i = 0; i < nargs; i++) if (lua_type(L, first + i) == LUA_TUSERDATA) keep(L, 1, first + i);
   lua_settop(L, 1);
   return 1;
 }

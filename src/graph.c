@@ -262,7 +262,8 @@ static cl_node *add_kernel(lua_State *L, int gidx, int kidx, const cl_launch *c,
     if (added) CU(cuGraphDestroyNode, h);   /* added, its attributes refused */
     cl_error_named(L, "graph:kernel '%s': %s", cl_kernel_name(L, kidx), cl_errname(r));
   }
-  for (int i = 0; i < nargs; i++) keep(L, gidx, first + i);
+  /* userdata only: numbers, strings and {re, im} pairs are copied into the node's parameters */
+  for (int i = 0; i < nargs; i++) if (lua_type(L, first + i) == LUA_TUSERDATA) keep(L, gidx, first + i);
   if (keep_kernel) keep(L, gidx, kidx);
   cl_node *n = push_node(L, gidx, CL_NODE_KERNEL);
   memcpy(n->g, cfg.g, sizeof n->g); memcpy(n->b, cfg.b, sizeof n->b); n->shared = cfg.shared;

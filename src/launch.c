@@ -171,8 +171,12 @@ int cl_kernel_launch(lua_State *L, cl_kernel *k, int kidx, int first, const cl_l
   cl_marshal(L, k, kidx, first, nargs, &A, 1);
   if (cl_capturing) {
     if (cl_capture_refuses(s, A.ntmp > 0)) cl_capture_guard(L, s, A.ntmp > 0, KWHERE(L, kidx));
-    for (int i = 0; A.gmem && i < A.nused; i++)
-      if (A.used[i]->gmem) cl_mem_graph_use(L, A.used[i], s, KWHERE(L, kidx));
+    if (A.gmem) {   /* the name made once (pushed: a name per argument overflowed the stack) */
+      luaL_checkstack(L, 4, NULL);
+      const char *where = KWHERE(L, kidx);
+      for (int i = 0; i < A.nused; i++)
+        if (A.used[i]->gmem) cl_mem_graph_use(L, A.used[i], s, where);
+    }
     if (A.conds) capture_conds(L, s, kidx, first, nargs);
     capture_keep(L, s, kidx, first, nargs);
   }

@@ -379,17 +379,15 @@ cl_mem *cl_mem_record(lua_State *L, int kind, size_t bytes, CUcontext ctx) {
 void cl_mem_discard(cl_mem *m) { mem_free(m); }
 
 cl_mem *cl_mem_new(lua_State *L, int kind, size_t bytes, cl_stream *s, int flags) {
+  if (cl_capture_in_body(L, s))
+    cl_error(L, NULL, "a conditional node's body cannot allocate memory (CUDA refuses memory nodes in "
+               "bodies): allocate before the capture, or before the conditional node on the capturing stream");
   int zero = flags & CL_ZERO;
   if (kind != CL_HOST) pressure_add(L, bytes);
   /* the device first: choosing it may raise (no driver), and nothing is allocated yet */
   CUcontext ctx = NULL;
   if (kind != CL_HOST) {
     if (s) { cl_use_ctx(L, s->ctx); ctx = s->ctx; } else ctx = cl_ctx(L);
-  }
-  if (cl_capture_in_body(L, s)) {
-    if (kind != CL_HOST) pressure_sub(bytes);
-    cl_error(L, NULL, "a conditional node's body cannot allocate memory (CUDA refuses memory nodes in "
-               "bodies): allocate before the capture, or before the conditional node on the capturing stream");
   }
   cl_mem *m = cl_mem_record(L, kind, bytes, ctx);   /* ctx NULL for pageable host memory */
   if (kind == CL_HOST) {
