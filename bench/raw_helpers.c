@@ -9,7 +9,8 @@
        (cuGraphAddKernelNode x1000 + cuGraphInstantiate), replayed (cuGraphLaunch);
      * host functions: cuLaunchHostFunc + cuStreamSynchronize one at a time, 100 then one sync,
        and a graph of HCHAIN host nodes in a chain (cuGraphAddHostNode) replayed;
-     * a WHILE conditional node looping a small kernel WLOOP times in one launch.
+     * a WHILE conditional node looping a small kernel WLOOP times in one launch (a body of
+       one kernel, then of four), and the host loop that reads a flag back each iteration.
    Build: gcc -O2 -I$CUDA_DIR/include raw_helpers.c -L$CUDA_DIR/lib64 -lcuda -lnvrtc -lm
    Env:   BENCH_LAUNCHES (default 100000), BENCH_REPS (default 5)
    raw_helpers --compile-only: only compiles the kernels with NVRTC (sm_90), no GPU needed */
@@ -36,6 +37,15 @@ static const char *KSRC =
   "extern \"C\" __global__ void tick(float *x, int *count, int limit, cudaGraphConditionalHandle c) {\n"
   "  x[threadIdx.x] += 1.0f;\n"
   "  if (threadIdx.x == 0 && ++*count >= limit) cudaGraphSetConditional(c, 0);\n"
+  "}\n"
+  /* the unrolled body's kernel: one iteration unless the loop is done (the body's later
+     kernels after the last iteration do nothing) */
+  "extern \"C\" __global__ void tick_n(float *x, int *count, int limit, cudaGraphConditionalHandle c) {\n"
+  "  int n = *count;\n"
+  "  __syncthreads();\n"
+  "  if (n >= limit) return;\n"
+  "  x[threadIdx.x] += 1.0f;\n"
+  "  if (threadIdx.x == 0 && (*count = n + 1) >= limit) cudaGraphSetConditional(c, 0);\n"
   "}\n"
   "extern \"C\" __global__ void tick_flag(float *x, int *count, int limit, int *done) {\n"
   "  x[threadIdx.x] += 1.0f;\n"
@@ -101,6 +111,57 @@ static CUgraph build_chain(CUfunction f) {
     prev = node;
   }
   return g;
+}
+
+/* section 10's WHILE graph: a memset of the counter, then a WHILE node whose body is unroll
+   launches of fn in a chain; the median ms of reps (<= 64) launches and synchronizes */
+static double time_while(CUmodule mod, const char *fn, int unroll, CUdeviceptr dx, CUdeviceptr dcount, int reps) {
+  double t[64];
+  CUfunction f;
+  CK(cuModuleGetFunction(&f, mod, fn));
+  CUcontext ctx;
+  CK(cuCtxGetCurrent(&ctx));
+  CUgraph g;
+  CK(cuGraphCreate(&g, 0));
+  CUgraphConditionalHandle h;
+  CK(cuGraphConditionalHandleCreate(&h, g, ctx, 1, CU_GRAPH_COND_ASSIGN_DEFAULT));
+  CUDA_MEMSET_NODE_PARAMS ms;
+  memset(&ms, 0, sizeof ms);
+  ms.dst = dcount; ms.elementSize = 4; ms.width = 1; ms.height = 1;
+  CUgraphNode zero, loop, kn = NULL;
+  CK(cuGraphAddMemsetNode(&zero, g, NULL, 0, &ms, ctx));
+  CUgraphNodeParams cp;
+  memset(&cp, 0, sizeof cp);
+  cp.type = CU_GRAPH_NODE_TYPE_CONDITIONAL;
+  cp.conditional.handle = h; cp.conditional.type = CU_GRAPH_COND_TYPE_WHILE;
+  cp.conditional.size = 1; cp.conditional.ctx = ctx;
+  CK(cuGraphAddNode(&loop, g, &zero, NULL, 1, &cp));
+  int limit = WLOOP;
+  void *args[] = {&dx, &dcount, &limit, &h};
+  CUDA_KERNEL_NODE_PARAMS kp;
+  memset(&kp, 0, sizeof kp);
+  kp.func = f;
+  kp.gridDimX = kp.gridDimY = kp.gridDimZ = 1;
+  kp.blockDimX = 32; kp.blockDimY = kp.blockDimZ = 1;
+  kp.kernelParams = args;
+  for (int i = 0; i < unroll; i++) {
+    CUgraphNode prev = kn;
+    CK(cuGraphAddKernelNode(&kn, cp.conditional.phGraph_out[0], prev ? &prev : NULL, prev ? 1 : 0, &kp));
+  }
+  CUgraphExec x;
+  CK(cuGraphInstantiate(&x, g, 0));
+  for (int r = -2; r < reps; r++) {
+    double t0 = now();
+    CK(cuGraphLaunch(x, NULL));
+    CK(cuCtxSynchronize());
+    if (r >= 0) t[r] = (now() - t0) * 1e3;
+  }
+  int count = 0;
+  CK(cuMemcpyDtoH(&count, dcount, sizeof count));
+  if (count != WLOOP) { fprintf(stderr, PROG ": the WHILE loop (%s x %d) ran %d times, not %d\n", fn, unroll, count, WLOOP); exit(1); }
+  CK(cuGraphExecDestroy(x));
+  CK(cuGraphDestroy(g));
+  return median(t, reps);
 }
 
 int main(int argc, char **argv) {
@@ -274,52 +335,15 @@ int main(int argc, char **argv) {
     CK(cuGraphDestroy(g));
   }
 
-  /* 10: a WHILE conditional node running a small kernel WLOOP times in one launch: a memset
-     of the counter, then the loop (bench/helpers.lua builds the same with cudalua) */
+  /* 10: a WHILE conditional node running a small kernel WLOOP times in one launch, its body
+     one kernel, then four (bench/helpers.lua builds the same with cudalua) */
   {
-    CUfunction ftick;
-    CK(cuModuleGetFunction(&ftick, mod, "tick"));
     CUdeviceptr dx, dcount;
     CK(cuMemAlloc(&dx, 32 * sizeof(float)));
     CK(cuMemAlloc(&dcount, sizeof(int)));
-    CUcontext ctx;
-    CK(cuCtxGetCurrent(&ctx));
-    CUgraph g;
-    CK(cuGraphCreate(&g, 0));
-    CUgraphConditionalHandle h;
-    CK(cuGraphConditionalHandleCreate(&h, g, ctx, 1, CU_GRAPH_COND_ASSIGN_DEFAULT));
-    CUDA_MEMSET_NODE_PARAMS ms;
-    memset(&ms, 0, sizeof ms);
-    ms.dst = dcount; ms.elementSize = 4; ms.width = 1; ms.height = 1;
-    CUgraphNode zero, loop, kn;
-    CK(cuGraphAddMemsetNode(&zero, g, NULL, 0, &ms, ctx));
-    CUgraphNodeParams cp;
-    memset(&cp, 0, sizeof cp);
-    cp.type = CU_GRAPH_NODE_TYPE_CONDITIONAL;
-    cp.conditional.handle = h; cp.conditional.type = CU_GRAPH_COND_TYPE_WHILE;
-    cp.conditional.size = 1; cp.conditional.ctx = ctx;
-    CK(cuGraphAddNode(&loop, g, &zero, NULL, 1, &cp));
     int limit = WLOOP;
-    void *args[] = {&dx, &dcount, &limit, &h};
-    CUDA_KERNEL_NODE_PARAMS kp;
-    memset(&kp, 0, sizeof kp);
-    kp.func = ftick;
-    kp.gridDimX = kp.gridDimY = kp.gridDimZ = 1;
-    kp.blockDimX = 32; kp.blockDimY = kp.blockDimZ = 1;
-    kp.kernelParams = args;
-    CK(cuGraphAddKernelNode(&kn, cp.conditional.phGraph_out[0], NULL, 0, &kp));
-    CUgraphExec x;
-    CK(cuGraphInstantiate(&x, g, 0));
-    for (int r = -2; r < REPS; r++) {
-      double t0 = now();
-      CK(cuGraphLaunch(x, NULL));
-      CK(cuCtxSynchronize());
-      if (r >= 0) t[r] = (now() - t0) * 1e3;
-    }
-    int count = 0;
-    CK(cuMemcpyDtoH(&count, dcount, sizeof count));
-    if (count != WLOOP) { fprintf(stderr, PROG ": the WHILE loop ran %d times, not %d\n", count, WLOOP); exit(1); }
-    out("graph_while_ms", median(t, REPS));
+    out("graph_while_ms", time_while(mod, "tick", 1, dx, dcount, REPS));
+    out("graph_while4_ms", time_while(mod, "tick_n", 4, dx, dcount, REPS));
     /* the host loop of bench/helpers.lua in C: each iteration a launch, the flag read back
        into page-locked memory and a stream synchronize (what the hardware allows a loop with
        a host round trip, beside the WHILE node) */
@@ -352,8 +376,6 @@ int main(int argc, char **argv) {
     CK(cuMemFreeHost(done));
     CK(cuMemFree(dflag));
     CK(cuStreamDestroy(ls));
-    CK(cuGraphExecDestroy(x));
-    CK(cuGraphDestroy(g));
     CK(cuMemFree(dx));
     CK(cuMemFree(dcount));
   }

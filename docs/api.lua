@@ -656,6 +656,12 @@ function Graph:if_else(cond, deps) end
 -- round trip). Bodies hold kernels, copies, memsets, empty, child and conditional nodes, not
 -- Lua host functions, memory or event nodes; an empty body is refused at instantiation.
 --
+-- Each run of the body costs the driver a few microseconds (about 4.5 µs on an H100, driver
+-- 580: bench/, "WHILE node" rows), more than a small kernel. A body of several kernels, each
+-- doing one iteration unless the loop is done (and setting the condition when it is), shares
+-- that cost: 4 per body took 1000 iterations from 4.6 to 1.9 ms there (bench/helpers.lua's
+-- `tick_n`).
+--
 -- Graphs with conditional nodes run one at a time on each device: cudalua launches them on a
 -- stream of its own, after the launching stream's earlier work and before its later work.
 -- Known driver fault (580.159.04, H100, reproduced in plain CUDA C by tools/while_repro.cu):

@@ -39,12 +39,13 @@ local function build()
   return harness
 end
 
--- runs script (Lua source) in the harness; returns ok, output
-local function script(src)
+-- runs script (Lua source) in the harness (times: in that many states, one after another);
+-- returns ok, output
+local function script(src, times)
   local exe = build()
   local path = workdir .. "/script.lua"
   H.write(path, src)
-  return run(q(exe) .. " " .. q(path))
+  return run(q(exe) .. " " .. q(path) .. " " .. (times or 1))
 end
 
 -- the helpers every script starts with
@@ -265,6 +266,34 @@ keep[1][3]:synchronize()
 check(h[3] == v + 102, "the first state's array after the second closed", h[3])
 ]])
     expect_ok(ok, out)
+    assert.matches("active contexts 0\n", out, 1, true)
+  end)
+
+  -- the conditional lane (src/gexec.c) is a stream of the primary context, which the last state
+  -- to close releases: the lane goes with it and the next state makes its own (a lane kept
+  -- past its context was a dead stream to the next state's WHILE graphs)
+  gpu("a state after the last one closed runs WHILE graphs again", function()
+    local n = math.random(3, 40)
+    local ok, out = script(PRELUDE .. ([[
+local m = cuda.compile([=[
+extern "C" __global__ void step(int *count, int limit, cudaGraphConditionalHandle c) {
+  if (++*count >= limit) cudaGraphSetConditional(c, 0);
+}]=])
+local count = cuda.device_array(1, "int32")
+count:fill(0)
+local g = cuda.graph()
+local go_on = g:condition { default = 1 }
+local body = g:while_loop(go_on)
+body:kernel(m.step, { 1, 1 }, { count, %d, go_on })
+g:launch()
+cuda.synchronize()
+check(count[1] == %d, "the WHILE loop ran", count[1], "times")
+g:close()
+io.write("looped\n")
+]]):format(n, n), 3)
+    expect_ok(ok, out)
+    local _, loops = out:gsub("looped\n", "")
+    assert.equal(3, loops)
     assert.matches("active contexts 0\n", out, 1, true)
   end)
 

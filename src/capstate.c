@@ -31,6 +31,7 @@ void cl_capture_guard(lua_State *L, cl_stream *s, int waits, const char *where) 
 
 /* the capture id of s, 0 when it is not capturing */
 cuuint64_t cl_capture_id(lua_State *L, cl_stream *s) {
+  if (s->capture_ref) return s->capture_id;   /* the stream that began it: no driver call */
   CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
   cuuint64_t id = 0;
   if (CU(cuStreamGetCaptureInfo, s->h, &st, &id, NULL, NULL, NULL, NULL) != CUDA_SUCCESS ||
@@ -43,6 +44,7 @@ cuuint64_t cl_capture_id(lua_State *L, cl_stream *s) {
 void cl_capture_begun(lua_State *L, cl_stream *s) {
   lua_newtable(L);
   cuuint64_t id = cl_capture_id(L, s);
+  s->capture_id = id;
   if (id) {
     luaL_getsubtable(L, LUA_REGISTRYINDEX, CAPTURES);
     lua_pushvalue(L, -2);
@@ -82,7 +84,8 @@ void cl_capture_add(lua_State *L, int keepidx, const char *list, int boxidx) {
   lua_pop(L, 1);
 }
 
-void cl_capture_ended(lua_State *L, cl_stream *s, cuuint64_t id) {
+void cl_capture_ended(lua_State *L, cl_stream *s) {
+  cuuint64_t id = s->capture_id;   /* (an invalidated capture has none to ask for) */
   if (id && s->body) {   /* (the table goes with the state) */
     if (lua_getfield(L, LUA_REGISTRYINDEX, PARENTS) == LUA_TTABLE) {
       lua_pushnil(L);
@@ -102,12 +105,14 @@ void cl_capture_ended(lua_State *L, cl_stream *s, cuuint64_t id) {
   }
   luaL_unref(L, LUA_REGISTRYINDEX, s->capture_ref);
   s->capture_ref = 0;
+  s->capture_id = 0;
   __atomic_sub_fetch(&cl_capturing, 1, __ATOMIC_SEQ_CST);
   if (s->blocking) __atomic_sub_fetch(&cl_capturing_blocking, 1, __ATOMIC_SEQ_CST);
 }
 
 void cl_capture_body_begun(lua_State *L, cl_stream *body, cl_stream *outer) {
   cuuint64_t id = cl_capture_id(L, body), oid = cl_capture_id(L, outer);
+  body->capture_id = id;
   if (!cl_capture_push_keep(L, outer)) lua_newtable(L);   /* (outer's is always there) */
   if (id) {
     luaL_getsubtable(L, LUA_REGISTRYINDEX, CAPTURES);
@@ -153,10 +158,9 @@ int cl_capture_within(lua_State *L, cl_stream *s, cuuint64_t id) {
 int cl_capture_abandon(lua_State *L, cl_stream *s) {
   if (!s || !s->capture_ref) return 0;
   CUcontext prev = cl_ctx_swap(s->ctx);
-  cuuint64_t id = cl_capture_id(L, s);
   CUgraph h = NULL;
   if (CU(cuStreamEndCapture, s->h, &h) == CUDA_SUCCESS && h) CU(cuGraphDestroy, h);
   cl_ctx_swap(prev);
-  cl_capture_ended(L, s, id);
+  cl_capture_ended(L, s);
   return 1;
 }

@@ -46,13 +46,12 @@ static int s_end_capture(lua_State *L) {
   if (s->bodies)
     return cl_error(L, "stream:end_capture", "a conditional node's body of this capture is being captured (end it from outside the body's function)");
   cl_use_ctx(L, s->ctx);
-  cuuint64_t id = cl_capture_id(L, s);
   lua_rawgeti(L, LUA_REGISTRYINDEX, s->capture_ref);
   int refs = lua_gettop(L);
   cl_mem_capture_ending(L, refs, s);   /* the graph frees what the capture allocated */
   CUgraph h = NULL;
   CUresult r = CU(cuStreamEndCapture, s->h, &h);
-  cl_capture_ended(L, s, id);
+  cl_capture_ended(L, s);
   cl_flush_deferred(L);   /* what the capture held off */
   if (r != CUDA_SUCCESS) {
     if (h) CU(cuGraphDestroy, h);
@@ -134,9 +133,6 @@ static void capture_body(lua_State *L, cl_stream *s, CUgraph h, int fidx, const 
     cl_check(L, r, where);
   }
   cl_capture_body_begun(L, b, s);
-  /* its id now: after the user's function an invalidated capture has none, and its registry
-     entries (keep table, parent) would stay until the state closes */
-  cuuint64_t id = cl_capture_id(L, b);
   s->bodies++;
   lua_pushvalue(L, fidx);
   lua_pushvalue(L, bidx);
@@ -144,7 +140,7 @@ static void capture_body(lua_State *L, cl_stream *s, CUgraph h, int fidx, const 
   s->bodies--;
   CUgraph out = NULL;
   r = CU(cuStreamEndCapture, b->h, &out);   /* out is h, the node's: not destroyed */
-  cl_capture_ended(L, b, id);
+  cl_capture_ended(L, b);
   cl_flush_deferred(L);
   lua_getfield(L, bidx, "close");   /* the body's stream is done with */
   lua_pushvalue(L, bidx);

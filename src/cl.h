@@ -4,7 +4,7 @@
    against the object files: make layers).
      layers: embedded error class loader driver opts hostfn capstate wait memory
              dtype stream event array interop ipc copy config kernel module compile link
-             args launch launcher graph gexec capture random progress cache nvtx nccl device
+             args launch launcher graph unbound gexec capture random progress cache nvtx nccl device
              embed core
    embedded: the Lua parts and CUDA headers, as data. error: raising `cudalua: <public name>:
    <what is wrong>`, the one form of every error; argument checks in that form. class: a Lua
@@ -340,7 +340,7 @@ void cl_capture_guard(lua_State *L, cl_stream *s, int waits, const char *where);
 int cl_capture_refuses(const cl_stream *s, int waits);   /* whether cl_capture_guard raises */
 cuuint64_t cl_capture_id(lua_State *L, cl_stream *s);   /* 0: s is not capturing */
 void cl_capture_begun(lua_State *L, cl_stream *s);    /* its keep table made and registered */
-void cl_capture_ended(lua_State *L, cl_stream *s, cuuint64_t id);   /* and dropped */
+void cl_capture_ended(lua_State *L, cl_stream *s);   /* and dropped */
 /* pushes the table that keeps what a capture of s uses alive (s the capture's stream or one
    joined to it) and returns 1; 0 (nothing pushed) when s is not capturing */
 int cl_capture_push_keep(lua_State *L, cl_stream *s);
@@ -501,6 +501,7 @@ uint16_t cl_float_to_bf16(float f);
 struct cl_stream {
   int refs;            /* the Lua object and every memory block that last used it */
   int capture_ref;     /* while capturing: registry ref of the table keeping captured objects alive */
+  cuuint64_t capture_id;   /* while capturing: the id of the capture it began (its registry key) */
   CUstream h;          /* NULL: the legacy default stream */
   CUcontext ctx;       /* its device's context */
   int owned;           /* destroy the handle with the last reference */
@@ -755,6 +756,12 @@ void cl_graph_add_hostrec(lua_State *L, int gidx, cl_hostrec *r);
    options {default = v} at optidx (0: none) */
 cl_condition *cl_push_condition(lua_State *L, CUgraph h, CUcontext ctx, uint64_t owner, int optidx,
                                 const char *where);
+/* adds a kernel node to the graph at gidx (pushed): the kernel at kidx, configuration c, the
+   argument list at aidx (nil: none), dependencies deps[nd]. keep_kernel: 0 when the graph
+   keeps the kernel already (node:build's run of one kernel's nodes) */
+cl_node *cl_graph_add_kernel(lua_State *L, int gidx, int kidx, const cl_launch *c, int aidx,
+                             const CUgraphNode *deps, size_t nd, int keep_kernel);
+#define CL_SMALL_DEPS 8   /* dependencies a node's adding keeps on the C stack (more: a userdata) */
 /* what executable graphs (gexec.c) share with graphs */
 cl_graph *cl_checkgraph(lua_State *L, int idx);   /* an open graph */
 /* a node that is still alive (of graph g unless NULL); errors name where */
@@ -776,8 +783,14 @@ void cl_graph_memcpy_params(lua_State *L, int didx, int sidx, CUDA_MEMCPY3D *p, 
 int cl_graph_memset_params(lua_State *L, int didx, int vidx, CUDA_MEMSET_NODE_PARAMS *p,
                            const char *where, CUcontext ctx, const cl_graph *g);
 
+/* ---- from unbound.c: the C half of the seed's unbound nodes (lua/cudalua/nodes.lua) ---- */
+void cl_open_unbound(lua_State *L);   /* core.graph_kernel_node, core.graph_walk, core.graph_add */
+
 /* ---- from gexec.c: executable graphs ---- */
 void cl_open_gexec(lua_State *L);   /* the executable graph type; adds graph:instantiate and graph:launch */
+/* the last state closed, its executable graphs gone: the devices' conditional lanes destroyed
+   (before the contexts they were made in are released) */
+void cl_gexec_shutdown(void);
 
 /* ---- from capture.c: stream captures ---- */
 void cl_open_capture(lua_State *L);   /* the stream's capture methods */

@@ -48,6 +48,7 @@ static int state_closed(lua_State *L) {
     cl_mem_release_all();
     cl_idle_devices();      /* the helper thread releases closed states' host functions meanwhile */
     cl_hostfn_shutdown();   /* before the contexts its memory was allocated in go */
+    cl_gexec_shutdown();    /* the conditional lanes, likewise */
     cl_release_contexts();
   }
   pthread_mutex_unlock(&states_mu);
@@ -94,6 +95,7 @@ int luaopen_cudalua(lua_State *L) {
   cl_open_hostfn(L);
   cl_open_wait(L);
   cl_open_graph(L);
+  cl_open_unbound(L);
   cl_open_gexec(L);     /* adds graph:instantiate and graph:launch */
   cl_open_capture(L);   /* adds the stream's capture methods */
   cl_open_interop(L);

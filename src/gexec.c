@@ -96,6 +96,7 @@ static int g_instantiate(lua_State *L) {
    conditional graphs of every stream and state of the process queue behind each other. In
    a stream capture it is launched into the capture as it is (a child graph there). */
 static CUstream lanes[CL_MAXDEV];
+static CUcontext lane_ctx[CL_MAXDEV];
 static pthread_mutex_t lanes_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static CUresult lane_of(CUcontext ctx, CUstream *out) {
@@ -107,10 +108,24 @@ static CUresult lane_of(CUcontext ctx, CUstream *out) {
     CUcontext prev = cl_ctx_swap(ctx);
     r = CU0(cuStreamCreate, &lanes[dev], CU_STREAM_NON_BLOCKING);   /* (not parked: under the lock) */
     cl_ctx_swap(prev);
+    lane_ctx[dev] = ctx;
   }
   *out = lanes[dev];
   pthread_mutex_unlock(&lanes_mu);
   return r;
+}
+
+void cl_gexec_shutdown(void) {
+  pthread_mutex_lock(&lanes_mu);
+  for (int d = 0; d < CL_MAXDEV; d++) {
+    if (!lanes[d]) continue;
+    CUcontext prev = cl_ctx_swap(lane_ctx[d]);
+    CU0(cuStreamDestroy, lanes[d]);
+    cl_ctx_swap(prev);
+    lanes[d] = NULL;
+    lane_ctx[d] = NULL;
+  }
+  pthread_mutex_unlock(&lanes_mu);
 }
 
 static CUresult cond_launch(lua_State *L, lexec *e, CUstream h) {

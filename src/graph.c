@@ -77,9 +77,8 @@ void cl_graph_hold_kept(lua_State *L, int gidx) {
   lua_pop(L, 1);
 }
 
-/* deps at idx: nil or a list of nodes of g -> CUgraphNode array: the caller's small[SMALL_DEPS]
+/* deps at idx: nil or a list of nodes of g -> CUgraphNode array: the caller's small[CL_SMALL_DEPS]
    for a few (graphs are built node by node in loops), else a userdata. Pushes one value. */
-#define SMALL_DEPS 8
 static CUgraphNode *deps_of(lua_State *L, int idx, cl_graph *g, size_t *n, const char *where,
                             CUgraphNode *small) {
   *n = 0;
@@ -87,7 +86,7 @@ static CUgraphNode *deps_of(lua_State *L, int idx, cl_graph *g, size_t *n, const
   if (!lua_istable(L, idx)) cl_error(L, where, "dependencies must be a list of nodes, got %s", luaL_typename(L, idx));
   size_t k = lua_rawlen(L, idx);
   CUgraphNode *d = small;
-  if (k <= SMALL_DEPS) lua_pushnil(L);
+  if (k <= CL_SMALL_DEPS) lua_pushnil(L);
   else d = lua_newuserdatauv(L, sizeof(CUgraphNode) * k, 0);
   for (size_t i = 0; i < k; i++) {
     lua_rawgeti(L, idx, (lua_Integer)i + 1);
@@ -221,11 +220,9 @@ void cl_graph_kernel_params(cl_node *n, cl_kernel *k, cl_args *A, CUDA_KERNEL_NO
   p->kernelParams = A->params;
 }
 
-/* adds a kernel node to the graph at gidx: the kernel at kidx (k), configuration c, the
-   argument list at aidx (nil: none), dependencies deps; pushes the node. keep_kernel: 0 when
-   the graph already keeps k (node:build's run of one kernel's nodes) */
-static cl_node *add_kernel(lua_State *L, int gidx, int kidx, const cl_launch *c, int aidx,
-                           const CUgraphNode *deps, size_t nd, int keep_kernel) {
+/* (cl.h) */
+cl_node *cl_graph_add_kernel(lua_State *L, int gidx, int kidx, const cl_launch *c, int aidx,
+                             const CUgraphNode *deps, size_t nd, int keep_kernel) {
   cl_graph *g = lua_touserdata(L, gidx);
   cl_kernel *k = lua_touserdata(L, kidx);
   if (k->ctx != g->ctx)
@@ -278,192 +275,12 @@ static int g_kernel(lua_State *L) {
   cl_checkkernel(L, 2);
   lua_settop(L, 5);
   size_t nd;
-  CUgraphNode small[SMALL_DEPS];
+  CUgraphNode small[CL_SMALL_DEPS];
   CUgraphNode *deps = deps_of(L, 5, g, &nd, "graph:kernel", small);   /* at 6 */
   cl_launch c;
   cl_launch_parse(L, 3, &c, CL_CFG_GRAPH, "graph:kernel");
-  add_kernel(L, 1, 2, &c, 4, deps, nd, 1);
+  cl_graph_add_kernel(L, 1, 2, &c, 4, deps, nd, 1);
   return 1;
-}
-
-/* ---- node:build's adding (lua/cudalua/nodes.lua): the seed's unbound nodes, walked and checked
-   there, become nodes of a graph here, kernel nodes without a Lua call each (a build must cost
-   about what the same g:kernel calls do: bench/helpers.lua) */
-
-/* the graph nodes bound[d] of the unbound node's deps (at didx), each once (the driver refuses
-   a dependency listed twice); small[SMALL_DEPS] for a few, else a userdata (pushed, or nil) */
-static CUgraphNode *bound_deps(lua_State *L, int didx, int bidx, cl_graph *g, size_t *n, CUgraphNode *small) {
-  size_t k = lua_rawlen(L, didx);
-  CUgraphNode *d = small;
-  if (k <= SMALL_DEPS) lua_pushnil(L);
-  else d = lua_newuserdatauv(L, sizeof(CUgraphNode) * k, 0);
-  *n = 0;
-  for (size_t i = 0; i < k; i++) {
-    lua_rawgeti(L, didx, (lua_Integer)i + 1);
-    lua_rawget(L, bidx);
-    CUgraphNode h = cl_checknode(L, -1, g, "graph:kernel")->n;
-    lua_pop(L, 1);
-    size_t j = 0;
-    while (j < *n && d[j] != h) j++;
-    if (j == *n) d[(*n)++] = h;
-  }
-  return d;
-}
-
-/* the unbound kernel node at nidx added to the graph at gidx: pushes its node. last: the kernel and
-   configuration table of the node before, whose parse is reused when they are the same */
-static void add_unbound_kernel(lua_State *L, int gidx, int nidx, int bidx, const void **last, cl_launch *c) {
-  cl_graph *g = lua_touserdata(L, gidx);
-  lua_getfield(L, nidx, "kernel");
-  int kidx = lua_gettop(L);
-  if (!luaL_testudata(L, kidx, CL_KERNEL))
-    cl_error(L, "graph:kernel", "expected a kernel, got %s", luaL_typename(L, kidx));
-  lua_getfield(L, nidx, "config");
-  if (lua_topointer(L, -1) != last[1] || !last[1]) {
-    cl_launch_parse(L, kidx + 1, c, CL_CFG_GRAPH, "graph:kernel");
-    last[1] = lua_topointer(L, kidx + 1);
-  }
-  lua_getfield(L, nidx, "args");
-  lua_getfield(L, nidx, "deps");
-  size_t nd;
-  CUgraphNode small[SMALL_DEPS];
-  CUgraphNode *deps = bound_deps(L, kidx + 3, bidx, g, &nd, small);
-  int same = lua_topointer(L, kidx) == last[0];
-  last[0] = lua_topointer(L, kidx);
-  add_kernel(L, gidx, kidx, c, kidx + 2, deps, nd, !same);
-}
-
-/* the unbound node at nidx of another kind: add[kind](g, node, deps) (the bound function) */
-static void add_unbound_other(lua_State *L, int gidx, int nidx, int bidx, int addidx) {
-  lua_getfield(L, nidx, "kind");
-  lua_rawget(L, addidx);
-  lua_pushvalue(L, gidx);
-  lua_pushvalue(L, nidx);
-  lua_getfield(L, nidx, "deps");
-  int didx = lua_gettop(L);
-  lua_Integer k = (lua_Integer)lua_rawlen(L, didx);
-  lua_createtable(L, (int)k, 0);   /* the bound nodes, each once */
-  for (lua_Integer i = 1, m = 0; i <= k; i++) {
-    lua_rawgeti(L, didx, i);
-    lua_rawget(L, bidx);
-    int seen = 0;
-    for (lua_Integer j = 1; j <= m && !seen; j++) {
-      lua_rawgeti(L, -2, j);
-      seen = lua_rawequal(L, -1, -2);
-      lua_pop(L, 1);
-    }
-    if (seen) lua_pop(L, 1);
-    else lua_rawseti(L, -2, ++m);
-  }
-  lua_remove(L, didx);
-  if (k == 0) { lua_pop(L, 1); lua_pushnil(L); }
-  lua_call(L, 3, 1);
-}
-
-/* the unbound node at idx, reached for the first time: its deps a list of nodes (mtidx: their
-   metatable), its kind one addidx has, before any of its dependencies is walked */
-static void walk_check(lua_State *L, int idx, int mtidx, int addidx) {
-  lua_getfield(L, idx, "kind");
-  lua_pushvalue(L, -1);
-  if (lua_rawget(L, addidx) == LUA_TNIL)
-    cl_error(L, "node:build", "a node of unknown kind %s", luaL_tolstring(L, -2, NULL));
-  const char *kind = lua_tostring(L, -2);
-  if (lua_getfield(L, idx, "deps") != LUA_TTABLE)
-    cl_error(L, "node:build", "the %s node's deps is not a list (%s)", kind, luaL_typename(L, -1));
-  lua_Integer k = (lua_Integer)lua_rawlen(L, -1);
-  for (lua_Integer i = 1; i <= k; i++) {
-    lua_rawgeti(L, -1, i);
-    int mt = lua_getmetatable(L, -1);
-    if (!mt || !lua_rawequal(L, -1, mtidx))
-      cl_error(L, "node:build", "the %s node's deps[%I] is not a node (%s)", kind, i, luaL_typename(L, mt ? -2 : -1));
-    lua_pop(L, 2);
-  }
-  lua_pop(L, 3);
-}
-
-/* the node at nidx (its dependencies added) added to the graph at 1 */
-static void walk_add(lua_State *L, int nidx, const void **last, cl_launch *c) {
-  enum { ADD = 4, BOUND = 3, FAILING = 5 };   /* l_graph_add's arguments */
-  lua_pushvalue(L, nidx);
-  lua_rawseti(L, FAILING, 1);
-  lua_getfield(L, nidx, "kind");
-  int kernel = !strcmp(lua_tostring(L, -1), "kernel");
-  lua_pop(L, 1);
-  int top = lua_gettop(L);
-  if (kernel) add_unbound_kernel(L, 1, nidx, BOUND, last, c);
-  else add_unbound_other(L, 1, nidx, BOUND, ADD);
-  lua_pushvalue(L, nidx);
-  lua_insert(L, -2);
-  lua_rawset(L, BOUND);   /* bound[node] = its graph node */
-  lua_settop(L, top);
-}
-
-/* core.graph_walk(root, node_mt, add, state) -> order: node:build's walk (lua/cudalua/nodes.lua):
-   every node root depends on, each once, dependencies first, a depth-first walk whose path is
-   on the Lua stack (no recursion: chains of thousands of nodes). A node is checked when first
-   reached, and the graph is made only after the walk: a malformed node or a cycle is refused
-   before any graph exists. state: node -> false while walked, true once in order. */
-static int l_graph_walk(lua_State *L) {
-  lua_settop(L, 4);
-  lua_newtable(L);   /* 5: the order */
-  size_t cap = 64, sp = 1;
-  int *at = lua_newuserdatauv(L, cap * sizeof *at, 0);   /* 6: how many deps of each frame were walked */
-  const int base = 6;
-  lua_Integer n = 0;
-  walk_check(L, 1, 2, 3);
-  lua_pushvalue(L, 1); lua_pushboolean(L, 0); lua_rawset(L, 4);
-  lua_pushvalue(L, 1);
-  at[0] = 0;
-  while (sp > 0) {
-    int nidx = base + (int)sp;
-    lua_getfield(L, nidx, "deps");
-    if (lua_rawgeti(L, -1, ++at[sp - 1]) == LUA_TNIL) {   /* all walked: in order, the frame popped */
-      lua_settop(L, nidx);
-      lua_pushvalue(L, nidx); lua_pushboolean(L, 1); lua_rawset(L, 4);
-      lua_rawseti(L, 5, ++n);   /* (pops the frame's node) */
-      sp--;
-      continue;
-    }
-    lua_remove(L, -2);
-    lua_pushvalue(L, -1);
-    int st = lua_rawget(L, 4);
-    int walking = st == LUA_TBOOLEAN && !lua_toboolean(L, -1);
-    lua_pop(L, 1);
-    if (walking) {
-      lua_getfield(L, -1, "kind");
-      cl_error(L, "node:build", "the deps make a cycle (this %s node depends on itself through them)", lua_tostring(L, -1));
-    }
-    if (st != LUA_TNIL) { lua_pop(L, 1); continue; }   /* in order before */
-    walk_check(L, lua_gettop(L), 2, 3);
-    lua_pushvalue(L, -1); lua_pushboolean(L, 0); lua_rawset(L, 4);
-    if (!lua_checkstack(L, 8)) cl_error(L, "node:build", "the graph is too deep (a chain of over %d nodes)", (int)sp);
-    if (sp == cap) {   /* a bigger frame list, in place of the old */
-      int *more = lua_newuserdatauv(L, 2 * cap * sizeof *more, 0);
-      memcpy(more, at, cap * sizeof *at);
-      at = more;
-      cap *= 2;
-      lua_replace(L, base);
-    }
-    at[sp++] = 0;   /* the dependency, on the stack, is the new frame */
-  }
-  lua_settop(L, 5);
-  return 1;
-}
-
-/* core.graph_add(g, order, bound, add, failing): each node of order (core.graph_walk's) added
-   to g; bound[node] = its graph node; failing[1] = the node being added (node:build names it) */
-static int l_graph_add(lua_State *L) {
-  cl_checkgraph(L, 1);
-  lua_settop(L, 5);
-  lua_Integer n = (lua_Integer)lua_rawlen(L, 2);
-  const void *last[2] = {NULL, NULL};   /* the kernel and configuration of the last kernel node */
-  cl_launch c;
-  for (lua_Integer i = 1; i <= n; i++) {
-    lua_rawgeti(L, 2, i);   /* the node, at 6 */
-    walk_add(L, 6, last, &c);
-    lua_settop(L, 5);
-  }
-  return 0;
 }
 
 /* the address an array has for copies in graphs: pageable memory is page-locked first */
@@ -511,7 +328,7 @@ static int g_memcpy(lua_State *L) {
   CUcontext ctx = g->ctx;
   cl_use_ctx(L, ctx);
   cl_graph_memcpy_params(L, 2, 3, &p, "graph:memcpy", ctx, g);
-  CUgraphNode small[SMALL_DEPS];
+  CUgraphNode small[CL_SMALL_DEPS];
   CUgraphNode *deps = deps_of(L, 4, g, &nd, "graph:memcpy", small);
   CUgraphNode h;
   cl_check(L, CU(cuGraphAddMemcpyNode, &h, g->g, deps, nd, &p, ctx), "graph:memcpy");
@@ -563,7 +380,7 @@ static int g_memset(lua_State *L) {
   CUDA_MEMSET_NODE_PARAMS p[CL_MAXITEM / 4];
   int parts = cl_graph_memset_params(L, 2, 3, p, "graph:memset", ctx, g);
   size_t nd;
-  CUgraphNode small[SMALL_DEPS];
+  CUgraphNode small[CL_SMALL_DEPS];
   CUgraphNode *deps = deps_of(L, 4, g, &nd, "graph:memset", small);
   CUgraphNode h;
   cl_check(L, CU(cuGraphAddMemsetNode, &h, g->g, deps, nd, &p[0], ctx), "graph:memset");
@@ -583,7 +400,7 @@ static int g_host(lua_State *L) {
   if (g->body) return cl_error(L, "graph:host", "a %s node's body cannot call Lua host functions", g->body);
   lua_settop(L, 3);
   size_t nd;
-  CUgraphNode small[SMALL_DEPS];
+  CUgraphNode small[CL_SMALL_DEPS];
   CUgraphNode *deps = deps_of(L, 3, g, &nd, "graph:host", small);   /* at 4 */
   cl_use_ctx(L, g->ctx);
   cl_hostrec *r = cl_hostrec_new(L, 2, "graph:host");   /* its box at 5 */
@@ -638,7 +455,7 @@ static int g_empty(lua_State *L) {
   cl_graph *g = cl_checkgraph(L, 1);
   lua_settop(L, 2);
   size_t nd;
-  CUgraphNode small[SMALL_DEPS];
+  CUgraphNode small[CL_SMALL_DEPS];
   CUgraphNode *deps = deps_of(L, 2, g, &nd, "graph:empty", small);
   CUgraphNode h;
   cl_use_ctx(L, g->ctx);
@@ -659,7 +476,7 @@ static int g_child(lua_State *L) {
     return cl_error(L, "graph:child", "a %s node's body cannot call Lua host functions (the child graph has some)", g->body);
   lua_settop(L, 3);
   size_t nd;
-  CUgraphNode small[SMALL_DEPS];
+  CUgraphNode small[CL_SMALL_DEPS];
   CUgraphNode *deps = deps_of(L, 3, g, &nd, "graph:child", small);
   CUgraphNode h;
   cl_use_ctx(L, g->ctx);
@@ -691,7 +508,7 @@ static int g_alloc(lua_State *L) {
   size_t bytes = n * (size_t)cl_dtypes[dt].size;
   if (!bytes) return cl_error(L, "graph:alloc", "an empty array cannot be allocated in a graph");
   size_t nd;
-  CUgraphNode small[SMALL_DEPS];
+  CUgraphNode small[CL_SMALL_DEPS];
   CUgraphNode *deps = deps_of(L, 4, g, &nd, "graph:alloc", small);
   CUDA_MEM_ALLOC_NODE_PARAMS p;
   memset(&p, 0, sizeof p);
@@ -725,7 +542,7 @@ static int g_free(lua_State *L) {
   if (a->offset) return cl_error(L, "graph:free", "expected the array graph:alloc returned, not a view into it");
   lua_settop(L, 3);
   size_t nd;
-  CUgraphNode small[SMALL_DEPS];
+  CUgraphNode small[CL_SMALL_DEPS];
   CUgraphNode *deps = deps_of(L, 3, g, &nd, "graph:free", small);
   cl_use_ctx(L, g->ctx);
   CUgraphNode h;
@@ -745,7 +562,7 @@ static int event_node(lua_State *L, int kind, const char *where) {
   CUevent e = cl_graph_event(L, 2, g->ctx, kind == CL_NODE_RECORD, where);
   lua_settop(L, 3);
   size_t nd;
-  CUgraphNode small[SMALL_DEPS];
+  CUgraphNode small[CL_SMALL_DEPS];
   CUgraphNode *deps = deps_of(L, 3, g, &nd, where, small);
   cl_use_ctx(L, g->ctx);
   CUgraphNode h;
@@ -838,7 +655,7 @@ static int cond_node(lua_State *L, CUgraphConditionalNodeType type, unsigned siz
     return cl_error(L, where, "the condition already controls a conditional node (CUDA allows one node per condition: make another)");
   lua_settop(L, didx);
   size_t nd;
-  CUgraphNode small[SMALL_DEPS];
+  CUgraphNode small[CL_SMALL_DEPS];
   CUgraphNode *deps = deps_of(L, didx, g, &nd, where, small);
   CUgraphNodeParams p;
   memset(&p, 0, sizeof p);
@@ -1070,6 +887,4 @@ void cl_open_graph(lua_State *L) {
   static const luaL_Reg cmeta[] = {{"__tostring", c_tostring}, {NULL, NULL}};
   cl_class_define(L, &(cl_class){CL_CONDITION_MT, NULL, NULL, cmeta});
   lua_pushcfunction(L, l_graph); lua_setfield(L, -2, "graph");
-  lua_pushcfunction(L, l_graph_walk); lua_setfield(L, -2, "graph_walk");
-  lua_pushcfunction(L, l_graph_add); lua_setfield(L, -2, "graph_add");
 }

@@ -273,7 +273,6 @@ static cl_array *buffer(lua_State *L, lcomm *c, int idx, const char *where) {
   if (!cl_mem_reachable(a->mem, c->ctx))
     cl_error(L, where, "the array is on device %d and the communicator on device %d",
                cl_device_of(a->mem->ctx), c->dev);
-  if (a->mem->gmem && !cl_capturing) cl_mem_graph_use(L, a->mem, NULL, where);   /* (it raises) */
   return a;
 }
 
@@ -297,6 +296,13 @@ static CUstream prepare(lua_State *L, lcomm *c, int sidx, cl_stream **ps, const 
 
 static void used(cl_array *a, cl_stream *s, lcomm *c) { if (a) cl_mem_use(a->mem, s, c->ctx); }
 
+/* a graph's memory (graph:alloc, a capture's allocation) may be used by that graph's work only:
+   a collective on a stream capturing it (raises otherwise) */
+static void graph_mem(lua_State *L, cl_array *a, cl_array *b, cl_stream *s, const char *where) {
+  if (a && a->mem->gmem) cl_mem_graph_use(L, a->mem, s, where);
+  if (b && b->mem->gmem) cl_mem_graph_use(L, b->mem, s, where);
+}
+
 static void same(lua_State *L, cl_array *a, cl_array *b, size_t factor_b, size_t factor_a, const char *where) {
   if (a->dtype != b->dtype)
     cl_error(L, where, "dtype mismatch (%s and %s)", cl_dtypes[a->dtype].name, cl_dtypes[b->dtype].name);
@@ -315,6 +321,7 @@ static int reduction(lua_State *L, int scatter) {
   int op = op_of(L, 4), t = nccl_type(L, s->dtype, w);
   cl_stream *st;
   CUstream h = prepare(L, c, 5, &st, w);
+  graph_mem(L, s, r, st, w);
   void *sp = (void *)cl_devptr(s), *rp = (void *)cl_devptr(r);
   check(L, scatter ? CL_PARKED(L, CL_PARK_ENQUEUE, nc.ncclReduceScatter(sp, rp, r->size, t, op, c->c, h))
                    : CL_PARKED(L, CL_PARK_ENQUEUE, nc.ncclAllReduce(sp, rp, s->size, t, op, c->c, h)), c->c, w);
@@ -335,6 +342,7 @@ static int c_broadcast(lua_State *L) {
   int t = nccl_type(L, s->dtype, w);
   cl_stream *st;
   CUstream h = prepare(L, c, 5, &st, w);
+  graph_mem(L, s, r, st, w);
   check(L, CL_PARKED(L, CL_PARK_ENQUEUE, nc.ncclBroadcast((void *)cl_devptr(s), (void *)cl_devptr(r), r->size, t, (int)root, c->c, h)), c->c, w);
   used(s, st, c); used(r, st, c);
   return 0;
@@ -352,6 +360,7 @@ static int c_reduce(lua_State *L) {
   int t = nccl_type(L, s->dtype, w);
   cl_stream *st;
   CUstream h = prepare(L, c, 6, &st, w);
+  graph_mem(L, s, r, st, w);
   check(L, CL_PARKED(L, CL_PARK_ENQUEUE, nc.ncclReduce((void *)cl_devptr(s), r ? (void *)cl_devptr(r) : NULL, s->size, t, op, (int)root, c->c, h)), c->c, w);
   used(s, st, c); used(r, st, c);
   return 0;
@@ -366,6 +375,7 @@ static int c_all_gather(lua_State *L) {
   int t = nccl_type(L, s->dtype, w);
   cl_stream *st;
   CUstream h = prepare(L, c, 4, &st, w);
+  graph_mem(L, s, r, st, w);
   check(L, CL_PARKED(L, CL_PARK_ENQUEUE, nc.ncclAllGather((void *)cl_devptr(s), (void *)cl_devptr(r), s->size, t, c->c, h)), c->c, w);
   used(s, st, c); used(r, st, c);
   return 0;
@@ -382,6 +392,7 @@ static int point(lua_State *L, int recv) {
   int t = nccl_type(L, a->dtype, w);
   cl_stream *st;
   CUstream h = prepare(L, c, 4, &st, w);
+  graph_mem(L, a, NULL, st, w);
   ncclResult_t r = recv ? CL_PARKED(L, CL_PARK_ENQUEUE, nc.ncclRecv((void *)cl_devptr(a), a->size, t, (int)peer, c->c, h))
                         : CL_PARKED(L, CL_PARK_ENQUEUE, nc.ncclSend((void *)cl_devptr(a), a->size, t, (int)peer, c->c, h));
   check(L, r, c->c, w);

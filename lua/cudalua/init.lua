@@ -54,7 +54,8 @@ function cuda.detect(out)
 end
 
 -- cuda.graph() makes a graph; cuda.graph.kernel, .memcpy, ... make nodes of none (the seed's form)
-cuda.graph = require("cudalua.nodes").namespace(core.graph, core.graph_walk, core.graph_add)
+cuda.graph = require("cudalua.nodes").namespace(core.graph, core.graph_walk, core.graph_add,
+  core.graph_kernel_node)
 
 local compile = require "cudalua.compile"
 cuda.compile = compile.compile

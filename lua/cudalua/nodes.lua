@@ -45,25 +45,19 @@ local function node(fields, deps, where)
 end
 
 -- cuda.graph.kernel(k, config, args, deps) (called as a table: the first argument is it) and
--- cuda.graph.kernel[config](k, args, deps), the seed's KernelNode[64, 32](k, args, deps)
-local function kernel_node(_, k, config, args, deps)
-  if type(config) ~= "table" then
-    check.error("cuda.graph.kernel", 3, "config must be a table ({grid, block} or keys), got %s", type(config))
-  end
-  -- (one constructor: graphs of thousands of kernel nodes are made in loops)
-  return setmetatable({ kind = "kernel", kernel = k, config = config, args = list(args, "args", "cuda.graph.kernel"),
-                        deps = deps_list(deps, "cuda.graph.kernel") }, node_mt)
-end
-
-M.kernel = setmetatable({}, {
-  __call = kernel_node,
+-- cuda.graph.kernel[config](k, args, deps), the seed's KernelNode[64, 32](k, args, deps). The
+-- constructor is C's (core.graph_kernel_node, set by M.namespace): graphs of thousands of
+-- kernel nodes are made in loops.
+local kernel_node
+local kernel_mt = {   -- (__call: kernel_node)
   __index = function(_, config)
     if type(config) ~= "table" then
       check.error("cuda.graph.kernel[config]", 2, "config must be a table ({grid, block} or keys), got %s", type(config))
     end
     return function(k, args, deps) return kernel_node(nil, k, config, args, deps) end
   end,
-})
+}
+M.kernel = setmetatable({}, kernel_mt)
 
 function M.memcpy(dst, src, deps) return node({ kind = "memcpy", dst = dst, src = src, deps = false }, deps, "cuda.graph.memcpy") end
 function M.memset(dst, value, deps) return node({ kind = "memset", dst = dst, value = value, deps = false }, deps, "cuda.graph.memset") end
@@ -119,8 +113,10 @@ function Node.build(root)
 end
 
 -- cuda.graph: called, a new empty graph (graph: the C constructor); indexed, the unbound nodes
-function M.namespace(ctor, walker, adder)
+function M.namespace(ctor, walker, adder, kernel_ctor)
   graph, walk, add_all = ctor, walker, adder
+  kernel_node = kernel_ctor(node_mt)
+  kernel_mt.__call = kernel_node
   local public = { kernel = M.kernel, memcpy = M.memcpy, memset = M.memset, host = M.host, empty = M.empty,
                    child = M.child, record = M.record, wait = M.wait }
   return setmetatable(public, {

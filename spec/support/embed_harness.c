@@ -2,7 +2,8 @@
  * src/cudalua.h and libcudalua.a. It opens cudalua in lua_States of its own with luaL_requiref,
  * gives the script it runs the C API as Lua functions, and reads arrays back through
  * cudalua_to_array (their contents through the host pointer, in C):
- *   embed_harness SCRIPT      runs SCRIPT in a fresh state; exit 0 when it ran without error
+ *   embed_harness SCRIPT [N]  runs SCRIPT in a fresh state (N times, one state after another,
+ *                             each the last to close); exit 0 when it ran without error
  * Functions the script sees:
  *   c_info(v)                          -> table from cudalua_to_array (values read in C), or false
  *   c_push_device_array(ptr, dtype, ndim, d1, d2, ...)   cudalua_push_device_array, host-owned
@@ -139,8 +140,8 @@ static int c_thread_state(lua_State *L) {
   return 1;
 }
 
-int main(int argc, char **argv) {
-  if (argc < 2) { fprintf(stderr, "usage: %s SCRIPT\n", argv[0]); return 2; }
+/* SCRIPT run in a fresh state, closed after */
+static int run_script(const char *path) {
   lua_State *L = new_state();
   lua_register(L, "c_info", c_info);
   lua_register(L, "c_push_device_array", c_push_device_array);
@@ -149,9 +150,16 @@ int main(int argc, char **argv) {
   lua_register(L, "c_push_stream", c_push_stream);
   lua_register(L, "c_other_state", c_other_state);
   lua_register(L, "c_thread_state", c_thread_state);
-  int status = luaL_dofile(L, argv[1]);
+  int status = luaL_dofile(L, path);
   if (status != LUA_OK) fprintf(stderr, "script error: %s\n", lua_tostring(L, -1));
   lua_close(L);
+  return status;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) { fprintf(stderr, "usage: %s SCRIPT [N]\n", argv[0]); return 2; }
+  int times = argc > 2 ? atoi(argv[2]) : 1, status = LUA_OK;
+  for (int i = 0; i < times && status == LUA_OK; i++) status = run_script(argv[1]);
   /* the driver as this program sees it, cudalua's state gone (dlopen: no link to libcuda) */
   void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
   int (*count)(int *) = cuda ? (int (*)(int *))dlsym(cuda, "cuDeviceGetCount") : NULL;
