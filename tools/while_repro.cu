@@ -2,12 +2,16 @@
 // (no cudalua). Each step makes a new graph (a memset, then a WHILE node whose body kernel
 // counts down), instantiates it and launches it 1 to 3 times on one of STREAMS streams.
 //   nvcc -arch=sm_90 -o build/while_repro tools/while_repro.cu
-//   build/while_repro STEPS STREAMS SEED MODE
+//   build/while_repro STEPS STREAMS SEED MODE [ITERS]
 // MODE 0: as said; 1: every WHILE graph ordered after the one before (one event across the
 // streams: what cudalua does); 2: as 1, with a plain kernel on a random stream after each launch.
 // On driver 580.159.04 (H100, CUDA 13.0), 1500 3 SEED: MODE 0 fails (unspecified launch
 // failure) within 17 to 380 steps, MODE 1 runs clean, MODE 2 fails within a few hundred steps.
 // One stream (1500 1 SEED 0) runs clean.
+// ITERS: every WHILE loop runs that many times (default 1 to 40 at random).
+// Under compute-sanitizer 2025.3.1's memcheck (same driver), even one stream fails: 3 1 1 0 40
+// and 3 1 1 1 6000 stop with an illegal address at the synchronize and no record of an access
+// (they run clean without it): the fault examples/graph_while.lua meets there at times.
 #include <cuda_runtime.h>
 #include <cstdio>
 #include <cstdlib>
@@ -26,8 +30,8 @@ __global__ void count_down(int *x, int v, int n, int *left, cudaGraphConditional
 
 int main(int argc, char **argv) {
   int i = 0;
-  if (argc != 5) { fprintf(stderr, "usage: while_repro STEPS STREAMS SEED MODE\n"); return 2; }
-  int steps = atoi(argv[1]), ns = atoi(argv[2]), mode = atoi(argv[4]);
+  if (argc != 5 && argc != 6) { fprintf(stderr, "usage: while_repro STEPS STREAMS SEED MODE [ITERS]\n"); return 2; }
+  int steps = atoi(argv[1]), ns = atoi(argv[2]), mode = atoi(argv[4]), iters = argc == 6 ? atoi(argv[5]) : 0;
   if (ns < 1 || ns > 8) { fprintf(stderr, "STREAMS: 1 to 8\n"); return 2; }
   srand((unsigned)atoi(argv[3]));
   cudaStream_t st[8];
@@ -42,7 +46,7 @@ int main(int argc, char **argv) {
   CK(cudaEventCreateWithFlags(&last, cudaEventDisableTiming));
   int last_stream = -1;
   for (i = 1; i <= steps; i++) {
-    int l = rand() % ns, v = rand() % 19 - 9, count = rand() % 40 + 1, runs = rand() % 3 + 1;
+    int l = rand() % ns, v = rand() % 19 - 9, count = iters > 0 ? iters : rand() % 40 + 1, runs = rand() % 3 + 1;
     int *left;
     CK(cudaMallocAsync((void **)&left, sizeof(int), st[l]));
     cudaGraph_t g;
