@@ -60,6 +60,20 @@ function cuda.versions() end
 --- Free and total bytes of the selected device.
 function cuda.mem_info() end
 
+--- Sets a limit of the selected device's context (`cuCtxSetLimit`): `"stack_size"` (bytes a
+-- thread), `"printf_fifo_size"`, `"malloc_heap_size"` (set before the kernels that use them),
+-- `"dev_runtime_sync_depth"` (CDP1 only, compute capability below 9.0),
+-- `"dev_runtime_pending_launch_count"` (device-side launches not yet finished, 2048 by
+-- default), `"max_l2_fetch_granularity"` (0-128 bytes, a hint), `"persisting_l2_cache_size"`,
+-- `"cig_shmem_fallback_enabled"`. The driver may round or clamp the value: `cuda.get_limit` says
+-- what it took. An unknown name, a read-only one, a value that is not an integer of 0 or more
+-- raise; so does what the driver refuses (CUDA_ERROR_UNSUPPORTED_LIMIT...).
+function cuda.set_limit(name, value) end
+
+--- The value of a limit of the selected device's context (`cuCtxGetLimit`), by the names of
+-- `cuda.set_limit`, and the read-only `"shmem_size"` and `"cig_enabled"` (CIG contexts).
+function cuda.get_limit(name) end
+
 --- Seconds from a monotonic clock (for timing on the host).
 function cuda.time() end
 
@@ -351,15 +365,39 @@ function Event:close() end
 function cuda.compile(src, opts) end
 
 --- Compiles src and returns its kernel name (`opts` as `cuda.compile`); a C++ name ("ns::k",
--- "scale<float>") needs no `name_expressions`.
+-- "scale<float>") needs no `name_expressions`. With `relocatable` or `lto` the module is linked
+-- on its own first (as `nvcc -rdc=true` links a one-file program), with the CUDA device runtime
+-- when its kernels launch kernels: dynamic parallelism needs `relocatable = true` and nothing else.
 function cuda.kernel(src, name, opts) end
 
 --- Loads a cubin, fatbin, PTX or LTO-IR (a path or the bytes) built elsewhere.
 -- Options (`opts`): `name`, `arch` (for LTO-IR).
 function cuda.load_module(path_or_bytes, opts) end
 
---- Links modules made with `relocatable` or `lto`, loaded modules and images into one module
--- with nvJitLink. Options (`opts`): `name`, `arch`, `options` (nvJitLink options).
+--- Links modules made with `relocatable` or `lto`, loaded modules, images and static libraries
+-- (`.a` archives of `nvcc -dc` objects, by path or bytes) into one module with nvJitLink.
+-- Options (`opts`): `name`, `arch`, `options` (nvJitLink options).
+--
+-- **Dynamic parallelism** (a kernel launching kernels, `child<<<grid, block>>>(...)`): compile
+-- with `relocatable = true` (or `lto = true`); `cuda.link {m}` adds the CUDA device runtime
+-- `libcudadevrt.a` itself when an input calls it. It is looked for at `CUDALUA_CUDADEVRT` (the
+-- file), next to the NVRTC library in use (a toolkit's `lib64`, a pip wheel's `lib`), next to
+-- nvJitLink, under `CUDA_HOME`, `CUDA_PATH`, `CUDA_DIR` (`lib64`, `lib`) and in
+-- `/usr/local/cuda/lib64`; not found, the link raises naming every place. It is added only when
+-- needed: relocatable cubins and PTX name its entry points (`__cudaCDP2*`) in plain text, and a
+-- link of LTO-IR that fails on them is done again with it; linking it always would cost 2 ms a
+-- link instead of 0.1 ms (a small relocatable cubin, sm_90, nvJitLink 13.0).
+--
+-- CDP2 (CUDA 12 and later, the only kind on compute capability 9.0+): device code cannot call
+-- `cudaDeviceSynchronize`; a parent grid is complete only once all the grids it launched are,
+-- so the host's wait for the parent waits for every descendant. Children launched into a
+-- block's default stream run in order; `cudaStreamFireAndForget` runs a child independently, and
+-- `cudaStreamTailLaunch` runs it after the launching grid has ended (work that needs the
+-- parent's results). Launches not yet finished count against
+-- `cuda.set_limit("dev_runtime_pending_launch_count", n)` (2048 by default; beyond it device
+-- launches fail), and launches nest at most 24 deep. Such kernels work in graphs as kernel
+-- nodes (`g:kernel`) like any other. Without a GPU the link works (`arch = "sm_90"`); using a
+-- kernel raises the no-driver error.
 function cuda.link(inputs, opts) end
 
 --- A module: kernels by name (`m.vecadd`) or by `Module:get`.

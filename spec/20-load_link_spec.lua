@@ -321,7 +321,7 @@ __device__ float twice(float v) { return 2.0f * v; }]]
     assert.matches("twice", e, 1, true)
     C.raises("cuda.link: input 2 is for sm_80, an earlier one for sm_90: give opts.arch", cuda.link,
              { a, cuda.compile(B, { arch = "sm_80", relocatable = true }) })
-    C.raises('cuda.link: input 2: not a cubin, fatbin, PTX or LTO-IR image (it starts with "\\0junk")', cuda.link, { a, "\0junk" })
+    C.raises('cuda.link: input 2: not a cubin, fatbin, PTX, LTO-IR image or static library (it starts with "\\0junk")', cuda.link, { a, "\0junk" })
     C.raises("cuda.link: unknown option 'lto' (arch, name, options)", cuda.link, { a }, { lto = true })
     C.raises("cuda.link: opts.options[1] must be a string", cuda.link, { a }, { options = { 1 } })
   end)

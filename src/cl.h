@@ -156,7 +156,8 @@ const char *cl_result_name(cl_lib *l, int r);   /* a result code's name, as the 
   X(cuGraphAddMemAllocNode) X(cuGraphAddMemFreeNode) \
   X(cuGraphAddEventRecordNode) X(cuGraphAddEventWaitNode) X(cuGraphNodeSetEnabled) X(cuGraphClone) \
   X(cuGraphNodeFindInClone) X(cuGraphExecBatchMemOpNodeSetParams) X(cuGraphExecChildGraphNodeSetParams) \
-  X(cuGraphExecEventRecordNodeSetEvent) X(cuGraphExecEventWaitNodeSetEvent) X(cuEventRecordWithFlags)
+  X(cuGraphExecEventRecordNodeSetEvent) X(cuGraphExecEventWaitNodeSetEvent) X(cuEventRecordWithFlags) \
+  X(cuCtxSetLimit) X(cuCtxGetLimit)
 
 /* entry points of newer drivers: NULL when missing (cuFuncGetParamInfo 12.4, the module
    function listing 12.4, cuFuncGetName 12.3, conditional graph nodes and captures into them

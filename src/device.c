@@ -195,6 +195,56 @@ static int l_time(lua_State *L) {
 }
 
 
+/* cuda.set_limit / cuda.get_limit: the CU_LIMIT_* of the selected device's context, by name.
+   Numbers rather than the enum's names, so that cuda.h of an older toolkit compiles this (the
+   last three came with CUDA 12.x; the driver refuses what it does not know). */
+static const char *const limit_names[] = {
+  "stack_size", "printf_fifo_size", "malloc_heap_size", "dev_runtime_sync_depth",
+  "dev_runtime_pending_launch_count", "max_l2_fetch_granularity", "persisting_l2_cache_size",
+  "shmem_size", "cig_enabled", "cig_shmem_fallback_enabled", NULL};
+#define LIMIT_READ_ONLY(i) ((i) == 7 || (i) == 8)   /* shmem_size, cig_enabled: queried only */
+
+static int limit_arg(lua_State *L, const char *where) {
+  if (lua_type(L, 1) != LUA_TSTRING)
+    return cl_error(L, where, "argument 1: expected a limit's name (\"stack_size\", "
+                    "\"dev_runtime_pending_launch_count\"...), got %s", luaL_typename(L, 1));
+  const char *name = lua_tostring(L, 1);
+  for (int i = 0; limit_names[i]; i++) if (!strcmp(limit_names[i], name)) return i;
+  luaL_Buffer b;
+  luaL_buffinit(L, &b);
+  for (int i = 0; limit_names[i]; i++) {
+    if (i) luaL_addstring(&b, ", ");
+    luaL_addstring(&b, limit_names[i]);
+  }
+  luaL_pushresult(&b);
+  return cl_error(L, where, "unknown limit '%s' (%s)", name, lua_tostring(L, -1));
+}
+
+/* cuda.set_limit(name, value): the driver may round or clamp it; get_limit says what it took */
+static int l_set_limit(lua_State *L) {
+  int i = limit_arg(L, "cuda.set_limit");
+  if (LIMIT_READ_ONLY(i)) return cl_error(L, "cuda.set_limit", "%s can only be read (cuda.get_limit)", limit_names[i]);
+  int whole = 0;
+  lua_Integer v = lua_type(L, 2) == LUA_TNUMBER ? lua_tointegerx(L, 2, &whole) : 0;
+  if (!whole)
+    return cl_error(L, "cuda.set_limit", "argument 2: expected an integer (bytes or a count), got %s",
+                    lua_type(L, 2) == LUA_TNUMBER ? "a number that is not one" : luaL_typename(L, 2));
+  if (v < 0) return cl_error(L, "cuda.set_limit", "%s must be 0 or more, got %I", limit_names[i], v);
+  cl_ctx(L);
+  cl_check(L, CU(cuCtxSetLimit, (CUlimit)i, (size_t)v), "cuda.set_limit");
+  return 0;
+}
+
+/* cuda.get_limit(name) -> integer */
+static int l_get_limit(lua_State *L) {
+  int i = limit_arg(L, "cuda.get_limit");
+  size_t v = 0;
+  cl_ctx(L);
+  cl_check(L, CU(cuCtxGetLimit, &v, (CUlimit)i), "cuda.get_limit");
+  lua_pushinteger(L, (lua_Integer)v);
+  return 1;
+}
+
 void cl_open_device(lua_State *L) {
   static const luaL_Reg f[] = {
     {"is_available", l_is_available}, {"driver_error", l_driver_error}, {"launches_block", l_launches_block},
@@ -202,6 +252,7 @@ void cl_open_device(lua_State *L) {
     {"current_device", l_current_device}, {"synchronize", l_synchronize},
     {"can_access_peer", l_can_access_peer}, {"enable_peer_access", l_enable_peer_access},
     {"disable_peer_access", l_disable_peer_access}, {"device_count", l_device_count},
-    {"driver_version", l_driver_version}, {"mem_info", l_mem_info}, {"time", l_time}, {NULL, NULL}};
+    {"driver_version", l_driver_version}, {"mem_info", l_mem_info}, {"time", l_time},
+    {"set_limit", l_set_limit}, {"get_limit", l_get_limit}, {NULL, NULL}};
   luaL_setfuncs(L, f, 0);
 }

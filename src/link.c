@@ -2,6 +2,7 @@
    LTO-IR into one cubin; needs no GPU. The policy (which inputs, which options) lives in
    lua/cudalua/compile.lua (cuda.link, cuda.load_module). */
 #include <stdlib.h>
+#include <string.h>
 #include "cl.h"
 
 /* the error log (or the info log) of h as a Lua string */
@@ -17,8 +18,10 @@ static void push_log(lua_State *L, nvJitLinkHandle h, int error) {
   } else lua_pushliteral(L, "");
 }
 
-/* jitlink({{data, name}, ...}, {options}, want_ptx) -> cubin, info log, ptx or nil
-                                                      | nil, error log, result name */
+/* jitlink({{data, name [, "library"]}, ...}, {options}, want_ptx) -> cubin, info log, ptx or nil
+                                                                   | nil, error log, result name
+   "library": a static library (an ar archive of relocatable cubins, such as libcudadevrt.a),
+   which nvJitLink takes only when told (NVJITLINK_INPUT_ANY does not look into archives) */
 static int l_jitlink(lua_State *L) {
   cl_checktype(L, 1, LUA_TTABLE);
   cl_checktype(L, 2, LUA_TTABLE);
@@ -49,11 +52,12 @@ static int l_jitlink(lua_State *L) {
     lua_rawgeti(L, 1, i + 1);
     lua_rawgeti(L, -1, 1);
     lua_rawgeti(L, -2, 2);
+    int library = lua_rawgeti(L, -3, 3) == LUA_TSTRING && !strcmp(lua_tostring(L, -1), "library");
     size_t n = 0;
-    const char *data = lua_tolstring(L, -2, &n), *name = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "input";
+    const char *data = lua_tolstring(L, -3, &n), *name = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "input";
     /* the library tells cubin, PTX, fatbin and LTO-IR apart by their contents */
-    r = cu.nvJitLinkAddData(h, NVJITLINK_INPUT_ANY, data, n, name);
-    lua_pop(L, 3);
+    r = cu.nvJitLinkAddData(h, library ? NVJITLINK_INPUT_LIBRARY : NVJITLINK_INPUT_ANY, data, n, name);
+    lua_pop(L, 4);
   }
   if (r == NVJITLINK_SUCCESS) r = cu.nvJitLinkComplete(h);
   if (r != NVJITLINK_SUCCESS) {

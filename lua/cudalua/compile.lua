@@ -233,9 +233,17 @@ local function assemble(job, r)
   return nvrtc(job, r.wanted)
 end
 
--- raises NVRTC's log (level 4: this, compile(), cuda.compile or cuda.kernel, the user)
+-- raises NVRTC's log (level 4: this, compile(), cuda.compile or cuda.kernel, the user). A
+-- kernel launching kernels without relocatable = true gets NVRTC's words about "runtime APIs
+-- not declared", which do not say what to do: the hint does.
+local CDP_HINT = "\n(a kernel that launches kernels, dynamic parallelism, needs relocatable = true: "
+  .. "cuda.kernel then links it with the device runtime itself; a module from cuda.compile goes "
+  .. "through cuda.link {m})"
 local function failed(job, r)
   local msg = (r.log or ""):gsub("%s+$", "")
+  if msg:find("device-side kernel launch could not be processed", 1, true) and not job.opts.relocatable then
+    msg = msg .. CDP_HINT
+  end
   check.error("cuda.compile", 4, "%s failed to compile (%s):\n%s", job.name, r.lowered, msg)
 end
 
@@ -290,6 +298,21 @@ local function naming(opts, name)
   return o
 end
 
+-- cuda.kernel with relocatable = true or lto = true: the module linked on its own (and with
+-- the device runtime when it launches kernels), as nvcc -rdc=true links a program of one
+-- file; once per module (the compile cache gives the same module for the same source)
+local linked_of = setmetatable({}, { __mode = "k" })
+local function linked_alone(mod)
+  local st = modules.fields(mod)
+  if not st.relocatable or st.linked then return mod end
+  local l = linked_of[mod]
+  if not l then
+    l = require("cudalua.link").link_as({ mod }, { name = st.name }, "cuda.kernel", 4)
+    linked_of[mod] = l
+  end
+  return l
+end
+
 -- A name the source scan cannot see (a kernel in a namespace, a template instance) is compiled
 -- as a name expression, which gives its C++ types: a C++ name ("ns::k", "scale<float>") that
 -- way first, any other when the module lacks it. A name NVRTC cannot resolve gets the plain
@@ -301,6 +324,7 @@ function M.kernel(src, name, opts)
   if not cpp and not modules.fields(mod).info[name] then
     mod = compile(src, naming(opts, name), true) or mod
   end
+  mod = linked_alone(mod)
   local k = modules.get(mod, name, nil, 2)
   return k
 end

@@ -12,7 +12,7 @@ for _, name in ipairs {
   "mapped_array", "managed_array", "device_array", "device_array_like", "to_device", "stream",
   "default_stream", "stream_priority_range", "event", "event_elapsed_time", "block_cache", "empty_cache", "copy",
   "can_access_peer", "enable_peer_access", "disable_peer_access", "open_ipc_array",
-  "open_ipc_event" } do
+  "open_ipc_event", "set_limit", "get_limit" } do
   cuda[name] = assert(core[name], name)
 end
 cuda.__version = core.version

@@ -1,0 +1,45 @@
+-- cdp_quicksort.lua: dynamic parallelism. A recursive quicksort whose kernel partitions its
+-- range and launches itself on the two halves (CDP2, as NVIDIA's cuda-samples
+-- cdpSimpleQuicksort does; this code is our own): relocatable = true is all it needs, cuda.kernel
+-- links the CUDA device runtime itself. Children go to fire-and-forget streams; the parent
+-- grid completes only once all its descendants have. Checked against table.sort.
+package.cpath = "./?.so;" .. package.cpath
+local cuda = require "cudalua"
+
+local SRC = [[
+#define MAX_DEPTH 16   // deeper ranges are sorted in place (CUDA allows 24 levels)
+#define SMALL 32       // so are short ones
+__device__ void selection_sort(int *a, int lo, int hi) {
+  for (int i = lo; i <= hi; i++) {
+    int m = i;
+    for (int j = i + 1; j <= hi; j++) if (a[j] < a[m]) m = j;
+    int t = a[i]; a[i] = a[m]; a[m] = t;
+  }
+}
+extern "C" __global__ void quicksort(int *a, int lo, int hi, int depth) {
+  if (depth >= MAX_DEPTH || hi - lo < SMALL) { selection_sort(a, lo, hi); return; }
+  int pivot = a[lo + (hi - lo) / 2], i = lo, j = hi;
+  while (i <= j) {
+    while (a[i] < pivot) i++;
+    while (a[j] > pivot) j--;
+    if (i <= j) { int t = a[i]; a[i] = a[j]; a[j] = t; i++; j--; }
+  }
+  if (lo < j) quicksort<<<1, 1, 0, cudaStreamFireAndForget>>>(a, lo, j, depth + 1);
+  if (i < hi) quicksort<<<1, 1, 0, cudaStreamFireAndForget>>>(a, i, hi, depth + 1);
+}]]
+
+local quicksort = cuda.kernel(SRC, "quicksort", { relocatable = true })
+-- every launch not yet finished counts against this limit (2048 by default)
+cuda.set_limit("dev_runtime_pending_launch_count", 4096)
+
+local n = 20000
+local host = {}
+for i = 1, n do host[i] = math.random(-1000000, 1000000) end
+local d = cuda.to_device(host, "int32")
+quicksort[{ 1, 1 }](d, 0, n - 1, 0)
+local sorted = d:copy_to_host()
+table.sort(host)
+for i = 1, n do
+  if sorted[i] ~= host[i] then error(("element %d: GPU %d, CPU %d"):format(i, sorted[i], host[i])) end
+end
+print(("cdp_quicksort: %d random integers sorted by a kernel launching itself, as table.sort does"):format(n))
