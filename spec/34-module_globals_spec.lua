@@ -143,7 +143,7 @@ describe("module variables on the GPU", function()
     assert.equal(32, #mk)
     k[{ 1, 32 }](flat)
     local back = v:copy_to_host()
-    assert.equal(-vals[9], back[2][1])
+    assert.equal(-vals[9], back[9])   -- elements in C order: [2][1] (1-based) is the 9th
   end)
 
   gpu("errors: unknown name, wrong size, dtype needed", function()
