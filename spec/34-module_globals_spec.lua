@@ -267,7 +267,7 @@ describe("module:sass", function()
     local m = cuda.compile('extern "C" __global__ void sass_probe(float *x) { x[threadIdx.x] *= 2.0f; }', ARCH)
     local sass = m:sass()
     assert.matches("sass_probe", sass, 1, true)
-    assert.matches("FMUL", sass) -- or FADD: x * 2 is one floating-point instruction
+    assert.is_truthy(sass:find("FMUL", 1, true) or sass:find("FADD", 1, true))   -- x * 2: either
     assert.matches("EXIT", sass, 1, true)
   end)
   it("PTX has no SASS", function()
