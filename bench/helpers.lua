@@ -808,3 +808,25 @@ section("progress", function()
   out("diag_progress_mapped_steps_per_ms", msteps / median(mu))
   out("diag_progress_managed_steps_per_ms", steps / ku)
 end)
+
+---------------------------------------------------------------------------------------------
+-- 11: a module variable found and 64 KiB copied into it from pinned memory, on a stream of
+-- its own, many times (bench/raw_helpers.c's: cuModuleGetGlobal + cuMemcpyHtoDAsync)
+section("module globals", function()
+  local m = cuda.compile([[
+__device__ float gbuf[16384];
+extern "C" __global__ void gread(float *o) { o[0] = gbuf[0]; }
+]])
+  local s = cuda.stream { non_blocking = true }
+  local h = cuda.pinned_array(16384, cuda.float32)
+  local M = math.max(1000, N // 10)
+  local t = {}
+  for r = 0, REPS do
+    local t0 = now()
+    for _ = 1, M do m:get_global("gbuf"):copy_to_device(h, s) end
+    s:synchronize()
+    if r > 0 then t[r] = (now() - t0) / M * 1e6 end
+  end
+  out("get_global_copy_us", median(t))
+  s:close()
+end)

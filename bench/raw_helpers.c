@@ -427,6 +427,39 @@ int main(int argc, char **argv) {
     CK(cuStreamDestroy(s));
   }
 
+  /* 11: a module variable found and 64 KiB copied into it from pinned memory, on a stream of
+     its own, many times (bench/helpers.lua's "module globals": m:get_global + copy_to_device) */
+  {
+    const char *GSRC = "__device__ float gbuf[16384];\n"
+                       "extern \"C\" __global__ void gread(float *o) { o[0] = gbuf[0]; }\n";
+    size_t gsz;
+    char *gimg = compile(GSRC, arch, &gsz);
+    CUmodule gmod;
+    CK(cuModuleLoadData(&gmod, gimg));
+    CUstream s;
+    CK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    void *h;
+    CK(cuMemHostAlloc(&h, 65536, 0));
+    memset(h, 0, 65536);
+    int M = N / 10 > 1000 ? N / 10 : 1000;
+    for (int r = -1; r < REPS; r++) {
+      double t0 = now();
+      for (int i = 0; i < M; i++) {
+        CUdeviceptr p;
+        size_t bytes;
+        CK(cuModuleGetGlobal(&p, &bytes, gmod, "gbuf"));
+        CK(cuMemcpyHtoDAsync(p, h, bytes, s));
+      }
+      CK(cuStreamSynchronize(s));
+      if (r >= 0) t[r] = (now() - t0) / M * 1e6;
+    }
+    out("get_global_copy_us", median(t, REPS));
+    CK(cuMemFreeHost(h));
+    CK(cuStreamDestroy(s));
+    CK(cuModuleUnload(gmod));
+    free(gimg);
+  }
+
   CK(cuEventDestroy(e0));
   CK(cuEventDestroy(e1));
   CK(cuModuleUnload(mod));

@@ -103,6 +103,12 @@ function cuda.empty_cache() end
 --- Element types
 -- @section dtypes
 
+--- `NULL`: a NULL pointer kernel argument, as `nil` is: `nil` (or `cuda.NULL`) for a pointer
+-- parameter passes NULL (launches, launchers, graph kernel nodes, `exec:set_args`); for any
+-- other parameter it raises. A `nil` at the end of an argument table (`{a, nil}`) is not
+-- counted by Lua, so the launch raises "expects N arguments"; write `cuda.NULL` there.
+cuda.NULL = nil
+
 --- Element types, fields of the module (`cuda.float32`...): `float32`, `float64`, `float16`,
 -- `bfloat16` (`__nv_bfloat16`), `complex64` and `complex128` (cuComplex's layouts), `int8`,
 -- `int16`, `int32`, `int64`, `uint8`, `uint16`, `uint32`, `uint64`, `bool`. Strings ("float32",
@@ -428,6 +434,22 @@ function Module:cubin() end
 --- The compiler's and linker's log.
 function Module:log() end
 
+--- A `__constant__` or `__device__` variable as a device array view of the module's memory
+-- (CuPy's `RawModule.get_global`, `cuModuleGetGlobal`): copies (`copy_to_device`,
+-- `copy_to_host`, `fill`, `cuda.copy` on a stream), kernel arguments and graph memcpy nodes
+-- take it; the view keeps its module loaded. For a module `cuda.compile` made, dtype and shape
+-- come from simple declarations (`__constant__ float c[17];`, `__device__ double m[4][8];`, in
+-- namespaces or `extern "C"`; `"ns::v"` names a variable in a namespace, found through NVRTC's
+-- name expressions); otherwise (load_module, link, declarations not read) give dtype, and
+-- shape (default: the size / the itemsize, 1-D). The driver's size must be dtype x shape; an
+-- unknown name raises, listing the variables the source declares.
+function Module:get_global(name, dtype, shape) end
+
+--- The module's SASS as text, from the toolkit's `nvdisasm` (a cubin) or `cuobjdump -sass` (a
+-- cubin or fatbin), found on PATH, in `$CUDA_HOME/bin`, `$CUDA_PATH/bin` or
+-- `/usr/local/cuda/bin`; raises naming the tool when neither is there, and for PTX or LTO-IR.
+function Module:sass() end
+
 --- A kernel. `k[{grid, block [, stream [, shared]]}]` or `k[{grid = , block = , stream = ,
 -- shared = , cooperative = , cluster = }]` gives a `Launcher`; unknown keys raise. A table
 -- config is parsed once when kept. Launch config keys: `grid`, `block` (integers or {x, y, z}),
@@ -450,8 +472,9 @@ function Kernel:occupancy(shared) end
 --- Blocks of a size that fit on one multiprocessor at once.
 function Kernel:max_blocks_per_sm(block, shared) end
 
---- Function attributes: registers, local, shared and constant memory, max threads, binary
--- version and the writable ones.
+--- Function attributes: every CU_FUNC_ATTRIBUTE_* the driver reports (registers, local,
+-- shared and constant memory, max threads, PTX and binary versions, cache_mode_ca, the shared
+-- memory and cluster settings) and `cache_config`.
 function Kernel:attributes() end
 
 --- Sets a writable attribute: "max_dynamic_shared_size_bytes",

@@ -41,6 +41,11 @@ static void graph_arg(lua_State *L, int kidx, int i, int idx, cl_args *A) {
   A->gmem = 1;
 }
 
+/* nil or cuda.NULL (a light userdata NULL): a NULL pointer for a pointer parameter */
+static int is_null(lua_State *L, int idx) {
+  return lua_isnil(L, idx) || (lua_islightuserdata(L, idx) && !lua_touserdata(L, idx));
+}
+
 /* the cudalua array at idx, else NULL; by the metatable's address the kernel keeps (no
    registry lookup: this runs for every array argument of every launch) */
 static cl_array *karray(lua_State *L, const cl_kernel *k, int idx) {
@@ -57,6 +62,7 @@ static void array_arg(lua_State *L, cl_kernel *k, int kidx, int i, int idx, cl_a
                       int writable, int allow_pageable) {
   void *p = A->slots[i];
   cl_array *a = karray(L, k, idx);
+  if (!a && is_null(L, idx)) { *(CUdeviceptr *)p = 0; return; }
   if (!a) {
     /* anything with __cuda_array_interface becomes an array view (src/interop.c) */
     a = cl_cai_view(L, idx);
@@ -97,6 +103,8 @@ static void address_arg(lua_State *L, cl_kernel *k, int kidx, int i, int idx, cl
     A->used[A->nused++] = a->mem;
   } else if (lua_isinteger(L, idx)) {
     *(int64_t *)p = (int64_t)lua_tointeger(L, idx);
+  } else if (is_null(L, idx)) {
+    *(CUdeviceptr *)p = 0;
   } else {
     arg_error(L, kidx, i, idx, "expected an array or an integer address (give a signature for other 8-byte types)");
   }
@@ -131,6 +139,7 @@ static void value_arg(lua_State *L, int kidx, int i, int idx, const cl_param_kin
   if (c && (!eager || cl_capturing)) { *(uint64_t *)p = c->h; return; }
   if (c) arg_error(L, kidx, i, idx, "a graph condition is an argument only of kernel nodes of its graph (and of their bodies)");
   const char *type = pk->how == CL_PARAM_COMPLEX ? "expected a number or a pair {re, im}" : "expected a number";
+  if (is_null(L, idx)) type = "nil (NULL) is taken only by pointer parameters: expected a number";
   arg_error(L, kidx, i, idx, st == CL_CONV_TYPE ? type : st == CL_CONV_RANGE ? "value out of range" : "expected an integer");
 }
 
@@ -138,8 +147,9 @@ static void value_arg(lua_State *L, int kidx, int i, int idx, const cl_param_kin
 void cl_marshal(lua_State *L, cl_kernel *k, int kidx, int first, int nargs, cl_args *A,
                 int allow_pageable) {
   if (nargs != k->nparams)
-    cl_error_named(L, "kernel '%s' expects %d arguments, got %d", cl_kernel_name(L, kidx),
-               k->nparams, nargs);
+    cl_error_named(L, "kernel '%s' expects %d arguments, got %d%s", cl_kernel_name(L, kidx),
+               k->nparams, nargs, nargs < k->nparams ? " (a nil at the end of an argument table is not "
+               "counted: give cuda.NULL for a NULL pointer there)" : "");
   A->nused = A->ntmp = A->gmem = A->conds = 0;
   for (int i = 0; i < k->nparams; i++) {
     int idx = first + i;

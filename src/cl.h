@@ -135,7 +135,7 @@ const char *cl_result_name(cl_lib *l, int r);   /* a result code's name, as the 
   X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize) X(cuStreamQuery) \
   X(cuStreamWaitEvent) X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) \
   X(cuEventQuery) X(cuEventSynchronize) X(cuEventElapsedTime) \
-  X(cuModuleLoadData) X(cuModuleUnload) X(cuModuleGetFunction) X(cuFuncGetAttribute) \
+  X(cuModuleLoadData) X(cuModuleUnload) X(cuModuleGetFunction) X(cuFuncGetAttribute) X(cuModuleGetGlobal) \
   X(cuLaunchKernel) X(cuOccupancyMaxPotentialBlockSize) \
   X(cuFuncSetAttribute) X(cuFuncSetCacheConfig) X(cuLaunchKernelEx) X(cuModuleLoadDataEx) \
   X(cuGraphKernelNodeSetAttribute) X(cuGraphDestroyNode) \

@@ -236,4 +236,6 @@ void cl_open_launch(lua_State *L) {
   lua_getfield(L, LUA_REGISTRYINDEX, CL_KERNEL ".methods");
   lua_pushcfunction(L, k_launch); lua_setfield(L, -2, "launch");
   lua_pop(L, 1);
+  /* cuda.NULL: a NULL pointer argument where a nil would be dropped (the end of a table) */
+  lua_pushlightuserdata(L, NULL); lua_setfield(L, -2, "NULL");
 }

@@ -102,10 +102,45 @@ static int l_module_kernel(lua_State *L) {
   return 1;
 }
 
+/* module_global(module, symbol, dtype [, shape]) -> array view | nil (no such variable) |
+   false, bytes (the variable's size is not dtype x shape; no shape: not a whole number of
+   elements). The view's memory is the module's: never freed by it, and its first user value
+   keeps this loaded module (whose __gc unloads it) alive as long as the view lives. */
+static int l_module_global(lua_State *L) {
+  lmodule *m = cl_checkudata(L, 1, MODULE_MT);
+  const char *sym = cl_checklstring(L, 2, NULL);
+  int dt = cl_checkdtype(L, 3);
+  if (!m->m) return cl_error(L, NULL, "module is closed");
+  cl_use_ctx(L, m->ctx);
+  CUdeviceptr p = 0;
+  size_t bytes = 0;
+  CUresult r = CU(cuModuleGetGlobal, &p, &bytes, m->m, sym);
+  if (r == CUDA_ERROR_NOT_FOUND) return 0;
+  cl_check(L, r, "cuModuleGetGlobal");
+  int64_t shape[CL_MAXDIM];
+  int ndim = 1;
+  size_t isz = (size_t)cl_dtypes[dt].size, n = 1;
+  if (lua_isnoneornil(L, 4)) shape[0] = (int64_t)(bytes / isz);
+  else ndim = cl_parse_shape(L, 4, shape, "module:get_global");
+  if (!cl_shape_mul(&n, ndim, shape) || n * isz != bytes) {
+    lua_pushboolean(L, 0);
+    lua_pushinteger(L, (lua_Integer)bytes);
+    return 2;
+  }
+  cl_array *a = cl_push_array(L, NULL, 0, CL_FOREIGN, dt, ndim, shape);
+  lua_pushvalue(L, 1);
+  lua_setiuservalue(L, -2, 1);
+  cl_mem *mem = cl_mem_record(L, CL_FOREIGN, bytes, m->ctx);
+  mem->dptr = p;
+  a->mem = mem;
+  return 1;
+}
+
 void cl_open_module(lua_State *L) {
   static const luaL_Reg meta[] = {{"__gc", m_close}, {NULL, NULL}};
   cl_class_define(L, &(cl_class){MODULE_MT, NULL, NULL, meta});
   lua_pushcfunction(L, l_module_load); lua_setfield(L, -2, "module_load");
   lua_pushcfunction(L, l_module_kernel); lua_setfield(L, -2, "module_kernel");
   lua_pushcfunction(L, l_module_functions); lua_setfield(L, -2, "module_functions");
+  lua_pushcfunction(L, l_module_global); lua_setfield(L, -2, "module_global");
 }

@@ -10,6 +10,7 @@ local includes = require "cudalua.headers"
 local check = require "cudalua.check"
 local system = require "cudalua.system"
 local probe = require "cudalua.probe"
+local globals = require "cudalua.globals"
 local M = {}
 
 -- the type kernel code computes with for a dtype, and the header that declares it: complex
@@ -212,10 +213,35 @@ local function declared(job)
 end
 
 -- one NVRTC run that looks up the kernels of list (see cudalua.probe); the result keeps list
+-- (with the name expressions of the variables the source declares, for Module:get_global: a
+-- run that fails on one of them runs again without them, the variables then by their names)
 local function nvrtc(job, list)
+  local ex = probe.expressions(list)
+  for _, g in pairs(job.globals) do ex[#ex + 1] = g.expr end
   local image, log, lowered, ptx = core.nvrtc_compile(declared(job) .. probe.SOURCE, job.name, job.options,
-    job.headers, probe.expressions(list), job.nvrtc_output)
+    job.headers, ex, job.nvrtc_output)
+  if not image and next(job.globals) then
+    for _, g in pairs(job.globals) do
+      if log:find(g.expr, 1, true) then
+        job.globals = {}
+        return nvrtc(job, list)
+      end
+    end
+  end
   return { image = image, log = log, lowered = lowered, ptx = ptx, wanted = list }
+end
+
+-- NVRTC refuses host functions ("host functions are not allowed in JIT mode"): headers written
+-- for nvcc declare them (<cuda.h>, the samples' *_common.h). -default-device makes functions
+-- without an execution space device functions, as the message advises; a source with such
+-- declarations compiles again with it (explicit __host__ functions still fail: NVRTC's message)
+local HOST_IN_JIT = "host functions are not allowed in JIT mode"
+local function default_device(job, r, attempt)
+  if r.image or not (r.log or ""):find(HOST_IN_JIT, 1, true) or has_option(job.options, { "-default-device" }) then
+    return r
+  end
+  job.options[#job.options + 1] = "-default-device"
+  return attempt()
 end
 
 -- nvJitLink assembles NVRTC's PTX, with the variables nothing uses out; where it refuses,
@@ -252,6 +278,7 @@ local function store(job, key, r)
   local listing = job.output == "ptx" and r.image or r.ptx
   local e = { image = r.image, kind = job.output, log = r.log, info = probe.kernel_info(r, listing),
               ptx = r.ptx, arch = job.arch, relocatable = job.opts.relocatable or job.opts.lto or false }
+  globals.to_info(job.globals, r.lowered or {}, e.info)
   local mod = module_of(e, job.name)
   if key then
     cache.put_memory(key, mod)
@@ -269,8 +296,12 @@ local function compile(src, opts, quiet)
   if mod then return mod end
   choose_target(job)
   job.headers = header_list(job)
-  local r = probe.compile(function(list) return nvrtc(job, list) end, probe.find_kernels(src),
-                          job.opts.name_expressions)
+  job.globals = globals.parse(modules.strip_comments(src))
+  local function attempt()
+    return probe.compile(function(list) return nvrtc(job, list) end, probe.find_kernels(src),
+                         job.opts.name_expressions)
+  end
+  local r = default_device(job, attempt(), attempt)
   if r.image and job.via_ptx then r = assemble(job, r) end
   if not r.image then
     if quiet then return nil end

@@ -74,6 +74,9 @@ local function shipped_headers()
     if STD_EXTRA[to] then text = text .. "#include <" .. STD_EXTRA[to] .. ">\n" end
     shipped[#shipped + 1] = { name, text }
   end
+  -- <cuda_profiler_api.h> declares only host functions (cudaProfilerStart/Stop), which NVRTC
+  -- refuses: kernels written for nvcc include it for the host part of their file
+  shipped[#shipped + 1] = { "cuda_profiler_api.h", "#pragma once\n// cudalua: host functions only, left out\n" }
   local cccl = toolkit_includes().cccl
   local f = cccl and io.open(cccl .. "/cub/cub.cuh")
   if f then

@@ -80,6 +80,7 @@ function cuda.reduce(...)
 end
 
 cuda.as_cuda_array = core.as_cuda_array -- src/interop.c
+cuda.NULL = core.NULL   -- a NULL pointer kernel argument (src/args.c), like nil
 
 cuda.random = require "cudalua.random"
 cuda.gpus = require "cudalua.gpus"

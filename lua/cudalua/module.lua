@@ -7,6 +7,7 @@
 local core = ...
 local signature = require "cudalua.signature"
 local check = require "cudalua.check"
+local globals = require "cudalua.globals"
 local M = {}
 
 -- cuda.compile's probe kernel template: its instances are never listed
@@ -193,10 +194,10 @@ end
 
 -- the module loaded on the current device (loaded there on first use: one image serves every
 -- device of its architecture)
-local function load(mod, level, by)
+local function load(mod, level, by, where)
   local st = state[mod]
   if st.relocatable then
-    check.error(by and "module." .. by or "module:get", level + 1, "module %s holds relocatable code "
+    check.error(where or (by and "module." .. by or "module:get"), level + 1, "module %s holds relocatable code "
       .. "(relocatable = true, lto = true or an -rdc object): link it first, cuda.link{...}", st.name)
   end
   local dev = core.is_available() and core.current_device() or 0
@@ -373,6 +374,86 @@ function Module.cubin(mod)
     st.kind == "ptx" and " (compile with an sm_ arch, or with arch unset, for one)" or "")
 end
 
+---------------------------------------------------------------------------------------------
+-- __constant__ and __device__ variables: an array view of the module's memory (the view keeps
+-- the loaded module). dtype and shape from the declaration (cudalua.globals) where the source
+-- was compiled here, else given; the size the driver reports must be dtype x shape.
+function Module.get_global(mod, name, dtype, shape)
+  local st = fields(mod, "get_global")
+  local where = "module:get_global"
+  if type(name) ~= "string" then check.error(where, 2, "expected a variable's name, got %s", type(name)) end
+  if shape ~= nil and dtype == nil then check.error(where, 2, "a shape needs a dtype: m:get_global(name, dtype, shape)") end
+  local g = st.globals[name] or {}
+  local dt = dtype or g.dtype
+  if not dt then
+    check.error(where, 2, "the type of '%s' is not known (%s): give its dtype, m:get_global(%q, \"float32\" [, shape])",
+      name, g.symbol and "its declaration was not read" or "module " .. st.name .. " has no source here", name)
+  end
+  if dtype ~= nil and not pcall(core.dtype, dtype) then check.error(where, 2, "unknown dtype %s", tostring(dtype)) end
+  shape = shape or (dtype == nil and g.dims) or nil
+  local handle = load(mod, 2, nil, where)
+  local view, bytes = core.module_global(handle, g.symbol or name, dt, shape)
+  if view == nil then
+    local known = {}
+    for k in pairs(st.globals) do known[#known + 1] = k end
+    table.sort(known)
+    check.error(where, 2, "no variable '%s' in module %s%s", name, st.name,
+      #known > 0 and " (variables: " .. table.concat(known, ", ") .. ")" or "")
+  elseif not view then
+    local dname = type(dt) == "string" and dt or tostring(dt)
+    check.error(where, 2, "'%s' has %d bytes, not %s%s", name, bytes, dname,
+      shape and (" x {" .. table.concat(type(shape) == "table" and shape or { shape }, ", ") .. "}") or
+      " elements (not a whole number of them)")
+  end
+  return view
+end
+
+-- the toolkit's disassemblers, found on PATH, in $CUDA_HOME/bin, $CUDA_PATH/bin, /usr/local/cuda/bin
+local function find_tool(name)
+  local dirs = {}
+  for d in (os.getenv("PATH") or ""):gmatch("[^:]+") do dirs[#dirs + 1] = d end
+  for _, v in ipairs { "CUDA_HOME", "CUDA_PATH" } do
+    if os.getenv(v) then dirs[#dirs + 1] = os.getenv(v) .. "/bin" end
+  end
+  dirs[#dirs + 1] = "/usr/local/cuda/bin"
+  for _, d in ipairs(dirs) do
+    local p = d .. "/" .. name
+    local size, _, is_dir = core.file_info(p)
+    if size and not is_dir then return p end
+  end
+  return nil
+end
+M.find_tool = find_tool
+
+local function quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+
+-- m:sass(): the module's machine code as text, from nvdisasm (a cubin) or cuobjdump -sass (a
+-- cubin or a fatbin)
+function Module.sass(mod)
+  local st = fields(mod, "sass")
+  if st.kind ~= "cubin" and st.kind ~= "fatbin" then
+    check.error("module:sass", 2, "module %s holds %s, not machine code%s", st.name, holds[st.kind],
+      st.kind == "ptx" and " (compile with an sm_ arch, or with arch unset)" or "")
+  end
+  local nvdisasm = st.kind == "cubin" and find_tool("nvdisasm")
+  local tool = nvdisasm or find_tool("cuobjdump")
+  if not tool then
+    check.error("module:sass", 2, "neither %scuobjdump was found (on PATH, in $CUDA_HOME/bin, $CUDA_PATH/bin "
+      .. "or /usr/local/cuda/bin): install the CUDA toolkit's %s", st.kind == "cubin" and "nvdisasm nor " or "",
+      st.kind == "cubin" and "cuda-nvdisasm" or "cuda-cuobjdump")
+  end
+  local path = os.tmpname()
+  local f = assert(io.open(path, "wb"))
+  f:write(st.image)
+  f:close()
+  local p = io.popen(quote(tool) .. (nvdisasm and " " or " -sass ") .. quote(path) .. " 2>&1")
+  local out = p:read("a")
+  local ok = p:close()
+  os.remove(path)
+  if not ok then check.error("module:sass", 2, "%s failed: %s", tool, out:gsub("%s+$", "")) end
+  return out
+end
+
 local module_mt = {
   __index = function(mod, key)
     local m = Module[key]
@@ -396,7 +477,7 @@ local module_mt = {
 function M.new(f)
   local mod = setmetatable({}, module_mt)
   f.kernels, f.handles = {}, {}
-  f.info = f.info or {}
+  f.info, f.globals = globals.from_info(f.info or {})
   state[mod] = f
   return mod
 end
