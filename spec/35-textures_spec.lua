@@ -44,7 +44,7 @@ extern "C" __global__ void surf_scale(cudaSurfaceObject_t s, float a, float b, i
   int x = blockIdx.x * blockDim.x + threadIdx.x, y = blockIdx.y * blockDim.y + threadIdx.y;
   if (x < w && y < h) {
     float v = surf2Dread<float>(s, x * 4, y);
-    surf2Dwrite(a * v + b, s, x * 4, y);
+    surf2Dwrite(__fadd_rn(__fmul_rn(a, v), b), s, x * 4, y);   // no fused multiply-add: the CPU rounds twice
   }
 }
 ]]

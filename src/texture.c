@@ -235,7 +235,7 @@ static int t_index(lua_State *L) {
 static int t_tostring(lua_State *L) {
   cl_texref *t = cl_totexref(L, 1);
   if (!t) return 0;
-  if (t->h) lua_pushfstring(L, "cudalua.%s (0x%I)", t->surface ? "surface" : "texture", (lua_Integer)t->h);
+  if (t->h) lua_pushfstring(L, "cudalua.%s (handle %I)", t->surface ? "surface" : "texture", (lua_Integer)t->h);
   else lua_pushfstring(L, "cudalua.%s (closed)", t->surface ? "surface" : "texture");
   return 1;
 }
