@@ -110,6 +110,14 @@ static void check_sampling(lua_State *L, int dt, const texopts *o, int linear_me
              "normalized coordinates (use a CUDA array or a 2-D array for those)");
 }
 
+/* an attribute of ctx's device (not the selected one: the array may be another device's) */
+static int attr_of(CUcontext ctx, CUdevice_attribute a) {
+  int v = 0;
+  CUdevice d;
+  if (CU0(cuDeviceGet, &d, cl_device_of(ctx)) == CUDA_SUCCESS) CU0(cuDeviceGetAttribute, &v, a, d);
+  return v;
+}
+
 /* the resource of a device array: 1-D linear or 2-D pitched memory, aligned as the device needs */
 static void device_resource(lua_State *L, cl_array *a, const texopts *o, CUDA_RESOURCE_DESC *r) {
   size_t es = cl_dtypes[a->dtype].size;
@@ -119,10 +127,18 @@ static void device_resource(lua_State *L, cl_array *a, const texopts *o, CUDA_RE
   if (a->ndim != 1 && a->ndim != 2) cl_error(L, "cuda.texture", "a device array gives a 1-D or 2-D texture, got %d dimensions (copy it into a cuda_array)", a->ndim);
   int64_t last = a->shape[a->ndim - 1];
   if (last % o->channels) cl_error(L, "cuda.texture", "the last extent (%I) is not a multiple of channels (%d)", (lua_Integer)last, o->channels);
-  cl_use_ctx(L, a->mem->ctx);
-  int align = cl_device_attr(CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT);
+  cl_use_ctx(L, a->mem->ctx);   /* cuTexObjectCreate runs there */
+  size_t pitch = (size_t)last * es;
+  int palign = attr_of(a->mem->ctx, CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT);
+  if (a->ndim == 2 && palign > 0 && pitch % (size_t)palign)
+    cl_error(L, "cuda.texture", "a row is %I bytes, not a multiple of the device's pitch alignment (%d bytes): "
+             "pad the rows to a multiple of %d elements", (lua_Integer)pitch, palign, (int)(palign / (int)es));
+  /* TEXTURE_ALIGNMENT is 512 bytes on NVIDIA GPUs, while the stream-ordered pool that device
+     arrays come from promises 256 (cudaMallocAsync's documented alignment) */
+  int align = attr_of(a->mem->ctx, CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT);
   if (align > 0 && p % (CUdeviceptr)align)
-    cl_error(L, "cuda.texture", "the array's address is not aligned to %d bytes, as textures need (a view at an offset?)", align);
+    cl_error(L, "cuda.texture", "the array's address is not a multiple of %d bytes, as textures over device "
+             "memory need (device arrays are only sure to be 256-byte aligned): copy it into a cuda_array", align);
   CUarray_format f = cl_array_format(a->dtype);
   if (a->ndim == 1) {
     r->resType = CU_RESOURCE_TYPE_LINEAR;
@@ -130,11 +146,6 @@ static void device_resource(lua_State *L, cl_array *a, const texopts *o, CUDA_RE
     r->res.linear.sizeInBytes = cl_nbytes(a);
     return;
   }
-  size_t pitch = (size_t)last * es;
-  int palign = cl_device_attr(CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT);
-  if (palign > 0 && pitch % (size_t)palign)
-    cl_error(L, "cuda.texture", "a row is %I bytes, not a multiple of the device's pitch alignment (%d bytes): "
-             "pad the rows to a multiple of %d elements", (lua_Integer)pitch, palign, (int)(palign / (int)es));
   r->resType = CU_RESOURCE_TYPE_PITCH2D;
   r->res.pitch2D.devPtr = p; r->res.pitch2D.format = f; r->res.pitch2D.numChannels = (unsigned)o->channels;
   r->res.pitch2D.width = (size_t)(last / o->channels); r->res.pitch2D.height = (size_t)a->shape[0];
