@@ -212,7 +212,7 @@ static int ca_copy_to_host(lua_State *L) {
 }
 
 static int ca_close(lua_State *L) {
-  cl_cuarray *ca = luaL_checkudata(L, 1, CL_CUARRAY);
+  cl_cuarray *ca = cl_checkudata(L, 1, CL_CUARRAY);
   cl_mem *m = ca->mem;
   ca->mem = NULL;
   cl_mem_unref(L, m);   /* textures and surfaces over it keep theirs */
@@ -226,7 +226,7 @@ static void push_shape(lua_State *L, const cl_cuarray *ca) {
 
 /* ca.shape, ca.dtype, ca.channels, ca.layered, ca.surface, ca.closed; methods otherwise */
 static int ca_index(lua_State *L) {
-  cl_cuarray *ca = luaL_checkudata(L, 1, CL_CUARRAY);
+  cl_cuarray *ca = cl_checkudata(L, 1, CL_CUARRAY);
   lua_pushvalue(L, 2);
   if (lua_rawget(L, lua_upvalueindex(1)) != LUA_TNIL) return 1;
   const char *k = lua_tostring(L, 2);
@@ -243,7 +243,7 @@ static int ca_index(lua_State *L) {
 }
 
 static int ca_tostring(lua_State *L) {
-  cl_cuarray *ca = luaL_checkudata(L, 1, CL_CUARRAY);
+  cl_cuarray *ca = cl_checkudata(L, 1, CL_CUARRAY);
   luaL_Buffer b;
   luaL_buffinit(L, &b);
   lua_pushfstring(L, "cudalua.cuda_array<%s", cl_dtypes[ca->dtype].name);
