@@ -830,3 +830,42 @@ extern "C" __global__ void gread(float *o) { o[0] = gbuf[0]; }
   out("get_global_copy_us", median(t))
   s:close()
 end)
+collectgarbage()
+
+---------------------------------------------------------------------------------------------
+-- 12: textures, as bench/raw_helpers.c's section 12: a 4096 x 4096 float32 CUDA array read
+-- with tex2D (point, clamp) and copied to linear memory, 50 launches of a launcher made once
+-- between two events; then cuda.texture(ca) + :close() in a loop against cuTexObjectCreate +
+-- cuTexObjectDestroy
+local TEXSRC = [[
+extern "C" __global__ void tex_copy(float *out, cudaTextureObject_t t, int w, int h) {
+  int x = blockIdx.x * blockDim.x + threadIdx.x, y = blockIdx.y * blockDim.y + threadIdx.y;
+  if (x < w && y < h) out[y * w + x] = tex2D<float>(t, x + 0.5f, y + 0.5f);
+}
+]]
+section("textures", function()
+  local W, K, M = 4096, 50, 10000
+  local k = cuda.kernel(TEXSRC, "tex_copy")
+  local d = cuda.device_array(W * W, cuda.float32):fill(1)
+  local ca = cuda.cuda_array({ W, W }, cuda.float32):copy_to_device(d)
+  local tex = cuda.texture(ca)
+  local launch = k[{ { W // 16, W // 16 }, { 16, 16 } }]
+  local e0, e1 = cuda.event(), cuda.event()
+  local t = {}
+  for r = 0, REPS do
+    e0:record()
+    for _ = 1, K do launch(d, tex, W, W) end
+    e1:record(); e1:synchronize()
+    if r > 0 then t[r] = e0:elapsed_time(e1) * 1e3 / K end
+  end
+  out("tex_fetch_us", median(t))
+  tex:close()
+  local tc = {}
+  for r = 0, REPS do
+    local t0 = now()
+    for _ = 1, M do cuda.texture(ca):close() end
+    if r > 0 then tc[r] = (now() - t0) / M * 1e6 end
+  end
+  out("tex_create_destroy_us", median(tc))
+  ca:close()
+end)

@@ -75,6 +75,16 @@ static const char *KSRC =
   "  }\n"
   "}\n";
 
+/* section 11's texture fetch (keep identical to bench/helpers.lua's TEXSRC) */
+static const char *TEXSRC =
+  "extern \"C\" __global__ void tex_copy(float *out, cudaTextureObject_t t, int w, int h) {\n"
+  "  int x = blockIdx.x * blockDim.x + threadIdx.x, y = blockIdx.y * blockDim.y + threadIdx.y;\n"
+  "  if (x < w && y < h) out[y * w + x] = tex2D<float>(t, x + 0.5f, y + 0.5f);\n"
+  "}\n";
+#define TEX_W 4096                   /* section 11: a TEX_W x TEX_W float32 texture */
+#define TEX_K 50                     /* its fetch kernel launches between two events */
+#define TEX_M 10000                  /* texture objects made and destroyed per repetition */
+
 #define BIG_N ((long long)1 << 28)   /* float32 elements: 1 GiB */
 #define SMALL_N 1234                 /* float64 elements */
 #define FORALL_N (1 << 16)
@@ -171,6 +181,7 @@ int main(int argc, char **argv) {
   size_t isz;
   if (argc > 1 && !strcmp(argv[1], "--compile-only")) {
     free(compile(KSRC, "sm_90", &isz));
+    free(compile(TEXSRC, "sm_90", &isz));
     printf("compiled %zu bytes\n", isz);
     return 0;
   }
@@ -458,6 +469,68 @@ int main(int argc, char **argv) {
     CK(cuStreamDestroy(s));
     CK(cuModuleUnload(gmod));
     free(gimg);
+  }
+
+  /* 12: textures. A TEX_W x TEX_W float32 CUDA array read with tex2D (point, clamp) and copied
+     to linear memory, TEX_K launches between two events; then cuTexObjectCreate +
+     cuTexObjectDestroy in a loop (cudalua: cuda.texture(ca) + :close()) */
+  {
+    size_t tsz;
+    char *timg = compile(TEXSRC, arch, &tsz);
+    CUmodule tmod;
+    CUfunction ftex;
+    CK(cuModuleLoadData(&tmod, timg));
+    CK(cuModuleGetFunction(&ftex, tmod, "tex_copy"));
+    CUDA_ARRAY3D_DESCRIPTOR ad;
+    memset(&ad, 0, sizeof ad);
+    ad.Width = TEX_W; ad.Height = TEX_W; ad.Format = CU_AD_FORMAT_FLOAT; ad.NumChannels = 1;
+    CUarray arr;
+    CK(cuArray3DCreate(&arr, &ad));
+    CUdeviceptr dout;
+    CK(cuMemAlloc(&dout, (size_t)TEX_W * TEX_W * 4));
+    fill_ones(dout, (size_t)TEX_W * TEX_W, 0);
+    CUDA_MEMCPY3D cp;
+    memset(&cp, 0, sizeof cp);
+    cp.srcMemoryType = CU_MEMORYTYPE_DEVICE; cp.srcDevice = dout; cp.srcPitch = TEX_W * 4; cp.srcHeight = TEX_W;
+    cp.dstMemoryType = CU_MEMORYTYPE_ARRAY; cp.dstArray = arr;
+    cp.WidthInBytes = TEX_W * 4; cp.Height = TEX_W; cp.Depth = 1;
+    CK(cuMemcpy3D(&cp));
+    CUDA_RESOURCE_DESC rd;
+    memset(&rd, 0, sizeof rd);
+    rd.resType = CU_RESOURCE_TYPE_ARRAY; rd.res.array.hArray = arr;
+    CUDA_TEXTURE_DESC td;
+    memset(&td, 0, sizeof td);
+    td.addressMode[0] = td.addressMode[1] = td.addressMode[2] = CU_TR_ADDRESS_MODE_CLAMP;
+    td.filterMode = CU_TR_FILTER_MODE_POINT;
+    CUtexObject tex;
+    CK(cuTexObjectCreate(&tex, &rd, &td, NULL));
+    int w = TEX_W, h = TEX_W;
+    void *args[] = {&dout, &tex, &w, &h};
+    for (int r = -1; r < REPS; r++) {
+      CK(cuEventRecord(e0, NULL));
+      for (int k = 0; k < TEX_K; k++)
+        CK(cuLaunchKernel(ftex, TEX_W / 16, TEX_W / 16, 1, 16, 16, 1, 0, NULL, args, NULL));
+      CK(cuEventRecord(e1, NULL));
+      CK(cuEventSynchronize(e1));
+      float ms;
+      CK(cuEventElapsedTime(&ms, e0, e1));
+      if (r >= 0) t[r] = ms * 1e3 / TEX_K;
+    }
+    out("tex_fetch_us", median(t, REPS));
+    CK(cuTexObjectDestroy(tex));
+    for (int r = -1; r < REPS; r++) {
+      double t0 = now();
+      for (int i = 0; i < TEX_M; i++) {
+        CK(cuTexObjectCreate(&tex, &rd, &td, NULL));
+        CK(cuTexObjectDestroy(tex));
+      }
+      if (r >= 0) t[r] = (now() - t0) / TEX_M * 1e6;
+    }
+    out("tex_create_destroy_us", median(t, REPS));
+    CK(cuArrayDestroy(arr));
+    CK(cuMemFree(dout));
+    CK(cuModuleUnload(tmod));
+    free(timg);
   }
 
   CK(cuEventDestroy(e0));

@@ -245,6 +245,75 @@ function Array:advise(advice, device) end
 --- A string another process passes to `cuda.open_ipc_array` (arrays made with `ipc = true`).
 function Array:ipc_handle() end
 
+--- CUDA arrays, textures and surfaces
+-- @section textures
+
+--- A CUDA array: opaque device memory laid out for texture fetches and surface loads and stores
+-- (cuArray3DCreate). `shape` in C order like arrays': `{width}`, `{height, width}` or `{depth,
+-- height, width}`; layered, `{layers, width}` or `{layers, height, width}`. dtype int8, int16,
+-- int32, uint8, uint16, uint32, float16 or float32 (others raise: CUDA has no such array format;
+-- this CUDA has no bfloat16 one). Options: `channels` (1, 2 or 4 values of the dtype per element:
+-- the arrays copied in and out hold channels times as many values), `layered` (a boolean),
+-- `surface` (a boolean: `cuda.surface` may write it). Freed by `CudaArray:close`, `<close>` or
+-- the collector, once no queued work and no texture or surface uses it.
+function cuda.cuda_array(shape, dtype, opts) end
+
+--- A texture object over a `CudaArray`, a 1-D device array (linear memory, read with
+-- `tex1Dfetch`) or a 2-D device array (pitched memory: its rows must be a multiple of the device's
+-- `TEXTURE_PITCH_ALIGNMENT` bytes). Kernels take it as `cudaTextureObject_t`. Options: `filter`
+-- ("point", the default, or "linear": float data, or 8- and 16-bit integers read as
+-- "normalized_float"), `address` ("clamp", the default, "border", and with `normalized` "wrap" and
+-- "mirror"; or a list, one per dimension), `normalized` (coordinates in [0, 1)), `read`
+-- ("element", the default, or "normalized_float": uint8 / uint16 to [0, 1], int8 / int16 to
+-- [-1, 1]), `srgb` (uint8 read as normalized_float), `border` (up to 4 numbers: the value outside
+-- the texture with "border"), `channels` (a device array's, 1, 2 or 4: its last extent holds
+-- width times channels values). Combinations CUDA refuses, or would quietly change (wrap without
+-- normalized coordinates clamps), raise first. The texture keeps the memory it reads alive.
+function cuda.texture(source, opts) end
+
+--- A surface object over a `CudaArray` made with `surface = true`; kernels take it as
+-- `cudaSurfaceObject_t` (surf2Dread / surf2Dwrite address x in bytes). It keeps the array alive.
+function cuda.surface(cuda_array) end
+
+--- A CUDA array. Fields: `CudaArray.shape`, `CudaArray.dtype`, `CudaArray.channels`,
+-- `CudaArray.ndim`, `CudaArray.layered`, `CudaArray.surface`, `CudaArray.closed`. Metafields:
+-- `__close`, `__gc`. A closed CUDA array raises when used; textures and surfaces made over it
+-- before go on reading it.
+-- @type CudaArray
+local CudaArray = {}
+CudaArray.shape = {}
+CudaArray.dtype = nil
+CudaArray.channels = 1
+CudaArray.ndim = 0
+CudaArray.layered = false
+CudaArray.surface = false
+CudaArray.closed = false
+
+--- Copies src (a host or device array, or a table of values) of the same dtype and as many
+-- values (elements times channels) into the CUDA array (cuMemcpy3DAsync); returns it. On a
+-- stream: asynchronous.
+function CudaArray:copy_to_device(src, stream) end
+
+--- A new host array of the values (shape, then channels when more than 1), or copies into
+-- `into` (any array of the same dtype and size, a device array too); on a stream: asynchronous.
+function CudaArray:copy_to_host(into, stream) end
+
+--- Frees the CUDA array once queued work, textures and surfaces no longer use it; later use raises.
+function CudaArray:close() end
+
+--- A texture object (`cuda.texture`) or surface object (`cuda.surface`), a kernel argument of
+-- type `cudaTextureObject_t` / `cudaSurfaceObject_t` in launches, launchers, graph kernel nodes
+-- and `exec:set_args` (a graph holds it while it may run). Fields: `Texture.handle` (the
+-- integer kernels get), `Texture.closed`. Metafields: `__close`, `__gc`. A closed one passed to
+-- a kernel raises.
+-- @type Texture
+local Texture = {}
+Texture.handle = 0
+Texture.closed = false
+
+--- Destroys the object once queued work no longer uses it, and lets go of its memory.
+function Texture:close() end
+
 --- Streams and events
 -- @section streams
 

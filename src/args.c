@@ -20,6 +20,8 @@ static int arg_error(lua_State *L, int kidx, int i, int aidx, const char *msg) {
   else if (lua_type(L, aidx) == LUA_TSTRING) got = lua_pushfstring(L, "string (%I bytes)", (lua_Integer)lua_rawlen(L, aidx));
   cl_array *a = cl_toarray(L, aidx);
   if (a) got = a->mem ? (a->kind == CL_HOST ? "a pageable host array" : "an array") : "a closed array";
+  cl_texref *tr = !a && lua_type(L, aidx) == LUA_TUSERDATA ? cl_totexref(L, aidx) : NULL;
+  if (tr) got = tr->surface ? (tr->h ? "a surface" : "a closed surface") : (tr->h ? "a texture" : "a closed texture");
   return cl_error_named(L, "kernel '%s' argument %d (%s): %s, got %s", name, i + 1, t, msg, got);
 }
 
@@ -88,11 +90,28 @@ static void array_arg(lua_State *L, cl_kernel *k, int kidx, int i, int idx, cl_a
   }
 }
 
+/* a texture or surface object for an 8-byte parameter (cudaTextureObject_t and
+   cudaSurfaceObject_t are unsigned long long): its handle; the launch marks the object and the
+   memory it reads used, so closing them waits for the kernel. 0: not one (slow path only) */
+static int handle_arg(lua_State *L, cl_kernel *k, int kidx, int i, int idx, cl_args *A, void *p) {
+  cl_texref *t = lua_type(L, idx) == LUA_TUSERDATA ? cl_totexref(L, idx) : NULL;
+  if (!t) return 0;
+  if (!t->h) arg_error(L, kidx, i, idx, t->surface ? "expected an open surface" : "expected an open texture");
+  if (t->obj->ctx != k->ctx)
+    arg_error(L, kidx, i, idx, lua_pushfstring(L, "the %s is on device %d and the kernel on device %d",
+              t->surface ? "surface" : "texture", cl_device_of(t->obj->ctx), cl_device_of(k->ctx)));
+  *(uint64_t *)p = t->h;
+  A->used[A->nused++] = t->obj;
+  A->used[A->nused++] = t->src;
+  return 1;
+}
+
 /* .u64 from PTX or 8 bytes of unknown type: an array or an address */
 static void address_arg(lua_State *L, cl_kernel *k, int kidx, int i, int idx, cl_args *A, int eager) {
   void *p = A->slots[i];
   cl_array *a = karray(L, k, idx);
   if (!a && lua_type(L, idx) != LUA_TNUMBER) a = cl_cai_view(L, idx);
+  if (!a && handle_arg(L, k, kidx, i, idx, A, p)) return;
   if (a) {
     if (!a->mem) arg_error(L, kidx, i, idx, "expected an open array");
     if (a->kind == CL_HOST)
@@ -125,8 +144,8 @@ static void bytes_arg(lua_State *L, cl_kernel *k, int kidx, int i, int idx, cl_a
 }
 
 /* a scalar, through dtype.c's conversion and its range checks, in kernel arguments' words */
-static void value_arg(lua_State *L, int kidx, int i, int idx, const cl_param_kind *pk, void *p, int eager,
-                      cl_args *A) {
+static void value_arg(lua_State *L, cl_kernel *k, int kidx, int i, int idx, const cl_param_kind *pk, void *p,
+                      int eager, cl_args *A) {
   int dt = pk->bools && lua_type(L, idx) == LUA_TBOOLEAN ? CL_BOOL : pk->dtype;
   int st = cl_convert(L, idx, dt, p);
   if (st == CL_CONV_RANGE && pk->dtype_neg >= 0) st = cl_convert(L, idx, pk->dtype_neg, p);
@@ -138,6 +157,7 @@ static void value_arg(lua_State *L, int kidx, int i, int idx, const cl_param_kin
   if (c && eager && cl_capturing) A->conds = 1;
   if (c && (!eager || cl_capturing)) { *(uint64_t *)p = c->h; return; }
   if (c) arg_error(L, kidx, i, idx, "a graph condition is an argument only of kernel nodes of its graph (and of their bodies)");
+  if (st == CL_CONV_TYPE && (dt == CL_U64 || dt == CL_I64) && handle_arg(L, k, kidx, i, idx, A, p)) return;
   const char *type = pk->how == CL_PARAM_COMPLEX ? "expected a number or a pair {re, im}" : "expected a number";
   if (is_null(L, idx)) type = "nil (NULL) is taken only by pointer parameters: expected a number";
   arg_error(L, kidx, i, idx, st == CL_CONV_TYPE ? type : st == CL_CONV_RANGE ? "value out of range" : "expected an integer");
@@ -157,13 +177,13 @@ void cl_marshal(lua_State *L, cl_kernel *k, int kidx, int first, int nargs, cl_a
     A->params[i] = p;
     const cl_param_kind *pk = &cl_params[k->ptype[i]];
     switch (pk->how) {
-      case CL_PARAM_VALUE: value_arg(L, kidx, i, idx, pk, p, allow_pageable, A); break;
+      case CL_PARAM_VALUE: value_arg(L, k, kidx, i, idx, pk, p, allow_pageable, A); break;
       case CL_PARAM_ARRAY: array_arg(L, k, kidx, i, idx, A, 1, allow_pageable); break;
       case CL_PARAM_CONST_ARRAY: array_arg(L, k, kidx, i, idx, A, 0, allow_pageable); break;
       case CL_PARAM_ADDRESS: address_arg(L, k, kidx, i, idx, A, allow_pageable); break;
       case CL_PARAM_BYTES: bytes_arg(L, k, kidx, i, idx, A, 1); break;
       case CL_PARAM_UNKNOWN: bytes_arg(L, k, kidx, i, idx, A, 0); break;
-      case CL_PARAM_COMPLEX: value_arg(L, kidx, i, idx, pk, p, allow_pageable, A); break;   /* a number or {re, im} */
+      case CL_PARAM_COMPLEX: value_arg(L, k, kidx, i, idx, pk, p, allow_pageable, A); break;   /* a number or {re, im} */
     }
   }
 }

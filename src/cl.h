@@ -3,7 +3,7 @@
    Layers, bottom first: a file calls only the files before it (tools/layers.lua checks this
    against the object files: make layers).
      layers: embedded error class loader driver opts hostfn capstate wait memory
-             dtype stream event array interop ipc copy config kernel module compile link
+             dtype stream event array interop ipc copy cuarray texture config kernel module compile link
              args launch launcher graph unbound gexec capture random progress cache nvtx nccl device
              embed core
    embedded: the Lua parts and CUDA headers, as data. error: raising `cudalua: <public name>:
@@ -147,6 +147,8 @@ const char *cl_result_name(cl_lib *l, int r);   /* a result code's name, as the 
   X(cuGraphUpload) X(cuGraphExecKernelNodeSetParams) X(cuGraphExecMemcpyNodeSetParams) \
   X(cuGraphExecMemsetNodeSetParams) X(cuGraphExecUpdate) X(cuGraphDebugDotPrint) \
   X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuStreamIsCapturing) \
+  X(cuArray3DCreate) X(cuArrayDestroy) X(cuMemcpy3DAsync) X(cuTexObjectCreate) \
+  X(cuTexObjectDestroy) X(cuSurfObjectCreate) X(cuSurfObjectDestroy) \
   X(cuMemcpyPeerAsync) X(cuMemcpyPeer) X(cuDeviceCanAccessPeer) X(cuCtxEnablePeerAccess) \
   X(cuCtxDisablePeerAccess) X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle) X(cuIpcCloseMemHandle) \
   X(cuIpcGetEventHandle) X(cuIpcOpenEventHandle) X(cuMemPoolSetAccess) X(cuMemGetAddressRange) \
@@ -384,7 +386,8 @@ void cl_host_after_enqueue(lua_State *L, CUstream h, const char *what);   /* lau
 void cl_open_wait(lua_State *L);   /* cuda.sleep, into the table on top */
 
 /* ---- from memory.c: the memory blocks behind arrays ---- */
-enum { CL_HOST, CL_PINNED, CL_MAPPED, CL_MANAGED, CL_DEVICE, CL_FOREIGN };   /* kinds */
+enum { CL_HOST, CL_PINNED, CL_MAPPED, CL_MANAGED, CL_DEVICE, CL_FOREIGN,   /* kinds */
+       CL_HANDLE };   /* a driver object (CUDA array, texture, surface): cl_mem_handle */
 /* cl_mem.spread: where the queued work that uses a block is (with used). Each covers the ones
    before it, and a block never goes back down while used: that order is still owed. */
 typedef enum {
@@ -444,6 +447,11 @@ cl_mem *cl_mem_new(lua_State *L, int kind, size_t bytes, cl_stream *s, int flags
    memory. cl_mem_discard gives back one never attached to an array. */
 cl_mem *cl_mem_record(lua_State *L, int kind, size_t bytes, CUcontext ctx);
 void cl_mem_discard(cl_mem *m);
+/* a driver object of ctx that kernels use through a handle (a CUDA array, a texture or surface
+   object): a record of kind CL_HANDLE whose last unreference calls release(ud, h) once no
+   queued work uses it, put off like device memory's frees. bytes count toward collections */
+cl_mem *cl_mem_handle(lua_State *L, CUcontext ctx, size_t bytes, void (*release)(void *, CUdeviceptr),
+                      void *ud, CUdeviceptr h);
 int cl_mem_device(const cl_mem *m);               /* its device, -1 for host memory any reaches */
 /* an array a kernel or copy in context ctx may use: raises naming both devices otherwise */
 void cl_mem_reach(lua_State *L, cl_mem *m, CUcontext ctx, const char *where);
@@ -577,6 +585,33 @@ void cl_open_ipc(lua_State *L);
 void cl_open_copy(lua_State *L);   /* the arrays' copy methods, cuda.to_device and cuda.copy */
 void cl_copy(lua_State *L, cl_array *dst, cl_array *src, cl_stream *s, int sync, const char *where);
 
+/* ---- from cuarray.c: CUDA arrays (cuda.cuda_array) ---- */
+typedef struct cl_cuarray {
+  cl_mem *mem;         /* NULL once closed; a CL_HANDLE record, mem->ud the CUarray */
+  int dtype, channels, ndim, layered, surface;
+  int64_t shape[3];    /* C order; a layered array's layers first */
+  size_t w, h, d;      /* the driver's Width, Height, Depth (0: no such dimension; layers in d) */
+} cl_cuarray;
+#define CL_CUARRAY "cudalua.cuda_array"
+CUarray_format cl_array_format(int dt);   /* 0: CUDA arrays cannot hold the dtype */
+/* raises (where: ...) unless dt with that many channels can be sampled */
+void cl_check_format(lua_State *L, int dt, int channels, const char *where);
+cl_cuarray *cl_tocuarray(lua_State *L, int idx);   /* NULL unless a CUDA array (open or not) */
+size_t cl_cuarray_size(const cl_cuarray *ca);     /* its values: elements times channels */
+void cl_open_cuarray(lua_State *L);   /* the type; cuda_array into the table on top */
+
+/* ---- from texture.c: texture and surface objects (cuda.texture, cuda.surface) ---- */
+typedef struct cl_texref {
+  uint64_t h;          /* the CUtexObject / CUsurfObject a kernel gets; 0 once closed */
+  int surface;
+  cl_mem *obj;         /* the object's record (CL_HANDLE): destroyed once no queued work uses it */
+  cl_mem *src;         /* a reference to the memory it reads (CUDA array or device block) */
+} cl_texref;
+#define CL_TEXTURE "cudalua.texture"
+#define CL_SURFACE "cudalua.surface"
+cl_texref *cl_totexref(lua_State *L, int idx);   /* NULL unless a texture or surface (slow) */
+void cl_open_texture(lua_State *L);   /* the types; texture and surface into the table on top */
+
 /* ---- from config.c: launch configurations ---- */
 /* a launch configuration: k[{...}], k:launch{...}, forall, graph kernel nodes */
 typedef struct cl_launch {
@@ -684,7 +719,7 @@ void cl_open_link(lua_State *L);
 typedef struct cl_args {
   uint64_t slots[CL_MAXPARAMS][2];
   void *params[CL_MAXPARAMS];
-  cl_mem *used[CL_MAXPARAMS];
+  cl_mem *used[2 * CL_MAXPARAMS];   /* a texture or surface gives two: its object and its memory */
   int nused;
   int gmem;            /* some used block is a graph's: the launch checks it against its stream */
   int conds;           /* some argument is a graph condition (in a capture): the launch checks it */

@@ -82,6 +82,8 @@ int luaopen_cudalua(lua_State *L) {
   cl_open_event(L);     /* adds stream:wait_event */
   cl_open_array(L);
   cl_open_copy(L);      /* adds the arrays' copy methods */
+  cl_open_cuarray(L);
+  cl_open_texture(L);
   cl_open_memory(L);
   cl_open_compile(L);
   cl_open_link(L);

@@ -43,6 +43,13 @@ cl_node *cl_checknode(lua_State *L, int idx, cl_graph *g, const char *where) {
 /* a graph's user values: its keep set, and the executable graph g:launch made (gexec.c) */
 enum { GRAPH_KEEP = 1 };
 
+/* a texture or surface at idx: its object and the memory it reads, held while the graph may
+   run (closing it then destroys neither: the handle in the node stays good) */
+static void hold_texture(lua_State *L, cl_hold *h, int idx) {
+  cl_texref *t = cl_totexref(L, idx);
+  if (t && t->h) { cl_hold_add(L, h, t->obj); cl_hold_add(L, h, t->src); }
+}
+
 /* keeps the value at idx alive with the graph or executable graph at uidx, in its keep set
    (user value uv): keeping the same object again, set_args in a loop say, does not grow it */
 void cl_graph_keep(lua_State *L, int uidx, int uv, cl_hold *h, int idx) {
@@ -56,6 +63,7 @@ void cl_graph_keep(lua_State *L, int uidx, int uv, cl_hold *h, int idx) {
   cl_graph *c = a ? NULL : luaL_testudata(L, idx, CL_GRAPH_MT);
   if (a) cl_hold_add(L, h, a->mem);
   else if (c) cl_hold_merge(L, h, &cl_graph_top(c)->hold);
+  else hold_texture(L, h, idx);
 }
 
 /* the same for the graph at gidx: its top graph holds the memory */
@@ -73,6 +81,7 @@ void cl_graph_hold_kept(lua_State *L, int gidx) {
   for (lua_pushnil(L); lua_next(L, -2); lua_pop(L, 1)) {
     cl_array *a = lua_type(L, -2) == LUA_TUSERDATA ? cl_toarray(L, -2) : NULL;
     if (a) cl_hold_add(L, &g->hold, a->mem);
+    else if (lua_type(L, -2) == LUA_TUSERDATA) hold_texture(L, &g->hold, -2);
   }
   lua_pop(L, 1);
 }
@@ -208,6 +217,9 @@ void cl_graph_own_args(lua_State *L, const cl_graph *g, int first, int nargs, co
       cl_error(L, where, "argument %d is a condition of another graph (a kernel may set the conditions of its own graph and of the graphs around its body)", i + 1);
     cl_array *a = c ? NULL : cl_toarray(L, first + i);
     if (a && a->mem) own_mem(L, g, a->mem, where);
+    /* a texture or surface: its object and the memory it reads (cl_marshal refused closed ones) */
+    cl_texref *t = c || a ? NULL : cl_totexref(L, first + i);
+    if (t && t->h) { own_mem(L, g, t->obj, where); own_mem(L, g, t->src, where); }
   }
 }
 

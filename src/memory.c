@@ -378,6 +378,14 @@ cl_mem *cl_mem_record(lua_State *L, int kind, size_t bytes, CUcontext ctx) {
 
 void cl_mem_discard(cl_mem *m) { mem_free(m); }
 
+cl_mem *cl_mem_handle(lua_State *L, CUcontext ctx, size_t bytes, void (*release)(void *, CUdeviceptr),
+                      void *ud, CUdeviceptr h) {
+  cl_mem *m = cl_mem_record(L, CL_HANDLE, bytes, ctx);
+  m->release = release; m->ud = ud; m->dptr = h;
+  pressure_add(L, bytes);
+  return m;
+}
+
 cl_mem *cl_mem_new(lua_State *L, int kind, size_t bytes, cl_stream *s, int flags) {
   if (cl_capture_in_body(L, s))
     cl_error(L, NULL, "a conditional node's body cannot allocate memory (CUDA refuses memory nodes in "
@@ -635,7 +643,7 @@ static void release(lua_State *L, cl_mem *m) {
     return;
   }
   /* freed memory no longer counts toward the next collection */
-  if (m->kind != CL_FOREIGN) pressure_sub(m->bytes);
+  if (m->kind != CL_FOREIGN) pressure_sub(m->bytes);   /* (handles count theirs too) */
   /* used on one stream (or on blocking ones, which the legacy stream orders): kept for reuse */
   if (m->kind == CL_DEVICE && m->dptr && m->spread < CL_ANY_STREAMS && m->ipc == CL_IPC_NONE &&
       cache_put(L, m->dptr, m->bytes, m->ctx, m->spread == CL_ONE_STREAM ? m->stream : NULL)) {
@@ -664,7 +672,7 @@ static void release(lua_State *L, cl_mem *m) {
         r = CU(cuMemFreeAsync, m->dptr, h);
       if (r != CUDA_SUCCESS) warn(L, "cuMemFreeAsync", r);
     }
-  } else if (m->kind == CL_FOREIGN) {
+  } else if (m->kind == CL_FOREIGN || m->kind == CL_HANDLE) {
     if (m->release) {
       r = settle(L, m);
       if (r != CUDA_SUCCESS) warn(L, "waiting for queued work", r);
