@@ -67,7 +67,11 @@ function cuda.mem_info() end
 -- default), `"max_l2_fetch_granularity"` (0-128 bytes, a hint), `"persisting_l2_cache_size"`,
 -- `"cig_shmem_fallback_enabled"`. The driver may round or clamp the value: `cuda.get_limit` says
 -- what it took. An unknown name, a read-only one, a value that is not an integer of 0 or more
--- raise; so does what the driver refuses (CUDA_ERROR_UNSUPPORTED_LIMIT...).
+-- raise; so does what the driver refuses (CUDA_ERROR_UNSUPPORTED_LIMIT...). `"stack_size"`,
+-- `"dev_runtime_pending_launch_count"` and `"dev_runtime_sync_depth"` are refused once code that
+-- launches kernels from the device is loaded on the device: set them before. (Measured with
+-- driver 580.159.04 on an H100: after a graph had run such a kernel, setting the first two
+-- never returned, even with the graph closed.)
 function cuda.set_limit(name, value) end
 
 --- The value of a limit of the selected device's context (`cuCtxGetLimit`), by the names of

@@ -28,9 +28,10 @@ extern "C" __global__ void quicksort(int *a, int lo, int hi, int depth) {
   if (i < hi) quicksort<<<1, 1, 0, cudaStreamFireAndForget>>>(a, i, hi, depth + 1);
 }]]
 
-local quicksort = cuda.kernel(SRC, "quicksort", { relocatable = true })
--- every launch not yet finished counts against this limit (2048 by default)
+-- every launch not yet finished counts against this limit (2048 by default); it is set before
+-- code that launches kernels is loaded (cuda.set_limit refuses it after: the driver can hang)
 cuda.set_limit("dev_runtime_pending_launch_count", 4096)
+local quicksort = cuda.kernel(SRC, "quicksort", { relocatable = true })
 
 local n = 20000
 local host = {}

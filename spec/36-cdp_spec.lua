@@ -200,17 +200,42 @@ describe("cuda.set_limit and cuda.get_limit", function()
     C.raises("cuda.get_limit: no CUDA driver found", cuda.get_limit, "stack_size")
   end)
 
+  -- in a process of its own: this one has loaded code that launches kernels (see below)
   gpu("set what get reads back (the pending launch count, the stack and heap sizes)", function()
-    local before = cuda.get_limit("dev_runtime_pending_launch_count")
-    assert.is_true(before > 0)
-    local want = before + 1024 * math.random(1, 4)
-    cuda.set_limit("dev_runtime_pending_launch_count", want)
-    assert.equal(want, cuda.get_limit("dev_runtime_pending_launch_count"))
-    cuda.set_limit("dev_runtime_pending_launch_count", before)
-    local stack = cuda.get_limit("stack_size")
-    cuda.set_limit("stack_size", stack + 16 * math.random(1, 64))
-    assert.is_true(cuda.get_limit("stack_size") > stack)   -- the driver may round it up
-    cuda.set_limit("stack_size", stack)
-    assert.is_true(cuda.get_limit("malloc_heap_size") > 0)
+    local out = child_run("", ([[local cuda = require "cudalua"
+      local before = cuda.get_limit("dev_runtime_pending_launch_count")
+      assert(before > 0)
+      local want = before + 1024 * %d
+      cuda.set_limit("dev_runtime_pending_launch_count", want)
+      assert(cuda.get_limit("dev_runtime_pending_launch_count") == want, "pending count")
+      cuda.set_limit("dev_runtime_pending_launch_count", before)
+      local stack = cuda.get_limit("stack_size")
+      cuda.set_limit("stack_size", stack + 16 * %d)
+      assert(cuda.get_limit("stack_size") > stack, "stack")   -- the driver may round it up
+      cuda.set_limit("stack_size", stack)
+      assert(cuda.get_limit("malloc_heap_size") > 0)
+      print("limits ok")]]):format(math.random(1, 4), math.random(1, 64)))
+    assert.matches("limits ok", out, 1, true)
+  end)
+
+  -- measured (driver 580.159.04, H100): after a graph ran a kernel that launches kernels,
+  -- cuCtxSetLimit of the stack size or the pending launch count never returned
+  gpu("refuse the limits that then hang the driver once such code is loaded, naming them", function()
+    local m = cuda.link { cuda.compile(CDP, { relocatable = true }) }
+    assert.is_true(m:image():find("__cudaCDP2", 1, true) ~= nil)
+    local dout = cuda.device_array(4, "int32")
+    local dv = cuda.to_device({ 1, 2, 3, 4 }, "int32")
+    local g = cuda.graph()
+    g:kernel(m.parent, { 1, 1 }, { dout, dv, 3, 4 })
+    g:launch(); cuda.synchronize(); g:close()
+    assert.same({ 3, 7, 11, 15 }, dout:copy_to_host():totable())
+    for _, name in ipairs { "stack_size", "dev_runtime_pending_launch_count" } do
+      C.raises("cudalua: cuda.set_limit: " .. name .. " must be set before code that launches kernels from the "
+        .. "device (dynamic parallelism) is loaded on this device: the driver can hang otherwise",
+        cuda.set_limit, name, cuda.get_limit(name) + 1024)
+    end
+    local heap = cuda.get_limit("malloc_heap_size")
+    cuda.set_limit("malloc_heap_size", heap)   -- the others still work
+    assert.equal(heap, cuda.get_limit("malloc_heap_size"))
   end)
 end)

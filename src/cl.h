@@ -707,6 +707,8 @@ int cl_kernel_index(lua_State *L);   /* the kernel's __index: methods and k.name
 void cl_open_kernel(lua_State *L);   /* the kernel type; core.kernel_methods into the table on top */
 
 /* ---- from module.c: loaded modules ---- */
+/* whether code that uses the device runtime (dynamic parallelism) was loaded on ctx's device */
+int cl_module_devrt_loaded(CUcontext ctx);
 void cl_open_module(lua_State *L);
 
 /* ---- from compile.c: NVRTC compiles ---- */

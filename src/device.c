@@ -230,7 +230,13 @@ static int l_set_limit(lua_State *L) {
     return cl_error(L, "cuda.set_limit", "argument 2: expected an integer (bytes or a count), got %s",
                     lua_type(L, 2) == LUA_TNUMBER ? "a number that is not one" : luaL_typename(L, 2));
   if (v < 0) return cl_error(L, "cuda.set_limit", "%s must be 0 or more, got %I", limit_names[i], v);
-  cl_ctx(L);
+  CUcontext ctx = cl_ctx(L);
+  /* measured (580.159.04, H100): once a graph had run a kernel that launches kernels, setting
+     these never returned, even with the graph closed: refused from the first load of such code */
+  if ((i == CU_LIMIT_STACK_SIZE || i == CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT ||
+       i == CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH) && cl_module_devrt_loaded(ctx))
+    return cl_error(L, "cuda.set_limit", "%s must be set before code that launches kernels from the device "
+                    "(dynamic parallelism) is loaded on this device: the driver can hang otherwise", limit_names[i]);
   cl_check(L, CU(cuCtxSetLimit, (CUlimit)i, (size_t)v), "cuda.set_limit");
   return 0;
 }

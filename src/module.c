@@ -1,5 +1,6 @@
 /* module.c: loaded modules and the kernels in them: module_kernel finds a kernel's function in
    a module, and kernel.c makes the kernel object (its parameters' codes are listed there). */
+#define _GNU_SOURCE   /* memmem */
 #include <stdlib.h>
 #include <string.h>
 #include "cl.h"
@@ -27,6 +28,21 @@ static int m_close(lua_State *L) {
   return 0;
 }
 
+/* devices with code loaded that uses the device runtime (dynamic parallelism): cuda.set_limit
+   refuses the limits whose change then hung the driver (device.c) */
+static int devrt_loaded[CL_MAXDEV];
+
+/* whether the image calls the device runtime: a linked cubin has its functions' names */
+static int uses_devrt(const char *img, size_t n) {
+  static const char mark[] = "__cudaCDP2";
+  return n >= sizeof mark - 1 && memmem(img, n, mark, sizeof mark - 1) != NULL;
+}
+
+int cl_module_devrt_loaded(CUcontext ctx) {
+  int dev = cl_device_of(ctx);
+  return dev >= 0 && dev < CL_MAXDEV && __atomic_load_n(&devrt_loaded[dev], __ATOMIC_RELAXED);
+}
+
 /* module_load(image [, hint]) -> module; hint ends the message when the image has no code for
    this device. PTX is compiled by the driver: its log is in the message when that fails. */
 static int l_module_load(lua_State *L) {
@@ -51,6 +67,8 @@ static int l_module_load(lua_State *L) {
                       hint, *log ? "\n" : "", log);
   if (r != CUDA_SUCCESS && *log) return cl_error(L, NULL, "loading a module: %s\n%s", cl_errname(r), log);
   cl_check(L, r, "loading a module");
+  int dev = cl_device_of(m->ctx);
+  if (dev >= 0 && dev < CL_MAXDEV && uses_devrt(img, n)) __atomic_store_n(&devrt_loaded[dev], 1, __ATOMIC_RELAXED);
   return 1;
 }
 
