@@ -134,7 +134,7 @@ static int l_module_global(lua_State *L) {
   size_t bytes = 0;
   CUresult r = CU(cuModuleGetGlobal, &p, &bytes, m->m, sym);
   if (r == CUDA_ERROR_NOT_FOUND) return 0;
-  cl_check(L, r, "cuModuleGetGlobal");
+  cl_check(L, r, "module:get_global");
   int64_t shape[CL_MAXDIM];
   int ndim = 1;
   size_t isz = (size_t)cl_dtypes[dt].size, n = 1;

@@ -378,6 +378,14 @@ end
 -- __constant__ and __device__ variables: an array view of the module's memory (the view keeps
 -- the loaded module). dtype and shape from the declaration (cudalua.globals) where the source
 -- was compiled here, else given; the size the driver reports must be dtype x shape.
+local function no_variable(st, name, where)
+  local known = {}
+  for k in pairs(st.globals) do known[#known + 1] = k end
+  table.sort(known)
+  check.error(where, 3, "no variable '%s' in module %s%s", name, st.name,
+    #known > 0 and " (variables: " .. table.concat(known, ", ") .. ")" or "")
+end
+
 function Module.get_global(mod, name, dtype, shape)
   local st = fields(mod, "get_global")
   local where = "module:get_global"
@@ -386,6 +394,8 @@ function Module.get_global(mod, name, dtype, shape)
   local g = st.globals[name] or {}
   local dt = dtype or g.dtype
   if not dt then
+    -- (a name the module lacks is said as such, not as a missing dtype: asked as bytes)
+    if core.module_global(load(mod, 2, nil, where), g.symbol or name, "uint8") == nil then no_variable(st, name, where) end
     check.error(where, 2, "the type of '%s' is not known (%s): give its dtype, m:get_global(%q, \"float32\" [, shape])",
       name, g.symbol and "its declaration was not read" or "module " .. st.name .. " has no source here", name)
   end
@@ -393,12 +403,7 @@ function Module.get_global(mod, name, dtype, shape)
   shape = shape or (dtype == nil and g.dims) or nil
   local handle = load(mod, 2, nil, where)
   local view, bytes = core.module_global(handle, g.symbol or name, dt, shape)
-  if view == nil then
-    local known = {}
-    for k in pairs(st.globals) do known[#known + 1] = k end
-    table.sort(known)
-    check.error(where, 2, "no variable '%s' in module %s%s", name, st.name,
-      #known > 0 and " (variables: " .. table.concat(known, ", ") .. ")" or "")
+  if view == nil then no_variable(st, name, where)
   elseif not view then
     local dname = type(dt) == "string" and dt or tostring(dt)
     check.error(where, 2, "'%s' has %d bytes, not %s%s", name, bytes, dname,
