@@ -820,14 +820,17 @@ extern "C" __global__ void gread(float *o) { o[0] = gbuf[0]; }
   local s = cuda.stream { non_blocking = true }
   local h = cuda.pinned_array(16384, cuda.float32)
   local M = math.max(1000, N // 10)
-  local t = {}
-  for r = 0, REPS do
-    local t0 = now()
-    for _ = 1, M do m:get_global("gbuf"):copy_to_device(h, s) end
-    s:synchronize()
-    if r > 0 then t[r] = (now() - t0) / M * 1e6 end
+  -- in turns with the same loop in C in this process (bench/rawloop.c), on the same stream
+  local bodies = { cudalua = function(n) for _ = 1, n do m:get_global("gbuf"):copy_to_device(h, s) end end }
+  local rawloop = B.rawloop()
+  if rawloop then
+    local cc = cuda.devices()[1].compute_capability
+    local arch = ("sm_%d%d"):format(cc[1], cc[2])
+    bodies.raw = function(n) rawloop.global_copy(arch, n, s:handle()) end
   end
-  out("get_global_copy_us", median(t))
+  local r = B.interleaved(bodies, M, nil, function() s:synchronize() end)
+  out("get_global_copy_us", r.cudalua)
+  if r.raw then out("inproc_get_global_copy_us", r.raw) end
   s:close()
 end)
 collectgarbage()
@@ -860,12 +863,12 @@ section("textures", function()
   end
   out("tex_fetch_us", median(t))
   tex:close()
-  local tc = {}
-  for r = 0, REPS do
-    local t0 = now()
-    for _ = 1, M do cuda.texture(ca):close() end
-    if r > 0 then tc[r] = (now() - t0) / M * 1e6 end
-  end
-  out("tex_create_destroy_us", median(tc))
+  -- in turns with the same loop in C in this process (bench/rawloop.c: an array of its own)
+  local bodies = { cudalua = function(n) for _ = 1, n do cuda.texture(ca):close() end end }
+  local rawloop = B.rawloop()
+  if rawloop then bodies.raw = function(n) rawloop.tex_create_destroy(n) end end
+  local r = B.interleaved(bodies, M)
+  out("tex_create_destroy_us", r.cudalua)
+  if r.raw then out("inproc_tex_create_destroy_us", r.raw) end
   ca:close()
 end)

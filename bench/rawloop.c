@@ -1,11 +1,13 @@
 /* rawloop.c: the raw side of the in-process comparisons (bench/core.lua, bench/cuda_cpp.lua,
    bench/multigpu.lua): cuLaunchKernel, cuLaunchKernelEx, cuLaunchCooperativeKernel,
-   cuMemAllocAsync/cuMemFreeAsync, cuMemcpyPeerAsync and NCCL all_reduce in C loops, and NVRTC
+   cuMemAllocAsync/cuMemFreeAsync, cuMemcpyPeerAsync, NCCL all_reduce, texture objects made and
+   destroyed, module variables found and copied into in C loops, and NVRTC
    compiles, in the same process, context and stream as the cudalua side, so that the two take
    turns within a second: these costs drift by ~15% on the GPU machine between runs minutes
    apart. Bench only; links libcuda and NVRTC, opens NCCL with dlopen. */
 #include <dlfcn.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <cuda.h>
 #include <nvrtc.h>
@@ -171,11 +173,68 @@ static int nccl_all_reduce(lua_State *L) {
   return 0;
 }
 
+/* tex_create_destroy(n): n cuTexObjectCreate + cuTexObjectDestroy over a 4096 x 4096 float32
+   CUDA array of its own (point, clamp), as bench/helpers.lua's cuda.texture(ca):close() */
+static int tex_create_destroy(lua_State *L) {
+  lua_Integer n = luaL_checkinteger(L, 1);
+  static CUarray arr;
+  if (!arr) {
+    CUDA_ARRAY3D_DESCRIPTOR ad = {0};
+    ad.Width = 4096; ad.Height = 4096; ad.Format = CU_AD_FORMAT_FLOAT; ad.NumChannels = 1;
+    if (cuArray3DCreate(&arr, &ad) != CUDA_SUCCESS) return luaL_error(L, "rawloop: cuArray3DCreate failed");
+  }
+  CUDA_RESOURCE_DESC rd = {0};
+  rd.resType = CU_RESOURCE_TYPE_ARRAY; rd.res.array.hArray = arr;
+  CUDA_TEXTURE_DESC td = {0};
+  td.addressMode[0] = td.addressMode[1] = td.addressMode[2] = CU_TR_ADDRESS_MODE_CLAMP;
+  td.filterMode = CU_TR_FILTER_MODE_POINT;
+  for (lua_Integer i = 0; i < n; i++) {
+    CUtexObject t;
+    if (cuTexObjectCreate(&t, &rd, &td, NULL) != CUDA_SUCCESS || cuTexObjectDestroy(t) != CUDA_SUCCESS)
+      return luaL_error(L, "rawloop: cuTexObjectCreate/Destroy failed");
+  }
+  return 0;
+}
+
+/* global_copy(arch, n, stream): n cuModuleGetGlobal + cuMemcpyHtoDAsync of 64 KiB from pinned
+   memory into a module variable (a module of its own, compiled once), on the stream */
+static int global_copy(lua_State *L) {
+  const char *arch = luaL_checkstring(L, 1);
+  lua_Integer n = luaL_checkinteger(L, 2);
+  CUstream s = (CUstream)(uintptr_t)luaL_checkinteger(L, 3);
+  static CUmodule mod;
+  static void *host;
+  if (!mod) {
+    static const char src[] = "__device__ float gbuf[16384];\n"
+                              "extern \"C\" __global__ void gread(float *o) { o[0] = gbuf[0]; }\n";
+    char opt[32];
+    snprintf(opt, sizeof opt, "-arch=%s", arch);
+    const char *opts[] = {opt};
+    nvrtcProgram prog;
+    size_t size = 0;
+    char *img = NULL;
+    if (nvrtcCreateProgram(&prog, src, "g.cu", 0, NULL, NULL) != NVRTC_SUCCESS) return luaL_error(L, "rawloop: nvrtc");
+    if (nvrtcCompileProgram(prog, 1, opts) == NVRTC_SUCCESS && nvrtcGetCUBINSize(prog, &size) == NVRTC_SUCCESS &&
+        (img = malloc(size)) && nvrtcGetCUBIN(prog, img) == NVRTC_SUCCESS && cuModuleLoadData(&mod, img) != CUDA_SUCCESS)
+      mod = NULL;
+    free(img);
+    nvrtcDestroyProgram(&prog);
+    if (!mod || cuMemHostAlloc(&host, 65536, 0) != CUDA_SUCCESS) return luaL_error(L, "rawloop: global_copy setup failed");
+  }
+  for (lua_Integer i = 0; i < n; i++) {
+    CUdeviceptr p;
+    size_t bytes;
+    if (cuModuleGetGlobal(&p, &bytes, mod, "gbuf") != CUDA_SUCCESS || cuMemcpyHtoDAsync(p, host, bytes, s) != CUDA_SUCCESS)
+      return luaL_error(L, "rawloop: cuModuleGetGlobal/cuMemcpyHtoDAsync failed");
+  }
+  return 0;
+}
+
 int luaopen_rawloop(lua_State *L) {
   static const luaL_Reg f[] = {
     {"launch", launch}, {"alloc_free", alloc_free}, {"compile", compile}, {"launch_ex", launch_ex},
     {"launch_coop", launch_coop}, {"peer_copy", peer_copy}, {"nccl_all_reduce", nccl_all_reduce},
-    {NULL, NULL}};
+    {"tex_create_destroy", tex_create_destroy}, {"global_copy", global_copy}, {NULL, NULL}};
   luaL_newlib(L, f);
   return 1;
 }

@@ -401,8 +401,15 @@ function Module.get_global(mod, name, dtype, shape)
   end
   if dtype ~= nil and not pcall(core.dtype, dtype) then check.error(where, 2, "unknown dtype %s", tostring(dtype)) end
   shape = shape or (dtype == nil and g.dims) or nil
-  local handle = load(mod, 2, nil, where)
+  local handle, dev = load(mod, 2, nil, where)
+  -- the declaration's view, made once a device (a copy into a global each step of a loop is
+  -- the common use: bench/helpers.lua); views with a dtype or shape given are made each time
+  local cache = dtype == nil and (st.views[dev] or {})
+  if cache then st.views[dev] = cache end
+  local kept = cache and cache[name]
+  if kept and not kept.closed then return kept end
   local view, bytes = core.module_global(handle, g.symbol or name, dt, shape)
+  if cache and view then cache[name] = view end
   if view == nil then no_variable(st, name, where)
   elseif not view then
     local dname = type(dt) == "string" and dt or tostring(dt)
@@ -481,7 +488,7 @@ local module_mt = {
 -- cuda.link takes when it is not the image: a module loaded from LTO-IR keeps the LTO-IR)
 function M.new(f)
   local mod = setmetatable({}, module_mt)
-  f.kernels, f.handles = {}, {}
+  f.kernels, f.handles, f.views = {}, {}, {}
   f.info, f.globals = globals.from_info(f.info or {})
   state[mod] = f
   return mod
