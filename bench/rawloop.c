@@ -173,15 +173,18 @@ static int nccl_all_reduce(lua_State *L) {
   return 0;
 }
 
-/* tex_create_destroy(n): n cuTexObjectCreate + cuTexObjectDestroy over a 4096 x 4096 float32
-   CUDA array of its own (point, clamp), as bench/helpers.lua's cuda.texture(ca):close() */
+/* tex_create_destroy(n [, array]): n cuTexObjectCreate + cuTexObjectDestroy (point, clamp) over
+   the CUDA array given (a cuda_array's handle) or a 4096 x 4096 float32 one of its own, as
+   bench/helpers.lua's cuda.texture(ca):close() */
 static int tex_create_destroy(lua_State *L) {
   lua_Integer n = luaL_checkinteger(L, 1);
-  static CUarray arr;
+  static CUarray own;
+  CUarray arr = (CUarray)(uintptr_t)luaL_optinteger(L, 2, (lua_Integer)(uintptr_t)own);
   if (!arr) {
     CUDA_ARRAY3D_DESCRIPTOR ad = {0};
     ad.Width = 4096; ad.Height = 4096; ad.Format = CU_AD_FORMAT_FLOAT; ad.NumChannels = 1;
-    if (cuArray3DCreate(&arr, &ad) != CUDA_SUCCESS) return luaL_error(L, "rawloop: cuArray3DCreate failed");
+    if (cuArray3DCreate(&own, &ad) != CUDA_SUCCESS) return luaL_error(L, "rawloop: cuArray3DCreate failed");
+    arr = own;
   }
   CUDA_RESOURCE_DESC rd = {0};
   rd.resType = CU_RESOURCE_TYPE_ARRAY; rd.res.array.hArray = arr;
@@ -230,11 +233,20 @@ static int global_copy(lua_State *L) {
   return 0;
 }
 
+/* ctx_current(n): n cuCtxGetCurrent (what cudalua's context checks cost) */
+static int ctx_current(lua_State *L) {
+  lua_Integer n = luaL_checkinteger(L, 1);
+  CUcontext c;
+  for (lua_Integer i = 0; i < n; i++) cuCtxGetCurrent(&c);
+  return 0;
+}
+
 int luaopen_rawloop(lua_State *L) {
   static const luaL_Reg f[] = {
     {"launch", launch}, {"alloc_free", alloc_free}, {"compile", compile}, {"launch_ex", launch_ex},
     {"launch_coop", launch_coop}, {"peer_copy", peer_copy}, {"nccl_all_reduce", nccl_all_reduce},
-    {"tex_create_destroy", tex_create_destroy}, {"global_copy", global_copy}, {NULL, NULL}};
+    {"tex_create_destroy", tex_create_destroy}, {"global_copy", global_copy}, {"ctx_current", ctx_current},
+    {NULL, NULL}};
   luaL_newlib(L, f);
   return 1;
 }

@@ -224,7 +224,8 @@ static void push_shape(lua_State *L, const cl_cuarray *ca) {
   for (int i = 0; i < ca->ndim; i++) { lua_pushinteger(L, ca->shape[i]); lua_rawseti(L, -2, i + 1); }
 }
 
-/* ca.shape, ca.dtype, ca.channels, ca.layered, ca.surface, ca.closed; methods otherwise */
+/* ca.shape, ca.dtype, ca.channels, ca.layered, ca.surface, ca.closed, ca.handle (the CUarray,
+   for other libraries); methods otherwise */
 static int ca_index(lua_State *L) {
   cl_cuarray *ca = cl_checkudata(L, 1, CL_CUARRAY);
   lua_pushvalue(L, 2);
@@ -238,7 +239,10 @@ static int ca_index(lua_State *L) {
   else if (!strcmp(k, "layered")) lua_pushboolean(L, ca->layered);
   else if (!strcmp(k, "surface")) lua_pushboolean(L, ca->surface);
   else if (!strcmp(k, "closed")) lua_pushboolean(L, ca->mem == NULL);
-  else return 0;
+  else if (!strcmp(k, "handle")) {
+    if (!ca->mem) return cl_error(L, "cuda_array.handle", "the CUDA array is closed");
+    lua_pushinteger(L, (lua_Integer)(uintptr_t)ca->mem->ud);
+  } else return 0;
   return 1;
 }
 
