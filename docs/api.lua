@@ -69,7 +69,9 @@ function cuda.mem_info() end
 -- what it took. An unknown name, a read-only one, a value that is not an integer of 0 or more
 -- raise; so does what the driver refuses (CUDA_ERROR_UNSUPPORTED_LIMIT...). `"stack_size"`,
 -- `"dev_runtime_pending_launch_count"` and `"dev_runtime_sync_depth"` are refused once code that
--- launches kernels from the device is loaded on the device: set them before. (Measured with
+-- launches kernels from the device is loaded on the device: set them before (cudalua knows such
+-- code by the device runtime's names in the image it loads: cuda.link's output and cubins; a
+-- compressed fatbin from nvcc is not recognised). (Measured with
 -- driver 580.159.04 on an H100: after a graph had run such a kernel, setting the first two
 -- never returned, even with the graph closed.)
 function cuda.set_limit(name, value) end

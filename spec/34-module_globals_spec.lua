@@ -71,6 +71,19 @@ extern "C" __constant__ short init[3] = {1, 2, 3};
     assert.equal("int16", found.init.dtype)
   end)
 
+  it("skip pointers (not their pointee's type) and template variables (no one symbol)", function()
+    local found = require("cudalua.globals").parse([[
+__device__ double *p;
+__device__ float *q[2];
+template <typename T> __device__ T tv;
+__device__ int after;
+]])
+    assert.is_nil(found.p)
+    assert.is_nil(found.q)
+    assert.is_nil(found.tv)
+    assert.equal("int32", found.after.dtype)
+  end)
+
   it("survive the compile cache's entries (kept as info entries)", function()
     local globals = require "cudalua.globals"
     local info = {}
@@ -169,6 +182,7 @@ describe("module variables on the GPU", function()
     local linked = cuda.link { a, b }
     local want = math.random(1, 1000000)
     linked:get_global("shared_v", "int32"):copy_to_device(cuda.array({ want }, cuda.int32))
+    assert.equal(want, linked:get_global("shared_v"):copy_to_host()[1])   -- its type from a's source
     local o = cuda.device_array(1, cuda.int32)
     linked.rd[{ 1, 1 }](o)
     assert.equal(want, o:copy_to_host()[1])

@@ -144,6 +144,15 @@ describe("cuda.cuda_array without a GPU", function()
   end)
 end)
 
+describe("signatures name texture and surface objects", function()
+  it("as 8-byte handles (m:get(name, sig)), no GPU needed", function()
+    local M = require "cudalua.module"
+    for _, t in ipairs { "cudaTextureObject_t", "cudaSurfaceObject_t", "CUtexObject", "CUsurfObject" } do
+      assert.equal("Lp", (M.parse_signature(t .. " t, float *o")))
+    end
+  end)
+end)
+
 describe("CUDA arrays", function()
   gpu("round-trip every sampled dtype with 1, 2 and 4 channels, in 1-D, 2-D, 3-D and layered shapes", function()
     local shapes = { { { math.random(1, 300) } }, { { math.random(1, 40), math.random(1, 40) } },
@@ -224,6 +233,25 @@ local function coords(n, size, normalized, spread)
 end
 
 describe("texture fetches", function()
+  -- a view's memory may be another object's (a module's variable): the texture keeps it
+  gpu("a texture over a module variable keeps the module loaded", function()
+    local n = math.random(100, 1024)
+    local vals = H.rand_table(n, -100, 100)
+    local t
+    do
+      local m = cuda.compile(("__device__ __align__(512) float lut[%d];"):format(n))
+      local v = m:get_global("lut")
+      v:copy_to_device(cuda.array(vals, "float32"))
+      t = cuda.texture(v)
+    end
+    collectgarbage(); collectgarbage()
+    local out = cuda.device_array(n, "float32")
+    K("fetchlin")[{ blocks(n), 128 }](out, t, n)
+    local h = out:copy_to_host()
+    for i = 1, n do assert.equal(C.f32(vals[i]), h[i]) end
+    t:close()
+  end)
+
   gpu("point filtering with every address mode on coordinates outside the texture", function()
     local w, h = math.random(5, 40), math.random(5, 40)
     local ca, T = image(w, h)

@@ -452,6 +452,12 @@ void cl_mem_discard(cl_mem *m);
    queued work uses it, put off like device memory's frees. bytes count toward collections */
 cl_mem *cl_mem_handle(lua_State *L, CUcontext ctx, size_t bytes, void (*release)(void *, CUdeviceptr),
                       void *ud, CUdeviceptr h);
+/* an allocation failed with CUDA_ERROR_OUT_OF_MEMORY: collect garbage, finish queued frees, give
+   cached and pooled memory back (then try once more) */
+void cl_mem_reclaim(lua_State *L);
+/* the same, NULL (nothing raised) when out of host memory: the caller destroys its object */
+cl_mem *cl_mem_handle_try(lua_State *L, CUcontext ctx, size_t bytes, void (*release)(void *, CUdeviceptr),
+                          void *ud, CUdeviceptr h);
 int cl_mem_device(const cl_mem *m);               /* its device, -1 for host memory any reaches */
 /* an array a kernel or copy in context ctx may use: raises naming both devices otherwise */
 void cl_mem_reach(lua_State *L, cl_mem *m, CUcontext ctx, const char *where);

@@ -40,7 +40,7 @@ static void destroy_array(void *ud, CUdeviceptr unused) {
 
 cl_cuarray *cl_tocuarray(lua_State *L, int idx) { return luaL_testudata(L, idx, CL_CUARRAY); }
 
-cl_cuarray *cl_checkcuarray(lua_State *L, int idx, const char *where) {
+static cl_cuarray *checkcuarray(lua_State *L, int idx, const char *where) {
   cl_cuarray *ca = cl_tocuarray(L, idx);
   if (!ca) cl_error(L, where, "argument %d: cuda_array expected, got %s", idx, luaL_typename(L, idx));
   if (!ca->mem) cl_error(L, where, "the CUDA array is closed");
@@ -103,9 +103,16 @@ static int l_cuda_array(lua_State *L) {
   ca->mem = NULL;
   luaL_setmetatable(L, CL_CUARRAY);
   CUarray h = NULL;
-  cl_check(L, CU(cuArray3DCreate, &h, &desc), "cuda.cuda_array");
+  CUresult r = CU(cuArray3DCreate, &h, &desc);
+  if (r == CUDA_ERROR_OUT_OF_MEMORY) {   /* as device arrays: garbage and caches first */
+    cl_mem_reclaim(L);
+    cl_use_ctx(L, ctx);
+    r = CU(cuArray3DCreate, &h, &desc);
+  }
+  cl_check(L, r, "cuda.cuda_array");
   size_t bytes = cl_cuarray_size(ca) * cl_dtypes[ca->dtype].size;
-  ca->mem = cl_mem_handle(L, ctx, bytes, destroy_array, h, 0);
+  ca->mem = cl_mem_handle_try(L, ctx, bytes, destroy_array, h, 0);
+  if (!ca->mem) { destroy_array(h, 0); cl_error(L, "cuda.cuda_array", "out of host memory"); }
   return 1;
 }
 
@@ -134,12 +141,20 @@ static void copy3d(lua_State *L, cl_cuarray *ca, cl_array *a, int into_ca, cl_st
   cl_use_ctx(L, ctx);
   cl_capture_guard(L, s, sync || a->kind == CL_HOST, where);
   if (a->mem->gmem) cl_mem_graph_use(L, a->mem, s, where);
-  if (!s) { cl_mem_order(L, a->mem, ctx, ctx); cl_mem_order(L, ca->mem, ctx, ctx); }
+  if (!s) {
+    cl_mem_order(L, a->mem, ctx, ctx);   /* (may wait: host functions run, and may close either) */
+    cl_still_open(L, a, where);
+    if (!ca->mem) cl_error(L, where, "the CUDA array was closed meanwhile");
+    cl_mem_order(L, ca->mem, ctx, ctx);
+  }
   CL_BEFORE_ENQUEUE(L, where);
   cl_still_open(L, a, where);
   if (!ca->mem) cl_error(L, where, "the CUDA array was closed meanwhile");
+  /* the records from here on: the copy below is parked, and a host function run meanwhile
+     may close either object (their frees are put off, so the records stay) */
+  cl_mem *am = a->mem, *cm = ca->mem;
   int pageable = a->kind == CL_HOST;
-  if (pageable) cl_pageable_prepare(L, a->mem);
+  if (pageable) cl_pageable_prepare(L, am);
   size_t row = ca->w * (size_t)ca->channels * cl_dtypes[ca->dtype].size;
   CUDA_MEMCPY3D p;
   memset(&p, 0, sizeof p);
@@ -151,22 +166,32 @@ static void copy3d(lua_State *L, cl_cuarray *ca, cl_array *a, int into_ca, cl_st
   CUdeviceptr dev = 0;
   linear_side(a, &t, &host, &dev);
   if (into_ca) {
-    p.dstMemoryType = CU_MEMORYTYPE_ARRAY; p.dstArray = (CUarray)ca->mem->ud;
+    p.dstMemoryType = CU_MEMORYTYPE_ARRAY; p.dstArray = (CUarray)cm->ud;
     p.srcMemoryType = t; p.srcHost = host; p.srcDevice = dev; p.srcPitch = row; p.srcHeight = p.Height;
   } else {
-    p.srcMemoryType = CU_MEMORYTYPE_ARRAY; p.srcArray = (CUarray)ca->mem->ud;
+    p.srcMemoryType = CU_MEMORYTYPE_ARRAY; p.srcArray = (CUarray)cm->ud;
     p.dstMemoryType = t; p.dstHost = (void *)host; p.dstDevice = dev; p.dstPitch = row; p.dstHeight = p.Height;
   }
   CUstream h = s ? s->h : NULL;
   cl_check(L, CL_PARKED(L, pageable ? CL_PARK_WAIT : CL_PARK_ENQUEUE, cu.cuMemcpy3DAsync(&p, h)), where);
-  cl_mem_use(a->mem, s, ctx);
-  cl_mem_use(ca->mem, s, ctx);
+  cl_mem_use(am, s, ctx);
+  cl_mem_use(cm, s, ctx);
   if (sync || pageable) cl_wait(L, CL_WAIT_STREAM, h, where);
+}
+
+/* a captured copy: the CUDA array (at 1) and the array at aidx live as long as the graph (which
+   holds their memory: graph.c's cl_graph_hold_kept) */
+static void capture_keep(lua_State *L, cl_stream *s, int aidx) {
+  aidx = lua_absindex(L, aidx);
+  if (!cl_capturing || !cl_capture_push_keep(L, s)) return;
+  cl_keep(L, -1, 1);
+  cl_keep(L, -1, aidx);
+  lua_pop(L, 1);
 }
 
 /* ca:copy_to_device(src [, stream]): src a host or device array, or a table of values */
 static int ca_copy_to_device(lua_State *L) {
-  cl_cuarray *ca = cl_checkcuarray(L, 1, "cuda_array:copy_to_device");
+  cl_cuarray *ca = checkcuarray(L, 1, "cuda_array:copy_to_device");
   lua_settop(L, 3);
   if (lua_istable(L, 2) && luaL_getmetafield(L, 2, "__cuda_array_interface") == LUA_TNIL) {
     lua_pushcfunction(L, cl_l_array);
@@ -181,6 +206,7 @@ static int ca_copy_to_device(lua_State *L) {
   if (!src) return cl_error(L, "cuda_array:copy_to_device", "argument 1: array or table expected, got %s", luaL_typename(L, 2));
   cl_stream *s = cl_tostream(L, 3, "cuda_array:copy_to_device");
   copy3d(L, ca, src, 1, s, s == NULL, "cuda_array:copy_to_device");
+  capture_keep(L, s, 2);
   cl_flush_deferred(L);
   lua_settop(L, 1);
   return 1;
@@ -189,7 +215,7 @@ static int ca_copy_to_device(lua_State *L) {
 /* ca:copy_to_host([into] [, stream]): into a host array (made: shape, then channels when
    more than 1) or into any array of the same dtype and size (a device array too) */
 static int ca_copy_to_host(lua_State *L) {
-  cl_cuarray *ca = cl_checkcuarray(L, 1, "cuda_array:copy_to_host");
+  cl_cuarray *ca = checkcuarray(L, 1, "cuda_array:copy_to_host");
   int into = 0, sidx = 2;
   lua_settop(L, 3);
   if (cl_toarray(L, 2)) { into = 2; sidx = 3; }
@@ -207,6 +233,7 @@ static int ca_copy_to_host(lua_State *L) {
     dst = cl_newarray(L, CL_HOST, ca->dtype, nd, shape, NULL, 0);
   }
   copy3d(L, ca, dst, 0, s, lua_isnoneornil(L, sidx), "cuda_array:copy_to_host");
+  capture_keep(L, s, into ? into : lua_gettop(L));
   cl_flush_deferred(L);
   return 1;
 }

@@ -80,7 +80,9 @@ void cl_graph_hold_kept(lua_State *L, int gidx) {
   lua_pop(L, 1);
   for (lua_pushnil(L); lua_next(L, -2); lua_pop(L, 1)) {
     cl_array *a = lua_type(L, -2) == LUA_TUSERDATA ? cl_toarray(L, -2) : NULL;
+    cl_cuarray *ca = a || lua_type(L, -2) != LUA_TUSERDATA ? NULL : cl_tocuarray(L, -2);
     if (a) cl_hold_add(L, &g->hold, a->mem);
+    else if (ca) { if (ca->mem) cl_hold_add(L, &g->hold, ca->mem); }   /* (a captured copy's) */
     else if (lua_type(L, -2) == LUA_TUSERDATA) hold_texture(L, &g->hold, -2);
   }
   lua_pop(L, 1);

@@ -299,7 +299,7 @@ void cl_open_memory(lua_State *L) {
 }
 
 /* on out-of-memory: collect, let queued frees finish, give the pool's spare memory back */
-static void reclaim(lua_State *L) {
+void cl_mem_reclaim(lua_State *L) {
   collect(L);
   collect(L);   /* finalizers of the first pass free the memory */
   if (cl_capturing) return;
@@ -378,11 +378,20 @@ cl_mem *cl_mem_record(lua_State *L, int kind, size_t bytes, CUcontext ctx) {
 
 void cl_mem_discard(cl_mem *m) { mem_free(m); }
 
-cl_mem *cl_mem_handle(lua_State *L, CUcontext ctx, size_t bytes, void (*release)(void *, CUdeviceptr),
-                      void *ud, CUdeviceptr h) {
-  cl_mem *m = cl_mem_record(L, CL_HANDLE, bytes, ctx);
+cl_mem *cl_mem_handle_try(lua_State *L, CUcontext ctx, size_t bytes, void (*release)(void *, CUdeviceptr),
+                          void *ud, CUdeviceptr h) {
+  cl_mem *m = mem_alloc();
+  if (!m) return NULL;
+  m->refs = 1; m->kind = CL_HANDLE; m->bytes = bytes; m->ctx = ctx;
   m->release = release; m->ud = ud; m->dptr = h;
   pressure_add(L, bytes);
+  return m;
+}
+
+cl_mem *cl_mem_handle(lua_State *L, CUcontext ctx, size_t bytes, void (*release)(void *, CUdeviceptr),
+                      void *ud, CUdeviceptr h) {
+  cl_mem *m = cl_mem_handle_try(L, ctx, bytes, release, ud, h);
+  if (!m) cl_error(L, NULL, "out of host memory");
   return m;
 }
 
@@ -419,7 +428,7 @@ cl_mem *cl_mem_new(lua_State *L, int kind, size_t bytes, cl_stream *s, int flags
                    : kind == CL_MANAGED ? "cuda.managed_array" : "cuda.device_array";
   CUresult r = alloc_gpu(L, m, s, zero);
   if (r == CUDA_ERROR_OUT_OF_MEMORY) {
-    reclaim(L);
+    cl_mem_reclaim(L);
     r = alloc_gpu(L, m, s, zero);
   }
   if (r != CUDA_SUCCESS) {

@@ -152,11 +152,24 @@ static void device_resource(lua_State *L, cl_array *a, const texopts *o, CUDA_RE
   r->res.pitch2D.pitchInBytes = pitch;
 }
 
-static cl_texref *push_ref(lua_State *L, const char *mt) {
-  cl_texref *t = lua_newuserdatauv(L, sizeof *t, 0);
+/* the object for the source at 1 (kept in its user value: a view's memory may be its owner's,
+   a module's variable or another library's block), holding src's record; pushed */
+static cl_texref *push_ref(lua_State *L, const char *mt, cl_mem *src) {
+  cl_texref *t = lua_newuserdatauv(L, sizeof *t, 1);
   memset(t, 0, sizeof *t);
   luaL_setmetatable(L, mt);
+  lua_pushvalue(L, 1);
+  lua_setiuservalue(L, -2, 1);
+  t->src = cl_mem_ref(src);
   return t;
+}
+
+/* the driver's object h made: its record (if that fails, h is destroyed before the raise) */
+static void set_obj(lua_State *L, cl_texref *t, CUcontext ctx, void (*destroy)(void *, CUdeviceptr), uint64_t h) {
+  cl_mem *m = cl_mem_handle_try(L, ctx, 0, destroy, NULL, h);
+  if (!m) { destroy(NULL, h); cl_error(L, NULL, "out of host memory"); }
+  t->obj = m;
+  t->h = h;
 }
 
 /* cuda.texture(source [, options]): source a cuda_array or a 1-D / 2-D device array */
@@ -185,12 +198,12 @@ static int l_texture(lua_State *L) {
   d.flags = (o.normalized ? CU_TRSF_NORMALIZED_COORDINATES : 0) | (o.srgb ? CU_TRSF_SRGB : 0) |
             (o.read_float || dt == CL_F32 || dt == CL_F16 ? 0 : CU_TRSF_READ_AS_INTEGER);
   memcpy(d.borderColor, o.border, sizeof o.border);
-  cl_texref *t = push_ref(L, CL_TEXTURE);
+  /* the source held first: the create is parked, and a host function run meanwhile may close
+     it (its free is then put off: the reference keeps the record) */
+  cl_texref *t = push_ref(L, CL_TEXTURE, src);
   CUtexObject h = 0;
   cl_check(L, CU(cuTexObjectCreate, &h, &r, &d, NULL), "cuda.texture");
-  t->obj = cl_mem_handle(L, src->ctx, 0, destroy_texture, NULL, h);
-  t->h = h;
-  t->src = cl_mem_ref(src);
+  set_obj(L, t, src->ctx, destroy_texture, h);
   return 1;
 }
 
@@ -206,14 +219,13 @@ static int l_surface(lua_State *L) {
   memset(&r, 0, sizeof r);
   r.resType = CU_RESOURCE_TYPE_ARRAY;
   r.res.array.hArray = (CUarray)ca->mem->ud;
-  cl_use_ctx(L, ca->mem->ctx);
-  cl_texref *t = push_ref(L, CL_SURFACE);
+  cl_mem *src = ca->mem;
+  cl_use_ctx(L, src->ctx);
+  cl_texref *t = push_ref(L, CL_SURFACE, src);   /* (held before the parked create, as textures) */
   t->surface = 1;
   CUsurfObject h = 0;
   cl_check(L, CU(cuSurfObjectCreate, &h, &r), "cuda.surface");
-  t->obj = cl_mem_handle(L, ca->mem->ctx, 0, destroy_surface, NULL, h);
-  t->h = h;
-  t->src = cl_mem_ref(ca->mem);
+  set_obj(L, t, src->ctx, destroy_surface, h);
   return 1;
 }
 

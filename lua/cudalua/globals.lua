@@ -67,6 +67,7 @@ local function declaration(stmt)
   local head, name = stmt:sub(1, at - 1):match("^(.-)([%a_][%w_]*)%s*$")
   local ext = stmt:sub(at)
   if not name or not ext:match("^[%[%]%w_%s%*%+%-/]*$") then return nil end
+  if head:find("[*&]") then return nil end   -- a pointer (or reference): not its pointee's type
   local words = {}
   for w in head:gmatch("[%w_:]+") do
     w = w:gsub("^::", ""):gsub("^std::", "")
@@ -88,6 +89,9 @@ function M.parse(code)
   for _, kw in ipairs { "__constant__", "__device__" } do
     for s, stmt, term in code:gmatch("()" .. kw .. "([^;{}()]*)([;{(])") do
       local ends = term == ";" or (term == "{" and stmt:find("=", 1, true))   -- {initializer}
+      -- a template variable has no one symbol: what its statement starts with is skipped
+      local before = code:sub(1, s - 1):match("[^;{}]*$")
+      if before:find("template", 1, true) then ends = false end
       local ns = ends and namespace_at(opens, s)
       local d = ns and declaration(stmt)
       if d then
@@ -101,11 +105,18 @@ end
 
 -- the info entries (key "@" .. name) that carry what parse found and NVRTC lowered through
 -- the compile cache; lowered: {expression = symbol}
+local function entry(symbol, dtype, dims)
+  return { symbol = symbol, codes = "", types = { dtype or "", dims and table.concat(dims, "x") or "" } }
+end
+
 function M.to_info(found, lowered, info)
-  for name, g in pairs(found) do
-    info["@" .. name] = { symbol = lowered[g.expr] or name, codes = "",
-                          types = { g.dtype or "", g.dims and table.concat(g.dims, "x") or "" } }
-  end
+  for name, g in pairs(found) do info["@" .. name] = entry(lowered[g.expr] or name, g.dtype, g.dims) end
+end
+
+-- a module's variables ({name = {symbol=, dtype=, dims=}}, from_info's) back into info entries
+-- (cuda.link's info, made from its inputs')
+function M.put_back(vars, info)
+  for name, g in pairs(vars) do info["@" .. name] = info["@" .. name] or entry(g.symbol, g.dtype, g.dims) end
 end
 
 -- a module's info split: its kernels, and its variables {name = {symbol=, dtype=, dims=}}

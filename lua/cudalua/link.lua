@@ -3,6 +3,7 @@
 -- module with nvJitLink (src/link.c).
 local core = ...
 local modules = require "cudalua.module"
+local globals = require "cudalua.globals"
 local check = require "cudalua.check"
 local system = require "cudalua.system"
 local M = {}
@@ -221,6 +222,7 @@ local function link_input(v, i, info, where, level)
   if modules.is_module(v) then
     local st = modules.fields(v)
     for expr, e in pairs(st.info) do info[expr] = info[expr] or e end
+    globals.put_back(st.globals or {}, info)   -- (module.new split its variables out of info)
     local arch = st.arch and st.arch:match("^sm_") and st.arch
     return st.link_image or st.image, st.link_image and "ltoir" or st.kind, st.name, arch
   end
