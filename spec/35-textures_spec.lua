@@ -154,6 +154,28 @@ describe("signatures name texture and surface objects", function()
 end)
 
 describe("CUDA arrays", function()
+  -- found by review: the copy (parked: it waits behind s) let the helper thread run a host
+  -- function that closed the CUDA array, and the copy then read the record it had dropped
+  gpu("a host function closing a CUDA array or its texture's source meanwhile: no crash", function()
+    local n = math.random(1, 4) * 2 ^ 18
+    local ca = cuda.cuda_array({ n }, "float32")
+    local h = cuda.zeros(n, "float32")                 -- pageable: the copy waits
+    local s = cuda.stream()                            -- blocking: the legacy stream waits for it
+    s:launch_host_func(function() ca:close() end)
+    local ok, err = pcall(ca.copy_to_device, ca, h)
+    assert(ok or tostring(err):find("closed", 1, true), tostring(err))
+    s:synchronize()
+    assert.is_true(ca.closed)
+    local ca2 = cuda.cuda_array({ 64, 64 }, "float32")
+    s:launch_host_func(function() ca2:close() end)
+    local t
+    ok, err = pcall(function() t = cuda.texture(ca2) end)
+    assert(ok or tostring(err):find("closed", 1, true), tostring(err))
+    s:synchronize()
+    if t then t:close() end
+    assert.is_true(ca2.closed)
+  end)
+
   gpu("round-trip every sampled dtype with 1, 2 and 4 channels, in 1-D, 2-D, 3-D and layered shapes", function()
     local shapes = { { { math.random(1, 300) } }, { { math.random(1, 40), math.random(1, 40) } },
       { { math.random(1, 9), math.random(1, 9), math.random(1, 9) } },
