@@ -77,11 +77,14 @@ __device__ double *p;
 __device__ float *q[2];
 template <typename T> __device__ T tv;
 __device__ int after;
+__device__ __align__(512) float aligned[64];
 ]])
     assert.is_nil(found.p)
     assert.is_nil(found.q)
     assert.is_nil(found.tv)
     assert.equal("int32", found.after.dtype)
+    assert.equal("float32", found.aligned.dtype)
+    assert.same({ 64 }, found.aligned.dims)
   end)
 
   it("survive the compile cache's entries (kept as info entries)", function()

@@ -157,7 +157,7 @@ describe("CUDA arrays", function()
   -- found by review: the copy (parked: it waits behind s) let the helper thread run a host
   -- function that closed the CUDA array, and the copy then read the record it had dropped
   gpu("a host function closing a CUDA array or its texture's source meanwhile: no crash", function()
-    local n = math.random(1, 4) * 2 ^ 18
+    local n = math.random(1, 4) << 18
     local ca = cuda.cuda_array({ n }, "float32")
     local h = cuda.zeros(n, "float32")                 -- pageable: the copy waits
     local s = cuda.stream()                            -- blocking: the legacy stream waits for it

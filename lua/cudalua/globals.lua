@@ -85,6 +85,7 @@ end
 function M.parse(code)
   local found = {}
   if not (code:find("__constant__", 1, true) or code:find("__device__", 1, true)) then return found end
+  code = code:gsub("__align__%s*%b()", " ")   -- (its parentheses would read as a function's)
   local opens = scopes(code)
   for _, kw in ipairs { "__constant__", "__device__" } do
     for s, stmt, term in code:gmatch("()" .. kw .. "([^;{}()]*)([;{(])") do
