@@ -157,8 +157,9 @@ describe("CUDA arrays", function()
   -- found by review: the copy (parked: it waits behind s) let the helper thread run a host
   -- function that closed the CUDA array, and the copy then read the record it had dropped
   gpu("a host function closing a CUDA array or its texture's source meanwhile: no crash", function()
-    local n = math.random(1, 4) << 18
-    local ca = cuda.cuda_array({ n }, "float32")
+    local rows = math.random(1, 4) << 8                 -- (a 1-D CUDA array is at most 131072 wide)
+    local n = rows * 1024
+    local ca = cuda.cuda_array({ rows, 1024 }, "float32")
     local h = cuda.zeros(n, "float32")                 -- pageable: the copy waits
     local s = cuda.stream()                            -- blocking: the legacy stream waits for it
     s:launch_host_func(function() ca:close() end)
