@@ -58,6 +58,7 @@ void cl_graph_keep(lua_State *L, int uidx, int uv, cl_hold *h, int idx) {
   cl_keep(L, -1, idx);
   lua_pop(L, 1);
   if (lua_type(L, idx) != LUA_TUSERDATA) return;
+  if (luaL_testudata(L, idx, CL_KERNEL)) return;   /* (the most kept: one per kernel node; no memory) */
   /* and holds its memory in h: an array's block, or what a graph (a child, an update) holds */
   cl_array *a = cl_toarray(L, idx);
   cl_graph *c = a ? NULL : luaL_testudata(L, idx, CL_GRAPH_MT);
