@@ -90,26 +90,37 @@ static int launch_coop(lua_State *L) {
   return 0;
 }
 
+/* one NVRTC program with -arch=arch and the options: created, compiled, its CUBIN read (the
+   caller frees it; NULL when it failed), destroyed */
+static char *cubin_of(const char *src, const char *arch, int nopt, const char **more, size_t *size) {
+  char archopt[32];
+  snprintf(archopt, sizeof archopt, "-arch=%s", arch);
+  const char *opts[16] = {archopt};
+  for (int i = 0; i < nopt && i < 15; i++) opts[i + 1] = more[i];
+  nvrtcProgram prog;
+  if (nvrtcCreateProgram(&prog, src, "bench.cu", 0, NULL, NULL) != NVRTC_SUCCESS) return NULL;
+  char *img = NULL;
+  if (nvrtcCompileProgram(prog, nopt + 1, opts) == NVRTC_SUCCESS && nvrtcGetCUBINSize(prog, size) == NVRTC_SUCCESS &&
+      (img = malloc(*size)) && nvrtcGetCUBIN(prog, img) != NVRTC_SUCCESS) {
+    free(img);
+    img = NULL;
+  }
+  nvrtcDestroyProgram(&prog);
+  return img;
+}
+
 /* compile(src, arch [, option...]): what bench/raw.c's compile does: one NVRTC program with
    -arch (and the options given), created, compiled, its CUBIN read, destroyed */
 static int compile(lua_State *L) {
-  const char *src = luaL_checkstring(L, 1);
-  int nopt = lua_gettop(L) - 1;
-  const char *opts[16];
-  if (nopt > 16) return luaL_error(L, "rawloop: too many options");
-  opts[0] = lua_pushfstring(L, "-arch=%s", luaL_checkstring(L, 2));
-  for (int i = 1; i < nopt; i++) opts[i] = luaL_checkstring(L, 2 + i);
-  nvrtcProgram prog;
+  const char *src = luaL_checkstring(L, 1), *arch = luaL_checkstring(L, 2);
+  int nopt = lua_gettop(L) - 2;
+  const char *opts[15];
+  if (nopt > 15) return luaL_error(L, "rawloop: too many options");
+  for (int i = 0; i < nopt; i++) opts[i] = luaL_checkstring(L, 3 + i);
   size_t size = 0;
-  nvrtcResult r = nvrtcCreateProgram(&prog, src, "bench.cu", 0, NULL, NULL);
-  if (r != NVRTC_SUCCESS) return luaL_error(L, "rawloop: %s", nvrtcGetErrorString(r));
-  r = nvrtcCompileProgram(prog, nopt, opts);
-  if (r == NVRTC_SUCCESS) r = nvrtcGetCUBINSize(prog, &size);
-  char *img = r == NVRTC_SUCCESS ? malloc(size) : NULL;
-  if (img) r = nvrtcGetCUBIN(prog, img);
+  char *img = cubin_of(src, arch, nopt, opts, &size);
+  if (!img) return luaL_error(L, "rawloop: compile failed");
   free(img);
-  nvrtcDestroyProgram(&prog);
-  if (r != NVRTC_SUCCESS) return luaL_error(L, "rawloop: compile failed: %s", nvrtcGetErrorString(r));
   lua_pushinteger(L, (lua_Integer)size);
   return 1;
 }
@@ -210,18 +221,10 @@ static int global_copy(lua_State *L) {
   if (!mod) {
     static const char src[] = "__device__ float gbuf[16384];\n"
                               "extern \"C\" __global__ void gread(float *o) { o[0] = gbuf[0]; }\n";
-    char opt[32];
-    snprintf(opt, sizeof opt, "-arch=%s", arch);
-    const char *opts[] = {opt};
-    nvrtcProgram prog;
     size_t size = 0;
-    char *img = NULL;
-    if (nvrtcCreateProgram(&prog, src, "g.cu", 0, NULL, NULL) != NVRTC_SUCCESS) return luaL_error(L, "rawloop: nvrtc");
-    if (nvrtcCompileProgram(prog, 1, opts) == NVRTC_SUCCESS && nvrtcGetCUBINSize(prog, &size) == NVRTC_SUCCESS &&
-        (img = malloc(size)) && nvrtcGetCUBIN(prog, img) == NVRTC_SUCCESS && cuModuleLoadData(&mod, img) != CUDA_SUCCESS)
-      mod = NULL;
+    char *img = cubin_of(src, arch, 0, NULL, &size);
+    if (!img || cuModuleLoadData(&mod, img) != CUDA_SUCCESS) mod = NULL;
     free(img);
-    nvrtcDestroyProgram(&prog);
     if (!mod || cuMemHostAlloc(&host, 65536, 0) != CUDA_SUCCESS) return luaL_error(L, "rawloop: global_copy setup failed");
   }
   for (lua_Integer i = 0; i < n; i++) {
@@ -233,20 +236,11 @@ static int global_copy(lua_State *L) {
   return 0;
 }
 
-/* ctx_current(n): n cuCtxGetCurrent (what cudalua's context checks cost) */
-static int ctx_current(lua_State *L) {
-  lua_Integer n = luaL_checkinteger(L, 1);
-  CUcontext c;
-  for (lua_Integer i = 0; i < n; i++) cuCtxGetCurrent(&c);
-  return 0;
-}
-
 int luaopen_rawloop(lua_State *L) {
   static const luaL_Reg f[] = {
     {"launch", launch}, {"alloc_free", alloc_free}, {"compile", compile}, {"launch_ex", launch_ex},
     {"launch_coop", launch_coop}, {"peer_copy", peer_copy}, {"nccl_all_reduce", nccl_all_reduce},
-    {"tex_create_destroy", tex_create_destroy}, {"global_copy", global_copy}, {"ctx_current", ctx_current},
-    {NULL, NULL}};
+    {"tex_create_destroy", tex_create_destroy}, {"global_copy", global_copy}, {NULL, NULL}};
   luaL_newlib(L, f);
   return 1;
 }

@@ -154,7 +154,7 @@ static void value_arg(lua_State *L, cl_kernel *k, int kidx, int i, int idx, cons
      its graph may set it, so a launch outside a graph may not take it; one in a capture is
      checked against the stream's capture by the launch (cl_args.conds) */
   cl_condition *c = st == CL_CONV_TYPE && cl_dtypes[dt].size == 8 ? luaL_testudata(L, idx, CL_CONDITION_MT) : NULL;
-  if (c && eager && cl_capturing) A->conds = 1;
+  if (c) A->conds = 1;
   if (c && (!eager || cl_capturing)) { *(uint64_t *)p = c->h; return; }
   if (c) arg_error(L, kidx, i, idx, "a graph condition is an argument only of kernel nodes of its graph (and of their bodies)");
   if (st == CL_CONV_TYPE && (dt == CL_U64 || dt == CL_I64) && handle_arg(L, k, kidx, i, idx, A, p)) return;

@@ -39,20 +39,24 @@ cuuint64_t cl_capture_id(lua_State *L, cl_stream *s) {
   return id;
 }
 
-/* s has begun capturing: its keep table (registered under the capture's id, for the streams
-   joined to it) */
-void cl_capture_begun(lua_State *L, cl_stream *s) {
-  lua_newtable(L);
-  cuuint64_t id = cl_capture_id(L, s);
-  s->capture_id = id;
-  if (id) {
+/* s captures, its keep table on top (popped): registered under the capture's id, for the
+   streams joined to it */
+static void register_capture(lua_State *L, cl_stream *s) {
+  s->capture_id = cl_capture_id(L, s);
+  if (s->capture_id) {
     luaL_getsubtable(L, LUA_REGISTRYINDEX, CAPTURES);
     lua_pushvalue(L, -2);
-    lua_rawseti(L, -2, (lua_Integer)id);
+    lua_rawseti(L, -2, (lua_Integer)s->capture_id);
     lua_pop(L, 1);
   }
   s->capture_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   if (s->blocking) __atomic_add_fetch(&cl_capturing_blocking, 1, __ATOMIC_SEQ_CST);
+}
+
+/* s has begun capturing: a keep table of its own */
+void cl_capture_begun(lua_State *L, cl_stream *s) {
+  lua_newtable(L);
+  register_capture(L, s);
 }
 
 int cl_capture_push_keep(lua_State *L, cl_stream *s) {
@@ -111,21 +115,16 @@ void cl_capture_ended(lua_State *L, cl_stream *s) {
 }
 
 void cl_capture_body_begun(lua_State *L, cl_stream *body, cl_stream *outer) {
-  cuuint64_t id = cl_capture_id(L, body), oid = cl_capture_id(L, outer);
-  body->capture_id = id;
+  cuuint64_t oid = cl_capture_id(L, outer);
   if (!cl_capture_push_keep(L, outer)) lua_newtable(L);   /* (outer's is always there) */
-  if (id) {
-    luaL_getsubtable(L, LUA_REGISTRYINDEX, CAPTURES);
-    lua_pushvalue(L, -2);
-    lua_rawseti(L, -2, (lua_Integer)id);
+  register_capture(L, body);
+  if (body->capture_id) {
     luaL_getsubtable(L, LUA_REGISTRYINDEX, PARENTS);
     lua_pushinteger(L, (lua_Integer)oid);
-    lua_rawseti(L, -2, (lua_Integer)id);
-    lua_pop(L, 2);
+    lua_rawseti(L, -2, (lua_Integer)body->capture_id);
+    lua_pop(L, 1);
   }
-  body->capture_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   body->body = 1;
-  if (body->blocking) __atomic_add_fetch(&cl_capturing_blocking, 1, __ATOMIC_SEQ_CST);
 }
 
 int cl_capture_in_body(lua_State *L, cl_stream *s) {

@@ -387,7 +387,7 @@ void cl_open_wait(lua_State *L);   /* cuda.sleep, into the table on top */
 
 /* ---- from memory.c: the memory blocks behind arrays ---- */
 enum { CL_HOST, CL_PINNED, CL_MAPPED, CL_MANAGED, CL_DEVICE, CL_FOREIGN,   /* kinds */
-       CL_HANDLE };   /* a driver object (CUDA array, texture, surface): cl_mem_handle */
+       CL_HANDLE };   /* a driver object (CUDA array, texture, surface): cl_mem_handle_try */
 /* cl_mem.spread: where the queued work that uses a block is (with used). Each covers the ones
    before it, and a block never goes back down while used: that order is still owed. */
 typedef enum {
@@ -447,15 +447,13 @@ cl_mem *cl_mem_new(lua_State *L, int kind, size_t bytes, cl_stream *s, int flags
    memory. cl_mem_discard gives back one never attached to an array. */
 cl_mem *cl_mem_record(lua_State *L, int kind, size_t bytes, CUcontext ctx);
 void cl_mem_discard(cl_mem *m);
-/* a driver object of ctx that kernels use through a handle (a CUDA array, a texture or surface
-   object): a record of kind CL_HANDLE whose last unreference calls release(ud, h) once no
-   queued work uses it, put off like device memory's frees. bytes count toward collections */
-cl_mem *cl_mem_handle(lua_State *L, CUcontext ctx, size_t bytes, void (*release)(void *, CUdeviceptr),
-                      void *ud, CUdeviceptr h);
 /* an allocation failed with CUDA_ERROR_OUT_OF_MEMORY: collect garbage, finish queued frees, give
    cached and pooled memory back (then try once more) */
 void cl_mem_reclaim(lua_State *L);
-/* the same, NULL (nothing raised) when out of host memory: the caller destroys its object */
+/* a driver object of ctx that kernels use through a handle (a CUDA array, a texture or surface
+   object): a record of kind CL_HANDLE whose last unreference calls release(ud, h) once no
+   queued work uses it, put off like device memory's frees. bytes count toward collections.
+   NULL (nothing raised) when out of host memory: the caller destroys its object */
 cl_mem *cl_mem_handle_try(lua_State *L, CUcontext ctx, size_t bytes, void (*release)(void *, CUdeviceptr),
                           void *ud, CUdeviceptr h);
 int cl_mem_device(const cl_mem *m);               /* its device, -1 for host memory any reaches */
@@ -730,7 +728,8 @@ typedef struct cl_args {
   cl_mem *used[2 * CL_MAXPARAMS];   /* a texture or surface gives two: its object and its memory */
   int nused;
   int gmem;            /* some used block is a graph's: the launch checks it against its stream */
-  int conds;           /* some argument is a graph condition (in a capture): the launch checks it */
+  int conds;           /* some argument is a graph condition: a launch in a capture and a graph's
+                          kernel node check that it is theirs */
   struct { cl_array *a; CUdeviceptr d; int back; void *slot; void *host; size_t n; } tmp[CL_MAXPARAMS];
   int ntmp;
 } cl_args;
@@ -814,9 +813,13 @@ cl_node *cl_checknode(lua_State *L, int idx, cl_graph *g, const char *where);
    value uv), and holds its memory in h (an array's block, or what a graph holds) */
 void cl_graph_keep(lua_State *L, int uidx, int uv, cl_hold *h, int idx);
 void cl_graph_free_recs(cl_hostrec ***recs, int *n);   /* a list of host-node records, freed */
-/* raises unless the conditions and graph allocations among the stack values first.. first +
-   nargs - 1 (a kernel node's arguments) are g's */
-void cl_graph_own_args(lua_State *L, const cl_graph *g, int first, int nargs, const char *where);
+/* raises unless the conditions and graph allocations among a kernel node's arguments (first..
+   first + nargs - 1, marshalled into A) are g's */
+void cl_graph_own_args(lua_State *L, const cl_graph *g, const cl_args *A, int first, int nargs,
+                       const char *where);
+/* a kernel node's arguments (marshalled into A) kept with the graph or executable graph at uidx
+   in its keep set (user value uv), the blocks they use held in h */
+void cl_graph_keep_args(lua_State *L, int uidx, int uv, cl_hold *h, const cl_args *A, int first, int nargs);
 /* a kernel node's driver parameters: n's configuration, k's function, A's arguments */
 void cl_graph_kernel_params(cl_node *n, cl_kernel *k, cl_args *A, CUDA_KERNEL_NODE_PARAMS *p);
 /* a memcpy node's parameters, dst at didx, src at sidx; a memset node's, dst at didx, the value

@@ -233,15 +233,14 @@ static int e_set_args(lua_State *L) {
   int first = 3, nargs = kidx - 3;
   cl_args A;
   cl_marshal(L, k, kidx, first, nargs, &A, 0);
-  cl_graph_own_args(L, exec_graph(L, 1), first, nargs, "graph_exec:set_args");
+  cl_graph_own_args(L, exec_graph(L, 1), &A, first, nargs, "graph_exec:set_args");
   /* after the arguments: a foreign array's view may have made the selected device current */
   cl_use_ctx(L, e->ctx);
   CUDA_KERNEL_NODE_PARAMS p;
   cl_graph_kernel_params(n, k, &A, &p);
   cl_check(L, CU(cuGraphExecKernelNodeSetParams, e->e, n->n, &p), "graph_exec:set_args");
-  /* userdata only: numbers, strings and {re, im} pairs are copied into the node's parameters
-     (kept, set_args in a loop grew the keep set without end) */
-  for (int i = 0; i < nargs; i++) if (lua_type(L, first + i) == LUA_TUSERDATA) keep(L, 1, first + i);
+  /* (numbers, strings and {re, im} pairs not kept: set_args in a loop grew the keep set) */
+  cl_graph_keep_args(L, 1, EXEC_KEEP, &e->hold, &A, first, nargs);
   lua_settop(L, 1);
   return 1;
 }

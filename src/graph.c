@@ -43,28 +43,31 @@ cl_node *cl_checknode(lua_State *L, int idx, cl_graph *g, const char *where) {
 /* a graph's user values: its keep set, and the executable graph g:launch made (gexec.c) */
 enum { GRAPH_KEEP = 1 };
 
-/* a texture or surface at idx: its object and the memory it reads, held while the graph may
-   run (closing it then destroys neither: the handle in the node stays good) */
-static void hold_texture(lua_State *L, cl_hold *h, int idx) {
+/* the memory the value at idx uses, held in h while the graph may run: an array's block, a
+   CUDA array's, a texture's or surface's object and the memory it reads (closing them then
+   destroys nothing a node uses), what a graph holds (a child, an update) */
+static void hold_value(lua_State *L, cl_hold *h, int idx) {
+  idx = lua_absindex(L, idx);
+  if (lua_type(L, idx) != LUA_TUSERDATA || luaL_testudata(L, idx, CL_KERNEL)) return;   /* (kernels: most kept) */
+  cl_array *a = cl_toarray(L, idx);
+  if (a) { cl_hold_add(L, h, a->mem); return; }
+  cl_graph *c = luaL_testudata(L, idx, CL_GRAPH_MT);
+  if (c) { cl_hold_merge(L, h, &cl_graph_top(c)->hold); return; }
+  cl_cuarray *ca = cl_tocuarray(L, idx);
+  if (ca) { if (ca->mem) cl_hold_add(L, h, ca->mem); return; }
   cl_texref *t = cl_totexref(L, idx);
   if (t && t->h) { cl_hold_add(L, h, t->obj); cl_hold_add(L, h, t->src); }
 }
 
 /* keeps the value at idx alive with the graph or executable graph at uidx, in its keep set
-   (user value uv): keeping the same object again, set_args in a loop say, does not grow it */
+   (user value uv): keeping the same object again, set_args in a loop say, does not grow it;
+   and holds its memory in h */
 void cl_graph_keep(lua_State *L, int uidx, int uv, cl_hold *h, int idx) {
   idx = lua_absindex(L, idx);
   lua_getiuservalue(L, uidx, uv);
   cl_keep(L, -1, idx);
   lua_pop(L, 1);
-  if (lua_type(L, idx) != LUA_TUSERDATA) return;
-  if (luaL_testudata(L, idx, CL_KERNEL)) return;   /* (the most kept: one per kernel node; no memory) */
-  /* and holds its memory in h: an array's block, or what a graph (a child, an update) holds */
-  cl_array *a = cl_toarray(L, idx);
-  cl_graph *c = a ? NULL : luaL_testudata(L, idx, CL_GRAPH_MT);
-  if (a) cl_hold_add(L, h, a->mem);
-  else if (c) cl_hold_merge(L, h, &cl_graph_top(c)->hold);
-  else hold_texture(L, h, idx);
+  hold_value(L, h, idx);
 }
 
 /* the same for the graph at gidx: its top graph holds the memory */
@@ -72,20 +75,15 @@ static void keep(lua_State *L, int gidx, int idx) {
   cl_graph_keep(L, gidx, GRAPH_KEEP, &cl_graph_top(lua_touserdata(L, gidx))->hold, idx);
 }
 
-/* a captured graph (at gidx) holds the arrays its capture kept, and runs on its device's
-   conditional lane if the capture made conditional nodes (stream:while_loop...) */
+/* a captured graph (at gidx) holds the memory of what its capture kept (arrays, CUDA arrays
+   of captured copies, textures), and runs on its device's conditional lane if the capture made
+   conditional nodes (stream:while_loop...) */
 void cl_graph_hold_kept(lua_State *L, int gidx) {
   cl_graph *g = lua_touserdata(L, gidx);
   lua_getiuservalue(L, gidx, GRAPH_KEEP);
   g->conds = lua_getfield(L, -1, CL_CAPTURE_CONDS) != LUA_TNIL;
   lua_pop(L, 1);
-  for (lua_pushnil(L); lua_next(L, -2); lua_pop(L, 1)) {
-    cl_array *a = lua_type(L, -2) == LUA_TUSERDATA ? cl_toarray(L, -2) : NULL;
-    cl_cuarray *ca = a || lua_type(L, -2) != LUA_TUSERDATA ? NULL : cl_tocuarray(L, -2);
-    if (a) cl_hold_add(L, &g->hold, a->mem);
-    else if (ca) { if (ca->mem) cl_hold_add(L, &g->hold, ca->mem); }   /* (a captured copy's) */
-    else if (lua_type(L, -2) == LUA_TUSERDATA) hold_texture(L, &g->hold, -2);
-  }
+  for (lua_pushnil(L); lua_next(L, -2); lua_pop(L, 1)) hold_value(L, &g->hold, -2);
   lua_pop(L, 1);
 }
 
@@ -211,19 +209,25 @@ static void own_mem(lua_State *L, const cl_graph *g, const cl_mem *m, const char
     cl_error(L, where, "the array was allocated by another graph (graph:alloc)");
 }
 
-/* the conditions and graph allocations among a kernel node's arguments are g's */
-void cl_graph_own_args(lua_State *L, const cl_graph *g, int first, int nargs, const char *where) {
+/* the conditions and graph allocations among a kernel node's arguments are g's: the blocks
+   cl_marshal found (A->used: arrays, textures' objects and memory), the conditions it saw */
+void cl_graph_own_args(lua_State *L, const cl_graph *g, const cl_args *A, int first, int nargs,
+                       const char *where) {
+  for (int i = 0; i < A->nused; i++) own_mem(L, g, A->used[i], where);
+  if (!A->conds) return;
   for (int i = 0; i < nargs; i++) {
-    if (lua_type(L, first + i) != LUA_TUSERDATA) continue;
     cl_condition *c = luaL_testudata(L, first + i, CL_CONDITION_MT);
     if (c && !within(g, c->graph))
       cl_error(L, where, "argument %d is a condition of another graph (a kernel may set the conditions of its own graph and of the graphs around its body)", i + 1);
-    cl_array *a = c ? NULL : cl_toarray(L, first + i);
-    if (a && a->mem) own_mem(L, g, a->mem, where);
-    /* a texture or surface: its object and the memory it reads (cl_marshal refused closed ones) */
-    cl_texref *t = c || a ? NULL : cl_totexref(L, first + i);
-    if (t && t->h) { own_mem(L, g, t->obj, where); own_mem(L, g, t->src, where); }
   }
+}
+
+void cl_graph_keep_args(lua_State *L, int uidx, int uv, cl_hold *h, const cl_args *A, int first, int nargs) {
+  lua_getiuservalue(L, uidx, uv);
+  /* userdata only: numbers, strings and {re, im} pairs are copied into the node's parameters */
+  for (int i = 0; i < nargs; i++) if (lua_type(L, first + i) == LUA_TUSERDATA) cl_keep(L, -1, first + i);
+  lua_pop(L, 1);
+  for (int i = 0; i < A->nused; i++) cl_hold_add(L, h, A->used[i]);
 }
 
 void cl_graph_kernel_params(cl_node *n, cl_kernel *k, cl_args *A, CUDA_KERNEL_NODE_PARAMS *p) {
@@ -250,7 +254,7 @@ cl_node *cl_graph_add_kernel(lua_State *L, int gidx, int kidx, const cl_launch *
   int nargs, first = push_args(L, aidx, &nargs);
   cl_args A;
   cl_marshal(L, k, kidx, first, nargs, &A, 0);
-  cl_graph_own_args(L, g, first, nargs, "graph:kernel");
+  cl_graph_own_args(L, g, &A, first, nargs, "graph:kernel");
   cl_use_ctx(L, g->ctx);
   cl_kernel_shared(L, k, kidx, c->shared);   /* a function attribute: graph launches use it too */
   CUDA_KERNEL_NODE_PARAMS p;
@@ -274,8 +278,7 @@ cl_node *cl_graph_add_kernel(lua_State *L, int gidx, int kidx, const cl_launch *
     if (added) CU(cuGraphDestroyNode, h);   /* added, its attributes refused */
     cl_error_named(L, "graph:kernel '%s': %s", cl_kernel_name(L, kidx), cl_errname(r));
   }
-  /* userdata only: numbers, strings and {re, im} pairs are copied into the node's parameters */
-  for (int i = 0; i < nargs; i++) if (lua_type(L, first + i) == LUA_TUSERDATA) keep(L, gidx, first + i);
+  cl_graph_keep_args(L, gidx, GRAPH_KEEP, &cl_graph_top(g)->hold, &A, first, nargs);
   if (keep_kernel) keep(L, gidx, kidx);
   cl_node *n = push_node(L, gidx, CL_NODE_KERNEL);
   memcpy(n->g, cfg.g, sizeof n->g); memcpy(n->b, cfg.b, sizeof n->b); n->shared = cfg.shared;

@@ -388,13 +388,6 @@ cl_mem *cl_mem_handle_try(lua_State *L, CUcontext ctx, size_t bytes, void (*rele
   return m;
 }
 
-cl_mem *cl_mem_handle(lua_State *L, CUcontext ctx, size_t bytes, void (*release)(void *, CUdeviceptr),
-                      void *ud, CUdeviceptr h) {
-  cl_mem *m = cl_mem_handle_try(L, ctx, bytes, release, ud, h);
-  if (!m) cl_error(L, NULL, "out of host memory");
-  return m;
-}
-
 cl_mem *cl_mem_new(lua_State *L, int kind, size_t bytes, cl_stream *s, int flags) {
   if (cl_capture_in_body(L, s))
     cl_error(L, NULL, "a conditional node's body cannot allocate memory (CUDA refuses memory nodes in "

@@ -21,7 +21,7 @@ local DTYPE = {
 M.DTYPE = DTYPE
 -- words of a declaration that are not its type
 local SKIP = { __device__ = true, __constant__ = true, __managed__ = true, static = true,
-  const = true, volatile = true, extern = true, __restrict__ = true, ["std::"] = true }
+  const = true, volatile = true, extern = true, __restrict__ = true }
 
 -- the namespace path at each "{" of code: a list per brace (a name, "" for extern "C" and
 -- inline parts, false for anything else: a function body, a class, an initializer)
@@ -58,10 +58,17 @@ local function namespace_at(opens, pos)
   return table.concat(names, "::")
 end
 
+-- where the statement holding position s of code starts: after the ";", "{" or "}" before it
+local function statement_start(code, s)
+  local i = s - 1
+  while i > 0 and not code:find("^[;{}]", i) do i = i - 1 end
+  return i + 1
+end
+
 -- one declaration, from its first qualifier to its ";": {name=, ctype=, dims=} or nil when it
 -- is not a variable; dims nil when an extent is not a number
 local function declaration(stmt)
-  stmt = stmt:gsub("=.*$", ""):gsub("__align__%s*%b()", ""):gsub("%s+$", "")
+  stmt = stmt:gsub("=.*$", ""):gsub("%s+$", "")   -- (M.parse removed __align__(n))
   if stmt:find("[(,<]") then return nil end   -- functions, several declarators, templates
   local at = stmt:find("[", 1, true) or #stmt + 1
   local head, name = stmt:sub(1, at - 1):match("^(.-)([%a_][%w_]*)%s*$")
@@ -91,8 +98,8 @@ function M.parse(code)
     for s, stmt, term in code:gmatch("()" .. kw .. "([^;{}()]*)([;{(])") do
       local ends = term == ";" or (term == "{" and stmt:find("=", 1, true))   -- {initializer}
       -- a template variable has no one symbol: what its statement starts with is skipped
-      local before = code:sub(1, s - 1):match("[^;{}]*$")
-      if before:find("template", 1, true) then ends = false end
+      -- (read back to the statement's start, for declarations only)
+      if ends and code:sub(statement_start(code, s), s - 1):find("template", 1, true) then ends = false end
       local ns = ends and namespace_at(opens, s)
       local d = ns and declaration(stmt)
       if d then

@@ -64,18 +64,19 @@ local function image_of(v, where, level, archives)
   return data, kind, v
 end
 
--- LTO-IR is linked into a cubin by nvJitLink before it can be loaded
-local function jitlink(inputs, arch, lto, extra, where, level)
+-- LTO-IR is linked into a cubin by nvJitLink before it can be loaded. try: a failed link gives
+-- nil, log, err back (link_with_devrt looks at the log) instead of raising
+local function jitlink(inputs, arch, lto, extra, where, level, try)
   local have, why = system.jitlink_version()
   if not have then check.error(where, level, "%s", check.cause(why)) end
   local options = { "-arch=" .. arch }
   if lto then options[#options + 1] = "-lto" end
   for _, o in ipairs(extra or {}) do options[#options + 1] = o end
   local cubin, log, err = core.jitlink(inputs, options, false)
-  if not cubin then
+  if not cubin and not try then
     check.error(where, level, "linking failed (%s):\n%s", err, (log or ""):gsub("%s+$", ""))
   end
-  return cubin, log
+  return cubin, log, err
 end
 
 local function link_arch(arch, where, level)
@@ -197,12 +198,7 @@ local function link_with_devrt(list, arch, lto, extra, where, level, need)
     cubin, log = jitlink(with_devrt(), arch, lto, extra, where, level + 1)
     return cubin, log
   end
-  local have, why = system.jitlink_version()
-  if not have then check.error(where, level, "%s", check.cause(why)) end
-  local options = { "-arch=" .. arch }
-  if lto then options[#options + 1] = "-lto" end
-  for _, o in ipairs(extra or {}) do options[#options + 1] = o end
-  cubin, log, err = core.jitlink(list, options, false)
+  cubin, log, err = jitlink(list, arch, lto, extra, where, level + 1, true)
   if cubin then return cubin, log end
   if missed_devrt(log) then
     cubin, log = jitlink(with_devrt(), arch, lto, extra, where, level + 1)
