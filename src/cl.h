@@ -586,6 +586,9 @@ void cl_wait_cai_stream(lua_State *L, lua_Integer h, lua_Integer ptr);   /* an i
 void cl_open_ipc(lua_State *L);
 
 /* ---- from copy.c: the arrays' copies ---- */
+/* the table at idx (data, not a foreign array) made a new pageable array of the dtype at dtidx
+   (0: from the values), pushed; NULL (nothing pushed) for anything else */
+cl_array *cl_host_from(lua_State *L, int idx, int dtidx);
 void cl_open_copy(lua_State *L);   /* the arrays' copy methods, cuda.to_device and cuda.copy */
 void cl_copy(lua_State *L, cl_array *dst, cl_array *src, cl_stream *s, int sync, const char *where);
 

@@ -76,7 +76,7 @@ void cl_copy(lua_State *L, cl_array *dst, cl_array *src, cl_stream *s, int sync,
   if (sync || pageable) cl_wait(L, CL_WAIT_STREAM, h, where);
 }
 
-static cl_array *host_from(lua_State *L, int idx, int dtidx) {
+cl_array *cl_host_from(lua_State *L, int idx, int dtidx) {
   /* a table (with a dtype) becomes a new pageable array on the stack; a table with the CUDA
      Array Interface is not data but a foreign array */
   if (!lua_istable(L, idx)) return NULL;
@@ -94,7 +94,7 @@ static int l_to_device(lua_State *L) {
   lua_settop(L, 3);
   if (lua_type(L, 2) == LUA_TSTRING || (lua_type(L, 2) == LUA_TUSERDATA && !luaL_testudata(L, 2, "cudalua.stream")))
     { dtidx = 2; sidx = 3; }
-  cl_array *src = host_from(L, 1, dtidx);
+  cl_array *src = cl_host_from(L, 1, dtidx);
   if (!src) {
     src = cl_toarray(L, 1);
     if (!src) src = cl_cai_view(L, 1);   /* a foreign array: its view replaces it */
@@ -139,7 +139,7 @@ static int a_copy_to_device(lua_State *L) {
   cl_array *src = NULL;
   if (lua_istable(L, 2)) {
     cl_pushdtype(L, d->dtype);               /* at 4: a table takes the array's dtype */
-    src = host_from(L, 2, 4);
+    src = cl_host_from(L, 2, 4);
   }
   if (src) lua_replace(L, 2);
   else src = cl_checkarray(L, 2);

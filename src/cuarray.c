@@ -193,13 +193,8 @@ static void capture_keep(lua_State *L, cl_stream *s, int aidx) {
 static int ca_copy_to_device(lua_State *L) {
   cl_cuarray *ca = checkcuarray(L, 1, "cuda_array:copy_to_device");
   lua_settop(L, 3);
-  if (lua_istable(L, 2) && luaL_getmetafield(L, 2, "__cuda_array_interface") == LUA_TNIL) {
-    lua_pushcfunction(L, cl_l_array);
-    lua_pushvalue(L, 2);
-    cl_pushdtype(L, ca->dtype);
-    lua_call(L, 2, 1);
-    lua_replace(L, 2);
-  }
+  cl_pushdtype(L, ca->dtype);
+  if (cl_host_from(L, 2, 4)) lua_replace(L, 2);   /* a table of values, as the CUDA array's dtype */
   lua_settop(L, 3);
   cl_array *src = cl_toarray(L, 2);
   if (!src) src = cl_cai_view(L, 2);
