@@ -269,12 +269,14 @@ function cuda.cuda_array(shape, dtype, opts) end
 -- `TEXTURE_PITCH_ALIGNMENT` bytes). Kernels take it as `cudaTextureObject_t`. Options: `filter`
 -- ("point", the default, or "linear": float data, or 8- and 16-bit integers read as
 -- "normalized_float"), `address` ("clamp", the default, "border", and with `normalized` "wrap" and
--- "mirror"; or a list, one per dimension), `normalized` (coordinates in [0, 1)), `read`
+-- "mirror"; or a list, one per dimension, dimensions past it taking its last mode), `normalized` (coordinates in [0, 1)), `read`
 -- ("element", the default, or "normalized_float": uint8 / uint16 to [0, 1], int8 / int16 to
 -- [-1, 1]), `srgb` (uint8 read as normalized_float), `border` (up to 4 numbers: the value outside
 -- the texture with "border"), `channels` (a device array's, 1, 2 or 4: its last extent holds
 -- width times channels values). Combinations CUDA refuses, or would quietly change (wrap without
 -- normalized coordinates clamps), raise first. The texture keeps the memory it reads alive.
+-- Closed inside the stream capture that used it (or its CUDA array closed there), it stays the
+-- graph's: the capture holds the objects and memory its work used.
 function cuda.texture(source, opts) end
 
 --- A surface object over a `CudaArray` made with `surface = true`; kernels take it as
@@ -282,7 +284,8 @@ function cuda.texture(source, opts) end
 function cuda.surface(cuda_array) end
 
 --- A CUDA array. Fields: `CudaArray.shape`, `CudaArray.dtype`, `CudaArray.channels`,
--- `CudaArray.ndim`, `CudaArray.layered`, `CudaArray.surface`, `CudaArray.closed`. Metafields:
+-- `CudaArray.ndim`, `CudaArray.layered`, `CudaArray.surface`, `CudaArray.closed`,
+-- `CudaArray.handle` (the CUarray, an integer, for C code and other libraries). Metafields:
 -- `__close`, `__gc`. A closed CUDA array raises when used; textures and surfaces made over it
 -- before go on reading it.
 -- @type CudaArray
@@ -294,6 +297,7 @@ CudaArray.ndim = 0
 CudaArray.layered = false
 CudaArray.surface = false
 CudaArray.closed = false
+CudaArray.handle = 0
 
 --- Copies src (a host or device array, or a table of values) of the same dtype and as many
 -- values (elements times channels) into the CUDA array (cuMemcpy3DAsync); returns it. On a

@@ -257,8 +257,9 @@ describe("modules", function()
 
   nogpu("getting a kernel needs the driver", function()
     local mod = cuda.compile(VECADD, ARCH)
-    C.raises(NO_DRIVER, function() return mod.vecadd end)
-    C.raises(NO_DRIVER, mod.get, mod, "vecadd")
+    C.raises("cudalua: module.vecadd: " .. NO_DRIVER, function() return mod.vecadd end)
+    C.raises("cudalua: module:get: " .. NO_DRIVER, mod.get, mod, "vecadd")
+    C.raises("cudalua: module:get_global: " .. NO_DRIVER, mod.get_global, mod, "x")   -- (not cuda.call)
   end)
 
   gpu("mod.name and mod:get give kernels that know their parameters", function()

@@ -374,14 +374,15 @@ describe("texture fetches", function()
   end)
 
   -- a device array at an address textures take (TEXTURE_ALIGNMENT, 512 bytes on NVIDIA GPUs;
-  -- the pool promises 256): allocations, with 256-byte spacers between them, are kept until one is
+  -- the pool promises 256): allocations, with spacers between them growing by 256 bytes (a fixed
+  -- one could land every try on the same remainder), are kept until one is
   local function aligned(t, shape)
     local held = {}
-    for _ = 1, 16 do
+    for i = 1, 16 do
       local d = cuda.to_device(cuda.array(t, "float32")):reshape(shape)
       if d:ptr() % 512 == 0 then return d end
       held[#held + 1] = d
-      held[#held + 1] = cuda.device_array(64, "float32")
+      held[#held + 1] = cuda.device_array(64 * i, "float32")
     end
     error(("no 512-byte aligned device array in %d tries"):format(#held // 2))
   end
@@ -442,6 +443,44 @@ describe("textures and surfaces as kernel arguments", function()
     exec:launch()
     o = out:copy_to_host()
     for k = 1, n do assert.equal(T2(math.floor(xs[k]), math.floor(ys[k])), o[k]) end
+  end)
+
+  -- closing what captured work uses before end_capture frees nothing the graph reads: the
+  -- capture holds the blocks themselves (the objects let go of them at close)
+  gpu("a texture, its CUDA array and an array closed inside the capture that uses them stay the graph's", function()
+    local w, h = math.random(3, 30), math.random(3, 30)
+    local ca, T = image(w, h)
+    local n = math.random(100, 300)
+    local xs, ys = coords(n, w, false, 0), coords(n, h, false, 0)
+    local dx, dy = cuda.to_device(cuda.array(xs, "float32")), cuda.to_device(cuda.array(ys, "float32"))
+    local out = cuda.device_array(n, "float32")
+    local back, src2 = cuda.cuda_array({ h, w }, "float32"), cuda.device_array(w * h, "float32"):fill(3)
+    local s = cuda.stream()
+    local tex = cuda.texture(ca)
+    s:begin_capture()
+    K("fetch2")[{ blocks(n), 128, s }](out, tex, dx, dy, n)
+    back:copy_to_device(src2, s)
+    tex:close(); ca:close(); dx:close(); back:close(); src2:close()
+    local g = s:end_capture()
+    collectgarbage(); collectgarbage()
+    -- blocks and objects made now may take the places of anything freed too early
+    local others, texs = {}, {}
+    for i = 1, 6 do
+      others[i] = cuda.device_array(n, "float32"):fill(-1)
+      local c2 = cuda.cuda_array({ h, w }, "float32"):copy_to_device(cuda.device_array(w * h, "float32"):fill(-5))
+      texs[i] = cuda.texture(c2)
+    end
+    out:fill(0)
+    for _ = 1, 3 do g:launch(s) end
+    s:synchronize()
+    local o = out:copy_to_host()
+    for k = 1, n do assert.equal(T(math.floor(xs[k]), math.floor(ys[k])), o[k]) end
+    for i = 1, 6 do
+      local v = others[i]:copy_to_host()
+      for k = 1, n do assert.equal(-1, v[k]) end
+      texs[i]:close()
+    end
+    g:close()
   end)
 
   gpu("a closed texture is an error; a CUDA array collected while a texture reads it stays alive", function()

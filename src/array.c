@@ -556,7 +556,7 @@ void cl_open_array(lua_State *L) {
     {"__newindex", a_newindex}, {"__len", a_len}, {"__gc", a_close}, {"__close", a_close},
     {"__tostring", a_tostring}, {NULL, NULL}};
   /* copy.c, interop.c and ipc.c add methods (copy_to_host, fill, totable, ipc_handle...) */
-  cl_class_define(L, &(cl_class){CL_ARRAY, m, a_index, meta});
+  cl_class_define(L, &(cl_class){CL_ARRAY, m, a_index, meta, NULL});
   luaL_getmetatable(L, CL_ARRAY);
   lua_rawsetp(L, LUA_REGISTRYINDEX, &array_key);
   luaL_setfuncs(L, f, 0);

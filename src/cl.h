@@ -83,8 +83,13 @@ typedef struct cl_class {
   lua_CFunction index;       /* __index as a function (fields besides the methods), given the
                                 methods table as upvalue 1; NULL: __index is the methods table */
   const luaL_Reg *meta;      /* the other metamethods: __gc, __close, __tostring, __len... */
+  const void *key;           /* NULL, or a static's address: the metatable is also kept there */
 } cl_class;
 void cl_class_define(lua_State *L, const cl_class *c);   /* makes (or remakes) its metatable */
+/* for types made and checked in hot loops (a texture per frame): the metatable by its key, as
+   luaL_setmetatable / luaL_testudata by name would, without interning the name each call */
+void cl_class_set(lua_State *L, const void *key);   /* on the userdata on top */
+void *cl_class_test(lua_State *L, int idx, const void *key);   /* NULL: not of that type */
 
 /* ---- from loader.c: a library opened with dlopen at run time, described by a table ---- */
 /* libcuda, NVRTC and nvJitLink (driver.c) and NCCL (nccl.c) are each a cl_lib: where to look,
@@ -441,6 +446,11 @@ void cl_mem_graph_use(lua_State *L, const cl_mem *m, cl_stream *s, const char *w
 void cl_mem_captured(lua_State *L, cl_mem *m, cl_stream *s);
 /* the capture whose keep table is at keepidx ends on s: the graph frees what it still holds */
 void cl_mem_capture_ending(lua_State *L, int keepidx, cl_stream *s);
+/* work queued on s uses the n blocks m: while s captures, its capture holds them (closing their
+   arrays, CUDA arrays or textures before the capture ends then frees nothing the graph uses) */
+void cl_mem_capture_use(lua_State *L, cl_stream *s, cl_mem *const *m, int n);
+/* the blocks the capture whose keep table is at keepidx held that way; NULL: none */
+struct cl_hold *cl_mem_capture_held(lua_State *L, int keepidx);
 cl_mem *cl_mem_new(lua_State *L, int kind, size_t bytes, cl_stream *s, int flags);
 /* a block's record, one reference and the rest zero (cl_mem_new's, and those of memory made
    elsewhere: foreign views, handles opened from other processes); raises when out of host

@@ -19,5 +19,21 @@ void cl_class_define(lua_State *L, const cl_class *c) {
   if (c->index) lua_pushcclosure(L, c->index, nup);   /* the methods as its upvalue 1 */
   if (c->index || c->methods) lua_setfield(L, -2, "__index");
   if (c->meta) luaL_setfuncs(L, c->meta, 0);
+  if (c->key) { lua_pushvalue(L, -1); lua_rawsetp(L, LUA_REGISTRYINDEX, c->key); }
   lua_pop(L, 1);
+}
+
+/* (lua_getfield with a C string looks the name up in Lua's string cache: a strcmp a call) */
+void cl_class_set(lua_State *L, const void *key) {
+  lua_rawgetp(L, LUA_REGISTRYINDEX, key);
+  lua_setmetatable(L, -2);
+}
+
+void *cl_class_test(lua_State *L, int idx, const void *key) {
+  void *p = lua_touserdata(L, idx);
+  if (!p || !lua_getmetatable(L, idx)) return NULL;
+  lua_rawgetp(L, LUA_REGISTRYINDEX, key);
+  int same = lua_rawequal(L, -1, -2);
+  lua_pop(L, 2);
+  return same ? p : NULL;
 }

@@ -73,6 +73,7 @@ void cl_copy(lua_State *L, cl_array *dst, cl_array *src, cl_stream *s, int sync,
   cl_check(L, r, where);
   cl_mem_use(dm, s, ctx);
   cl_mem_use(sm, s, ctx);
+  if (cl_capturing) cl_mem_capture_use(L, s, (cl_mem *[]){dm, sm}, 2);
   if (sync || pageable) cl_wait(L, CL_WAIT_STREAM, h, where);
 }
 
@@ -202,6 +203,7 @@ static int a_fill(lua_State *L) {
   }
   cl_check(L, r, "array:fill");
   cl_mem_use(m, s, m->ctx);
+  if (cl_capturing) cl_mem_capture_use(L, s, &m, 1);
   if (!s) {
     cl_wait(L, CL_WAIT_STREAM, NULL, "array:fill");
     cl_flush_deferred(L);

@@ -38,7 +38,8 @@ static void destroy_array(void *ud, CUdeviceptr unused) {
   CU0(cuArrayDestroy, (CUarray)ud);
 }
 
-cl_cuarray *cl_tocuarray(lua_State *L, int idx) { return luaL_testudata(L, idx, CL_CUARRAY); }
+static const char mt_key = 0;   /* the metatable's second key (cl_class_test) */
+cl_cuarray *cl_tocuarray(lua_State *L, int idx) { return cl_class_test(L, idx, &mt_key); }
 
 static cl_cuarray *checkcuarray(lua_State *L, int idx, const char *where) {
   cl_cuarray *ca = cl_tocuarray(L, idx);
@@ -101,7 +102,7 @@ static int l_cuda_array(lua_State *L) {
   cl_cuarray *ca = lua_newuserdatauv(L, sizeof *ca, 0);
   *ca = tmp;
   ca->mem = NULL;
-  luaL_setmetatable(L, CL_CUARRAY);
+  cl_class_set(L, &mt_key);
   CUarray h = NULL;
   CUresult r = CU(cuArray3DCreate, &h, &desc);
   if (r == CUDA_ERROR_OUT_OF_MEMORY) {   /* as device arrays: garbage and caches first */
@@ -176,6 +177,7 @@ static void copy3d(lua_State *L, cl_cuarray *ca, cl_array *a, int into_ca, cl_st
   cl_check(L, CL_PARKED(L, pageable ? CL_PARK_WAIT : CL_PARK_ENQUEUE, cu.cuMemcpy3DAsync(&p, h)), where);
   cl_mem_use(am, s, ctx);
   cl_mem_use(cm, s, ctx);
+  if (cl_capturing) cl_mem_capture_use(L, s, (cl_mem *[]){am, cm}, 2);
   if (sync || pageable) cl_wait(L, CL_WAIT_STREAM, h, where);
 }
 
@@ -200,7 +202,7 @@ static int ca_copy_to_device(lua_State *L) {
   if (!src) src = cl_cai_view(L, 2);
   if (!src) return cl_error(L, "cuda_array:copy_to_device", "argument 1: array or table expected, got %s", luaL_typename(L, 2));
   cl_stream *s = cl_tostream(L, 3, "cuda_array:copy_to_device");
-  copy3d(L, ca, src, 1, s, s == NULL, "cuda_array:copy_to_device");
+  copy3d(L, ca, src, 1, s, lua_isnoneornil(L, 3), "cuda_array:copy_to_device");   /* (the default stream given: async, as arrays') */
   capture_keep(L, s, 2);
   cl_flush_deferred(L);
   lua_settop(L, 1);
@@ -291,6 +293,6 @@ void cl_open_cuarray(lua_State *L) {
     {NULL, NULL}};
   static const luaL_Reg meta[] = {
     {"__gc", ca_close}, {"__close", ca_close}, {"__tostring", ca_tostring}, {NULL, NULL}};
-  cl_class_define(L, &(cl_class){CL_CUARRAY, m, ca_index, meta});
+  cl_class_define(L, &(cl_class){CL_CUARRAY, m, ca_index, meta, &mt_key});
   lua_pushcfunction(L, l_cuda_array); lua_setfield(L, -2, "cuda_array");
 }

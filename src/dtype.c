@@ -265,7 +265,7 @@ static int l_dtype(lua_State *L) {
 
 void cl_open_dtype(lua_State *L) {
   static const luaL_Reg meta[] = {{"__tostring", dt_tostring}, {NULL, NULL}};
-  cl_class_define(L, &(cl_class){DTYPE_MT, NULL, dt_index, meta});
+  cl_class_define(L, &(cl_class){DTYPE_MT, NULL, dt_index, meta, NULL});
   lua_createtable(L, CL_NDTYPE, 0);
   for (int i = 0; i < CL_NDTYPE; i++) {
     int *p = lua_newuserdatauv(L, sizeof(int), 0);

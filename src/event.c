@@ -226,7 +226,7 @@ void cl_open_event(lua_State *L) {
     {"elapsed_time", e_elapsed_time}, {"close", e_close}, {"ipc_handle", e_ipc_handle}, {NULL, NULL}};
   static const luaL_Reg meta[] = {
     {"__gc", e_gc}, {"__close", e_close}, {"__tostring", e_tostring}, {NULL, NULL}};
-  cl_class_define(L, &(cl_class){EVENT_MT, m, NULL, meta});
+  cl_class_define(L, &(cl_class){EVENT_MT, m, NULL, meta, NULL});
   lua_pushcfunction(L, l_event); lua_setfield(L, -2, "event");
   lua_pushcfunction(L, e_elapsed_time); lua_setfield(L, -2, "event_elapsed_time");
   lua_pushcfunction(L, l_open_ipc_event); lua_setfield(L, -2, "open_ipc_event");

@@ -157,6 +157,7 @@ static void exec_launch(lua_State *L, lexec *e, int sidx, const char *where) {
     CL_BEFORE_ENQUEUE(L, where);
     cl_check(L, graph_launch(L, e, s), where);
     cl_hold_use(&e->hold, s, e->ctx);
+    if (cl_capturing) cl_mem_capture_use(L, s, e->hold.v, e->hold.n);   /* (a child node) */
     return;
   }
   /* host nodes launched into a capture would be armed here and never fire */
@@ -454,7 +455,7 @@ void cl_open_gexec(lua_State *L) {
     {"set_event", e_set_event}, {"close", e_close}, {NULL, NULL}};
   static const luaL_Reg emeta[] = {
     {"__gc", e_gc}, {"__close", e_close}, {"__tostring", e_tostring}, {NULL, NULL}};
-  cl_class_define(L, &(cl_class){EXEC_MT, em, NULL, emeta});
+  cl_class_define(L, &(cl_class){EXEC_MT, em, NULL, emeta, NULL});
   /* the graph's methods that make executable graphs join its method table (graph.c) */
   static const luaL_Reg gm[] = {{"instantiate", g_instantiate}, {"launch", g_launch}, {NULL, NULL}};
   lua_getfield(L, LUA_REGISTRYINDEX, CL_GRAPH_MT ".methods");

@@ -84,6 +84,8 @@ void cl_graph_hold_kept(lua_State *L, int gidx) {
   g->conds = lua_getfield(L, -1, CL_CAPTURE_CONDS) != LUA_TNIL;
   lua_pop(L, 1);
   for (lua_pushnil(L); lua_next(L, -2); lua_pop(L, 1)) hold_value(L, &g->hold, -2);
+  cl_hold *used = cl_mem_capture_held(L, lua_gettop(L));   /* (closed objects' blocks too) */
+  if (used) cl_hold_merge(L, &g->hold, used);
   lua_pop(L, 1);
 }
 
@@ -900,9 +902,9 @@ void cl_open_graph(lua_State *L) {
   static const luaL_Reg gmeta[] = {
     {"__gc", graph_gc}, {"__close", graph_close}, {"__tostring", g_tostring}, {NULL, NULL}};
   static const luaL_Reg nmeta[] = {{"__tostring", n_tostring}, {NULL, NULL}};
-  cl_class_define(L, &(cl_class){CL_GRAPH_MT, gm, NULL, gmeta});
-  cl_class_define(L, &(cl_class){NODE_MT, NULL, n_index, nmeta});
+  cl_class_define(L, &(cl_class){CL_GRAPH_MT, gm, NULL, gmeta, NULL});
+  cl_class_define(L, &(cl_class){NODE_MT, NULL, n_index, nmeta, NULL});
   static const luaL_Reg cmeta[] = {{"__tostring", c_tostring}, {NULL, NULL}};
-  cl_class_define(L, &(cl_class){CL_CONDITION_MT, NULL, NULL, cmeta});
+  cl_class_define(L, &(cl_class){CL_CONDITION_MT, NULL, NULL, cmeta, NULL});
   lua_pushcfunction(L, l_graph); lua_setfield(L, -2, "graph");
 }

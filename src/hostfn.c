@@ -750,7 +750,7 @@ void cl_open_hostfn(lua_State *L) {
   if (lua_rawgetp(L, LUA_REGISTRYINDEX, &hostq_key) != LUA_TNIL) { lua_pop(L, 1); return; }
   lua_pop(L, 1);
   static const luaL_Reg box_meta[] = {{"__gc", box_gc}, {NULL, NULL}};
-  cl_class_define(L, &(cl_class){HOSTBOX_MT, NULL, NULL, box_meta});
+  cl_class_define(L, &(cl_class){HOSTBOX_MT, NULL, NULL, box_meta, NULL});
   cl_hostq *q = calloc(1, sizeof *q);
   if (!q) cl_error(L, NULL, "out of host memory");
   pthread_mutex_init(&q->mu, NULL);

@@ -427,7 +427,7 @@ void cl_open_kernel(lua_State *L) {
   /* kernel methods live in a table Lua can extend (launch.c and launcher.c add theirs), kept in
      the registry as CL_KERNEL ".methods", where cl_kernel_index reads them (launcher.c's
      __index, put in front of this one, calls it rather than taking it as an upvalue) */
-  cl_class_define(L, &(cl_class){CL_KERNEL, methods, cl_kernel_index, mt});
+  cl_class_define(L, &(cl_class){CL_KERNEL, methods, cl_kernel_index, mt, NULL});
   lua_getfield(L, LUA_REGISTRYINDEX, CL_KERNEL ".methods");
   lua_setfield(L, -2, "kernel_methods");
 }

@@ -179,6 +179,7 @@ int cl_kernel_launch(lua_State *L, cl_kernel *k, int kidx, int first, const cl_l
     }
     if (A.conds) capture_conds(L, s, kidx, first, nargs);
     capture_keep(L, s, kidx, first, nargs);
+    cl_mem_capture_use(L, s, A.used, A.nused);
   }
   if (c->g[0] == 0) return 0;   /* forall(0): the arguments were checked, there is no work */
   /* after the arguments: a foreign array's view may have made the selected device current */

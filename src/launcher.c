@@ -106,5 +106,5 @@ void cl_open_launcher(lua_State *L) {
   lua_pop(L, 1);
   static const luaL_Reg mt[] = {
     {"__call", launcher_call}, {"__gc", launcher_gc}, {"__tostring", launcher_tostring}, {NULL, NULL}};
-  cl_class_define(L, &(cl_class){CL_LAUNCHER, NULL, NULL, mt});
+  cl_class_define(L, &(cl_class){CL_LAUNCHER, NULL, NULL, mt, NULL});
 }

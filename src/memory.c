@@ -599,6 +599,39 @@ void cl_mem_capture_ending(lua_State *L, int keepidx, cl_stream *s) {
   lua_pop(L, 1);
 }
 
+/* ---- what a capture's work uses ----
+   The keep table keeps the Lua objects a captured launch or copy took, but an object closed
+   before the capture ends has let go of its block: the capture holds the blocks themselves, in
+   a box of the keep table (the graph merges them into its hold at end_capture) */
+#define HOLD_BOX "cudalua.capture_hold"
+
+static int hold_box_gc(lua_State *L) {
+  cl_hold_release(L, lua_touserdata(L, 1));
+  return 0;
+}
+
+void cl_mem_capture_use(lua_State *L, cl_stream *s, cl_mem *const *m, int n) {
+  if (!cl_capturing || !cl_capture_push_keep(L, s)) return;
+  if (lua_getfield(L, -1, HOLD_BOX) != LUA_TUSERDATA) {
+    lua_pop(L, 1);
+    memset(lua_newuserdatauv(L, sizeof(cl_hold), 0), 0, sizeof(cl_hold));
+    if (luaL_newmetatable(L, HOLD_BOX)) { lua_pushcfunction(L, hold_box_gc); lua_setfield(L, -2, "__gc"); }
+    lua_setmetatable(L, -2);
+    lua_pushvalue(L, -1);
+    lua_setfield(L, -3, HOLD_BOX);
+  }
+  cl_hold *h = lua_touserdata(L, -1);
+  for (int i = 0; i < n; i++) if (m[i]) cl_hold_add(L, h, m[i]);
+  lua_pop(L, 2);
+}
+
+cl_hold *cl_mem_capture_held(lua_State *L, int keepidx) {
+  lua_getfield(L, keepidx, HOLD_BOX);
+  cl_hold *h = lua_touserdata(L, -1);   /* (the keep table keeps it) */
+  lua_pop(L, 1);
+  return h;
+}
+
 void cl_mem_graph_use(lua_State *L, const cl_mem *m, cl_stream *s, const char *where) {
   if (!m->gmem) return;
   cuuint64_t id = cl_capturing && s ? cl_capture_id(L, s) : 0;

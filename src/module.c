@@ -156,7 +156,7 @@ static int l_module_global(lua_State *L) {
 
 void cl_open_module(lua_State *L) {
   static const luaL_Reg meta[] = {{"__gc", m_close}, {NULL, NULL}};
-  cl_class_define(L, &(cl_class){MODULE_MT, NULL, NULL, meta});
+  cl_class_define(L, &(cl_class){MODULE_MT, NULL, NULL, meta, NULL});
   lua_pushcfunction(L, l_module_load); lua_setfield(L, -2, "module_load");
   lua_pushcfunction(L, l_module_kernel); lua_setfield(L, -2, "module_kernel");
   lua_pushcfunction(L, l_module_functions); lua_setfield(L, -2, "module_functions");

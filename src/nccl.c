@@ -509,7 +509,7 @@ int luaopen_cudalua_nccl_core(lua_State *L) {
     {"group", l_group}, {NULL, NULL}};
   static const luaL_Reg meta[] = {
     {"__gc", c_close}, {"__close", c_close}, {"__tostring", c_tostring}, {NULL, NULL}};
-  cl_class_define(L, &(cl_class){COMM_MT, m, NULL, meta});
+  cl_class_define(L, &(cl_class){COMM_MT, m, NULL, meta, NULL});
   luaL_newlib(L, f);
   return 1;
 }

@@ -278,7 +278,7 @@ void cl_open_stream(lua_State *L) {
     {NULL, NULL}};
   static const luaL_Reg meta[] = {
     {"__gc", s_close}, {"__close", s_close}, {"__tostring", s_tostring}, {NULL, NULL}};
-  cl_class_define(L, &(cl_class){STREAM_MT, m, s_index, meta});   /* capture.c and event.c add methods */
+  cl_class_define(L, &(cl_class){STREAM_MT, m, s_index, meta, NULL});   /* capture.c and event.c add methods */
   lstream *ls = lua_newuserdatauv(L, sizeof *ls, 0);
   ls->s = NULL; ls->is_default = 1;
   luaL_setmetatable(L, STREAM_MT);

@@ -10,9 +10,15 @@
 static void destroy_texture(void *ud, CUdeviceptr h) { (void)ud; CU0(cuTexObjectDestroy, (CUtexObject)h); }
 static void destroy_surface(void *ud, CUdeviceptr h) { (void)ud; CU0(cuSurfObjectDestroy, (CUsurfObject)h); }
 
+/* the metatables' second keys (cl_class_test). A closed object of either kind takes the third,
+   which has no __gc: Lua then skips its finalizer, a protected call a texture made and closed
+   in a loop would pay once more each (cuda.texture's bench row) */
+static const char tex_key = 0, surf_key = 0, closed_key = 0;
+
 cl_texref *cl_totexref(lua_State *L, int idx) {
-  cl_texref *t = luaL_testudata(L, idx, CL_TEXTURE);
-  return t ? t : luaL_testudata(L, idx, CL_SURFACE);
+  cl_texref *t = cl_class_test(L, idx, &tex_key);
+  if (!t) t = cl_class_test(L, idx, &surf_key);
+  return t ? t : cl_class_test(L, idx, &closed_key);
 }
 
 /* the user's options, checked before any driver call */
@@ -50,6 +56,9 @@ static void parse_address(lua_State *L, int idx, texopts *o) {
     o->naddr = (int)lua_rawlen(L, -1);
     if (o->naddr < 1 || o->naddr > 3) cl_error(L, "cuda.texture", "address lists 1 to 3 modes, got %d", o->naddr);
     for (int i = 0; i < o->naddr; i++) { lua_rawgeti(L, -1, i + 1); o->addr[i] = mode_of(L, -1); lua_pop(L, 1); }
+    /* dimensions past the list take its last mode, as cuda.core's TextureObject does: {"wrap"}
+       on a 2-D texture wraps both, rather than clamping y unasked */
+    for (int i = o->naddr; i < 3; i++) o->addr[i] = o->addr[o->naddr - 1];
   } else if (t != LUA_TNIL) {
     o->addr[0] = o->addr[1] = o->addr[2] = mode_of(L, -1);
   }
@@ -154,10 +163,10 @@ static void device_resource(lua_State *L, cl_array *a, const texopts *o, CUDA_RE
 
 /* the object for the source at 1 (kept in its user value: a view's memory may be its owner's,
    a module's variable or another library's block), holding src's record; pushed */
-static cl_texref *push_ref(lua_State *L, const char *mt, cl_mem *src) {
+static cl_texref *push_ref(lua_State *L, const void *mt, cl_mem *src) {
   cl_texref *t = lua_newuserdatauv(L, sizeof *t, 1);
   memset(t, 0, sizeof *t);
-  luaL_setmetatable(L, mt);
+  cl_class_set(L, mt);
   lua_pushvalue(L, 1);
   lua_setiuservalue(L, -2, 1);
   t->src = cl_mem_ref(src);
@@ -200,7 +209,7 @@ static int l_texture(lua_State *L) {
   memcpy(d.borderColor, o.border, sizeof o.border);
   /* the source held first: the create is parked, and a host function run meanwhile may close
      it (its free is then put off: the reference keeps the record) */
-  cl_texref *t = push_ref(L, CL_TEXTURE, src);
+  cl_texref *t = push_ref(L, &tex_key, src);
   CUtexObject h = 0;
   cl_check(L, CU(cuTexObjectCreate, &h, &r, &d, NULL), "cuda.texture");
   set_obj(L, t, src->ctx, destroy_texture, h);
@@ -221,7 +230,7 @@ static int l_surface(lua_State *L) {
   r.res.array.hArray = (CUarray)ca->mem->ud;
   cl_mem *src = ca->mem;
   cl_use_ctx(L, src->ctx);
-  cl_texref *t = push_ref(L, CL_SURFACE, src);   /* (held before the parked create, as textures) */
+  cl_texref *t = push_ref(L, &surf_key, src);   /* (held before the parked create, as textures) */
   t->surface = 1;
   CUsurfObject h = 0;
   cl_check(L, CU(cuSurfObjectCreate, &h, &r), "cuda.surface");
@@ -238,6 +247,8 @@ static int t_close(lua_State *L) {
   t->h = 0;
   cl_mem_unref(L, obj);
   cl_mem_unref(L, src);
+  lua_settop(L, 1);
+  cl_class_set(L, &closed_key);
   return 0;
 }
 
@@ -266,8 +277,9 @@ static int t_tostring(lua_State *L) {
 void cl_open_texture(lua_State *L) {
   static const luaL_Reg m[] = {{"close", t_close}, {NULL, NULL}};
   static const luaL_Reg meta[] = {{"__gc", t_close}, {"__close", t_close}, {"__tostring", t_tostring}, {NULL, NULL}};
-  cl_class_define(L, &(cl_class){CL_TEXTURE, m, t_index, meta});
-  cl_class_define(L, &(cl_class){CL_SURFACE, m, t_index, meta});
+  cl_class_define(L, &(cl_class){CL_TEXTURE, m, t_index, meta, &tex_key});
+  cl_class_define(L, &(cl_class){CL_SURFACE, m, t_index, meta, &surf_key});
+  cl_class_define(L, &(cl_class){"cudalua.closed_texref", m, t_index, meta + 1, &closed_key});
   lua_pushcfunction(L, l_texture); lua_setfield(L, -2, "texture");
   lua_pushcfunction(L, l_surface); lua_setfield(L, -2, "surface");
 }

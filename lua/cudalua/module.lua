@@ -202,6 +202,9 @@ local function load(mod, level, by, where)
   end
   local dev = core.is_available() and core.current_device() or 0
   local h = st.handles[dev]
+  if not h and not core.is_available() then   -- (said here: under pcall the C side cannot name us)
+    check.error(where or (by and "module." .. by or "module:get"), level + 1, "%s", check.cause(core.driver_error()))
+  end
   if not h then
     local ok, r = pcall(core.module_load, st.image, st.source and "compile for this device's architecture (leave arch unset)"
       or "this image was not built for this device's architecture (build for it, or ship PTX the driver can compile)")
