@@ -275,7 +275,7 @@ describe("texture fetches", function()
     t:close()
   end)
 
-  gpu("point filtering with every address mode on coordinates outside the texture", function()
+  gpu("point filtering with every address mode (and short lists of them) on coordinates outside the texture", function()
     local w, h = math.random(5, 40), math.random(5, 40)
     local ca, T = image(w, h)
     for _, mode in ipairs { "clamp", "border", "wrap", "mirror" } do
@@ -288,6 +288,20 @@ describe("texture fetches", function()
         local x, y = xs[k] * (normalized and w or 1), ys[k] * (normalized and h or 1)
         local want = T(point_index(mode, x, w), point_index(mode, y, h))
         assert(out[k] == f32(want), ("%s at (%g, %g): %g, the CPU %g"):format(mode, x, y, out[k], want))
+      end
+      tex:close()
+    end
+    -- a list shorter than the dimensions: the rest take its last mode (cuda.core's rule)
+    local modes = { { "wrap" }, { "mirror", "wrap" }, { "clamp" } }
+    for _, list in ipairs(modes) do
+      local tex = cuda.texture(ca, { address = list, normalized = true })
+      local n = 300
+      local xs, ys = coords(n, w, true, 2 * w), coords(n, h, true, 2 * h)
+      local out = fetch2(tex, xs, ys)
+      local my = list[2] or list[1]
+      for k = 1, n do
+        local want = T(point_index(list[1], xs[k] * w, w), point_index(my, ys[k] * h, h))
+        assert(out[k] == f32(want), ("%s at (%g, %g): %g, the CPU %g"):format(table.concat(list, "/"), xs[k], ys[k], out[k], want))
       end
       tex:close()
     end
@@ -457,19 +471,23 @@ describe("textures and surfaces as kernel arguments", function()
     local back, src2 = cuda.cuda_array({ h, w }, "float32"), cuda.device_array(w * h, "float32"):fill(3)
     local s = cuda.stream()
     local tex = cuda.texture(ca)
+    cuda.synchronize()
+    cuda.empty_cache()
+    local cached = cuda.block_cache()
     s:begin_capture()
     K("fetch2")[{ blocks(n), 128, s }](out, tex, dx, dy, n)
     back:copy_to_device(src2, s)
     tex:close(); ca:close(); dx:close(); back:close(); src2:close()
     local g = s:end_capture()
     collectgarbage(); collectgarbage()
-    -- blocks and objects made now may take the places of anything freed too early
+    assert.equal(cached, (cuda.block_cache()))   -- dx's and src2's blocks are the graph's, not the cache's
+    -- blocks (on s: a block last used on s is reused there first) and texture objects made now
+    -- would take the places of anything freed too early
     local others, texs = {}, {}
-    for i = 1, 6 do
-      others[i] = cuda.device_array(n, "float32"):fill(-1)
-      local c2 = cuda.cuda_array({ h, w }, "float32"):copy_to_device(cuda.device_array(w * h, "float32"):fill(-5))
-      texs[i] = cuda.texture(c2)
-    end
+    local fives = cuda.device_array(w * h, "float32"):fill(-5)
+    local c2 = cuda.cuda_array({ h, w }, "float32"):copy_to_device(fives)
+    for i = 1, 6 do others[i] = cuda.device_array(n, "float32", s):fill(-1, s) end
+    for i = 1, 32 do texs[i] = cuda.texture(c2) end
     out:fill(0)
     for _ = 1, 3 do g:launch(s) end
     s:synchronize()
@@ -478,9 +496,15 @@ describe("textures and surfaces as kernel arguments", function()
     for i = 1, 6 do
       local v = others[i]:copy_to_host()
       for k = 1, n do assert.equal(-1, v[k]) end
-      texs[i]:close()
     end
+    for i = 1, 32 do texs[i]:close() end
+    for i = 1, 6 do others[i]:close() end
+    fives:close()
+    cuda.synchronize()
+    cached = cuda.block_cache()
     g:close()
+    s:synchronize()
+    assert.equal(cached + 4 * (n + w * h), (cuda.block_cache()))   -- let go of by the graph's close
   end)
 
   gpu("a closed texture is an error; a CUDA array collected while a texture reads it stays alive", function()

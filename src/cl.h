@@ -476,9 +476,9 @@ void cl_mem_unref(lua_State *L, cl_mem *m);       /* never raises */
 typedef struct cl_hold { cl_mem **v, **slot; int n, nv, cap; } cl_hold;
 void cl_hold_add(lua_State *L, cl_hold *h, cl_mem *m);   /* raises only when out of memory */
 void cl_hold_merge(lua_State *L, cl_hold *dst, const cl_hold *src);
-void cl_hold_use(const cl_hold *h, cl_stream *s, CUcontext ctx);   /* a launch on s uses them */
+void cl_hold_use(lua_State *L, const cl_hold *h, cl_stream *s, CUcontext ctx);   /* a launch on s uses them */
 void cl_hold_release(lua_State *L, cl_hold *h);   /* never raises */
-void cl_mem_use(cl_mem *m, cl_stream *s, CUcontext ctx);  /* queued work on s, in ctx, uses m */
+void cl_mem_use(lua_State *L, cl_mem *m, cl_stream *s, CUcontext ctx);  /* queued work on s, in ctx, uses m */
 void cl_mem_settle(lua_State *L, cl_mem *m);      /* waits for queued work that uses m */
 /* before stream-less work on m in context a or b: waits for any other device's work on m */
 void cl_mem_order(lua_State *L, cl_mem *m, CUcontext a, CUcontext b);

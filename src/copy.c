@@ -71,8 +71,8 @@ void cl_copy(lua_State *L, cl_array *dst, cl_array *src, cl_stream *s, int sync,
   int kind = pageable ? CL_PARK_WAIT : CL_PARK_ENQUEUE;
   CUresult r = CL_PARKED(L, kind, peer ? cu.cuMemcpyPeerAsync(d, dctx, p, sctx, n, h) : cu.cuMemcpyAsync(d, p, n, h));
   cl_check(L, r, where);
-  cl_mem_use(dm, s, ctx);
-  cl_mem_use(sm, s, ctx);
+  cl_mem_use(L, dm, s, ctx);
+  cl_mem_use(L, sm, s, ctx);
   if (cl_capturing) cl_mem_capture_use(L, s, (cl_mem *[]){dm, sm}, 2);
   if (sync || pageable) cl_wait(L, CL_WAIT_STREAM, h, where);
 }
@@ -202,7 +202,7 @@ static int a_fill(lua_State *L) {
       r = CU(cuMemsetD2D32Async, d + 4 * k, isz, w[k], 1, n, h);
   }
   cl_check(L, r, "array:fill");
-  cl_mem_use(m, s, m->ctx);
+  cl_mem_use(L, m, s, m->ctx);
   if (cl_capturing) cl_mem_capture_use(L, s, &m, 1);
   if (!s) {
     cl_wait(L, CL_WAIT_STREAM, NULL, "array:fill");

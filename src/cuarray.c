@@ -175,8 +175,8 @@ static void copy3d(lua_State *L, cl_cuarray *ca, cl_array *a, int into_ca, cl_st
   }
   CUstream h = s ? s->h : NULL;
   cl_check(L, CL_PARKED(L, pageable ? CL_PARK_WAIT : CL_PARK_ENQUEUE, cu.cuMemcpy3DAsync(&p, h)), where);
-  cl_mem_use(am, s, ctx);
-  cl_mem_use(cm, s, ctx);
+  cl_mem_use(L, am, s, ctx);
+  cl_mem_use(L, cm, s, ctx);
   if (cl_capturing) cl_mem_capture_use(L, s, (cl_mem *[]){am, cm}, 2);
   if (sync || pageable) cl_wait(L, CL_WAIT_STREAM, h, where);
 }

@@ -85,7 +85,10 @@ void cl_graph_hold_kept(lua_State *L, int gidx) {
   lua_pop(L, 1);
   for (lua_pushnil(L); lua_next(L, -2); lua_pop(L, 1)) hold_value(L, &g->hold, -2);
   cl_hold *used = cl_mem_capture_held(L, lua_gettop(L));   /* (closed objects' blocks too) */
-  if (used) cl_hold_merge(L, &g->hold, used);
+  if (used) {   /* the graph's from now on: its close lets go of them, not the collector */
+    cl_hold_merge(L, &g->hold, used);
+    cl_hold_release(L, used);
+  }
   lua_pop(L, 1);
 }
 

@@ -206,7 +206,7 @@ int cl_kernel_launch(lua_State *L, cl_kernel *k, int kidx, int first, const cl_l
     const char *hint = launch_hint(L, c, r);
     launch_error(L, kidx, c, &A, h, lua_pushfstring(L, "%s (%s)%s%s", cl_errname(r), es ? es : "", *hint ? ": " : "", hint));
   }
-  for (int i = 0; i < A.nused; i++) cl_mem_use(A.used[i], s, k->ctx);
+  for (int i = 0; i < A.nused; i++) cl_mem_use(L, A.used[i], s, k->ctx);
   if (A.ntmp) {
     for (int i = 0; i < A.ntmp; i++) {
       if (!A.tmp[i].d) continue;

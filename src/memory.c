@@ -22,7 +22,7 @@ static void warn(lua_State *L, const char *what, CUresult r) {
   else fprintf(stderr, "%s\n", buf);
 }
 
-void cl_mem_use(cl_mem *m, cl_stream *s, CUcontext ctx) {
+void cl_mem_use(lua_State *L, cl_mem *m, cl_stream *s, CUcontext ctx) {
   if (m->used && m->stream == s && ctx == m->use_ctx) return;
   /* another stream: the legacy stream orders blocking streams, not non-blocking ones; work of
      two devices, or another device's on device memory, is waited for on every device. Never
@@ -34,7 +34,10 @@ void cl_mem_use(cl_mem *m, cl_stream *s, CUcontext ctx) {
     m->spread = m->spread == CL_ANY_STREAMS || (m->stream && !m->stream->blocking) || (s && !s->blocking)
               ? CL_ANY_STREAMS : CL_BLOCKING_STREAMS;
   cl_stream_ref(s);
-  cl_stream_unref(NULL, m->stream);   /* (hot path, no state: the stream's object holds it too) */
+  /* with the state: the stream's object is mostly still there, but one closed or collected
+     makes this the last reference, whose cuStreamDestroy waits on a driver lock a device-wide
+     wait of another thread holds (tools/stress.lua hung there): parked, then */
+  cl_stream_unref(L, m->stream);
   m->stream = s;
   m->use_ctx = ctx;
   m->used = 1;
@@ -332,7 +335,7 @@ static CUresult alloc_gpu(lua_State *L, cl_mem *m, cl_stream *s, int zero) {
   } else if (m->bytes) {   /* CL_DEVICE */
     m->dptr = ncache ? cache_get(m->bytes, m->ctx, s) : 0;
     if (!m->dptr) r = CU(cuMemAllocAsync, &m->dptr, m->bytes, s ? s->h : NULL);
-    if (r == CUDA_SUCCESS) cl_mem_use(m, s, m->ctx);
+    if (r == CUDA_SUCCESS) cl_mem_use(L, m, s, m->ctx);
     if (r == CUDA_SUCCESS && cl_capturing && s) cl_mem_captured(L, m, s);
   }
   if (r != CUDA_SUCCESS && m->host && m->kind != CL_MANAGED) CU(cuMemFreeHost, m->host);
@@ -491,8 +494,8 @@ void cl_hold_merge(lua_State *L, cl_hold *dst, const cl_hold *src) {
   if (dst != src) for (int i = 0; i < src->n; i++) cl_hold_add(L, dst, src->v[i]);
 }
 
-void cl_hold_use(const cl_hold *h, cl_stream *s, CUcontext ctx) {
-  for (int i = 0; i < h->n; i++) cl_mem_use(h->v[i], s, ctx);
+void cl_hold_use(lua_State *L, const cl_hold *h, cl_stream *s, CUcontext ctx) {
+  for (int i = 0; i < h->n; i++) cl_mem_use(L, h->v[i], s, ctx);
 }
 
 void cl_hold_release(lua_State *L, cl_hold *h) {
@@ -711,7 +714,13 @@ static void release(lua_State *L, cl_mem *m) {
     if (m->release) {
       r = settle(L, m);
       if (r != CUDA_SUCCESS) warn(L, "waiting for queued work", r);
+      /* cuArrayDestroy and cuSurfObjectDestroy wait for the whole device, as cuMemFree does
+         (tools/stress.lua hung there behind this state's own host function): those run first,
+         and the call is parked (another thread's may fire meanwhile) */
+      cl_host_drain(L);
+      struct cl_hostq *pk = cl_host_park(L, CL_PARK_WAIT);
       m->release(m->ud, m->dptr);
+      cl_host_unpark(L, pk);
     }
   } else {
     r = settle(L, m);

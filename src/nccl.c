@@ -294,7 +294,7 @@ static CUstream prepare(lua_State *L, lcomm *c, int sidx, cl_stream **ps, const 
   return s ? s->h : NULL;
 }
 
-static void used(cl_array *a, cl_stream *s, lcomm *c) { if (a) cl_mem_use(a->mem, s, c->ctx); }
+static void used(lua_State *L, cl_array *a, cl_stream *s, lcomm *c) { if (a) cl_mem_use(L, a->mem, s, c->ctx); }
 
 /* a graph's memory (graph:alloc, a capture's allocation) may be used by that graph's work only:
    a collective on a stream capturing it (raises otherwise) */
@@ -325,7 +325,7 @@ static int reduction(lua_State *L, int scatter) {
   void *sp = (void *)cl_devptr(s), *rp = (void *)cl_devptr(r);
   check(L, scatter ? CL_PARKED(L, CL_PARK_ENQUEUE, nc.ncclReduceScatter(sp, rp, r->size, t, op, c->c, h))
                    : CL_PARKED(L, CL_PARK_ENQUEUE, nc.ncclAllReduce(sp, rp, s->size, t, op, c->c, h)), c->c, w);
-  used(s, st, c); used(r, st, c);
+  used(L, s, st, c); used(L, r, st, c);
   return 0;
 }
 static int c_all_reduce(lua_State *L) { return reduction(L, 0); }
@@ -344,7 +344,7 @@ static int c_broadcast(lua_State *L) {
   CUstream h = prepare(L, c, 5, &st, w);
   graph_mem(L, s, r, st, w);
   check(L, CL_PARKED(L, CL_PARK_ENQUEUE, nc.ncclBroadcast((void *)cl_devptr(s), (void *)cl_devptr(r), r->size, t, (int)root, c->c, h)), c->c, w);
-  used(s, st, c); used(r, st, c);
+  used(L, s, st, c); used(L, r, st, c);
   return 0;
 }
 
@@ -362,7 +362,7 @@ static int c_reduce(lua_State *L) {
   CUstream h = prepare(L, c, 6, &st, w);
   graph_mem(L, s, r, st, w);
   check(L, CL_PARKED(L, CL_PARK_ENQUEUE, nc.ncclReduce((void *)cl_devptr(s), r ? (void *)cl_devptr(r) : NULL, s->size, t, op, (int)root, c->c, h)), c->c, w);
-  used(s, st, c); used(r, st, c);
+  used(L, s, st, c); used(L, r, st, c);
   return 0;
 }
 
@@ -377,7 +377,7 @@ static int c_all_gather(lua_State *L) {
   CUstream h = prepare(L, c, 4, &st, w);
   graph_mem(L, s, r, st, w);
   check(L, CL_PARKED(L, CL_PARK_ENQUEUE, nc.ncclAllGather((void *)cl_devptr(s), (void *)cl_devptr(r), s->size, t, c->c, h)), c->c, w);
-  used(s, st, c); used(r, st, c);
+  used(L, s, st, c); used(L, r, st, c);
   return 0;
 }
 
@@ -396,7 +396,7 @@ static int point(lua_State *L, int recv) {
   ncclResult_t r = recv ? CL_PARKED(L, CL_PARK_ENQUEUE, nc.ncclRecv((void *)cl_devptr(a), a->size, t, (int)peer, c->c, h))
                         : CL_PARKED(L, CL_PARK_ENQUEUE, nc.ncclSend((void *)cl_devptr(a), a->size, t, (int)peer, c->c, h));
   check(L, r, c->c, w);
-  used(a, st, c);
+  used(L, a, st, c);
   return 0;
 }
 static int c_send(lua_State *L) { return point(L, 0); }
