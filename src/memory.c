@@ -713,7 +713,21 @@ static void release(lua_State *L, cl_mem *m) {
   } else if (m->kind == CL_FOREIGN || m->kind == CL_HANDLE) {
     if (m->release) {
       r = settle(L, m);
-      if (r != CUDA_SUCCESS) warn(L, "waiting for queued work", r);
+      if (r != CUDA_SUCCESS && cl_capturing && cl_defer_if_open(L, &m->later)) {
+        /* the wait was refused: another thread's capture began since the release was let
+           through. Queued work may still read the object (a texture's handle, reused by the
+           next texture made, read another array: tools/stress.lua): put off again */
+        if (m->kind != CL_FOREIGN) __atomic_add_fetch(&pressure, m->bytes, __ATOMIC_RELAXED);
+        cl_ctx_swap(prev);
+        return;
+      }
+      if (r != CUDA_SUCCESS) {   /* (a failed context): left to the driver, not destroyed under queued work */
+        warn(L, "waiting for queued work", r);
+        cl_ctx_swap(prev);
+        cl_stream_unref(L, m->stream);
+        mem_free(m);
+        return;
+      }
       /* cuArrayDestroy and cuSurfObjectDestroy wait for the whole device, as cuMemFree does
          (tools/stress.lua hung there behind this state's own host function): those run first,
          and the call is parked (another thread's may fire meanwhile) */

@@ -478,12 +478,14 @@ local function check_later(cx, l, what, a, dtype, want)
   local hf = cx.hf
   l.s:launch_host_func(function()
     hf.ran = hf.ran + 1
+    local bad, first
     for i = 1, #a do
       if a[i] ~= want + i - 1 then
-        cx.wrong(("%s: %s: element %d is %s, model %d"):format(cx.where, what, i, tostring(a[i]), want + i - 1))
-        return
+        bad = (bad or 0) + 1
+        first = first or ("element %d is %s, model %d"):format(i, tostring(a[i]), want + i - 1)
       end
     end
+    if bad then cx.wrong(("%s: %s: %s (%d of %d wrong)"):format(cx.where, what, first, bad, #a)) end
   end)
   hf.want = hf.want + 1
 end
@@ -567,7 +569,11 @@ function op.texture(cx, l)
   local fetched = o.tex
     and use(cx, closed(o.tex), ("kernel '%s'"):format(name), cx.k[name][{ blocks(l.n), 128, s }], out, o.tex, w, h)
   if not first then release_later(cx, l, o, victim, drop, wait) end
-  if fetched then check_later(cx, l, about("a texture's fetches", dtype, shape), out, dtype, base) end
+  if fetched then
+    local what = ("%s, lane %s, %s %s%s, %s%s"):format(about("a texture's fetches", dtype, shape), l.kind, drop and "drop" or "close",
+      victim, first and " before the launch" or " after it", wait and "waited" or "not waited", later and ", later" or "")
+    check_later(cx, l, what, out, dtype, base)
+  end
   refuses(cx, l, o, later)
 end
 
