@@ -666,6 +666,31 @@ void cl_mem_unref(lua_State *L, cl_mem *m) {
   if (claimed) cl_ctx_unclaim();
 }
 
+/* a driver object's (CL_HANDLE) or another library's block (CL_FOREIGN): destroyed once no
+   queued work uses it. 0: put off again (the record stays); 1: done, or left to the driver */
+static int release_object(lua_State *L, cl_mem *m) {
+  CUresult r = settle(L, m);
+  if (r != CUDA_SUCCESS && cl_capturing && cl_defer_if_open(L, &m->later)) {
+    /* the wait was refused: another thread's capture began since the release was let
+       through. Queued work may still read the object (a texture's handle, reused by the next
+       texture made, read another array: tools/stress.lua): put off again */
+    if (m->kind != CL_FOREIGN) __atomic_add_fetch(&pressure, m->bytes, __ATOMIC_RELAXED);
+    return 0;
+  }
+  if (r != CUDA_SUCCESS) {   /* (a failed context): left to the driver, not destroyed under queued work */
+    warn(L, "waiting for queued work", r);
+    return 1;
+  }
+  /* cuArrayDestroy and cuSurfObjectDestroy wait for the whole device, as cuMemFree does
+     (tools/stress.lua hung there behind this state's own host function): those run first, and
+     the call is parked (another thread's may fire meanwhile) */
+  cl_host_drain(L);
+  struct cl_hostq *pk = cl_host_park(L, CL_PARK_WAIT);
+  m->release(m->ud, m->dptr);
+  cl_host_unpark(L, pk);
+  return 1;
+}
+
 static void release(lua_State *L, cl_mem *m) {
   CUresult r = CUDA_SUCCESS;
   if (m->kind == CL_HOST) {
@@ -711,31 +736,7 @@ static void release(lua_State *L, cl_mem *m) {
       if (r != CUDA_SUCCESS) warn(L, "cuMemFreeAsync", r);
     }
   } else if (m->kind == CL_FOREIGN || m->kind == CL_HANDLE) {
-    if (m->release) {
-      r = settle(L, m);
-      if (r != CUDA_SUCCESS && cl_capturing && cl_defer_if_open(L, &m->later)) {
-        /* the wait was refused: another thread's capture began since the release was let
-           through. Queued work may still read the object (a texture's handle, reused by the
-           next texture made, read another array: tools/stress.lua): put off again */
-        if (m->kind != CL_FOREIGN) __atomic_add_fetch(&pressure, m->bytes, __ATOMIC_RELAXED);
-        cl_ctx_swap(prev);
-        return;
-      }
-      if (r != CUDA_SUCCESS) {   /* (a failed context): left to the driver, not destroyed under queued work */
-        warn(L, "waiting for queued work", r);
-        cl_ctx_swap(prev);
-        cl_stream_unref(L, m->stream);
-        mem_free(m);
-        return;
-      }
-      /* cuArrayDestroy and cuSurfObjectDestroy wait for the whole device, as cuMemFree does
-         (tools/stress.lua hung there behind this state's own host function): those run first,
-         and the call is parked (another thread's may fire meanwhile) */
-      cl_host_drain(L);
-      struct cl_hostq *pk = cl_host_park(L, CL_PARK_WAIT);
-      m->release(m->ud, m->dptr);
-      cl_host_unpark(L, pk);
-    }
+    if (m->release && !release_object(L, m)) { cl_ctx_swap(prev); return; }
   } else {
     r = settle(L, m);
     cl_host_drain(L);   /* cuMemFree and cuMemFreeHost wait for the whole device */
