@@ -153,11 +153,12 @@ static void value_arg(lua_State *L, cl_kernel *k, int kidx, int i, int idx, cons
   /* a graph condition (cudaGraphConditionalHandle is an unsigned long long): only kernels of
      its graph may set it, so a launch outside a graph may not take it; one in a capture is
      checked against the stream's capture by the launch (cl_args.conds) */
+  /* (a texture or surface first: the two types do not overlap, and theirs is the cheaper test) */
+  if (st == CL_CONV_TYPE && (dt == CL_U64 || dt == CL_I64) && handle_arg(L, k, kidx, i, idx, A, p)) return;
   cl_condition *c = st == CL_CONV_TYPE && cl_dtypes[dt].size == 8 ? luaL_testudata(L, idx, CL_CONDITION_MT) : NULL;
   if (c) A->conds = 1;
   if (c && (!eager || cl_capturing)) { *(uint64_t *)p = c->h; return; }
   if (c) arg_error(L, kidx, i, idx, "a graph condition is an argument only of kernel nodes of its graph (and of their bodies)");
-  if (st == CL_CONV_TYPE && (dt == CL_U64 || dt == CL_I64) && handle_arg(L, k, kidx, i, idx, A, p)) return;
   const char *type = pk->how == CL_PARAM_COMPLEX ? "expected a number or a pair {re, im}" : "expected a number";
   if (is_null(L, idx)) type = "nil (NULL) is taken only by pointer parameters: expected a number";
   arg_error(L, kidx, i, idx, st == CL_CONV_TYPE ? type : st == CL_CONV_RANGE ? "value out of range" : "expected an integer");

@@ -13,14 +13,7 @@ const char *const cl_kind_names[] = {"array", "pinned_array", "mapped_array", "m
    and arrays are made and checked in hot loops */
 static const char array_key = 0;
 
-cl_array *cl_toarray(lua_State *L, int idx) {
-  void *p = lua_touserdata(L, idx);
-  if (!p || !lua_getmetatable(L, idx)) return NULL;
-  lua_rawgetp(L, LUA_REGISTRYINDEX, &array_key);
-  int same = lua_rawequal(L, -1, -2);
-  lua_pop(L, 2);
-  return same ? p : NULL;
-}
+cl_array *cl_toarray(lua_State *L, int idx) { return cl_class_test(L, idx, &array_key); }
 
 /* set by interop.c when it opens (it sits above this file: it makes arrays): the array check
    then takes a foreign object with the CUDA Array Interface, replaced on the stack by a view of
@@ -96,8 +89,7 @@ cl_array *cl_push_array(lua_State *L, cl_mem *m, size_t offset, int kind, int dt
   a->mem = m; a->offset = offset; a->kind = kind; a->dtype = dt; a->ndim = ndim;
   a->size = 1;
   for (int i = 0; i < ndim; i++) { a->shape[i] = shape[i]; a->size *= (size_t)shape[i]; }
-  lua_rawgetp(L, LUA_REGISTRYINDEX, &array_key);
-  lua_setmetatable(L, -2);
+  cl_class_set(L, &array_key);
   return a;
 }
 
@@ -556,8 +548,6 @@ void cl_open_array(lua_State *L) {
     {"__newindex", a_newindex}, {"__len", a_len}, {"__gc", a_close}, {"__close", a_close},
     {"__tostring", a_tostring}, {NULL, NULL}};
   /* copy.c, interop.c and ipc.c add methods (copy_to_host, fill, totable, ipc_handle...) */
-  cl_class_define(L, &(cl_class){CL_ARRAY, m, a_index, meta, NULL});
-  luaL_getmetatable(L, CL_ARRAY);
-  lua_rawsetp(L, LUA_REGISTRYINDEX, &array_key);
+  cl_class_define(L, &(cl_class){CL_ARRAY, m, a_index, meta, &array_key});
   luaL_setfuncs(L, f, 0);
 }

@@ -449,6 +449,7 @@ void cl_mem_capture_ending(lua_State *L, int keepidx, cl_stream *s);
 /* work queued on s uses the n blocks m: while s captures, its capture holds them (closing their
    arrays, CUDA arrays or textures before the capture ends then frees nothing the graph uses) */
 void cl_mem_capture_use(lua_State *L, cl_stream *s, cl_mem *const *m, int n);
+void cl_mem_capture_hold(lua_State *L, int keepidx, cl_mem *const *m, int n);   /* the keep table given */
 /* the blocks the capture whose keep table is at keepidx held that way; NULL: none */
 struct cl_hold *cl_mem_capture_held(lua_State *L, int keepidx);
 cl_mem *cl_mem_new(lua_State *L, int kind, size_t bytes, cl_stream *s, int flags);

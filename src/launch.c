@@ -9,11 +9,12 @@
 /* keeps the kernel and its arrays alive as long as the graph a capture makes; a set (it
    becomes the graph's keep set), so a captured loop does not grow it launch by launch. Streams
    joined to the capture of another find its table too. */
-static void capture_keep(lua_State *L, cl_stream *s, int kidx, int first, int nargs) {
+static void capture_keep(lua_State *L, cl_stream *s, int kidx, int first, int nargs, const cl_args *A) {
   if (!cl_capture_push_keep(L, s)) return;
   cl_keep(L, -1, kidx);
   for (int i = 0; i < nargs; i++)   /* values (numbers, {re, im} pairs) were copied: not kept */
     if (lua_type(L, first + i) == LUA_TUSERDATA) cl_keep(L, -1, first + i);
+  cl_mem_capture_hold(L, -1, A->used, A->nused);   /* and their blocks, should they be closed */
   lua_pop(L, 1);
 }
 
@@ -178,8 +179,7 @@ int cl_kernel_launch(lua_State *L, cl_kernel *k, int kidx, int first, const cl_l
         if (A.used[i]->gmem) cl_mem_graph_use(L, A.used[i], s, where);
     }
     if (A.conds) capture_conds(L, s, kidx, first, nargs);
-    capture_keep(L, s, kidx, first, nargs);
-    cl_mem_capture_use(L, s, A.used, A.nused);
+    capture_keep(L, s, kidx, first, nargs, &A);
   }
   if (c->g[0] == 0) return 0;   /* forall(0): the arguments were checked, there is no work */
   /* after the arguments: a foreign array's view may have made the selected device current */

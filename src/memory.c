@@ -613,19 +613,25 @@ static int hold_box_gc(lua_State *L) {
   return 0;
 }
 
-void cl_mem_capture_use(lua_State *L, cl_stream *s, cl_mem *const *m, int n) {
-  if (!cl_capturing || !cl_capture_push_keep(L, s)) return;
-  if (lua_getfield(L, -1, HOLD_BOX) != LUA_TUSERDATA) {
+void cl_mem_capture_hold(lua_State *L, int keepidx, cl_mem *const *m, int n) {
+  keepidx = lua_absindex(L, keepidx);
+  if (lua_getfield(L, keepidx, HOLD_BOX) != LUA_TUSERDATA) {
     lua_pop(L, 1);
     memset(lua_newuserdatauv(L, sizeof(cl_hold), 0), 0, sizeof(cl_hold));
     if (luaL_newmetatable(L, HOLD_BOX)) { lua_pushcfunction(L, hold_box_gc); lua_setfield(L, -2, "__gc"); }
     lua_setmetatable(L, -2);
     lua_pushvalue(L, -1);
-    lua_setfield(L, -3, HOLD_BOX);
+    lua_setfield(L, keepidx, HOLD_BOX);
   }
   cl_hold *h = lua_touserdata(L, -1);
   for (int i = 0; i < n; i++) if (m[i]) cl_hold_add(L, h, m[i]);
-  lua_pop(L, 2);
+  lua_pop(L, 1);
+}
+
+void cl_mem_capture_use(lua_State *L, cl_stream *s, cl_mem *const *m, int n) {
+  if (!cl_capturing || !cl_capture_push_keep(L, s)) return;
+  cl_mem_capture_hold(L, -1, m, n);
+  lua_pop(L, 1);
 }
 
 cl_hold *cl_mem_capture_held(lua_State *L, int keepidx) {

@@ -16,9 +16,17 @@ static void destroy_surface(void *ud, CUdeviceptr h) { (void)ud; CU0(cuSurfObjec
 static const char tex_key = 0, surf_key = 0, closed_key = 0;
 
 cl_texref *cl_totexref(lua_State *L, int idx) {
-  cl_texref *t = cl_class_test(L, idx, &tex_key);
-  if (!t) t = cl_class_test(L, idx, &surf_key);
-  return t ? t : cl_class_test(L, idx, &closed_key);
+  cl_texref *t = lua_touserdata(L, idx);
+  if (!t || !lua_getmetatable(L, idx)) return NULL;
+  int top = lua_gettop(L), ours = 0;
+  static const char *const keys[] = {&tex_key, &surf_key, &closed_key};
+  for (int i = 0; i < 3 && !ours; i++) {
+    lua_rawgetp(L, LUA_REGISTRYINDEX, keys[i]);
+    ours = lua_rawequal(L, -1, top);
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
+  return ours ? t : NULL;
 }
 
 /* the user's options, checked before any driver call */

@@ -144,10 +144,9 @@ static void walk_check(lua_State *L, int idx, int mtidx, int addidx) {
   lua_Integer k = (lua_Integer)lua_rawlen(L, -1);
   for (lua_Integer i = 1; i <= k; i++) {
     lua_rawgeti(L, -1, i);
-    int mt = lua_getmetatable(L, -1);
-    if (!mt || !lua_rawequal(L, -1, mtidx))
-      cl_error(L, "node:build", "the %s node's deps[%I] is not a node (%s)", kind, i, luaL_typename(L, mt ? -2 : -1));
-    lua_pop(L, 2);
+    if (!is_node(L, -1, mtidx))
+      cl_error(L, "node:build", "the %s node's deps[%I] is not a node (%s)", kind, i, luaL_typename(L, -1));
+    lua_pop(L, 1);
   }
   lua_pop(L, 3);
 }
