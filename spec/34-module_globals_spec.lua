@@ -52,6 +52,16 @@ describe("module variables: declarations read", function()
     assert.same({ "apply", "count", "maybe", "twice" }, m:kernels())
   end)
 
+  -- a declaration NVRTC never sees (#if 0) fails its name expression: the others keep theirs
+  it("a variable under #if 0 costs only its own lowered name (arch = sm_90)", function()
+    local m = cuda.compile("#if 0\n__device__ int gone;\n#endif\n__device__ float kept[3];\n"
+      .. "namespace ns { __device__ double twice[2]; }\n__global__ void k(float *x) { x[0] = kept[0] + ns::twice[0]; }", ARCH)
+    local g = modules.fields(m).globals
+    assert.same({ symbol = "kept", dtype = "float32", dims = { 3 } }, g.kept)
+    assert.same({ symbol = "_ZN2ns5twiceE", dtype = "float64", dims = { 2 } }, g["ns::twice"])
+    assert.equal("gone", g.gone.symbol)
+  end)
+
   it("skip functions and bodies; unknown types have no dtype", function()
     local globals = require "cudalua.globals"
     local found = globals.parse([[

@@ -220,8 +220,12 @@ static int e_set_args(lua_State *L) {
   cl_node *n = exec_node(L, CL_NODE_KERNEL, "graph_exec:set_args");
   lua_getiuservalue(L, 2, 2);
   cl_kernel *k = cl_checkkernel(L, -1);
-  if (lua_gettop(L) == 4 && lua_type(L, 3) == LUA_TTABLE && !lua_getmetatable(L, 3) &&
-      (int)lua_rawlen(L, 3) == k->nparams) {
+  int bare = 0;   /* a list without a metatable (a table with one is an argument) */
+  if (lua_gettop(L) == 4 && lua_type(L, 3) == LUA_TTABLE) {
+    bare = !lua_getmetatable(L, 3);
+    if (!bare) lua_pop(L, 1);   /* (the metatable it pushed would have counted as an argument) */
+  }
+  if (bare && (int)lua_rawlen(L, 3) == k->nparams) {
     lua_insert(L, 3);   /* the kernel at 3, the list at 4: spread it after them */
     int len = (int)lua_rawlen(L, 4);
     luaL_checkstack(L, len + 8, "too many kernel arguments");

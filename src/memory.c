@@ -683,10 +683,10 @@ static int release_object(lua_State *L, cl_mem *m) {
     if (m->kind != CL_FOREIGN) __atomic_add_fetch(&pressure, m->bytes, __ATOMIC_RELAXED);
     return 0;
   }
-  if (r != CUDA_SUCCESS) {   /* (a failed context): left to the driver, not destroyed under queued work */
-    warn(L, "waiting for queued work", r);
-    return 1;
-  }
+  if (r != CUDA_SUCCESS) warn(L, "waiting for queued work", r);
+  /* (a failed context): a driver object is left to the driver, not destroyed under queued
+     work; another library's block goes back to its owner, which must be told (embed.c) */
+  if (r != CUDA_SUCCESS && m->kind == CL_HANDLE) return 1;
   /* cuArrayDestroy and cuSurfObjectDestroy wait for the whole device, as cuMemFree does
      (tools/stress.lua hung there behind this state's own host function): those run first, and
      the call is parked (another thread's may fire meanwhile) */

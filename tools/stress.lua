@@ -664,6 +664,7 @@ local ORDER = { "add", "add", "add", "tick", "host", "host", "copy", "capture", 
 
 local function pick(cx, l, n)
   local name = ORDER[n]
+  if skipped[name] then return op.drop end   -- (before "graph" becomes one of its two kinds)
   if name == "graph" then name = cx.rng(1, 3) == 1 and not skipped["while"] and "while_graph" or "host_graph" end
   if name == "capture" and not can_capture(cx, l) or skipped[name] then name = "drop" end
   return op[name]

@@ -214,19 +214,19 @@ end
 
 -- one NVRTC run that looks up the kernels of list (see cudalua.probe); the result keeps list
 -- (with the name expressions of the variables the source declares, for Module:get_global: a
--- run that fails on one of them runs again without them, the variables then by their names)
+-- run that fails on some of them, a declaration under #if 0 say, runs again without those, which
+-- are then known by their names; the others keep theirs)
 local function nvrtc(job, list)
   local ex = probe.expressions(list)
   for _, g in pairs(job.globals) do ex[#ex + 1] = g.expr end
   local image, log, lowered, ptx = core.nvrtc_compile(declared(job) .. probe.SOURCE, job.name, job.options,
     job.headers, ex, job.nvrtc_output)
-  if not image and next(job.globals) then
+  if not image then
+    local again = false
     for _, g in pairs(job.globals) do
-      if log:find(g.expr, 1, true) then
-        job.globals = {}
-        return nvrtc(job, list)
-      end
+      if g.expr and log:find(g.expr, 1, true) then g.expr, again = nil, true end
     end
+    if again then return nvrtc(job, list) end
   end
   return { image = image, log = log, lowered = lowered, ptx = ptx, wanted = list }
 end
