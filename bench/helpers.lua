@@ -839,7 +839,8 @@ collectgarbage()
 -- 12: textures, as bench/raw_helpers.c's section 12: a 4096 x 4096 float32 CUDA array read
 -- with tex2D (point, clamp) and copied to linear memory, 50 launches of a launcher made once
 -- between two events; then cuda.texture(ca) + :close() in a loop against cuTexObjectCreate +
--- cuTexObjectDestroy
+-- cuTexObjectDestroy (cudalua reuses the object a close left: src/cuarray.c's spares), and with
+-- a new object each time
 local TEXSRC = [[
 extern "C" __global__ void tex_copy(float *out, cudaTextureObject_t t, int w, int h) {
   int x = blockIdx.x * blockDim.x + threadIdx.x, y = blockIdx.y * blockDim.y + threadIdx.y;
@@ -870,5 +871,13 @@ section("textures", function()
   local r = B.interleaved(bodies, M)
   out("tex_create_destroy_us", r.cudalua)
   if r.raw then out("inproc_tex_create_destroy_us", r.raw) end
+  -- the same with a driver object made and destroyed each time: five descriptions in turn
+  -- outrun the array's four spares (src/cuarray.c), so none is reused
+  local opts = { { address = "clamp" }, { address = "border" }, { filter = "linear" },
+    { filter = "linear", address = "border" }, { address = { "clamp", "border" } } }
+  local fresh = B.interleaved({ cudalua = function(n)
+    for i = 1, n do cuda.texture(ca, opts[i % 5 + 1]):close() end
+  end }, M)
+  out("tex_create_destroy_fresh_us", fresh.cudalua)
   ca:close()
 end)

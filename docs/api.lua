@@ -321,7 +321,11 @@ local Texture = {}
 Texture.handle = 0
 Texture.closed = false
 
---- Destroys the object once queued work no longer uses it, and lets go of its memory.
+--- Destroys the object once queued work no longer uses it, and lets go of its memory. One
+-- over a CUDA array still open is kept by the array instead (up to four, let go with it) and
+-- given to the next `cuda.texture` (`cuda.surface`) over that array with the same options: the
+-- same handle, which reads exactly the same, without the driver's create and destroy (about
+-- 2.5 us on an H100). Not inside a host function, whose closes are put off.
 function Texture:close() end
 
 --- Streams and events

@@ -439,6 +439,93 @@ describe("surfaces", function()
   end)
 end)
 
+-- src/cuarray.c's spares: a closed object's driver handle goes to the next one alike
+describe("a closed texture's or surface's driver object", function()
+  gpu("is the next one's over the same CUDA array with the same description; queued fetches read the same", function()
+    local w, h = math.random(3, 40), math.random(3, 40)
+    local ca, T = image(w, h)
+    local function check(out, xs, ys, what)
+      for k = 1, #xs do
+        local want = T(address("border", math.floor(xs[k]), w), address("border", math.floor(ys[k]), h))
+        assert(out[k] == f32(want), ("%s at (%g, %g): %g, the CPU %g"):format(what, xs[k], ys[k], out[k], want))
+      end
+    end
+    local tex = cuda.texture(ca, { address = "border" })
+    local first = tex.handle
+    local xs, ys = coords(300, w, false, w), coords(300, h, false, h)
+    local out1 = fetch2(tex, xs, ys)          -- queued, not waited for
+    tex:close()
+    local again = cuda.texture(ca, { address = "border" })
+    assert.equal(first, again.handle)
+    local out2 = fetch2(again, xs, ys)
+    local other = cuda.texture(ca, { address = "clamp" })   -- another description: a new object
+    assert.are_not.equal(first, other.handle)
+    check(out1:copy_to_host(), xs, ys, "before the close")
+    check(out2:copy_to_host(), xs, ys, "after it")
+    -- collected rather than closed: the same
+    again = nil                               -- luacheck: ignore
+    collectgarbage(); collectgarbage()
+    local third = cuda.texture(ca, { address = "border" })
+    assert.equal(first, third.handle)
+    check(fetch2(third, xs, ys):copy_to_host(), xs, ys, "after a collection")
+    -- the array's close lets its spares go; the open textures still read it
+    third:close()
+    ca:close()
+    C.raises("cuda.texture: the CUDA array is closed", cuda.texture, ca, { address = "border" })
+    local out3 = fetch2(other, xs, ys):copy_to_host()
+    for k = 1, #xs do
+      assert.equal(f32(T(address("clamp", math.floor(xs[k]), w), address("clamp", math.floor(ys[k]), h))), out3[k])
+    end
+    other:close()
+  end)
+
+  gpu("a surface's too; five descriptions in turn outrun the four spares", function()
+    local w, h = math.random(1, 50), math.random(1, 50)
+    local t = values("float32", w * h)
+    local ca = cuda.cuda_array({ h, w }, "float32", { surface = true }):copy_to_device(t)
+    local s = cuda.surface(ca)
+    local first = s.handle
+    s:close()
+    s = cuda.surface(ca)
+    assert.equal(first, s.handle)
+    local a, b = f32(math.random() * 4 - 2), f32(math.random() * 10)
+    K("surf_scale")[{ { (w + 15) // 16, (h + 15) // 16 }, { 16, 16 } }](s, a, b, w, h)
+    local back = ca:copy_to_host()
+    for k = 1, w * h do assert.equal(f32(f32(a * t[k]) + b), back[k]) end
+    s:close()
+    -- textures over it (a surface array samples too) in five descriptions, each closed at once:
+    -- every one reads right whether its object was new or a spare
+    local opts = { { address = "clamp" }, { address = "border" }, { filter = "linear" },
+      { filter = "linear", address = "border" }, { address = { "clamp", "border" } } }
+    for i = 1, 12 do
+      local o = opts[i % 5 + 1]
+      local tex = cuda.texture(ca, o)
+      local xs, ys = coords(50, w, false, 0), coords(50, h, false, 0)
+      local out = fetch2(tex, xs, ys)
+      tex:close()
+      local got = out:copy_to_host()
+      local mx = type(o.address) == "table" and o.address[1] or o.address or "clamp"
+      local my = type(o.address) == "table" and o.address[2] or mx
+      local function B(x, y) return x and y and back[y * w + x + 1] or 0 end
+      for k = 1, 50 do
+        local want, spread
+        if o.filter then   -- the guide's linear filtering with 8-bit fractions, as above
+          local i0, i1, fa = lin(mx, xs[k], w)
+          local j0, j1, fb = lin(my, ys[k], h)
+          local t00, t10, t01, t11 = B(i0, j0), B(i1, j0), B(i0, j1), B(i1, j1)
+          want = (1 - fa) * (1 - fb) * t00 + fa * (1 - fb) * t10 + (1 - fa) * fb * t01 + fa * fb * t11
+          spread = math.max(t00, t10, t01, t11) - math.min(t00, t10, t01, t11)
+        else
+          want, spread = B(point_index(mx, xs[k], w), point_index(my, ys[k], h)), 0
+        end
+        assert(math.abs(got[k] - want) <= spread / 128 + 1e-4,
+          ("%d (%s, %s): %g, the CPU %g"):format(i, o.filter or "point", mx .. "/" .. my, got[k], want))
+      end
+    end
+    ca:close()
+  end)
+end)
+
 describe("textures and surfaces as kernel arguments", function()
   gpu("in a graph kernel node and through exec:set_args", function()
     local w, h = math.random(3, 30), math.random(3, 30)

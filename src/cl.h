@@ -604,11 +604,21 @@ void cl_open_copy(lua_State *L);   /* the arrays' copy methods, cuda.to_device a
 void cl_copy(lua_State *L, cl_array *dst, cl_array *src, cl_stream *s, int sync, const char *where);
 
 /* ---- from cuarray.c: CUDA arrays (cuda.cuda_array) ---- */
+/* a texture's or surface's driver object left by its close, for the next one made over the same
+   CUDA array with the same description (texture.c): the records' references come along */
+typedef struct cl_spare {
+  cl_mem *obj, *src;
+  int surface;
+  CUDA_TEXTURE_DESC desc;   /* zero for a surface */
+} cl_spare;
+#define CL_SPARES 4
 typedef struct cl_cuarray {
   cl_mem *mem;         /* NULL once closed; a CL_HANDLE record, mem->ud the CUarray */
   int dtype, channels, ndim, layered, surface;
   int64_t shape[3];    /* C order; a layered array's layers first */
   size_t w, h, d;      /* the driver's Width, Height, Depth (0: no such dimension; layers in d) */
+  int nspare;
+  cl_spare spare[CL_SPARES];   /* oldest first; released with the array */
 } cl_cuarray;
 #define CL_CUARRAY "cudalua.cuda_array"
 CUarray_format cl_array_format(int dt);   /* 0: CUDA arrays cannot hold the dtype */
@@ -616,6 +626,10 @@ CUarray_format cl_array_format(int dt);   /* 0: CUDA arrays cannot hold the dtyp
 void cl_check_format(lua_State *L, int dt, int channels, const char *where);
 cl_cuarray *cl_tocuarray(lua_State *L, int idx);   /* NULL unless a CUDA array (open or not) */
 size_t cl_cuarray_size(const cl_cuarray *ca);     /* its values: elements times channels */
+/* keeps *sp in ca (open), the oldest spare released if full; takes one of the same kind and
+   description out into *out: 1 when there was one */
+void cl_cuarray_spare_put(lua_State *L, cl_cuarray *ca, const cl_spare *sp);
+int cl_cuarray_spare_take(cl_cuarray *ca, int surface, const CUDA_TEXTURE_DESC *d, cl_spare *out);
 void cl_open_cuarray(lua_State *L);   /* the type; cuda_array into the table on top */
 
 /* ---- from texture.c: texture and surface objects (cuda.texture, cuda.surface) ---- */
@@ -624,6 +638,7 @@ typedef struct cl_texref {
   int surface;
   cl_mem *obj;         /* the object's record (CL_HANDLE): destroyed once no queued work uses it */
   cl_mem *src;         /* a reference to the memory it reads (CUDA array or device block) */
+  CUDA_TEXTURE_DESC desc;   /* what it was made with (zero for a surface): cuarray.c's spares */
 } cl_texref;
 #define CL_TEXTURE "cudalua.texture"
 #define CL_SURFACE "cudalua.surface"

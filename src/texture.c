@@ -181,6 +181,16 @@ static cl_texref *push_ref(lua_State *L, const void *mt, cl_mem *src) {
   return t;
 }
 
+/* t takes the object a closed one of its description left over ca (cuarray.c's spares): 1 */
+static int reuse(lua_State *L, cl_cuarray *ca, cl_texref *t) {
+  cl_spare sp;
+  if (!cl_cuarray_spare_take(ca, t->surface, &t->desc, &sp)) return 0;
+  t->obj = sp.obj;
+  t->h = sp.obj->dptr;
+  cl_mem_unref(L, sp.src);   /* (t holds its own; ca holds one too, so nothing goes) */
+  return 1;
+}
+
 /* the driver's object h made: its record (if that fails, h is destroyed before the raise) */
 static void set_obj(lua_State *L, cl_texref *t, CUcontext ctx, void (*destroy)(void *, CUdeviceptr), uint64_t h) {
   cl_mem *m = cl_mem_handle_try(L, ctx, 0, destroy, NULL, h);
@@ -218,6 +228,8 @@ static int l_texture(lua_State *L) {
   /* the source held first: the create is parked, and a host function run meanwhile may close
      it (its free is then put off: the reference keeps the record) */
   cl_texref *t = push_ref(L, &tex_key, src);
+  t->desc = d;
+  if (ca && reuse(L, ca, t)) return 1;
   CUtexObject h = 0;
   cl_check(L, CU(cuTexObjectCreate, &h, &r, &d, NULL), "cuda.texture");
   set_obj(L, t, src->ctx, destroy_texture, h);
@@ -240,21 +252,38 @@ static int l_surface(lua_State *L) {
   cl_use_ctx(L, src->ctx);
   cl_texref *t = push_ref(L, &surf_key, src);   /* (held before the parked create, as textures) */
   t->surface = 1;
+  if (reuse(L, ca, t)) return 1;
   CUsurfObject h = 0;
   cl_check(L, CU(cuSurfObjectCreate, &h, &r), "cuda.surface");
   set_obj(L, t, src->ctx, destroy_surface, h);
   return 1;
 }
 
-/* close, __gc, __close: the object and its hold on the memory go once queued work is done */
+/* a closed object over a CUDA array still open is left to the array, for the next one of its
+   description (not inside a host function: its releases are put off, as tools/stress.lua
+   checks). 1: left there, the references with it */
+static int spare(lua_State *L, cl_texref *t, cl_mem *obj, cl_mem *src) {
+  if (!obj || cl_in_hostfn) return 0;
+  lua_getiuservalue(L, 1, 1);
+  cl_cuarray *ca = cl_tocuarray(L, -1);
+  lua_pop(L, 1);
+  if (!ca || ca->mem != src || !src) return 0;
+  cl_cuarray_spare_put(L, ca, &(cl_spare){obj, src, t->surface, t->desc});
+  return 1;
+}
+
+/* close, __gc, __close: the object and its hold on the memory go once queued work is done (or
+   wait over its CUDA array for the next one alike) */
 static int t_close(lua_State *L) {
   cl_texref *t = cl_totexref(L, 1);
   if (!t) return cl_error(L, NULL, "argument 1: texture or surface expected, got %s", luaL_typename(L, 1));
   cl_mem *obj = t->obj, *src = t->src;
   t->obj = t->src = NULL;
   t->h = 0;
-  cl_mem_unref(L, obj);
-  cl_mem_unref(L, src);
+  if (!spare(L, t, obj, src)) {
+    cl_mem_unref(L, obj);
+    cl_mem_unref(L, src);
+  }
   lua_settop(L, 1);
   cl_class_set(L, &closed_key);
   return 0;

@@ -9,6 +9,7 @@
 // failure) within 17 to 380 steps, MODE 1 runs clean, MODE 2 fails within a few hundred steps.
 // One stream (1500 1 SEED 0) runs clean.
 // ITERS: every WHILE loop runs that many times (default 1 to 40 at random).
+// WHILE_REPRO_KIND=if in the environment: an IF node (its body runs once) instead of WHILE.
 // Under compute-sanitizer 2025.3.1's memcheck (same driver), even one stream fails: 3 1 1 0 40
 // and 3 1 1 1 6000 stop with an illegal address at the synchronize and no record of an access
 // (they run clean without it): the fault examples/graph_while.lua meets there at times.
@@ -34,6 +35,8 @@ int main(int argc, char **argv) {
   int steps = atoi(argv[1]), ns = atoi(argv[2]), mode = atoi(argv[4]), iters = argc == 6 ? atoi(argv[5]) : 0;
   if (ns < 1 || ns > 8) { fprintf(stderr, "STREAMS: 1 to 8\n"); return 2; }
   srand((unsigned)atoi(argv[3]));
+  const char *kind = getenv("WHILE_REPRO_KIND");
+  cudaGraphConditionalNodeType ctype = kind && kind[0] == 'i' ? cudaGraphCondTypeIf : cudaGraphCondTypeWhile;
   cudaStream_t st[8];
   int *d[8], n[8];
   for (int k = 0; k < ns; k++) {
@@ -59,7 +62,7 @@ int main(int argc, char **argv) {
     CK(cudaGraphAddMemsetNode(&ms, g, nullptr, 0, &mp));
     cudaGraphNodeParams cp = {};
     cp.type = cudaGraphNodeTypeConditional;
-    cp.conditional.handle = h; cp.conditional.type = cudaGraphCondTypeWhile; cp.conditional.size = 1;
+    cp.conditional.handle = h; cp.conditional.type = ctype; cp.conditional.size = 1;
     CK(cudaGraphAddNode(&loop, g, &ms, nullptr, 1, &cp));
     void *args[] = {&d[l], &v, &n[l], &left, &h};
     cudaKernelNodeParams kp = {};
