@@ -17,7 +17,8 @@
 #      Records that NCCL's own code causes are shown apart as "+N nccl" (tools/sanitize.awk).
 #      examples/nccl_launch.lua and spec 21's one-process-per-GPU row start their ranks under a
 #      sanitizer each (CUDALUA_WORKER_WRAP); their summaries add up in the row.
-#      SANITIZE_LOG: where the logs go (default build/sanitize). SANITIZE_STRESS: seconds of
+#      SANITIZE_LOG: where the logs go (default build/sanitize). SANITIZE_KNOWN: rows whose
+#      records are marked "known" and not counted (default examples/graph_while.lua: README). SANITIZE_STRESS: seconds of
 #      build/stress (3 Lua states on threads) under memcheck and synccheck (default 60, 0: none),
 #      without the sequences SANITIZE_STRESS_SKIP names (default while,cond: conditional nodes).
 #      Stopping this script (Ctrl-C, a timeout around make sanitize) stops the runs it started.
@@ -34,6 +35,9 @@ JOBS=${SANITIZE_JOBS:-$(( $(nproc) / 4 > 0 ? $(nproc) / 4 : 1 ))}
 LIMIT=${SANITIZE_TIMEOUT:-600}
 DEADLINE=${SANITIZE_DEADLINE:-}
 LOG=${SANITIZE_LOG:-build/sanitize}
+# rows whose failures are the sanitizer's known fault with conditional nodes (README): shown, marked
+# "known", not counted
+KNOWN=${SANITIZE_KNOWN-examples/graph_while.lua}
 mkdir -p "$LOG"
 # set here, not with env(1) in the row: under --target-processes application-only the
 # sanitizer attaches to the command it starts, and env(1) is not the program
@@ -180,7 +184,7 @@ for r in "${order[@]}"; do
 done
 wait
 
-bad=0 nccl_seen=""
+bad=0 nccl_seen="" known_seen=""
 header=$(printf "%-52s" "program")
 for t in $TOOLS; do
   if [ "$t" = memcheck ]; then header="$header $(printf "%-16s" "memcheck/leaked")"; else header="$header $(printf "%-16s" "$t")"; fi
@@ -192,13 +196,17 @@ for r in "${rows[@]}"; do
   for t in $TOOLS; do
     cell="-"
     case " $tools " in *" $t "*) cell=$(cat "$LOG/$(key "$name").$t.cell" 2>/dev/null || echo "?") ;; esac
-    case "$cell" in -|0|0/0B|0+*nccl|0/0B+*nccl) ;; *) bad=1 ;; esac
+    case "$cell" in
+      -|0|0/0B|0+*nccl|0/0B+*nccl) ;;
+      *) case " $KNOWN " in *" $name "*) cell="$cell known"; known_seen=1 ;; *) bad=1 ;; esac ;;
+    esac
     case "$cell" in *nccl) nccl_seen=1 ;; esac
     line="$line $(printf "%-16s" "$cell")"
   done
   echo "$line"
 done
 echo "-: not run under that tool (the stress row: memcheck and synccheck; dynamic parallelism: memcheck only)"
+[ -n "$known_seen" ] && echo "known: the fault of conditional nodes under compute-sanitizer, in plain CUDA C too (README, tools/while_repro.cu); not counted"
 [ -n "$nccl_seen" ] && echo "+N nccl: records inside NCCL's own code (its API probes, reads of its own buffers), counted apart"
 [ "$bad" -eq 0 ] && echo "sanitize: every program clean" || echo "sanitize: errors, leaks or timeouts above (logs in $LOG)"
 exit $bad
