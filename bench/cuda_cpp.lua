@@ -1,8 +1,9 @@
 -- cuda_cpp.lua: what real CUDA C++ costs through cudalua, next to the raw calls in the same
 -- process (bench/rawloop.c): a cold compile of a source including <cooperative_groups.h>
 -- against raw NVRTC with the same options (the same include folders), its disk cache hit in a
--- new process, and cluster and cooperative launches against raw cuLaunchKernelEx and
--- cuLaunchCooperativeKernel. Prints "key value" lines like bench/core.lua.
+-- new process, NVRTC's precompiled headers and cuda.compile_all (issue 28), a new process's
+-- start to its first kernel result, and cluster and cooperative launches against raw
+-- cuLaunchKernelEx and cuLaunchCooperativeKernel. Prints "key value" lines like bench/core.lua.
 -- Env: BENCH_LAUNCHES, BENCH_REPS, BENCH_SECTIONS (bench/common.lua)
 package.cpath = "./?.so;" .. package.cpath
 local cuda = require "cudalua"
@@ -65,7 +66,7 @@ section("cg compile", function()
     for _ = 1, m do
       in_nvrtc = 0
       local t0 = now()
-      cuda.compile(unique())
+      cuda.compile(unique(), { pch = false })   -- (a cold compile: the PCH rows are below)
       own[#own + 1] = (now() - t0 - in_nvrtc) * 1e3
     end
   end }
@@ -111,6 +112,120 @@ section("cg compile", function()
   out("cg_compile_disk_child_ms", median(hits))
   out("diag_cg_compile_disk_child_lookup_ms", median(looks))
   B.note("the cooperative-groups entry: " .. sizes)
+end)
+collectgarbage()
+
+---------------------------------------------------------------------------------------------
+-- issue 28: NVRTC's precompiled headers (cudalua makes and uses them for sources including the
+-- toolkit's or CCCL's headers). For CUB and for cooperative groups: a first compile whose run
+-- of #includes is new to the process (a #define of its own before them: the PCH is made), then
+-- a second, different source with the same run (the PCH used), and raw NVRTC without a PCH on
+-- the first one's source, in turns; the fastest of three each (NVRTC's time varies by tens of
+-- percent between identical compiles)
+local CUB_SRC = [[
+#include <cub/cub.cuh>
+extern "C" __global__ void cub_sum(const int *x, int *out) {
+  using R = cub::BlockReduce<int, 128>;
+  __shared__ typename R::TempStorage t;
+  int s = R(t).Sum(x[threadIdx.x]);
+  if (threadIdx.x == 0) *out = s;
+}
+]]
+local pch_n = 0
+local function another(body)   -- a different source: one more kernel
+  pch_n = pch_n + 1
+  return body .. ('extern "C" __global__ void other_%d(int *x) { *x = %d; }\n'):format(pch_n, pch_n)
+end
+
+section("pch", function()
+  local arch = CC.device_arch()
+  local tk = HD.toolkit_includes()
+  local rawloop, why = B.rawloop()
+  if not rawloop then B.note("no raw NVRTC loop: " .. why) end
+  for _, case in ipairs { { "cub", CUB_SRC }, { "cg", CG_SRC } } do
+    local name, body = case[1], case[2]
+    local first, second, raw = math.huge, math.huge, math.huge
+    for r = 1, 3 do
+      local src = ("#define CUDALUA_BENCH_PCH_%d_%d\n"):format(r, math.random(1 << 30)) .. body
+      local t0 = now()
+      local m = cuda.compile(src, { cache = false })
+      first = math.min(first, now() - t0)
+      assert(m:log():find("made a precompiled header", 1, true), "no PCH made: " .. m:log())
+      t0 = now()
+      m = cuda.compile(another(src), { cache = false })
+      second = math.min(second, now() - t0)
+      assert(m:log():find("used a precompiled header", 1, true), "the PCH not used: " .. m:log())
+      if rawloop then
+        t0 = now()
+        rawloop.compile(another(src), arch, "-I" .. tk.include, "-I" .. tk.cccl)
+        raw = math.min(raw, now() - t0)
+      end
+    end
+    out(("pch_%s_first_ms"):format(name), first * 1e3)
+    out(("pch_%s_second_ms"):format(name), second * 1e3)
+    if rawloop then out(("inproc_pch_%s_raw_ms"):format(name), raw * 1e3) end
+  end
+  -- 8 different CUB sources, one by one with cuda.compile and at once with cuda.compile_all,
+  -- in turns, the PCH made beforehand (the steady state); then the same without PCHs
+  for _, pch in ipairs { true, false } do
+    cuda.compile(another(CUB_SRC), { cache = false, pch = pch })
+    local seq, par = math.huge, math.huge
+    for _ = 1, 2 do
+      local list = {}
+      for i = 1, 8 do list[i] = another(CUB_SRC) end
+      local t0 = now()
+      for i = 1, 8 do cuda.compile(list[i], { cache = false, pch = pch }) end
+      seq = math.min(seq, now() - t0)
+      for i = 1, 8 do list[i] = another(CUB_SRC) end
+      t0 = now()
+      local mods, errs = cuda.compile_all(list, { cache = false, pch = pch })
+      par = math.min(par, now() - t0)
+      assert(not errs and #mods == 8)
+    end
+    local tag = pch and "" or "_nopch"
+    out("compile_8_seq" .. tag .. "_ms", seq * 1e3)
+    out("compile_8_all" .. tag .. "_ms", par * 1e3)
+  end
+end)
+collectgarbage()
+
+---------------------------------------------------------------------------------------------
+-- issue 28: a new process whose kernel is in the disk cache, from the `lua` command's start
+-- to the kernel's result read back (timed by this process around it); and the same process
+-- stopping after require "cudalua" and making the context (the driver's own start)
+local COLD_SRC = 'extern "C" __global__ void cold_fill(int *x, int v) { x[threadIdx.x] = v; }\n'
+local COLD_CHILD = [[
+package.cpath = "./?.so;" .. package.cpath
+local cuda = require "cudalua"
+cuda.synchronize()
+if arg[1] == "ctx" then print("ok") os.exit(0, true) end
+local x = cuda.device_array(32, "int32")
+cuda.compile(%q).cold_fill[{ 1, 32 }](x, 7)
+print(x[32] == 7 and "ok" or "wrong", require("cudalua.cache").stats.disk_hits)
+os.exit(0, true)
+]]
+section("cold start", function()
+  cuda.compile(COLD_SRC)   -- the disk cache entry the children find
+  local lua = arg[-1] or "lua5.4"
+  local path = os.tmpname()
+  local f = assert(io.open(path, "w"))
+  f:write(COLD_CHILD:format(COLD_SRC))
+  f:close()
+  local function child(what)
+    local t0 = now()
+    local p = assert(io.popen(("%s %s %s"):format(lua, path, what)))
+    local line = p:read("a")
+    p:close()
+    local dt = (now() - t0) * 1e3
+    if not line:find("^ok") then error("the child: " .. line) end
+    if what == "run" and not line:find("ok 1", 1, true) then error("the child did not hit the disk cache: " .. line) end
+    return dt
+  end
+  local full, ctx = {}, {}
+  for r = 1, REPS do full[r] = child("run"); ctx[r] = child("ctx") end
+  os.remove(path)
+  out("cold_start_result_ms", median(full))
+  out("cold_start_context_ms", median(ctx))
 end)
 collectgarbage()
 

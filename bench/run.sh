@@ -55,7 +55,7 @@ if [ -z "$BENCH_REPORT_ONLY" ]; then
   rm -rf "$OUT/cache"
   CUDALUA_CACHE_DIR=$PWD/$OUT/cache step helpers 120 "$LUA" bench/helpers.lua
   rm -rf "$OUT/cache"
-  CUDALUA_CACHE_DIR=$PWD/$OUT/cache step cuda_cpp 180 "$LUA" bench/cuda_cpp.lua
+  CUDALUA_CACHE_DIR=$PWD/$OUT/cache step cuda_cpp 300 "$LUA" bench/cuda_cpp.lua
   rm -rf "$OUT/cache"
   CUDALUA_CACHE_DIR=$PWD/$OUT/cache step multigpu 180 "$LUA" bench/multigpu.lua
   PYTHONUNBUFFERED=1 step nccl_torch 180 "$PY" bench/nccl_torch.py

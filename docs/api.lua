@@ -450,8 +450,34 @@ function Event:close() end
 -- from its folder), `headers` ({["x.h"] = source}), `include_dirs`, `arch` ("sm_90";
 -- default: the device's), `name_expressions` (templates: {"scale<float>"}), `cache` (false:
 -- no compile cache), `relocatable` (-rdc, for `cuda.link`), `lto`, `debug` (-G -lineinfo),
--- `lineinfo`.
+-- `lineinfo`, `pch` (false: no precompiled header).
+--
+-- **Precompiled headers** (NVRTC 12.8+): a source whose headers are all the toolkit's (CCCL,
+-- cooperative groups...) compiles with NVRTC's automatic PCH. The first one of an `#include`
+-- run makes it (about 15% slower); a later, different source starting with the same run skips
+-- parsing those headers (an H100 machine: 0.16 s instead of about 1 s for `<cub/cub.cuh>`). The
+-- image, the PTX and the diagnostics are the same as without, and the compile cache's key does
+-- not hold it; `m:log()` ends with a line saying the PCH was made or used. NVRTC keeps the PCH
+-- for the process only (it is valid only for the NVRTC loaded there); across processes the
+-- compile cache keeps the modules. A source including a file of the user's gets none (NVRTC
+-- took a PCH as valid after that file changed). `CUDALUA_PCH=0` turns it off everywhere.
 function cuda.compile(src, opts) end
+
+--- Compiles several sources at once: a list of sources, or of `{source, opts}` (an item's opts
+-- join the shared `opts` and win); returns the modules in order and, when some failed, a table
+-- of their messages by index (`mods[i]` is then false), without raising for them. NVRTC
+-- compiles one program at a time in a process, so each source's compile runs in a child
+-- process of its own (forked; it runs only NVRTC, no Lua and no CUDA, and sends the result
+-- back); a source whose `#include` run two of them share and the process has no PCH of is
+-- compiled first, here, to make it for the others.
+-- @usage local mods, errs = cuda.compile_all({src_a, src_b, {src_c, {name = "c.cu"}}}, {arch = "sm_90"})
+function cuda.compile_all(sources, opts) end
+
+--- What the process's compiles cost so far: `nvrtc_runs`, `nvrtc_ms` (in NVRTC, or waiting
+-- for `compile_all`'s children), `link_ms` (nvJitLink), `pch_made`, `pch_used`,
+-- `pch_heap_grown` (NVRTC asked for a bigger PCH heap: grown, compiled again) and the compile
+-- cache's `cache_memory_hits`, `cache_disk_hits`, `cache_misses`, `cache_writes`.
+function cuda.compile_stats() end
 
 --- Compiles src and returns its kernel name (`opts` as `cuda.compile`); a C++ name ("ns::k",
 -- "scale<float>") needs no `name_expressions`. With `relocatable` or `lto` the module is linked

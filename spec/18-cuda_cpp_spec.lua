@@ -262,7 +262,7 @@ end)
 
 describe("compile options for real code", function()
   it("unknown options raise, naming the accepted ones", function()
-    C.raises("cuda.compile: unknown option 'includes' (arch, cache, debug, headers, include_dirs, lineinfo, lto, name, name_expressions, options, relocatable)",
+    C.raises("cuda.compile: unknown option 'includes' (arch, cache, debug, headers, include_dirs, lineinfo, lto, name, name_expressions, options, pch, relocatable)",
              compile, KERNEL, { includes = {} })
     C.raises("cuda.compile: opts.debug must be a boolean, got string", compile, KERNEL, { debug = "yes" })
     C.raises("cuda.compile: lto = true needs an sm_ arch", compile, KERNEL, { lto = true, arch = "compute_90" })

@@ -174,6 +174,10 @@ const char *cl_result_name(cl_lib *l, int r);   /* a result code's name, as the 
   X(cuProfilerStart) X(cuProfilerStop) X(cuGraphAddNode) X(cuGraphConditionalHandleCreate) \
   X(cuStreamBeginCaptureToGraph) X(cuStreamUpdateCaptureDependencies)
 
+/* NVRTC 12.8's precompiled headers: NULL when missing (cuda.compile then makes none) */
+#define CL_NVRTC_OPTIONAL(X) \
+  X(nvrtcGetPCHCreateStatus) X(nvrtcGetPCHHeapSizeRequired) X(nvrtcGetPCHHeapSize) X(nvrtcSetPCHHeapSize)
+
 #define CL_NVRTC_FUNCS(X) \
   X(nvrtcVersion) X(nvrtcGetErrorString) X(nvrtcCreateProgram) X(nvrtcDestroyProgram) \
   X(nvrtcCompileProgram) X(nvrtcGetProgramLogSize) X(nvrtcGetProgramLog) \
@@ -197,6 +201,7 @@ typedef struct cl_api {
   CL_CUDA_FUNCS(CL_MEMBER)
   CL_CUDA_OPTIONAL(CL_MEMBER)
   CL_NVRTC_FUNCS(CL_MEMBER)
+  CL_NVRTC_OPTIONAL(CL_MEMBER)
   CL_JITLINK_FUNCS(CL_MEMBER)
   CL_JITLINK_OPTIONAL(CL_MEMBER)
 } cl_api;

@@ -84,6 +84,7 @@ static const char *cuda_result(int r) {
 static const cl_sym cuda_syms[] = {CL_CUDA_FUNCS(CL_CUSYM) {NULL, NULL}};
 static const cl_sym cuda_opt[] = {CL_CUDA_OPTIONAL(CL_CUSYM) {NULL, NULL}};
 static const cl_sym nvrtc_syms[] = {CL_NVRTC_FUNCS(CL_SYM) {NULL, NULL}};
+static const cl_sym nvrtc_opt[] = {CL_NVRTC_OPTIONAL(CL_SYM) {NULL, NULL}};
 static const cl_sym jitlink_syms[] = {CL_JITLINK_FUNCS(CL_SYM) {NULL, NULL}};
 static const cl_sym jitlink_opt[] = {CL_JITLINK_OPTIONAL(CL_SYM) {NULL, NULL}};
 
@@ -110,7 +111,7 @@ static const char *nvrtc_result(int r) { return cu.nvrtcGetErrorString((nvrtcRes
 
 cl_lib cl_nvrtc = {
   .env = "CUDALUA_NVRTC", .names = nvrtc_names, .dirs = toolkit_dirs, .flags = RTLD_LAZY,
-  .syms = nvrtc_syms,
+  .syms = nvrtc_syms, .optional = nvrtc_opt,
   .forced_fail = "cudalua: NVRTC not found (libnvrtc.so.13 or .12): CUDALUA_NVRTC=%s cannot be opened (%s)",
   .not_found = "cudalua: NVRTC not found (libnvrtc.so.13 or .12; set CUDA_HOME or LD_LIBRARY_PATH)",
   .lacks = "cudalua: %s lacks %s",

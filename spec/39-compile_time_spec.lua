@@ -1,0 +1,225 @@
+-- Compile time (issue 28): NVRTC's automatic precompiled headers (never changing a result),
+-- cuda.compile_all (NVRTC runs on worker threads), cuda.compile_stats, and a process whose
+-- kernels all come from the disk cache loading neither NVRTC nor nvJitLink. Compiling needs no
+-- GPU when the arch is given; only the launches are #gpu.
+local H = require "spec.helper"
+local C = require "spec.check"
+local cuda = H.cuda
+local gpu = H.gpu(it, pending)
+
+local ARCH = "sm_90"
+
+-- two different sources with the same run of #includes (the PCH's prefix); a warning in each
+-- (an unused variable), so that the logs have something to compare
+local function cub_source(k, tag)
+  return ([[
+#include <cub/cub.cuh>
+extern "C" __global__ void %s(const int *x, int *out) {
+  using R = cub::BlockReduce<int, 128>;
+  __shared__ typename R::TempStorage t;
+  int unused_%s;
+  int s = R(t).Sum(x[threadIdx.x] * %d);
+  if (threadIdx.x == 0) *out = s;
+}
+]]):format(tag, tag, k)
+end
+
+local function cg_source(k, tag)
+  return ([[
+#include <cooperative_groups.h>
+namespace cg = cooperative_groups;
+extern "C" __global__ void %s(const int *x, int *out, int n) {
+  auto g = cg::this_thread_block();
+  int unused_%s;
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  int v = i < n ? x[i] * %d : 0;
+  auto w = cg::tiled_partition<32>(g);
+  for (int o = 16; o > 0; o /= 2) v += w.shfl_down(v, o);
+  if (w.thread_rank() == 0) atomicAdd(out, v);
+}
+]]):format(tag, tag, k)
+end
+
+local NOTE = "cudalua: NVRTC "
+
+-- a child's last line of output
+local function last(out) return out:match("([^\n]*)\n*$") end
+
+-- the log less cudalua's closing note on the precompiled header
+local function bare(log) return (log:gsub("cudalua: NVRTC [^\n]*precompiled header[^\n]*\n$", "")) end
+
+describe("precompiled headers", function()
+  for _, case in ipairs { { "<cub/cub.cuh>", cub_source }, { "<cooperative_groups.h>", cg_source } } do
+    local what, make = case[1], case[2]
+    it(("for sources including %s: the same image, PTX and diagnostics as without"):format(what), function()
+      local tag = "k" .. math.random(1, 1e9)
+      local before = cuda.compile_stats()
+      for i = 1, 2 do
+        local src = make(math.random(2, 99), tag .. "_" .. i)
+        for _, arch in ipairs { ARCH, "compute_90" } do
+          local off = cuda.compile(src, { arch = arch, cache = false, pch = false })
+          local on = cuda.compile(src, { arch = arch, cache = false })
+          assert.equal(off:image(), on:image())
+          assert.equal(off:ptx(), on:ptx())
+          assert.is_nil(off:log():find(NOTE, 1, true))
+          assert.truthy(off:log():find("unused_" .. tag .. "_" .. i, 1, true))   -- the warning
+          assert.equal(off:log(), bare(on:log()))
+          assert.truthy(on:log():find("precompiled header", 1, true))
+        end
+      end
+      local after = cuda.compile_stats()
+      -- each include run makes its PCH once in the process (the first file of this kind may
+      -- have run before this case): every compile with it on made or used one
+      assert.equal(4, (after.pch_made - before.pch_made) + (after.pch_used - before.pch_used))
+      assert.truthy(after.pch_used - before.pch_used >= 3)
+      assert.truthy(after.nvrtc_runs - before.nvrtc_runs >= 8)
+    end)
+  end
+
+  it("are not part of the compile cache's key; CUDALUA_PCH=0 turns them off", function()
+    local dir = H.tmpdir()
+    local out, ok = H.child(([[
+      local src = %q
+      local a = cuda.compile(src, { arch = "sm_90" })
+      local b = cuda.compile(src, { arch = "sm_90", pch = false })
+      local st = cuda.compile_stats()
+      print(rawequal(a, b), st.cache_memory_hits, st.nvrtc_runs, a:log():find("precompiled", 1, true) ~= nil)
+    ]]):format(cub_source(3, "keyed")), { CUDALUA_CACHE_DIR = dir })
+    assert.is_true(ok, out)
+    assert.equal("true\t1\t1\ttrue", last(out) or out)
+    out, ok = H.child(([[
+      local m = cuda.compile(%q, { arch = "sm_90", cache = false })
+      local st = cuda.compile_stats()
+      print(st.pch_made + st.pch_used, m:log():find("precompiled", 1, true) ~= nil)
+    ]]):format(cub_source(5, "off")), { CUDALUA_PCH = "0" })
+    assert.is_true(ok, out)
+    assert.equal("0\tfalse", last(out) or out)
+    H.rmrf(dir)
+  end)
+
+  it("sources with cudalua's headers only, or none, compile without one", function()
+    local before = cuda.compile_stats()
+    local m = cuda.compile('#include <cudalua/grid.cuh>\nextern "C" __global__ void g(float *x) { x[grid(1)] = 1; }',
+      { arch = ARCH, cache = false })
+    local after = cuda.compile_stats()
+    assert.equal("", m:log())
+    assert.equal(before.pch_made + before.pch_used, after.pch_made + after.pch_used)
+  end)
+
+  it("a source including a file of the user's gets none (NVRTC kept using one made before an edit)", function()
+    local dir = H.tmpdir()
+    H.write(dir .. "/mine.cuh", "#define MINE 1\n")
+    local src = '#include <cub/cub.cuh>\n#include "mine.cuh"\nextern "C" __global__ void u(int *x) { *x = MINE; }\n'
+    local before = cuda.compile_stats()
+    local m = cuda.compile(src, { arch = ARCH, cache = false, include_dirs = { dir } })
+    local after = cuda.compile_stats()
+    assert.is_nil(m:log():find("precompiled", 1, true))
+    assert.equal(before.pch_made + before.pch_used, after.pch_made + after.pch_used)
+    H.write(dir .. "/mine.cuh", "#define MINE 2\n")
+    assert.matches("mov.u32%s+%%r%d+, 2;", cuda.compile(src, { arch = "compute_90", cache = false, include_dirs = { dir } }):ptx())
+    H.rmrf(dir)
+  end)
+
+  it("cuda.compile_all makes one for a new #include run two sources share, and none for one alone", function()
+    local run = ("#define CUDALUA_SPEC_RUN_%d\n"):format(math.random(1, 1e9))
+    local before = cuda.compile_stats()
+    local mods, errs = cuda.compile_all({ run .. cub_source(2, "s1"), run .. cub_source(3, "s2"), run .. cub_source(4, "s3") },
+      { arch = ARCH, cache = false })
+    assert.is_nil(errs)
+    local mid = cuda.compile_stats()
+    assert.equal(1, mid.pch_made - before.pch_made)
+    assert.equal(2, mid.pch_used - before.pch_used)
+    assert.truthy(mods[1]:log():find("made a precompiled header", 1, true))
+    assert.truthy(mods[3]:log():find("used a precompiled header", 1, true))
+    local alone = ("#define CUDALUA_SPEC_ALONE_%d\n"):format(math.random(1, 1e9)) .. cub_source(5, "s4")
+    mods = cuda.compile_all({ alone }, { arch = ARCH, cache = false })
+    local after = cuda.compile_stats()
+    assert.equal(mid.pch_made + mid.pch_used, after.pch_made + after.pch_used)
+    assert.equal(cuda.compile(alone, { arch = ARCH, cache = false, pch = false }):image(), mods[1]:image())
+  end)
+
+  it("opts.pch must be a boolean", function()
+    C.raises("cuda.compile: opts.pch must be a boolean", cuda.compile, "x", { arch = ARCH, pch = 1 })
+  end)
+end)
+
+describe("cuda.compile_all", function()
+  it("gives each source's module in order, as cuda.compile would, and each failure's message", function()
+    local tag = "a" .. math.random(1, 1e9)
+    local srcs = {}
+    for i = 1, 4 do srcs[i] = cub_source(i + 1, tag .. i) end
+    srcs[5] = '__global__ void broken( {'
+    srcs[6] = { 'extern "C" __global__ void named(int *x) { *x = 1; }', { name = "named.cu" } }
+    srcs[7] = { "x", { bogus = true } }
+    local mods, errs = cuda.compile_all(srcs, { arch = ARCH, cache = false })
+    for i = 1, 4 do
+      local one = cuda.compile(srcs[i], { arch = ARCH, cache = false })
+      assert.equal(one:image(), mods[i]:image())
+      assert.same({ tag .. i }, mods[i]:kernels())
+    end
+    assert.equal(false, mods[5])
+    assert.truthy(errs[5]:find("cudalua_kernel.cu failed to compile (NVRTC_ERROR_COMPILATION)", 1, true))
+    assert.equal("cudalua.module<named.cu>", tostring(mods[6]))   -- the item's options join the shared ones
+    assert.is_nil(errs[6])
+    assert.equal(false, mods[7])
+    assert.truthy(errs[7]:find("^unknown option 'bogus'"))
+    assert.equal(7, #mods)
+  end)
+
+  it("gives no error table when every source compiles; cache hits come back too", function()
+    local src = 'extern "C" __global__ void hit(int *x) { *x = 7; }'
+    local first = cuda.compile(src, { arch = ARCH })
+    local mods, errs = cuda.compile_all({ src, cub_source(9, "miss" .. math.random(1, 1e9)) }, { arch = ARCH })
+    assert.is_nil(errs)
+    assert.is_true(rawequal(first, mods[1]))
+    assert.equal(2, #mods)
+  end)
+
+  it("checks its arguments", function()
+    C.raises("cuda.compile_all: argument 1: a list of sources expected, got string", cuda.compile_all, "x")
+    C.raises("cuda.compile_all: argument 2: options table expected, got number", cuda.compile_all, {}, 3)
+    C.raises("cuda.compile_all: item 2: a source or {source, opts} expected, got number", cuda.compile_all,
+      { "x", 5 }, { arch = ARCH })
+    C.raises("cuda.compile_all: item 1: a source or {source, opts} expected", cuda.compile_all, { { 5 } })
+    local mods, errs = cuda.compile_all({})
+    assert.same({}, mods)
+    assert.is_nil(errs)
+  end)
+
+  gpu("its modules' kernels give what the CPU computes, on random data", function()
+    local tag = "r" .. math.random(1, 1e9)
+    local ks, srcs = {}, {}
+    for i = 1, 6 do ks[i] = math.random(-9, 9); srcs[i] = cg_source(ks[i], tag .. i) end
+    local mods = cuda.compile_all(srcs)
+    local n = math.random(1, 5000)
+    local x = H.rand_table(n, -1000, 1000, true)
+    local sum = 0
+    for i = 1, n do sum = sum + x[i] end
+    local dx = cuda.array(x, "int32")
+    for i = 1, 6 do
+      local out = cuda.zeros(1, "int32")
+      mods[i]:get(tag .. i)[{ (n + 127) // 128, 128 }](dx, out, n)
+      assert.equal(sum * ks[i], out:copy_to_host()[1])
+    end
+  end)
+end)
+
+describe("a process whose kernels are all in the disk cache", function()
+  it("loads neither NVRTC nor nvJitLink", function()
+    local dir = H.tmpdir()
+    local code = ([[
+      local m = cuda.compile(%q, { arch = "sm_90" })
+      local k = cuda.compile(%q, { arch = "sm_90" })
+      local maps = io.open("/proc/self/maps"):read("a")
+      local st = cuda.compile_stats()
+      print(maps:find("libnvrtc", 1, true) ~= nil, maps:find("libnvJitLink", 1, true) ~= nil, st.cache_disk_hits, st.nvrtc_runs)
+    ]]):format(cub_source(4, "cold"), 'extern "C" __global__ void plain(int *x) { *x = 2; }')
+    local out, ok = H.child(code, { CUDALUA_CACHE_DIR = dir })
+    assert.is_true(ok, out)
+    assert.truthy((last(out) or ""):find("^true\t"), out)   -- the first process compiled
+    out, ok = H.child(code, { CUDALUA_CACHE_DIR = dir })
+    assert.is_true(ok, out)
+    assert.equal("false\tfalse\t2\t0", last(out) or out)
+    H.rmrf(dir)
+  end)
+end)
