@@ -23,6 +23,8 @@
 --     the CUDA array before or after the launch; copied out after;
 --   global: the lane's own __device__ int of the module, set through Module:get_global's view
 --     on the stream, bumped by a kernel k times (or by a capture replayed k times), read back.
+-- And cuda.compile_all (issue 28): a good and a broken source compiled in forked children while
+-- the other states run; the good one's kernel adds to the lane like add.
 -- Whether a host function has run when the next call comes depends on the driver's timing (or a
 -- wait put between, at random), so each call looks first: an object closed by then must make it
 -- raise an error naming the function (or the kernel) and saying "closed"; otherwise the call may
@@ -33,7 +35,7 @@ local beat = rawget(_G, "beat") or function() end   -- given by tools/stress.c
 local function yes() return true end
 local try_capture, try_sync = rawget(_G, "try_capture") or yes, rawget(_G, "try_sync") or yes
 local unlock = rawget(_G, "unlock") or function() end
--- STRESS_SKIP="while,temp,cond,cuarray,texture,surface,global" leaves those sequences out (so
+-- STRESS_SKIP="while,temp,cond,cuarray,texture,surface,global,compile" leaves those sequences out (so
 -- does any other operation's name: op.NAME below). The WHILE-node sequence is left out
 -- unless STRESS_SKIP is set (to "" for everything): graphs with conditional nodes fail the
 -- context on driver 580.159.04 when other streams run work at the same time, in plain CUDA C
@@ -213,6 +215,24 @@ function op.add(cx, l)
   beat("add")
   local v = cx.rng(-50, 50)
   cx.k.add[{ blocks(l.n), 128, l.s }](l.d, v, l.n)
+  l.value = l.value + v
+end
+
+-- cuda.compile_all from several states at once (issue 28): each source's NVRTC run in a
+-- process forked while the other states' threads use the driver; a broken source's error comes
+-- back by its index, and the good one's kernel adds v like op.add
+local COMPILED = 'extern "C" __global__ void %s(int *x, int v, int n) {\n'
+  .. '  int i = blockIdx.x * blockDim.x + threadIdx.x;\n  if (i < n) x[i] += v;\n}\n'
+function op.compile(cx, l)
+  beat("compile_all")
+  local v, name = cx.rng(-50, 50), ("add_%d_%d"):format(cx.thread, cx.rng(1, 1 << 30))
+  local mods, errs = cuda.compile_all({ COMPILED:format(name), "__global__ void broken( {" }, { cache = false })
+  if not (errs and not errs[1] and (errs[2] or ""):find("failed to compile", 1, true) and mods[2] == false) then
+    cx.wrong(("%s: compile_all: the broken source's error is missing or the good one failed: %s"):format(
+      cx.where, errs and tostring(errs[1] or errs[2]) or "no errors"))
+    return
+  end
+  mods[1]:get(name)[{ blocks(l.n), 128, l.s }](l.d, v, l.n)
   l.value = l.value + v
 end
 
@@ -660,7 +680,7 @@ end
 -- the operation of each number rng(1, #ORDER) draws; "graph" is a WHILE node's or a host node's
 local ORDER = { "add", "add", "add", "tick", "host", "host", "copy", "capture", "graph", "burst", "sync", "query",
   "event", "element", "device_sync", "drop", "two_stream", "stream_closed", "pool", "cuarray", "texture", "surface",
-  "global" }
+  "global", "compile" }
 
 local function pick(cx, l, n)
   local name = ORDER[n]
