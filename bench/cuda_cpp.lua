@@ -227,11 +227,35 @@ section("cold start", function()
     if what == "run" and not line:find("^ok\t1") then error("the child did not hit the disk cache: " .. line) end
     return dt
   end
-  local full, ctx = {}, {}
-  for r = 1, REPS do full[r] = child("run"); ctx[r] = child("ctx") end
+  -- the same in C (bench/cold_start.c, built by bench/run.sh): the context, the cubin loaded
+  -- from a file, the launch, the result
+  local exe = "bench/out/cold_start"
+  local cubin = os.tmpname()
+  f = assert(io.open(cubin, "wb"))
+  f:write(cuda.compile(COLD_SRC):image())
+  f:close()
+  local function raw()
+    local t0 = now()
+    local p = assert(io.popen(("%s %s"):format(exe, cubin)))
+    local line = p:read("a")
+    p:close()
+    local dt = (now() - t0) * 1e3
+    if not line:find("^ok") then error("bench/cold_start: " .. line) end
+    return dt
+  end
+  local have_raw = io.open(exe) ~= nil
+  if not have_raw then B.note("no bench/out/cold_start (bench/run.sh builds it)") end
+  local full, ctx, rawt = {}, {}, {}
+  for r = 1, REPS do
+    full[r] = child("run")
+    ctx[r] = child("ctx")
+    if have_raw then rawt[r] = raw() end
+  end
   os.remove(path)
+  os.remove(cubin)
   out("cold_start_result_ms", median(full))
   out("cold_start_context_ms", median(ctx))
+  if have_raw then out("cold_start_raw_ms", median(rawt)) end
 end)
 collectgarbage()
 

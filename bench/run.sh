@@ -45,6 +45,9 @@ if [ -z "$BENCH_REPORT_ONLY" ]; then
       broken="$broken $prog"
     fi
   done
+  # a new process's start to its first kernel result, in C (bench/cuda_cpp.lua's cold start)
+  gcc -O2 -I"$CUDA_DIR/include" bench/cold_start.c -o "$OUT/cold_start" -L"$CUDA_DIR/lib64/stubs" \
+      -L"$CUDA_DIR/lib64" -Wl,-rpath,"$CUDA_DIR/lib64" -lcuda || echo "bench: cannot build bench/cold_start.c" >&2
   # the raw loops that run inside the cudalua process (the bench scripts take turns with them)
   gcc -O2 -shared -fPIC -I"$LUA_INCDIR" -I"$CUDA_DIR/include" bench/rawloop.c -o "$OUT/rawloop.so" \
       -L"$CUDA_DIR/lib64/stubs" -L"$CUDA_DIR/lib64" -Wl,-rpath,"$CUDA_DIR/lib64" -lcuda -lnvrtc -ldl ||
