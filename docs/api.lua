@@ -609,6 +609,10 @@ function Launcher:__call(...) end
 --- Numba's reduce: a reducer for a binary expression of a and b ("a + b", "fmax(a, b)").
 -- Options (`opts`): `init`. The reducer is called as `r(array, opts)` with options `init`,
 -- `res` (a device array: the result stays there) and `stream`; it returns a number.
+-- `r:precompile(dtypes)` compiles its kernels for these dtypes (names or dtypes) on the
+-- selected device now, all at once (`cuda.compile_all`), rather than each at its first call,
+-- and returns r; a dtype the expression does not compile for raises, naming it.
+-- @usage local sum = cuda.reduce("a + b"):precompile { "float32", "float64", "int32" }
 function cuda.reduce(expr, opts) end
 
 --- CuPy's ElementwiseKernel (Numba's @vectorize): a callable running body once per element.

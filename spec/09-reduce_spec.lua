@@ -173,6 +173,28 @@ describe("cudalua/reduce.cuh", function()
   end)
 end)
 
+describe("reducer:precompile", function()
+  it("checks its argument before anything else", function()
+    local r = cuda.reduce("a * b")
+    C.raises("reducer:precompile: expected a list of dtypes, got string", r.precompile, r, "float32")
+    C.raises("reducer:precompile: dtypes[2]: unknown dtype float77", r.precompile, r, { "int32", "float77" })
+  end)
+
+  -- (issue 28: the dtypes' kernels compiled at once, through cuda.compile_all)
+  gpu("compiles the kernels of several dtypes at once; the calls then compile nothing", function()
+    local r = cuda.reduce(("a + b + %d * 0"):format(math.random(1, 1e6)))   -- a sum, a source of its own
+    local dts = { "float32", "float64", "int32", "int64", "uint16" }
+    assert.equal(r, r:precompile(dts))
+    local runs = cuda.compile_stats().nvrtc_runs
+    for _, dt in ipairs(dts) do
+      local t = data(dt, math.random(1, 5000))
+      same(cpu_sum(dt, t), r(cuda.array(t, dt)), dt)
+    end
+    assert.equal(runs, cuda.compile_stats().nvrtc_runs)
+    C.raises("does not compile for bool", r.precompile, r, { "bool" })
+  end)
+end)
+
 describe("a reducer on the GPU", function()
   gpu("sums every numeric dtype exactly: integers as Lua integers, floats as floats", function()
     for _, dt in ipairs(DTYPES) do

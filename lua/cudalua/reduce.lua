@@ -45,24 +45,30 @@ local function source(self, ctype, header)
   }, "\n")
 end
 
--- the kernels for one dtype on the selected device: aligned (16-byte vector loads) and unaligned
-local function kernels(self, dtype, dev)
-  local name = tostring(dtype)
+-- what one dtype's kernels are compiled from: the source, the compile options, and the two
+-- instances (aligned: 16-byte vector loads; unaligned)
+local function plan(self, dtype)
   local ctype, header = compile.value_type(dtype)
   local v = 16 // dtype.itemsize
   local key = self.expr and self.expr:gsub("%s+", "")
   local p = (COMMUTES[key] or COMMUTES_REAL[key] and not PACK[dtype]) and COMMUTING or ORDERED
   local aligned = ("cudalua::reduce_kernel<%s, cudalua_op, %d, %d, %s>"):format(ctype, v, p.un, p.comm)
   local unaligned = ("cudalua::reduce_kernel<%s, cudalua_op, 1, %d, %s>"):format(ctype, p.un, p.comm)
-  local ok, mod = pcall(compile.compile, source(self, ctype, header), {
-    name = "cudalua_reduce.cu", name_expressions = { aligned, unaligned } })
-  if not ok then
-    check.error("cuda.reduce", 0, "the reduction %q does not compile for %s:\n%s", self.expr or self.body, name, check.cause(mod))
-  end
+  return { src = source(self, ctype, header), opts = { name = "cudalua_reduce.cu", name_expressions = { aligned, unaligned } },
+           aligned = aligned, unaligned = unaligned, p = p, v = v }
+end
+
+local function no_compile(self, dtype, why)
+  check.error("cuda.reduce", 0, "the reduction %q does not compile for %s:\n%s", self.expr or self.body, tostring(dtype), why)
+end
+
+-- the kernels of plan pl from module mod, kept for dtype on device dev
+local function install(self, dtype, dev, mod, pl)
   local sms = core.devices()[core.current_device() + 1].multiprocessors
+  local p, v = pl.p, pl.v
   -- per_block: the elements that give each warp of a block its un tiles
-  local ks = { mod = mod, { k = mod:get(aligned), per_block = 32 * v * W * p.un },
-    { k = mod:get(unaligned), per_block = 32 * W * p.un } }
+  local ks = { mod = mod, { k = mod:get(pl.aligned), per_block = 32 * v * W * p.un },
+    { k = mod:get(pl.unaligned), per_block = 32 * W * p.un } }
   for _, k in ipairs(ks) do
     k.max_grid = p.waves * sms * math.max(1, k.k:max_blocks_per_sm(BLOCK))
     k.one = k.k[{ 1, BLOCK }] -- the launcher for small inputs on the default stream
@@ -71,6 +77,14 @@ local function kernels(self, dtype, dev)
   self.kernels[dev] = per
   per[dtype] = ks -- dtypes are unique objects
   return ks
+end
+
+-- the kernels for one dtype on the selected device
+local function kernels(self, dtype, dev)
+  local pl = plan(self, dtype)
+  local ok, mod = pcall(compile.compile, pl.src, pl.opts)
+  if not ok then no_compile(self, dtype, check.cause(mod)) end
+  return install(self, dtype, dev, mod, pl)
 end
 
 -- per dtype: a one-element mapped array the kernel writes the host result into (no copy call)
@@ -219,6 +233,29 @@ function Reducer:__call(arr, opts)
   if dev == cur then r = run(self, arr, n, dtype, kind, ptr, init, stream, res, dev)
   else r = gpus[dev]:run(run, self, arr, n, dtype, kind, ptr, init, stream, res, dev) end
   return r
+end
+
+-- r:precompile(dtypes): the kernels for these dtypes (names or dtype objects) on the selected
+-- device, compiled now and at once (cuda.compile_all), not at each dtype's first call
+function Reducer:precompile(dtypes)
+  if type(dtypes) ~= "table" then check.error("reducer:precompile", 2, "expected a list of dtypes, got %s", type(dtypes)) end
+  local list, plans, todo = {}, {}, {}
+  for i, d in ipairs(dtypes) do
+    local ok, dt = pcall(core.dtype, d)
+    if not ok then check.error("reducer:precompile", 2, "dtypes[%d]: unknown dtype %s", i, tostring(d)) end
+    todo[#todo + 1] = dt
+  end
+  local dev = core.current_device()
+  for i, dt in ipairs(todo) do
+    plans[i] = plan(self, dt)
+    list[i] = { plans[i].src, plans[i].opts }
+  end
+  local mods, errs = compile.compile_all(list)
+  for i, dt in ipairs(todo) do
+    if errs and errs[i] then no_compile(self, dt, errs[i]) end
+    install(self, dt, dev, mods[i], plans[i])
+  end
+  return self
 end
 
 function Reducer:__tostring()
