@@ -469,13 +469,16 @@ function cuda.compile(src, opts) end
 -- compiles one program at a time in a process, so each source's compile runs in a child
 -- process of its own (forked; it runs only NVRTC, no Lua and no CUDA, and sends the result
 -- back); a source whose `#include` run two of them share and the process has no PCH of is
--- compiled first, here, to make it for the others.
+-- compiled first, here, to make it for the others (the children only use PCHs, never make
+-- them). At most as many children run at once as there are CPUs. Each PCH NVRTC makes (one per
+-- `#include` run and option set) is a file of 100-250 MB in /tmp until the process ends.
 -- @usage local mods, errs = cuda.compile_all({src_a, src_b, {src_c, {name = "c.cu"}}}, {arch = "sm_90"})
 function cuda.compile_all(sources, opts) end
 
---- What the process's compiles cost so far: `nvrtc_runs`, `nvrtc_ms` (in NVRTC, or waiting
+--- What this Lua state's compiles cost so far: `nvrtc_runs`, `nvrtc_ms` (in NVRTC, or waiting
 -- for `compile_all`'s children), `link_ms` (nvJitLink), `pch_made`, `pch_used`,
--- `pch_heap_grown` (NVRTC asked for a bigger PCH heap: grown, compiled again) and the compile
+-- `pch_heap_grown` (NVRTC asked for a bigger PCH heap: grown, compiled again), `child_runs`
+-- (NVRTC runs `compile_all` took from its children) and the compile
 -- cache's `cache_memory_hits`, `cache_disk_hits`, `cache_misses`, `cache_writes`.
 function cuda.compile_stats() end
 

@@ -1,5 +1,5 @@
 -- Compile time (issue 28): NVRTC's automatic precompiled headers (never changing a result),
--- cuda.compile_all (NVRTC runs on worker threads), cuda.compile_stats, and a process whose
+-- cuda.compile_all (NVRTC runs in forked child processes), cuda.compile_stats, and a process whose
 -- kernels all come from the disk cache loading neither NVRTC nor nvJitLink. Compiling needs no
 -- GPU when the arch is given; only the launches are #gpu.
 local H = require "spec.helper"
@@ -164,6 +164,51 @@ describe("cuda.compile_all", function()
     assert.equal(false, mods[7])
     assert.truthy(errs[7]:find("^unknown option 'bogus'"))
     assert.equal(7, #mods)
+  end)
+
+  it("runs each source's NVRTC in a child; children never make a PCH (a licence comment first)", function()
+    local out, ok = H.child([[
+      local run = ("#define CUDALUA_SPEC_LIC_%d\n"):format(math.random(1, 1e9))
+      local lic = "/* licence\n   text */\n// more\n"
+      local function s(inc, k) return lic .. run .. "#include <" .. inc .. ">\n"
+        .. ('extern "C" __global__ void k%d(int *x) { *x = %d; }\n'):format(k, k) end
+      local before = cuda.compile_stats()
+      local mods, errs = cuda.compile_all({ s("cub/cub.cuh", 1), s("cooperative_groups.h", 2), s("cub/cub.cuh", 3),
+        s("cooperative_groups.h", 4), 'extern "C" __global__ void plain(int *x) { *x = 5; }' }, { arch = "sm_90", cache = false })
+      local st = cuda.compile_stats()
+      local pid = io.open("/proc/self/stat"):read("a"):match("^(%d+)")
+      print(errs == nil and #mods, st.pch_made - before.pch_made, st.pch_used - before.pch_used,
+        st.child_runs - before.child_runs, pid)
+    ]], nil, "timeout 300")
+    assert.is_true(ok, out)
+    local n, made, used, children, pid = last(out):match("^(%S+)\t(%d+)\t(%d+)\t(%d+)\t(%d+)$")
+    assert.equal("5", n, out)
+    -- the first of each #include run made here, the other of each pair used it in a child
+    assert.equal("2", made)
+    assert.equal("2", used)
+    assert.equal("3", children)   -- (the two pairs' second sources and the plain one)
+    -- NVRTC deleted the process's PCH folder at its exit: no child made one it did not know
+    local left = io.popen("ls -d /tmp/__nvrtc_auto_pch_" .. pid .. "_* 2>/dev/null"):read("a")
+    assert.equal("", left)
+  end)
+
+  it("a job dropped unread does not hold up the collector (its child is killed)", function()
+    local out, ok = H.child([[
+      local _, core = debug.getupvalue(package.preload["cudalua.compile"], 2)
+      require "cudalua.compile"
+      -- (its PTX is about 100 KB: more than a pipe holds, so the child blocks until read)
+      local src = '#include <cooperative_groups.h>\nextern "C" __global__ void k(int *x) { *x = 1; }\n'
+      local hd = { "-arch=compute_90", "-I/usr/local/cuda/include", "-I/usr/local/cuda/include/cccl" }
+      local a = core.nvrtc_start(src, "a.cu", hd, {}, {}, "ptx", false)
+      local b = core.nvrtc_start(src, "b.cu", hd, {}, {}, "ptx", false)
+      a = nil
+      local t0 = cuda.time()
+      collectgarbage(); collectgarbage()
+      local img = core.nvrtc_wait(b)
+      print(type(img), #(img or "") > 65536, cuda.time() - t0 < 30)
+    ]], nil, "timeout 120")
+    assert.is_true(ok, out)
+    assert.equal("string\ttrue\ttrue", last(out))
   end)
 
   it("gives no error table when every source compiles; cache hits come back too", function()

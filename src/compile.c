@@ -1,9 +1,12 @@
 /* compile.c: NVRTC. Compiling needs no GPU when the architecture is given. The policy (options,
    shipped headers, finding kernels, the cache) lives in lua/cudalua/compile.lua. */
+#define _GNU_SOURCE   /* pipe2, close_range */
 #include <errno.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include "cl.h"
@@ -288,8 +291,11 @@ static int read_result(int fd, nvjob *j) {
 typedef struct { nvjob j; pid_t pid; int fd, done; } nvbox;
 #define NVJOB "cudalua.nvrtc_job"
 
+/* a child whose result is not read (the box collected first) is killed: it may be blocked on
+   the pipe, and would be waited for until its whole compile ended otherwise */
 static void box_reap(nvbox *b) {
   if (b->fd >= 0) { close(b->fd); b->fd = -1; }
+  if (b->pid > 0 && !b->done) kill(b->pid, SIGKILL);
   if (b->pid > 0) {
     while (waitpid(b->pid, NULL, 0) < 0 && errno == EINTR) {}
     b->pid = 0;
@@ -315,24 +321,47 @@ static nvbox *new_box(lua_State *L) {
 /* nvrtc_compile(src, filename, {options}, {{name, text}, ...}, {name expressions}, output, pch) */
 static int l_nvrtc_compile(lua_State *L) {
   cl_lib_need(L, &cl_nvrtc);
+  lua_settop(L, 7);   /* the box goes above the arguments, never read as one */
   nvbox *b = new_box(L);
   job_of(L, 1, &b->j);
   run_locked(&b->j);
   return push_result(L, &b->j);
 }
 
+/* one small compile in this process before the first child: NVRTC then has everything it
+   loads at its first compile (libnvrtc-builtins) loaded, so that a child, forked while another
+   thread may be inside the dynamic loader (a JIT, a require), never has to load anything */
+static void warm_up(void) {
+  static int warm;
+  pthread_mutex_lock(&nv_mu);
+  nvrtcProgram prog;
+  if (!warm && cu.nvrtcCreateProgram(&prog, "__device__ int cudalua_warm;\n", "warm.cu", 0, NULL, NULL) == NVRTC_SUCCESS) {
+    const char *opt = "-arch=compute_75";
+    cu.nvrtcCompileProgram(prog, 1, &opt);
+    cu.nvrtcDestroyProgram(&prog);
+  }
+  warm = 1;
+  pthread_mutex_unlock(&nv_mu);
+}
+
 /* nvrtc_start(...as nvrtc_compile) -> job: the run in a child process; nvrtc_wait(job) -> what
    nvrtc_compile returns. Where no child can be made, the run happens in the wait */
 static int l_nvrtc_start(lua_State *L) {
-  cl_lib_need(L, &cl_nvrtc);
+  if (!cl_lib_load(&cl_nvrtc)) return cl_error(L, "cuda.compile_all", "%s", cl_nvrtc.err);
+  lua_settop(L, 7);
   nvbox *b = new_box(L);
   job_of(L, 1, &b->j);
+  warm_up();
   int fds[2];
-  if (pipe(fds) != 0) return 1;
+  /* close-on-exec: a program another thread starts meanwhile (io.popen) keeps no end open */
+  if (pipe2(fds, O_CLOEXEC) != 0) return 1;
   pthread_mutex_lock(&nv_mu);
   pid_t pid = fork();
   if (pid == 0) {   /* the child: the job, its result down the pipe, and out */
-    close(fds[0]);
+    /* only the pipe's write end stays: the read ends of earlier jobs' pipes, inherited, would
+       keep their children from ever seeing the parent stop reading */
+    if (fds[1] != 3) { dup2(fds[1], 3); fds[1] = 3; }
+    close_range(4, ~0U, 0);
     run_job(&b->j);
     send_result(fds[1], &b->j);
     _exit(0);
@@ -349,6 +378,7 @@ static int l_nvrtc_wait(lua_State *L) {
   nvbox *b = luaL_checkudata(L, 1, NVJOB);
   if (!b->done && b->pid > 0) {
     int ok = read_result(b->fd, &b->j);
+    b->done = ok;   /* (read: the child only exits now; not read: it is killed) */
     box_reap(b);
     if (!ok) return cl_error(L, "cuda.compile_all", "a compile's child process ended without its result "
                              "(out of memory, or killed)");
@@ -456,10 +486,18 @@ static int l_nvrtc_archs(lua_State *L) {
   return 1;
 }
 
+/* the CPUs this process may use: compile_all's children at once */
+static int l_nprocs(lua_State *L) {
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  lua_pushinteger(L, n > 0 ? n : 1);
+  return 1;
+}
+
 void cl_open_compile(lua_State *L) {
   lua_pushcfunction(L, l_nvrtc_compile); lua_setfield(L, -2, "nvrtc_compile");
   lua_pushcfunction(L, l_nvrtc_start); lua_setfield(L, -2, "nvrtc_start");
   lua_pushcfunction(L, l_nvrtc_wait); lua_setfield(L, -2, "nvrtc_wait");
+  lua_pushcfunction(L, l_nprocs); lua_setfield(L, -2, "nprocs");
   lua_pushcfunction(L, l_nvrtc_archs); lua_setfield(L, -2, "nvrtc_archs");
   lua_pushcfunction(L, l_ptx_strip); lua_setfield(L, -2, "ptx_strip");
 }

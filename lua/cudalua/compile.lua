@@ -207,17 +207,21 @@ end
 -- PCH holds), its options and its in-memory headers' names. made[key]: the process has one
 local pch_made = {}
 local function pch_key(job)
+  -- the directives before the first token of code, comments out and continued lines joined
+  -- (a licence comment first, a #define over several lines: the review's keys that two runs
+  -- shared)
+  local text = modules.strip_comments(declared(job)):gsub("\\\n", " ")
   local lead = {}
-  for line in (declared(job) .. "\n"):gmatch("([^\n]*)\n") do
+  for line in (text .. "\n"):gmatch("([^\n]*)\n") do
     local t = line:match("^%s*(.-)%s*$")
-    if t ~= "" and not t:match("^#") and not t:match("^//") then break end
+    if t ~= "" and not t:match("^#") then break end
     lead[#lead + 1] = t
   end
   return table.concat(lead, "\n") .. "\0" .. table.concat(job.options, "\0") .. "\0" .. table.concat(job.user_names, "\0")
 end
 
 -- what the process's compiles cost (cuda.compile_stats)
-M.stats = { nvrtc_runs = 0, nvrtc_ms = 0, link_ms = 0, pch_made = 0, pch_used = 0, pch_heap_grown = 0 }
+M.stats = { nvrtc_runs = 0, nvrtc_ms = 0, link_ms = 0, pch_made = 0, pch_used = 0, pch_heap_grown = 0, child_runs = 0 }
 local function count_pch(status)
   local st = M.stats
   if status == "used" then st.pch_used = st.pch_used + 1
@@ -272,8 +276,12 @@ local function run_nvrtc(job, list)
   job.pending = nil
   local sig, a, b, c, d, e, f, g = nvrtc_args(job, list)
   local image, log, lowered, ptx, pch
-  if pending and pending.sig == sig then image, log, lowered, ptx, pch = core.nvrtc_wait(pending.run)
-  else image, log, lowered, ptx, pch = core.nvrtc_compile(a, b, c, d, e, f, g) end
+  if pending and pending.sig == sig then
+    image, log, lowered, ptx, pch = core.nvrtc_wait(pending.run)
+    M.stats.child_runs = M.stats.child_runs + 1
+  else
+    image, log, lowered, ptx, pch = core.nvrtc_compile(a, b, c, d, e, f, g)
+  end
   local st = M.stats
   st.nvrtc_runs, st.nvrtc_ms = st.nvrtc_runs + 1, st.nvrtc_ms + (core.time() - t0) * 1e3
   count_pch(pch)
@@ -402,7 +410,7 @@ local function item_of(list, i, opts)
   local it = list[i]
   if type(it) == "table" then
     if type(it[1]) ~= "string" or (it[2] ~= nil and type(it[2]) ~= "table") then
-      check.error("cuda.compile_all", 4, "item %d: a source or {source, opts} expected", i)
+      check.error("cuda.compile_all", 3, "item %d: a source or {source, opts} expected", i)
     end
     local o = {}
     for k, v in pairs(opts or {}) do o[k] = v end
@@ -410,7 +418,7 @@ local function item_of(list, i, opts)
     return it[1], o
   end
   if type(it) ~= "string" then
-    check.error("cuda.compile_all", 4, "item %d: a source or {source, opts} expected, got %s", i, type(it))
+    check.error("cuda.compile_all", 3, "item %d: a source or {source, opts} expected, got %s", i, type(it))
   end
   return it, opts
 end
@@ -442,6 +450,7 @@ function M.compile_all(list, opts)
       share[job.pch_key] = (share[job.pch_key] or 0) + 1
     end
   end
+  local queue = {}
   for i, job in ipairs(jobs) do
     if type(job) == "table" and not job.mod then
       local key = job.pch_key
@@ -450,17 +459,33 @@ function M.compile_all(list, opts)
         jobs[i] = ok and { mod = m } or why(m)
       else
         if key and not pch_made[key] then job.pch = false end
-        local first = {}
-        for _, k in ipairs(job.found) do first[#first + 1] = k end
-        for _, e in ipairs(job.opts.name_expressions or {}) do first[#first + 1] = e end
-        local sig, a, b, c, d, e, f, g = nvrtc_args(job, first)
-        job.pending = { sig = sig, run = core.nvrtc_start(a, b, c, d, e, f, g) }
+        queue[#queue + 1], job.queued = job, true
       end
     end
   end
+  -- at most as many children at once as there are CPUs (each takes hundreds of MB), the next
+  -- started as each result is taken
+  local started, cap = 0, math.max(1, core.nprocs())
+  local function start_next()
+    started = started + 1
+    local job = queue[started]
+    if not job then return end
+    local first = {}
+    for _, k in ipairs(job.found) do first[#first + 1] = k end
+    for _, e in ipairs(job.opts.name_expressions or {}) do first[#first + 1] = e end
+    local sig, a, b, c, d, e, f, g = nvrtc_args(job, first)
+    local ok, run = pcall(core.nvrtc_start, a, b, c, d, e, f, g)
+    if ok then job.pending = { sig = sig, run = run } else job.start_error = why(run) end
+  end
+  for _ = 1, math.min(cap, #queue) do start_next() end
+  -- (results taken in order: the k-th queued job was started when the (k - cap)-th was taken)
   for i, job in ipairs(jobs) do
     local ok, m = true, job
-    if type(job) == "table" then ok, m = pcall(function() return job.mod or finish(job) end) end
+    if type(job) == "table" then
+      if job.start_error then ok, m = false, job.start_error
+      else ok, m = pcall(function() return job.mod or finish(job) end) end
+      if job.queued then start_next() end
+    end
     if type(job) == "string" or not ok then
       errs = errs or {}
       errs[i], mods[i] = type(job) == "string" and job or why(m), false
