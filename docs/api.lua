@@ -460,7 +460,9 @@ function Event:close() end
 -- not hold it; `m:log()` ends with a line saying the PCH was made or used. NVRTC keeps the PCH
 -- for the process only (it is valid only for the NVRTC loaded there); across processes the
 -- compile cache keeps the modules. A source including a file of the user's gets none (NVRTC
--- took a PCH as valid after that file changed). `CUDALUA_PCH=0` turns it off everywhere.
+-- took a PCH as valid after that file changed). `CUDALUA_PCH=0` turns it off everywhere. Each
+-- PCH is a file of 100-250 MB in /tmp until the process ends: at most `CUDALUA_PCH_MAX`
+-- (default 4) are made in a process, and past that only the runs that have one use it.
 function cuda.compile(src, opts) end
 
 --- Compiles several sources at once: a list of sources, or of `{source, opts}` (an item's opts

@@ -138,6 +138,22 @@ describe("precompiled headers", function()
     assert.equal(cuda.compile(alone, { arch = ARCH, cache = false, pch = false }):image(), mods[1]:image())
   end)
 
+  it("at most CUDALUA_PCH_MAX are made in a process (each is a big file in /tmp); those made go on being used", function()
+    local out, ok = H.child(([[
+      local function s(tag, k) return ("#define CUDALUA_SPEC_MAX_%%s\n"):format(tag) .. (%q):gsub("KNAME", "k" .. k) end
+      local tag1, tag2 = math.random(1, 1e9), math.random(1, 1e9)
+      local a = cuda.compile(s(tag1, 1), { arch = "sm_90", cache = false })
+      local b = cuda.compile(s(tag2, 2), { arch = "sm_90", cache = false })
+      local c = cuda.compile(s(tag1, 3), { arch = "sm_90", cache = false })
+      local st = cuda.compile_stats()
+      local function note(m) return (m:log():match("NVRTC (%%a+) a precompiled")) or "none" end
+      print(note(a), note(b), note(c), st.pch_made, st.pch_used)
+    ]]):format('#include <cooperative_groups.h>\nextern "C" __global__ void KNAME(int *x) { *x = 1; }\n'),
+      { CUDALUA_PCH_MAX = "1" }, "timeout 300")
+    assert.is_true(ok, out)
+    assert.equal("made\tnone\tused\t1\t1", last(out))
+  end)
+
   it("opts.pch must be a boolean", function()
     C.raises("cuda.compile: opts.pch must be a boolean", cuda.compile, "x", { arch = ARCH, pch = 1 })
   end)

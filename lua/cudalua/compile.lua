@@ -181,15 +181,6 @@ end
 -- skips parsing them (0.16 s instead of 0.7-1 s for <cub/cub.cuh>). The cubin and the log are
 -- the same (specs compare them); the cache key does not hold it. opts.pch = false or
 -- CUDALUA_PCH=0 turn it off.
--- Only for sources whose headers are all the toolkit's (or cudalua's): NVRTC took a PCH of a
--- user's header edited a moment before as still good (spec 18's edited header compiled to the
--- old value), so a source including any file of the user's (or an in-memory header) gets none.
-local function pch_wanted(job)
-  if job.opts.pch == false or os.getenv("CUDALUA_PCH") == "0" or not source_includes(job).foreign then return false end
-  local deps = job.deps
-  if not job.deps_read then deps = includes.user_files(source_includes(job), job.name, job.options, job.opts.headers or {}) end
-  return deps == ""
-end
 
 -- NVRTC knows the type cudaGraphConditionalHandle but does not declare the device function
 -- that sets a graph condition (cuda_device_runtime_api.h does, for nvcc): a source that calls
@@ -218,6 +209,20 @@ local function pch_key(job)
     lead[#lead + 1] = t
   end
   return table.concat(lead, "\n") .. "\0" .. table.concat(job.options, "\0") .. "\0" .. table.concat(job.user_names, "\0")
+end
+
+-- Only for sources whose headers are all the toolkit's (or cudalua's): NVRTC took a PCH of a
+-- user's header edited a moment before as still good (spec 18's edited header compiled to the
+-- old value), so a source including any file of the user's (or an in-memory header) gets none.
+-- Each PCH is a file of 100-250 MB in /tmp (tmpfs: memory) until the process ends: at most
+-- CUDALUA_PCH_MAX (default 4) are made in a process; past that, only the runs that have one use it.
+local pch_count = 0
+local function pch_wanted(job)
+  if job.opts.pch == false or os.getenv("CUDALUA_PCH") == "0" or not source_includes(job).foreign then return false end
+  local deps = job.deps
+  if not job.deps_read then deps = includes.user_files(source_includes(job), job.name, job.options, job.opts.headers or {}) end
+  if deps ~= "" then return false end
+  return pch_count < (math.tointeger(tonumber(os.getenv("CUDALUA_PCH_MAX") or "")) or 4) or pch_made[pch_key(job)] == true
 end
 
 -- what the process's compiles cost (cuda.compile_stats)
@@ -285,7 +290,11 @@ local function run_nvrtc(job, list)
   local st = M.stats
   st.nvrtc_runs, st.nvrtc_ms = st.nvrtc_runs + 1, st.nvrtc_ms + (core.time() - t0) * 1e3
   count_pch(pch)
-  if pch then pch_made[pch_key(job)] = true end
+  if pch then
+    local key = pch_key(job)
+    if pch ~= "used" and not pch_made[key] then pch_count = pch_count + 1 end
+    pch_made[key] = true
+  end
   job.pch_status = pch or job.pch_status
   return image, log, lowered, ptx
 end
