@@ -472,7 +472,8 @@ function cuda.compile(src, opts) end
 -- process of its own (forked; it runs only NVRTC, no Lua and no CUDA, and sends the result
 -- back); a source whose `#include` run two of them share and the process has no PCH of is
 -- compiled first, here, to make it for the others (the children only use PCHs, never make
--- them). At most as many children run at once as there are CPUs. Each PCH NVRTC makes (one per
+-- them). At most as many children run at once as there are CPUs; one that gives no result in
+-- `CUDALUA_COMPILE_TIMEOUT` seconds (default 900) is killed, and its source's error says so. Each PCH NVRTC makes (one per
 -- `#include` run and option set) is a file of 100-250 MB in /tmp until the process ends.
 -- @usage local mods, errs = cuda.compile_all({src_a, src_b, {src_c, {name = "c.cu"}}}, {arch = "sm_90"})
 function cuda.compile_all(sources, opts) end

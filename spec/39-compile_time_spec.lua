@@ -227,6 +227,18 @@ describe("cuda.compile_all", function()
     assert.equal("string\ttrue\ttrue", last(out))
   end)
 
+  it("a child that gives no result in CUDALUA_COMPILE_TIMEOUT seconds is killed, and says so", function()
+    local out, ok = H.child([[
+      local src = '#include <cooperative_groups.h>\nextern "C" __global__ void k%d(int *x) { *x = 1; }\n'
+      local t0 = cuda.time()
+      local mods, errs = cuda.compile_all({ src:format(1), src:format(2) }, { arch = "sm_90", cache = false, pch = false })
+      print(mods[1], mods[2], errs and errs[1], cuda.time() - t0 < 5)
+    ]], { CUDALUA_COMPILE_TIMEOUT = "0.05" }, "timeout 120")
+    assert.is_true(ok, out)
+    assert.equal("false\tfalse\tcuda.compile_all: a compile's child process gave no result in 0.05 s "
+      .. "(CUDALUA_COMPILE_TIMEOUT): it was killed\ttrue", last(out))
+  end)
+
   it("gives no error table when every source compiles; cache hits come back too", function()
     local src = 'extern "C" __global__ void hit(int *x) { *x = 7; }'
     local first = cuda.compile(src, { arch = ARCH })

@@ -3,10 +3,13 @@
 #define _GNU_SOURCE   /* pipe2, close_range */
 #include <errno.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
+#include <time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include "cl.h"
@@ -235,8 +238,26 @@ static int put(int fd, const void *p, size_t n) {
   return 1;
 }
 
+/* a child that never answers (stuck in NVRTC) must not hang the parent: the result is waited
+   for until a deadline, CUDALUA_COMPILE_TIMEOUT seconds (default 900) after the wait began */
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static __thread double deadline;   /* of the wait under way on this thread */
+static __thread int timed_out;
+
 static int get(int fd, void *p, size_t n) {
   for (char *c = p; n;) {
+    int left = (int)((deadline - now_s()) * 1000);
+    if (left <= 0) { timed_out = 1; return 0; }
+    struct pollfd pf = {fd, POLLIN, 0};
+    int k = poll(&pf, 1, left);
+    if (k < 0 && errno == EINTR) continue;
+    if (k == 0) { timed_out = 1; return 0; }
+    if (k < 0) return 0;
     ssize_t r = read(fd, c, n);
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) return 0;
@@ -377,9 +398,19 @@ static int l_nvrtc_start(lua_State *L) {
 static int l_nvrtc_wait(lua_State *L) {
   nvbox *b = luaL_checkudata(L, 1, NVJOB);
   if (!b->done && b->pid > 0) {
+    const char *e = getenv("CUDALUA_COMPILE_TIMEOUT");
+    double limit = e && atof(e) > 0 ? atof(e) : 900;
+    deadline = now_s() + limit;
+    timed_out = 0;
     int ok = read_result(b->fd, &b->j);
     b->done = ok;   /* (read: the child only exits now; not read: it is killed) */
     box_reap(b);
+    if (!ok && timed_out) {
+      char secs[32];
+      snprintf(secs, sizeof secs, "%g", limit);
+      return cl_error(L, "cuda.compile_all", "a compile's child process gave no result in %s s "
+                      "(CUDALUA_COMPILE_TIMEOUT): it was killed", secs);
+    }
     if (!ok) return cl_error(L, "cuda.compile_all", "a compile's child process ended without its result "
                              "(out of memory, or killed)");
   } else if (!b->done) {
