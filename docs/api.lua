@@ -309,6 +309,8 @@ function CudaArray:copy_to_device(src, stream) end
 function CudaArray:copy_to_host(into, stream) end
 
 --- Frees the CUDA array once queued work, textures and surfaces no longer use it; later use raises.
+-- The texture and surface objects it kept for reuse (`Texture:close`) go now, each once the work
+-- queued on it is done (a wait that closing those textures used to make).
 function CudaArray:close() end
 
 --- A texture object (`cuda.texture`) or surface object (`cuda.surface`), a kernel argument of

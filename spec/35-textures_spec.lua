@@ -455,11 +455,13 @@ describe("a closed texture's or surface's driver object", function()
     local xs, ys = coords(300, w, false, w), coords(300, h, false, h)
     local out1 = fetch2(tex, xs, ys)          -- queued, not waited for
     tex:close()
+    -- another description first: a new object. (Without the spare, the driver would hand the
+    -- freed handle to this one, and the next could not have it)
+    local other = cuda.texture(ca, { address = "clamp" })
+    assert.are_not.equal(first, other.handle)
     local again = cuda.texture(ca, { address = "border" })
     assert.equal(first, again.handle)
     local out2 = fetch2(again, xs, ys)
-    local other = cuda.texture(ca, { address = "clamp" })   -- another description: a new object
-    assert.are_not.equal(first, other.handle)
     check(out1:copy_to_host(), xs, ys, "before the close")
     check(out2:copy_to_host(), xs, ys, "after it")
     -- collected rather than closed: the same
@@ -477,6 +479,36 @@ describe("a closed texture's or surface's driver object", function()
       assert.equal(f32(T(address("clamp", math.floor(xs[k]), w), address("clamp", math.floor(ys[k]), h))), out3[k])
     end
     other:close()
+  end)
+
+  gpu("four descriptions made together, closed, and made again in another order: each gets its own back", function()
+    local ca = image(math.random(3, 30), math.random(3, 30))
+    local opts = { { address = "clamp" }, { address = "border" }, { filter = "linear" }, { filter = "linear", address = "border" } }
+    local handles, texs = {}, {}
+    for i, o in ipairs(opts) do texs[i] = cuda.texture(ca, o); handles[i] = texs[i].handle end
+    for i = 1, 4 do texs[i]:close() end
+    -- (an order neither a first-in-first-out nor a last-in-first-out free list would give back)
+    for _, i in ipairs { 2, 4, 1, 3 } do
+      local t = cuda.texture(ca, opts[i])
+      assert.equal(handles[i], t.handle)
+      t:close()
+    end
+    ca:close()
+  end)
+
+  gpu("an options table whose metamethod closes the CUDA array once 'channels' was read is not read twice", function()
+    local ca = image(4, 4)
+    local reads = 0   -- (the options are read once; a second read after the closed check crashed)
+    local opts = setmetatable({}, { __index = function(_, k)
+      if k == "channels" then
+        reads = reads + 1
+        if reads == 2 then ca:close() end
+      end
+    end })
+    local t = cuda.texture(ca, opts)
+    assert.is_false(ca.closed)
+    t:close()
+    ca:close()
   end)
 
   gpu("a surface's too; five descriptions in turn outrun the four spares", function()

@@ -239,7 +239,8 @@ static int ca_copy_to_host(lua_State *L) {
    costs a driver object's create and destroy each time, ~2.5 us on an H100, for a handle that
    reads exactly what the last one did. A closed one is kept here instead and handed to the next
    of the same description: queued work that used it reads the same through it. At most
-   CL_SPARES per array, released (in queued work's order, as a close would) with the array ---- */
+   CL_SPARES per array, released with the array (each once the work queued on it is done, as a
+   close would) ---- */
 static void spare_release(lua_State *L, const cl_spare *sp) {
   cl_mem_unref(L, sp->obj);
   cl_mem_unref(L, sp->src);
@@ -252,7 +253,8 @@ void cl_cuarray_spare_put(lua_State *L, cl_cuarray *ca, const cl_spare *sp) {
     ca->nspare--;
     spare_release(L, &old);   /* (after: a release may run host functions, which may close ca) */
   }
-  if (ca->mem) ca->spare[ca->nspare++] = *sp;
+  /* (room checked again: the release above may have run code that filled the slot) */
+  if (ca->mem && ca->nspare < CL_SPARES) ca->spare[ca->nspare++] = *sp;
   else spare_release(L, sp);
 }
 
@@ -271,7 +273,10 @@ static int ca_close(lua_State *L) {
   cl_cuarray *ca = cl_checkudata(L, 1, CL_CUARRAY);
   cl_mem *m = ca->mem;
   ca->mem = NULL;
-  while (ca->nspare > 0) spare_release(L, &ca->spare[--ca->nspare]);
+  while (ca->nspare > 0) {   /* (a copy: a release may run host functions meanwhile) */
+    cl_spare sp = ca->spare[--ca->nspare];
+    spare_release(L, &sp);
+  }
   cl_mem_unref(L, m);   /* textures and surfaces over it keep theirs */
   return 0;
 }

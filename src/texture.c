@@ -172,12 +172,15 @@ static void device_resource(lua_State *L, cl_array *a, const texopts *o, CUDA_RE
 /* the object for the source at 1 (kept in its user value: a view's memory may be its owner's,
    a module's variable or another library's block), holding src's record; pushed */
 static cl_texref *push_ref(lua_State *L, const void *mt, cl_mem *src) {
+  /* the reference first: the allocation may collect garbage, whose finalizers may close the
+     source and free its record otherwise (the review's case) */
+  cl_mem_ref(src);
   cl_texref *t = lua_newuserdatauv(L, sizeof *t, 1);
   memset(t, 0, sizeof *t);
+  t->src = src;
   cl_class_set(L, mt);
   lua_pushvalue(L, 1);
   lua_setiuservalue(L, -2, 1);
-  t->src = cl_mem_ref(src);
   return t;
 }
 
@@ -208,7 +211,8 @@ static int l_texture(lua_State *L) {
   if (!ca && !a) return cl_error(L, "cuda.texture", "argument 1: cuda_array or device array expected, got %s", luaL_typename(L, 1));
   if (ca && !ca->mem) return cl_error(L, "cuda.texture", "the CUDA array is closed");
   if (a && !a->mem) return cl_error(L, "cuda.texture", "the array is closed");
-  if (ca && lua_istable(L, 2) && lua_getfield(L, 2, "channels") != LUA_TNIL)
+  /* (raw: a metamethod could close the array after the check above) */
+  if (ca && lua_istable(L, 2) && (lua_pushliteral(L, "channels"), lua_rawget(L, 2)) != LUA_TNIL)
     return cl_error(L, "cuda.texture", "channels is the CUDA array's own (%d): give it to cuda.cuda_array", ca->channels);
   int dt = ca ? ca->dtype : a->dtype;
   cl_check_format(L, dt, ca ? ca->channels : o.channels, "cuda.texture");
@@ -229,6 +233,7 @@ static int l_texture(lua_State *L) {
      it (its free is then put off: the reference keeps the record) */
   cl_texref *t = push_ref(L, &tex_key, src);
   t->desc = d;
+  if (ca && !ca->mem) return cl_error(L, "cuda.texture", "the CUDA array was closed meanwhile");
   if (ca && reuse(L, ca, t)) return 1;
   CUtexObject h = 0;
   cl_check(L, CU(cuTexObjectCreate, &h, &r, &d, NULL), "cuda.texture");
@@ -252,6 +257,7 @@ static int l_surface(lua_State *L) {
   cl_use_ctx(L, src->ctx);
   cl_texref *t = push_ref(L, &surf_key, src);   /* (held before the parked create, as textures) */
   t->surface = 1;
+  if (!ca->mem) return cl_error(L, "cuda.surface", "the CUDA array was closed meanwhile");
   if (reuse(L, ca, t)) return 1;
   CUsurfObject h = 0;
   cl_check(L, CU(cuSurfObjectCreate, &h, &r), "cuda.surface");
