@@ -482,9 +482,10 @@ void cl_mem_unref(lua_State *L, cl_mem *m);       /* never raises */
 typedef struct cl_hold { cl_mem **v, **slot; int n, nv, cap; } cl_hold;
 void cl_hold_add(lua_State *L, cl_hold *h, cl_mem *m);   /* raises only when out of memory */
 void cl_hold_merge(lua_State *L, cl_hold *dst, const cl_hold *src);
-void cl_hold_use(lua_State *L, const cl_hold *h, cl_stream *s, CUcontext ctx);   /* a launch on s uses them */
 void cl_hold_release(lua_State *L, cl_hold *h);   /* never raises */
 void cl_mem_use(lua_State *L, cl_mem *m, cl_stream *s, CUcontext ctx);  /* queued work on s, in ctx, uses m */
+/* cl_mem_use for each of n blocks, and while s captures, cl_mem_capture_use */
+void cl_mem_use_n(lua_State *L, cl_mem *const *m, int n, cl_stream *s, CUcontext ctx);
 void cl_mem_settle(lua_State *L, cl_mem *m);      /* waits for queued work that uses m */
 /* before stream-less work on m in context a or b: waits for any other device's work on m */
 void cl_mem_order(lua_State *L, cl_mem *m, CUcontext a, CUcontext b);

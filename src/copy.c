@@ -71,9 +71,7 @@ void cl_copy(lua_State *L, cl_array *dst, cl_array *src, cl_stream *s, int sync,
   int kind = pageable ? CL_PARK_WAIT : CL_PARK_ENQUEUE;
   CUresult r = CL_PARKED(L, kind, peer ? cu.cuMemcpyPeerAsync(d, dctx, p, sctx, n, h) : cu.cuMemcpyAsync(d, p, n, h));
   cl_check(L, r, where);
-  cl_mem_use(L, dm, s, ctx);
-  cl_mem_use(L, sm, s, ctx);
-  if (cl_capturing) cl_mem_capture_use(L, s, (cl_mem *[]){dm, sm}, 2);
+  cl_mem_use_n(L, (cl_mem *[]){dm, sm}, 2, s, ctx);
   if (sync || pageable) cl_wait(L, CL_WAIT_STREAM, h, where);
 }
 
@@ -202,8 +200,7 @@ static int a_fill(lua_State *L) {
       r = CU(cuMemsetD2D32Async, d + 4 * k, isz, w[k], 1, n, h);
   }
   cl_check(L, r, "array:fill");
-  cl_mem_use(L, m, s, m->ctx);
-  if (cl_capturing) cl_mem_capture_use(L, s, &m, 1);
+  cl_mem_use_n(L, &m, 1, s, m->ctx);
   if (!s) {
     cl_wait(L, CL_WAIT_STREAM, NULL, "array:fill");
     cl_flush_deferred(L);

@@ -117,6 +117,12 @@ static int l_cuda_array(lua_State *L) {
   return 1;
 }
 
+/* after a wait (host functions may have run and closed either) */
+static void both_open(lua_State *L, const cl_cuarray *ca, cl_array *a, const char *where) {
+  cl_still_open(L, a, where);
+  if (!ca->mem) cl_error(L, where, "the CUDA array was closed meanwhile");
+}
+
 /* the linear side of a copy: host memory by its host address, the rest by device address */
 static void linear_side(cl_array *a, CUmemorytype *type, const void **host, CUdeviceptr *dev) {
   if (a->kind == CL_HOST || a->kind == CL_PINNED || a->kind == CL_MAPPED) {
@@ -144,13 +150,11 @@ static void copy3d(lua_State *L, cl_cuarray *ca, cl_array *a, int into_ca, cl_st
   if (a->mem->gmem) cl_mem_graph_use(L, a->mem, s, where);
   if (!s) {
     cl_mem_order(L, a->mem, ctx, ctx);   /* (may wait: host functions run, and may close either) */
-    cl_still_open(L, a, where);
-    if (!ca->mem) cl_error(L, where, "the CUDA array was closed meanwhile");
+    both_open(L, ca, a, where);
     cl_mem_order(L, ca->mem, ctx, ctx);
   }
   CL_BEFORE_ENQUEUE(L, where);
-  cl_still_open(L, a, where);
-  if (!ca->mem) cl_error(L, where, "the CUDA array was closed meanwhile");
+  both_open(L, ca, a, where);
   /* the records from here on: the copy below is parked, and a host function run meanwhile
      may close either object (their frees are put off, so the records stay) */
   cl_mem *am = a->mem, *cm = ca->mem;
@@ -175,9 +179,7 @@ static void copy3d(lua_State *L, cl_cuarray *ca, cl_array *a, int into_ca, cl_st
   }
   CUstream h = s ? s->h : NULL;
   cl_check(L, CL_PARKED(L, pageable ? CL_PARK_WAIT : CL_PARK_ENQUEUE, cu.cuMemcpy3DAsync(&p, h)), where);
-  cl_mem_use(L, am, s, ctx);
-  cl_mem_use(L, cm, s, ctx);
-  if (cl_capturing) cl_mem_capture_use(L, s, (cl_mem *[]){am, cm}, 2);
+  cl_mem_use_n(L, (cl_mem *[]){am, cm}, 2, s, ctx);
   if (sync || pageable) cl_wait(L, CL_WAIT_STREAM, h, where);
 }
 

@@ -156,8 +156,7 @@ static void exec_launch(lua_State *L, lexec *e, int sidx, const char *where) {
   if (!e->nrecs) {
     CL_BEFORE_ENQUEUE(L, where);
     cl_check(L, graph_launch(L, e, s), where);
-    cl_hold_use(L, &e->hold, s, e->ctx);
-    if (cl_capturing) cl_mem_capture_use(L, s, e->hold.v, e->hold.n);   /* (a child node) */
+    cl_mem_use_n(L, e->hold.v, e->hold.n, s, e->ctx);   /* (in a capture: a child node) */
     return;
   }
   /* host nodes launched into a capture would be armed here and never fire */
@@ -170,7 +169,7 @@ static void exec_launch(lua_State *L, lexec *e, int sidx, const char *where) {
   CUresult r = graph_launch(L, e, s);   /* blocking launches wait */
   cl_host_graph_end(L, e->recs, e->nrecs, token, h, r == CUDA_SUCCESS, where);
   cl_check(L, r, where);
-  cl_hold_use(L, &e->hold, s, e->ctx);
+  cl_mem_use_n(L, e->hold.v, e->hold.n, s, e->ctx);
   cl_host_after_enqueue(L, h, where);
 }
 

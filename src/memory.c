@@ -43,6 +43,13 @@ void cl_mem_use(lua_State *L, cl_mem *m, cl_stream *s, CUcontext ctx) {
   m->used = 1;
 }
 
+/* the n blocks work queued on s uses; while s captures, its capture holds them (closing their
+   arrays, CUDA arrays or textures before the capture ends then frees nothing the graph uses) */
+void cl_mem_use_n(lua_State *L, cl_mem *const *m, int n, cl_stream *s, CUcontext ctx) {
+  for (int i = 0; i < n; i++) cl_mem_use(L, m[i], s, ctx);
+  if (cl_capturing) cl_mem_capture_use(L, s, m, n);
+}
+
 int cl_mem_device(const cl_mem *m) { return m->portable || m->kind == CL_HOST ? -1 : cl_device_of(m->ctx); }
 
 int cl_mem_reachable(const cl_mem *m, CUcontext ctx) {
@@ -494,10 +501,6 @@ void cl_hold_merge(lua_State *L, cl_hold *dst, const cl_hold *src) {
   if (dst != src) for (int i = 0; i < src->n; i++) cl_hold_add(L, dst, src->v[i]);
 }
 
-void cl_hold_use(lua_State *L, const cl_hold *h, cl_stream *s, CUcontext ctx) {
-  for (int i = 0; i < h->n; i++) cl_mem_use(L, h->v[i], s, ctx);
-}
-
 void cl_hold_release(lua_State *L, cl_hold *h) {
   cl_mem **v = h->v;
   int n = h->n;
@@ -680,7 +683,6 @@ static int release_object(lua_State *L, cl_mem *m) {
     /* the wait was refused: another thread's capture began since the release was let
        through. Queued work may still read the object (a texture's handle, reused by the next
        texture made, read another array: tools/stress.lua): put off again */
-    if (m->kind != CL_FOREIGN) __atomic_add_fetch(&pressure, m->bytes, __ATOMIC_RELAXED);
     return 0;
   }
   if (r != CUDA_SUCCESS) warn(L, "waiting for queued work", r);
@@ -711,8 +713,18 @@ static void release(lua_State *L, cl_mem *m) {
     mem_free(m);
     return;
   }
+  if (m->kind == CL_FOREIGN || m->kind == CL_HANDLE) {
+    CUcontext prev = cl_ctx_swap(m->ctx);
+    int done = !m->release || release_object(L, m);
+    cl_ctx_swap(prev);
+    if (!done) return;   /* put off again: the record stays, and still counts */
+    if (m->kind == CL_HANDLE) pressure_sub(m->bytes);   /* (another library's does not count) */
+    cl_stream_unref(L, m->stream);
+    mem_free(m);
+    return;
+  }
   /* freed memory no longer counts toward the next collection */
-  if (m->kind != CL_FOREIGN) pressure_sub(m->bytes);   /* (handles count theirs too) */
+  pressure_sub(m->bytes);
   /* used on one stream (or on blocking ones, which the legacy stream orders): kept for reuse */
   if (m->kind == CL_DEVICE && m->dptr && m->spread < CL_ANY_STREAMS && m->ipc == CL_IPC_NONE &&
       cache_put(L, m->dptr, m->bytes, m->ctx, m->spread == CL_ONE_STREAM ? m->stream : NULL)) {
@@ -741,8 +753,6 @@ static void release(lua_State *L, cl_mem *m) {
         r = CU(cuMemFreeAsync, m->dptr, h);
       if (r != CUDA_SUCCESS) warn(L, "cuMemFreeAsync", r);
     }
-  } else if (m->kind == CL_FOREIGN || m->kind == CL_HANDLE) {
-    if (m->release && !release_object(L, m)) { cl_ctx_swap(prev); return; }
   } else {
     r = settle(L, m);
     cl_host_drain(L);   /* cuMemFree and cuMemFreeHost wait for the whole device */

@@ -297,8 +297,7 @@ static CUstream prepare(lua_State *L, lcomm *c, int sidx, cl_stream **ps, const 
 /* (in a capture, the capture holds the block: the array may be closed before it ends) */
 static void used(lua_State *L, cl_array *a, cl_stream *s, lcomm *c) {
   if (!a) return;
-  cl_mem_use(L, a->mem, s, c->ctx);
-  if (cl_capturing) cl_mem_capture_use(L, s, &a->mem, 1);
+  cl_mem_use_n(L, &a->mem, 1, s, c->ctx);
 }
 
 /* a graph's memory (graph:alloc, a capture's allocation) may be used by that graph's work only:

@@ -479,10 +479,7 @@ function M.compile_all(list, opts)
     started = started + 1
     local job = queue[started]
     if not job then return end
-    local first = {}
-    for _, k in ipairs(job.found) do first[#first + 1] = k end
-    for _, e in ipairs(job.opts.name_expressions or {}) do first[#first + 1] = e end
-    local sig, a, b, c, d, e, f, g = nvrtc_args(job, first)
+    local sig, a, b, c, d, e, f, g = nvrtc_args(job, probe.first_list(job.found, job.opts.name_expressions))
     local ok, run = pcall(core.nvrtc_start, a, b, c, d, e, f, g)
     if ok then job.pending = { sig = sig, run = run } else job.start_error = why(run) end
   end

@@ -359,12 +359,12 @@ function Module.image(mod) return fields(mod, "image").image end
 -- NVRTC's log; then, for the compile that made the module, what NVRTC's precompiled headers did
 -- (cudalua.compile strips NVRTC's own lines about them, so that the log is the same either way)
 local PCH_NOTE = { used = "cudalua: NVRTC used a precompiled header of the source's #include lines\n",
-  made = "cudalua: NVRTC made a precompiled header of the source's #include lines (kept for this process)\n" }
+  made = "cudalua: NVRTC made a precompiled header of the source's #include lines (kept for this process)\n",
+  ["made after growing the heap"] = "cudalua: NVRTC made a precompiled header of the source's #include "
+    .. "lines (kept for this process), after growing its heap\n" }
 function Module.log(mod)
   local st = fields(mod, "log")
-  local note = st.pch and (PCH_NOTE[st.pch] or PCH_NOTE.made:gsub("\n$", ", after growing its heap\n"))
-  if not note then return st.log end
-  return st.log .. note
+  return st.log .. (PCH_NOTE[st.pch] or "")
 end
 function Module.kind(mod) return fields(mod, "kind").kind end
 

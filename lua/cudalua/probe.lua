@@ -70,13 +70,15 @@ function M.expressions(list)
   return ex
 end
 
--- the kernels to look up: the given scanned ones, then the user's name expressions
+-- the kernels to look up: the given scanned ones, then the user's name expressions (the list
+-- M.compile's first run takes: cuda.compile_all starts that run ahead)
 local function with_user(kernels, user)
   local w = {}
   for _, k in ipairs(kernels) do w[#w + 1] = k end
   for _, e in ipairs(user or {}) do w[#w + 1] = e end
   return w
 end
+M.first_list = with_user
 
 -- did a run fail on the probe of a scanned kernel (overloaded, in a namespace, ...)?
 local function probe_failed(r, found)
