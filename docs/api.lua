@@ -619,7 +619,8 @@ function Launcher:__call(...) end
 -- `res` (a device array: the result stays there) and `stream`; it returns a number.
 -- `r:precompile(dtypes)` compiles its kernels for these dtypes (names or dtypes) on the
 -- selected device now, all at once (`cuda.compile_all`), rather than each at its first call,
--- and returns r; a dtype the expression does not compile for raises, naming it.
+-- and returns r; the dtypes that compile are kept, then the first that does not raises,
+-- naming it.
 -- @usage local sum = cuda.reduce("a + b"):precompile { "float32", "float64", "int32" }
 function cuda.reduce(expr, opts) end
 
@@ -629,7 +630,13 @@ function cuda.reduce(expr, opts) end
 -- and returned. Options: `stream`, `block`. One kernel per dtypes-and-scalars signature, a
 -- grid-stride loop with 16-byte loads and stores when every pointer is aligned. Every dtype:
 -- `bfloat16` values are `__nv_bfloat16`, complex ones `cuda::std::complex<float|double>` in the
--- body (complex scalars are given as pairs `{re, im}` or numbers).
+-- body (complex scalars are given as pairs `{re, im}` or numbers). `ew:precompile(scalars)`
+-- compiles, now and at once (`cuda.compile_all`) on the selected device, the kernels of the
+-- calls whose inputs named in the list `scalars` are numbers and the others arrays (default:
+-- every input an array), at both vector widths, and returns ew; calls of that pattern then
+-- compile nothing.
+-- @usage local saxpy = cuda.elementwise("float32 x, float32 y, float32 a", "float32 z",
+--   "z = a * x + y"):precompile { "a" }
 -- @param in_params "float32 x, float32 y, float32 a"
 -- @param out_params "float32 z"
 -- @param body C++ statements on the parameters' names: "z = a * x + y"

@@ -24,6 +24,34 @@ describe("cuda.elementwise", function()
     C.raises("elementwise 'saxpy': input x must be a number or an array, got string", ew, "1", 2, 3)
     C.raises("elementwise 'saxpy': no array among the inputs or outputs says how many elements", ew, 1, 2, 3)
     C.raises("elementwise 'saxpy': stream must be a cudalua stream, got number", ew, cuda.array({ 1 }, "float32"), 2, 3, { stream = 1 })
+    C.raises("elementwise:precompile: expected a list of input names, got string", ew.precompile, ew, "a")
+    C.raises("elementwise:precompile: scalars[2]: q is not an input of elementwise 'saxpy'", ew.precompile, ew, { "a", "q" })
+  end)
+
+  -- (issue 28: a signature's kernels compiled at once, through cuda.compile_all)
+  gpu("precompiles a scalar pattern's kernels at both vector widths; the calls then compile nothing", function()
+    local k = math.random(1, 1e6)   -- a source of its own: nothing from the caches
+    local ew = cuda.elementwise("float32 x, float32 y, float32 a", "float32 z", ("z = a * x + y + %d * 0.0f"):format(k), "pre")
+    assert.equal(ew, ew:precompile { "a" })
+    local stats = cuda.compile_stats()
+    local n = 1 << 15
+    local tx, ty = H.rand_table(n + 1), H.rand_table(n + 1)
+    local x, y = cuda.to_device(cuda.array(tx, "float32")), cuda.to_device(cuda.array(ty, "float32"))
+    local a = f32(math.random() * 4 - 2)
+    local wide = ew(x, y, a):copy_to_host()                                     -- vector loads
+    local one = ew(x:slice(2, n + 1), y:slice(2, n + 1), a):copy_to_host()       -- one at a time
+    for i = 1, n do
+      local want = f32(f32(a * f32(tx[i])) + f32(ty[i]))
+      assert(math.abs(wide[i] - want) <= 1e-5 * math.max(1, math.abs(want)), ("element %d: %s, CPU %s"):format(i, wide[i], want))
+      want = f32(f32(a * f32(tx[i + 1])) + f32(ty[i + 1]))
+      assert(math.abs(one[i] - want) <= 1e-5 * math.max(1, math.abs(want)), ("offset %d: %s, CPU %s"):format(i, one[i], want))
+    end
+    assert.same(stats, cuda.compile_stats())
+    -- another pattern (every input an array) is still compiled at its first call
+    ew(x, y, cuda.to_device(cuda.array(ty, "float32")))
+    assert.is_true(cuda.compile_stats().nvrtc_runs > stats.nvrtc_runs)
+    local bad = cuda.elementwise("float32 x", "float32 z", "z = nosuch3(x)", "bad")
+    C.raises("elementwise:precompile: the code of elementwise 'bad' does not compile", bad.precompile, bad)
   end)
 
   gpu("computes saxpy like the CPU, with the output made or given, on a stream", function()

@@ -164,17 +164,58 @@ local function kernel_for(self, mask, w, dev)
   if not per then per = {}; self.kernels[dev] = per end
   local k = per[mask * 32 + w]
   if k then return k end
-  local ins = {}
-  for i, v in ipairs(self.ins) do ins[i] = { dtype = v.dtype, name = v.name, scalar = mask & (1 << (i - 1)) ~= 0 } end
-  local src = source(ins, self.outs, self.body, w)
+  local src = source(self:inputs(mask), self.outs, self.body, w)
   local ok, mod = pcall(self.cuda.compile, src, { name = self.name .. ".cu" })
   -- named as the call that compiled it (the first with these argument kinds)
   if not ok then
     check.error(self.where, 3, "its code does not compile: %s", check.cause(mod))
   end
-  k = mod:get("cudalua_elementwise")
+  return self:keep(mask, w, dev, mod)
+end
+
+-- the inputs as source() takes them, scalar where mask has their bit
+function Elementwise:inputs(mask)
+  local ins = {}
+  for i, v in ipairs(self.ins) do ins[i] = { dtype = v.dtype, name = v.name, scalar = mask & (1 << (i - 1)) ~= 0 } end
+  return ins
+end
+
+-- module mod's kernel kept for calls of this mask and width on device dev
+function Elementwise:keep(mask, w, dev, mod)
+  local per = self.kernels[dev]
+  if not per then per = {}; self.kernels[dev] = per end
+  local k = mod:get("cudalua_elementwise")
   per[mask * 32 + w] = k
   return k
+end
+
+-- ew:precompile([scalars]): the kernels of the calls whose inputs named in scalars are Lua
+-- numbers (the others arrays), at both vector widths a call can take, compiled now and at once
+-- (cuda.compile_all) on the selected device, not at the first such calls
+function Elementwise:precompile(scalars)
+  local where = "elementwise:precompile"
+  if scalars ~= nil and type(scalars) ~= "table" then
+    check.error(where, 2, "expected a list of input names, got %s", type(scalars))
+  end
+  local mask = 0
+  for i, name in ipairs(scalars or NO_OPTS) do
+    local bit
+    for j, p in ipairs(self.ins) do if p.name == name then bit = 1 << (j - 1) end end
+    if not bit then check.error(where, 2, "scalars[%d]: %s is not an input of elementwise '%s'", i, tostring(name), self.name) end
+    mask = mask | bit
+  end
+  local widest = self.out_widest
+  for i, p in ipairs(self.ins) do
+    if mask & (1 << (i - 1)) == 0 then widest = math.max(widest, p.itemsize) end
+  end
+  local widths, list = { 1, 16 // widest }, {}
+  if widths[2] == 1 then widths[2] = nil end
+  for i, w in ipairs(widths) do list[i] = { source(self:inputs(mask), self.outs, self.body, w), { name = self.name .. ".cu" } } end
+  local mods, errs = compile.compile_all(list)
+  if errs and errs[1] then check.error(where, 2, "the code of elementwise '%s' does not compile: %s", self.name, errs[1]) end
+  local dev = self.cuda.current_device()
+  for i, w in ipairs(widths) do self:keep(mask, w, dev, mods[i]) end
+  return self
 end
 
 -- a device address that allows w-wide vector accesses of itemsize-byte elements

@@ -58,8 +58,8 @@ local function plan(self, dtype)
            aligned = aligned, unaligned = unaligned, p = p, v = v }
 end
 
-local function no_compile(self, dtype, why)
-  check.error("cuda.reduce", 0, "the reduction %q does not compile for %s:\n%s", self.expr or self.body, tostring(dtype), why)
+local function no_compile(self, dtype, why, fname)
+  check.error(fname or "cuda.reduce", 0, "the reduction %q does not compile for %s:\n%s", self.expr or self.body, tostring(dtype), why)
 end
 
 -- the kernels of plan pl from module mod, kept for dtype on device dev
@@ -251,9 +251,12 @@ function Reducer:precompile(dtypes)
     list[i] = { plans[i].src, plans[i].opts }
   end
   local mods, errs = compile.compile_all(list)
+  -- every dtype that compiled is kept before the first that did not is reported
   for i, dt in ipairs(todo) do
-    if errs and errs[i] then no_compile(self, dt, errs[i]) end
-    install(self, dt, dev, mods[i], plans[i])
+    if mods[i] then install(self, dt, dev, mods[i], plans[i]) end
+  end
+  for i, dt in ipairs(todo) do
+    if errs and errs[i] then no_compile(self, dt, errs[i], "reducer:precompile") end
   end
   return self
 end
