@@ -464,7 +464,10 @@ function Event:close() end
 -- compile cache keeps the modules. A source including a file of the user's gets none (NVRTC
 -- took a PCH as valid after that file changed). `CUDALUA_PCH=0` turns it off everywhere. Each
 -- PCH is a file of 100-250 MB in /tmp until the process ends: at most `CUDALUA_PCH_MAX`
--- (default 4) are made in a process, and past that only the runs that have one use it.
+-- (default 4) are made in a process, and past that only the runs that have one use it. When
+-- NVRTC's PCH heap is too small for a header run, cudalua grows it to what NVRTC asks and
+-- compiles again (`compile_stats().pch_heap_grown`); `CUDALUA_PCH_HEAP` (bytes) sets the heap's
+-- size before the first such compile.
 function cuda.compile(src, opts) end
 
 --- Compiles several sources at once: a list of sources, or of `{source, opts}` (an item's opts

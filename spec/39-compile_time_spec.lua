@@ -154,6 +154,25 @@ describe("precompiled headers", function()
     assert.equal("made\tnone\tused\t1\t1", last(out))
   end)
 
+  -- (NVRTC's documentation, example "PCH Heap Resizing": a heap too small gives
+  -- NVRTC_ERROR_PCH_CREATE_HEAP_EXHAUSTED, nvrtcGetPCHHeapSizeRequired says how much, and a
+  -- compile after nvrtcSetPCHHeapSize makes the PCH; cuda.core's Program retries the same way)
+  it("a PCH heap too small is grown and the source compiled again: the PCH made, the image unchanged", function()
+    local out, ok = H.child(([[
+      local src = ("#define CUDALUA_SPEC_HEAP_%%d\n"):format(math.random(1, 1e9)) .. %q
+      local a = cuda.compile(src, { arch = "sm_90", cache = false })
+      local b = cuda.compile(src .. "\n// another\n", { arch = "sm_90", cache = false })
+      local c = cuda.compile(src, { arch = "sm_90", cache = false, pch = false })
+      local st = cuda.compile_stats()
+      local function note(m) return (m:log():match("NVRTC (%%a+) a precompiled")) or "none" end
+      print(note(a), a:log():find("after growing its heap", 1, true) ~= nil, note(b), st.pch_heap_grown,
+            a:image() == c:image(), a:ptx() == c:ptx())
+    ]]):format('#include <cooperative_groups.h>\nextern "C" __global__ void heap_k(int *x) { *x = 1; }\n'),
+      { CUDALUA_PCH_HEAP = "65536" }, "timeout 300")
+    assert.is_true(ok, out)
+    assert.equal("made\ttrue\tused\t1\ttrue\ttrue", last(out))
+  end)
+
   it("opts.pch must be a boolean", function()
     C.raises("cuda.compile: opts.pch must be a boolean", cuda.compile, "x", { arch = ARCH, pch = 1 })
   end)

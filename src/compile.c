@@ -97,6 +97,20 @@ static int read_output(nvrtcProgram prog, int what, char **buf, size_t *len) {
   return 1;
 }
 
+/* CUDALUA_PCH_HEAP (bytes): the PCH heap's size before the first compile with a PCH, in place
+   of NVRTC's default; a small one takes the path that grows it (the specs do) */
+static pthread_once_t heap_once = PTHREAD_ONCE_INIT;
+static void heap_from_env(void) {
+  const char *e = getenv("CUDALUA_PCH_HEAP");
+  char *end = NULL;
+  unsigned long long v = e && *e ? strtoull(e, &end, 10) : 0;
+  if (v > 0 && end && !*end) {
+    pthread_rwlock_wrlock(&pch_lock);
+    cu.nvrtcSetPCHHeapSize((size_t)v);
+    pthread_rwlock_unlock(&pch_lock);
+  }
+}
+
 /* one program made, compiled and read; 1: the PCH heap was too small for the PCH NVRTC wanted
    to make (the result is right all the same) */
 static int compile_once(nvjob *j) {
@@ -104,6 +118,7 @@ static int compile_once(nvjob *j) {
   j->r = cu.nvrtcCreateProgram(&prog, j->src, j->fname, j->nh, j->hsrc, j->hname);
   if (j->r != NVRTC_SUCCESS) return 0;
   for (int i = 0; i < j->nx && j->r == NVRTC_SUCCESS; i++) j->r = cu.nvrtcAddNameExpression(prog, j->expr[i]);
+  if (j->pch) pthread_once(&heap_once, heap_from_env);
   if (j->pch) pthread_rwlock_rdlock(&pch_lock);
   if (j->r == NVRTC_SUCCESS) j->r = cu.nvrtcCompileProgram(prog, j->nopt, j->opts);
   if (j->pch) pthread_rwlock_unlock(&pch_lock);
