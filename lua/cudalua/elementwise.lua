@@ -157,36 +157,34 @@ function M.elementwise(cuda, in_params, out_params, body, name)
                         kernels = {}, out_widest = out_widest }, Elementwise)
 end
 
--- the kernel for this call's scalars (mask: a bit per scalar input) and vector width (1..16),
--- compiled once per signature and device
-local function kernel_for(self, mask, w, dev)
-  local per = self.kernels[dev]
-  if not per then per = {}; self.kernels[dev] = per end
-  local k = per[mask * 32 + w]
-  if k then return k end
-  local src = source(self:inputs(mask), self.outs, self.body, w)
-  local ok, mod = pcall(self.cuda.compile, src, { name = self.name .. ".cu" })
-  -- named as the call that compiled it (the first with these argument kinds)
-  if not ok then
-    check.error(self.where, 3, "its code does not compile: %s", check.cause(mod))
-  end
-  return self:keep(mask, w, dev, mod)
-end
-
 -- the inputs as source() takes them, scalar where mask has their bit
-function Elementwise:inputs(mask)
+local function inputs(self, mask)
   local ins = {}
   for i, v in ipairs(self.ins) do ins[i] = { dtype = v.dtype, name = v.name, scalar = mask & (1 << (i - 1)) ~= 0 } end
   return ins
 end
 
 -- module mod's kernel kept for calls of this mask and width on device dev
-function Elementwise:keep(mask, w, dev, mod)
+local function keep(self, mask, w, dev, mod)
   local per = self.kernels[dev]
   if not per then per = {}; self.kernels[dev] = per end
   local k = mod:get("cudalua_elementwise")
   per[mask * 32 + w] = k
   return k
+end
+
+-- the kernel for this call's scalars (mask: a bit per scalar input) and vector width (1..16),
+-- compiled once per signature and device
+local function kernel_for(self, mask, w, dev)
+  local k = (self.kernels[dev] or NO_OPTS)[mask * 32 + w]
+  if k then return k end
+  local src = source(inputs(self, mask), self.outs, self.body, w)
+  local ok, mod = pcall(self.cuda.compile, src, { name = self.name .. ".cu" })
+  -- named as the call that compiled it (the first with these argument kinds)
+  if not ok then
+    check.error(self.where, 3, "its code does not compile: %s", check.cause(mod))
+  end
+  return keep(self, mask, w, dev, mod)
 end
 
 -- ew:precompile([scalars]): the kernels of the calls whose inputs named in scalars are Lua
@@ -210,11 +208,11 @@ function Elementwise:precompile(scalars)
   end
   local widths, list = { 1, 16 // widest }, {}
   if widths[2] == 1 then widths[2] = nil end
-  for i, w in ipairs(widths) do list[i] = { source(self:inputs(mask), self.outs, self.body, w), { name = self.name .. ".cu" } } end
+  for i, w in ipairs(widths) do list[i] = { source(inputs(self, mask), self.outs, self.body, w), { name = self.name .. ".cu" } } end
   local mods, errs = compile.compile_all(list)
   if errs and errs[1] then check.error(where, 2, "the code of elementwise '%s' does not compile: %s", self.name, errs[1]) end
   local dev = self.cuda.current_device()
-  for i, w in ipairs(widths) do self:keep(mask, w, dev, mods[i]) end
+  for i, w in ipairs(widths) do keep(self, mask, w, dev, mods[i]) end
   return self
 end
 
