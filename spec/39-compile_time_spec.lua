@@ -240,10 +240,37 @@ describe("cuda.compile_all", function()
       local t0 = cuda.time()
       collectgarbage(); collectgarbage()
       local img = core.nvrtc_wait(b)
-      print(type(img), #(img or "") > 65536, cuda.time() - t0 < 30)
+      -- (the result is taken once: the job's memory is freed as it is given)
+      local again = select(2, pcall(core.nvrtc_wait, b))
+      print(type(img), #(img or "") > 65536, cuda.time() - t0 < 30, again)
     ]], nil, "timeout 120")
     assert.is_true(ok, out)
-    assert.equal("string\ttrue\ttrue", last(out))
+    assert.equal("string\ttrue\ttrue\tcudalua: cuda.compile_all: a compile's result was taken already", last(out))
+  end)
+
+  it("keeps to CUDALUA_PCH_MAX: a run two sources share gets none past the cap", function()
+    local out, ok = H.child([[
+      local function s(run, inc, k) return ("#define CUDALUA_SPEC_CAP_%d\n#include <%s>\n"):format(run, inc)
+        .. ('extern "C" __global__ void k%d(int *x) { *x = %d; }\n'):format(k, k) end
+      local r1, r2 = math.random(1, 1e9), math.random(1, 1e9)
+      local mods, errs = cuda.compile_all({ s(r1, "cub/cub.cuh", 1), s(r1, "cub/cub.cuh", 2),
+        s(r2, "cooperative_groups.h", 3), s(r2, "cooperative_groups.h", 4) }, { arch = "sm_90", cache = false })
+      local st = cuda.compile_stats()
+      print(errs == nil and #mods, st.pch_made, st.pch_used, st.child_runs)
+    ]], { CUDALUA_PCH_MAX = "1" }, "timeout 300")
+    assert.is_true(ok, out)
+    -- the first run's PCH made here and used by its second source; the other pair in children
+    -- without one
+    assert.equal("4\t1\t1\t3", last(out))
+  end)
+
+  it("runs as many children at once as the CPUs the process may use", function()
+    local out, ok = H.child([[
+      local _, core = debug.getupvalue(package.preload["cudalua.compile"], 2)
+      print(core.nprocs())
+    ]], nil, "taskset -c 0")
+    assert.is_true(ok, out)
+    assert.equal("1", last(out))
   end)
 
   it("a child that gives no result in CUDALUA_COMPILE_TIMEOUT seconds is killed, and says so", function()

@@ -1,6 +1,6 @@
 /* compile.c: NVRTC. Compiling needs no GPU when the architecture is given. The policy (options,
    shipped headers, finding kernels, the cache) lives in lua/cudalua/compile.lua. */
-#define _GNU_SOURCE   /* pipe2, close_range */
+#define _GNU_SOURCE   /* pipe2, close_range, sched_getaffinity */
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -8,6 +8,7 @@
 #include <string.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <time.h>
 #include <sys/wait.h>
@@ -324,7 +325,7 @@ static int read_result(int fd, nvjob *j) {
 
 /* a job in a userdata: freed by __gc whatever happened (a raise while it was read; a child
    still running is waited for first) */
-typedef struct { nvjob j; pid_t pid; int fd, done; } nvbox;
+typedef struct { nvjob j; pid_t pid; int fd, done, taken; } nvbox;
 #define NVJOB "cudalua.nvrtc_job"
 
 /* a child whose result is not read (the box collected first) is killed: it may be blocked on
@@ -354,6 +355,15 @@ static nvbox *new_box(lua_State *L) {
   return b;
 }
 
+/* the result pushed, then the job's memory freed at once (the image, the PTX and the copied
+   sources can be megabytes the collector does not see); a raise in between leaves it to __gc */
+static int taken(lua_State *L, nvbox *b) {
+  int n = push_result(L, &b->j);
+  job_free(&b->j);
+  b->taken = 1;
+  return n;
+}
+
 /* nvrtc_compile(src, filename, {options}, {{name, text}, ...}, {name expressions}, output, pch) */
 static int l_nvrtc_compile(lua_State *L) {
   cl_lib_need(L, &cl_nvrtc);
@@ -361,7 +371,7 @@ static int l_nvrtc_compile(lua_State *L) {
   nvbox *b = new_box(L);
   job_of(L, 1, &b->j);
   run_locked(&b->j);
-  return push_result(L, &b->j);
+  return taken(L, b);
 }
 
 /* one small compile in this process before the first child: NVRTC then has everything it
@@ -383,7 +393,7 @@ static void warm_up(void) {
 /* nvrtc_start(...as nvrtc_compile) -> job: the run in a child process; nvrtc_wait(job) -> what
    nvrtc_compile returns. Where no child can be made, the run happens in the wait */
 static int l_nvrtc_start(lua_State *L) {
-  if (!cl_lib_load(&cl_nvrtc)) return cl_error(L, "cuda.compile_all", "%s", cl_nvrtc.err);
+  cl_lib_need(L, &cl_nvrtc);
   lua_settop(L, 7);
   nvbox *b = new_box(L);
   job_of(L, 1, &b->j);
@@ -412,6 +422,7 @@ static int l_nvrtc_start(lua_State *L) {
 
 static int l_nvrtc_wait(lua_State *L) {
   nvbox *b = luaL_checkudata(L, 1, NVJOB);
+  if (b->taken) return cl_error(L, "cuda.compile_all", "a compile's result was taken already");
   if (!b->done && b->pid > 0) {
     const char *e = getenv("CUDALUA_COMPILE_TIMEOUT");
     double limit = e && atof(e) > 0 ? atof(e) : 900;
@@ -432,7 +443,7 @@ static int l_nvrtc_wait(lua_State *L) {
     run_locked(&b->j);
   }
   b->done = 1;
-  return push_result(L, &b->j);
+  return taken(L, b);
 }
 
 /* ---- ptx_strip ---- */
@@ -532,9 +543,11 @@ static int l_nvrtc_archs(lua_State *L) {
   return 1;
 }
 
-/* the CPUs this process may use: compile_all's children at once */
+/* the CPUs this process may use (its affinity mask, as taskset or a container's cpuset set
+   it): compile_all's children at once */
 static int l_nprocs(lua_State *L) {
-  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  cpu_set_t set;
+  long n = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : sysconf(_SC_NPROCESSORS_ONLN);
   lua_pushinteger(L, n > 0 ? n : 1);
   return 1;
 }

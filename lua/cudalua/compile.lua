@@ -217,12 +217,17 @@ end
 -- Each PCH is a file of 100-250 MB in /tmp (tmpfs: memory) until the process ends: at most
 -- CUDALUA_PCH_MAX (default 4) are made in a process; past that, only the runs that have one use it.
 local pch_count = 0
+-- room for one more PCH of key (the cap not reached), or the process has it already
+local function pch_room(key)
+  return pch_count < (math.tointeger(tonumber(os.getenv("CUDALUA_PCH_MAX") or "")) or 4) or pch_made[key] == true
+end
+
 local function pch_wanted(job)
   if job.opts.pch == false or os.getenv("CUDALUA_PCH") == "0" or not source_includes(job).foreign then return false end
   local deps = job.deps
   if not job.deps_read then deps = includes.user_files(source_includes(job), job.name, job.options, job.opts.headers or {}) end
   if deps ~= "" then return false end
-  return pch_count < (math.tointeger(tonumber(os.getenv("CUDALUA_PCH_MAX") or "")) or 4) or pch_made[pch_key(job)] == true
+  return pch_room(pch_key(job))
 end
 
 -- what the process's compiles cost (cuda.compile_stats)
@@ -450,7 +455,8 @@ function M.compile_all(list, opts)
   end
   -- precompiled headers: children only use the process's (several making one at once would
   -- race on its file, as cudf's NVRTC users saw). An #include run the process has none of is
-  -- compiled here first when two sources or more share it; a source alone with its run goes
+  -- compiled here first when two sources or more share it and the cap leaves room (once: if
+  -- that made none, the others go to children without one); a source alone with its run goes
   -- to a child without one
   local share = {}
   for _, job in ipairs(jobs) do
@@ -459,11 +465,12 @@ function M.compile_all(list, opts)
       share[job.pch_key] = (share[job.pch_key] or 0) + 1
     end
   end
-  local queue = {}
+  local queue, tried = {}, {}
   for i, job in ipairs(jobs) do
     if type(job) == "table" and not job.mod then
       local key = job.pch_key
-      if key and not pch_made[key] and share[key] > 1 then
+      if key and not pch_made[key] and share[key] > 1 and not tried[key] and pch_room(key) then
+        tried[key] = true
         local ok, m = pcall(finish, job)
         jobs[i] = ok and { mod = m } or why(m)
       else

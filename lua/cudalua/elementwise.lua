@@ -210,7 +210,8 @@ function Elementwise:precompile(scalars)
   if widths[2] == 1 then widths[2] = nil end
   for i, w in ipairs(widths) do list[i] = { source(inputs(self, mask), self.outs, self.body, w), { name = self.name .. ".cu" } } end
   local mods, errs = compile.compile_all(list)
-  if errs and errs[1] then check.error(where, 2, "the code of elementwise '%s' does not compile: %s", self.name, errs[1]) end
+  local err = errs and (errs[1] or errs[2])
+  if err then check.error(where, 2, "the code of elementwise '%s' does not compile: %s", self.name, err) end
   local dev = self.cuda.current_device()
   for i, w in ipairs(widths) do keep(self, mask, w, dev, mods[i]) end
   return self
