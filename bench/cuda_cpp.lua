@@ -221,13 +221,18 @@ section("cold start", function()
   local f = assert(io.open(path, "w"))
   f:write(COLD_CHILD:format(COLD_SRC))
   f:close()
-  local function child(what)
+  -- a new process's run: its milliseconds, from popen to its end; its output must say ok
+  local function timed(cmd, who)
     local t0 = now()
-    local p = assert(io.popen(("%s %s %s"):format(lua, path, what)))
+    local p = assert(io.popen(cmd))
     local line = p:read("a")
     p:close()
     local dt = (now() - t0) * 1e3
-    if not line:find("^ok") then error("the child: " .. line) end
+    if not line:find("^ok") then error(who .. ": " .. line) end
+    return dt, line
+  end
+  local function child(what)
+    local dt, line = timed(("%s %s %s"):format(lua, path, what), "the child")
     if what == "run" and not line:find("^ok\t1") then error("the child did not hit the disk cache: " .. line) end
     return dt
   end
@@ -238,15 +243,7 @@ section("cold start", function()
   f = assert(io.open(cubin, "wb"))
   f:write(cuda.compile(COLD_SRC):image())
   f:close()
-  local function raw(how)
-    local t0 = now()
-    local p = assert(io.popen(("%s %s %s"):format(exe, cubin, how)))
-    local line = p:read("a")
-    p:close()
-    local dt = (now() - t0) * 1e3
-    if not line:find("^ok") then error("bench/cold_start: " .. line) end
-    return dt
-  end
+  local function raw(how) return (timed(("%s %s %s"):format(exe, cubin, how), "bench/cold_start")) end
   local have_raw = io.open(exe) ~= nil
   if not have_raw then B.note("no bench/out/cold_start (bench/run.sh builds it)") end
   -- (the driver's context creation varies from 115 to 200 ms between processes: nine turns)

@@ -34,9 +34,6 @@ typedef struct {
   int failed_read;      /* the output could not be read (out of memory) */
 } nvjob;
 
-/* the PCH heap is the process's: a resize waits for every compile using it */
-static pthread_rwlock_t pch_lock = PTHREAD_RWLOCK_INITIALIZER;
-
 /* with pch: NVRTC's automatic precompiled headers, kept for the process only (NVRTC makes
    them under /tmp/__nvrtc_auto_pch_<pid>_N and deletes them at exit), its messages off where
    they would change the log: why a PCH could not be used (#630), and the #line after the
@@ -99,30 +96,28 @@ static int read_output(nvrtcProgram prog, int what, char **buf, size_t *len) {
 }
 
 /* CUDALUA_PCH_HEAP (bytes): the PCH heap's size before the first compile with a PCH, in place
-   of NVRTC's default; a small one takes the path that grows it (the specs do) */
-static pthread_once_t heap_once = PTHREAD_ONCE_INIT;
+   of NVRTC's default; a small one takes the path that grows it (the specs do). The PCH heap is
+   the process's; every compile, and so every use or resize of it, holds nv_mu (below), or runs
+   in a child of one thread */
 static void heap_from_env(void) {
+  static int done;
+  if (done) return;
+  done = 1;
   const char *e = getenv("CUDALUA_PCH_HEAP");
   char *end = NULL;
   unsigned long long v = e && *e ? strtoull(e, &end, 10) : 0;
-  if (v > 0 && end && !*end) {
-    pthread_rwlock_wrlock(&pch_lock);
-    cu.nvrtcSetPCHHeapSize((size_t)v);
-    pthread_rwlock_unlock(&pch_lock);
-  }
+  if (v > 0 && end && !*end) cu.nvrtcSetPCHHeapSize((size_t)v);
 }
 
 /* one program made, compiled and read; 1: the PCH heap was too small for the PCH NVRTC wanted
-   to make (the result is right all the same) */
+   to make (the result is right all the same). Called with nv_mu held, or in a child */
 static int compile_once(nvjob *j) {
   nvrtcProgram prog;
   j->r = cu.nvrtcCreateProgram(&prog, j->src, j->fname, j->nh, j->hsrc, j->hname);
   if (j->r != NVRTC_SUCCESS) return 0;
   for (int i = 0; i < j->nx && j->r == NVRTC_SUCCESS; i++) j->r = cu.nvrtcAddNameExpression(prog, j->expr[i]);
-  if (j->pch) pthread_once(&heap_once, heap_from_env);
-  if (j->pch) pthread_rwlock_rdlock(&pch_lock);
+  if (j->pch) heap_from_env();
   if (j->r == NVRTC_SUCCESS) j->r = cu.nvrtcCompileProgram(prog, j->nopt, j->opts);
-  if (j->pch) pthread_rwlock_unlock(&pch_lock);
   int short_heap = j->pch && cu.nvrtcGetPCHCreateStatus(prog) == NVRTC_ERROR_PCH_CREATE_HEAP_EXHAUSTED;
   size_t need = 0;
   if (short_heap && cu.nvrtcGetPCHHeapSizeRequired(prog, &need) != NVRTC_SUCCESS) short_heap = 0;
@@ -141,11 +136,9 @@ static int compile_once(nvjob *j) {
     }
   }
   cu.nvrtcDestroyProgram(&prog);
-  if (short_heap) {   /* the heap grown (once the compiles using it are done), for this and later ones */
-    pthread_rwlock_wrlock(&pch_lock);
+  if (short_heap) {   /* the heap grown, for this and later compiles */
     size_t have = 0;
     if (cu.nvrtcGetPCHHeapSize(&have) == NVRTC_SUCCESS && have < need) cu.nvrtcSetPCHHeapSize(need);
-    pthread_rwlock_unlock(&pch_lock);
   }
   return short_heap;
 }

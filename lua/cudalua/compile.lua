@@ -57,6 +57,15 @@ local function source_includes(job)
   return job.includes
 end
 
+-- the user's files the source includes, as the cache key holds them (headers.user_files), read
+-- once per job: the cache key and the PCH choice both ask
+local function user_deps(job)
+  if not job.deps_read then
+    job.deps, job.deps_read = includes.user_files(source_includes(job), job.name, job.options, job.opts.headers or {}), true
+  end
+  return job.deps
+end
+
 -- does the source take headers beyond cudalua's own (where unused module variables come from)?
 local function has_includes(job)
   if next(job.opts.headers or {}) or has_option(job.options, { "-include", "--pre-include" }) then return true end
@@ -78,8 +87,10 @@ end
 
 ---------------------------------------------------------------------------------------------
 -- The steps of compile(), in its order. The job (plan) carries what one step finds to the
--- next. Error levels count up to the user's call: a step raising itself says 4 (the step,
--- compile(), cuda.compile or cuda.kernel, the user), one level more for what a step calls.
+-- next. Error levels count up to the user's call: a step prepare() runs says 5 when it raises
+-- itself (the step, prepare(), compile(), cuda.compile or cuda.kernel, the user), a step
+-- finish() runs says 4 (finish() is compile()'s tail call: it takes compile()'s place), and
+-- what a step calls one level more.
 
 -- opts, or {} for nil, once every option in it is known and well formed
 local COMPILE_OPTS = { options = "table", name = "string", headers = "table", arch = "string",
@@ -151,8 +162,7 @@ end
 local function cache_key(job)
   local opts = job.opts
   -- options hold include_dirs as -I: the folders are searched once each
-  local deps = opts.cache ~= false and includes.user_files(source_includes(job), job.name, job.options, opts.headers or {})
-  if opts.cache ~= false then job.deps, job.deps_read = deps, true end
+  local deps = opts.cache ~= false and user_deps(job)
   if not deps then return nil end
   local hparts = {}
   for _, k in ipairs(job.user_names) do hparts[#hparts + 1] = #k .. ":" .. k .. #opts.headers[k] .. ":" .. opts.headers[k] end
@@ -197,10 +207,11 @@ end
 -- the PCH NVRTC would make for job's run: its leading preprocessor lines (the #include run a
 -- PCH holds), its options and its in-memory headers' names. made[key]: the process has one
 local pch_made = {}
-local function pch_key(job)
-  -- the directives before the first token of code, comments out and continued lines joined
-  -- (a licence comment first, a #define over several lines: the review's keys that two runs
-  -- shared)
+-- the directives before the first token of code, comments out and continued lines joined
+-- (a licence comment first, a #define over several lines: the review's keys that two runs
+-- shared); read once per job
+local function pch_lead(job)
+  if job.pch_lead then return job.pch_lead end
   local text = modules.strip_comments(declared(job)):gsub("\\\n", " ")
   local lead = {}
   for line in (text .. "\n"):gmatch("([^\n]*)\n") do
@@ -208,7 +219,13 @@ local function pch_key(job)
     if t ~= "" and not t:match("^#") then break end
     lead[#lead + 1] = t
   end
-  return table.concat(lead, "\n") .. "\0" .. table.concat(job.options, "\0") .. "\0" .. table.concat(job.user_names, "\0")
+  job.pch_lead = table.concat(lead, "\n")
+  return job.pch_lead
+end
+
+-- (the options can change between a job's runs: -default-device)
+local function pch_key(job)
+  return pch_lead(job) .. "\0" .. table.concat(job.options, "\0") .. "\0" .. table.concat(job.user_names, "\0")
 end
 
 -- Only for sources whose headers are all the toolkit's (or cudalua's): NVRTC took a PCH of a
@@ -224,9 +241,7 @@ end
 
 local function pch_wanted(job)
   if job.opts.pch == false or os.getenv("CUDALUA_PCH") == "0" or not source_includes(job).foreign then return false end
-  local deps = job.deps
-  if not job.deps_read then deps = includes.user_files(source_includes(job), job.name, job.options, job.opts.headers or {}) end
-  if deps ~= "" then return false end
+  if user_deps(job) ~= "" then return false end
   return pch_room(pch_key(job))
 end
 

@@ -63,8 +63,11 @@ local function no_compile(self, dtype, why, fname)
 end
 
 -- the kernels of plan pl from module mod, kept for dtype on device dev
+local sms_of = {}   -- device -> multiprocessors (core.devices() builds every device's table)
 local function install(self, dtype, dev, mod, pl)
-  local sms = core.devices()[core.current_device() + 1].multiprocessors
+  local cur = core.current_device()
+  local sms = sms_of[cur]
+  if not sms then sms = core.devices()[cur + 1].multiprocessors; sms_of[cur] = sms end
   local p, v = pl.p, pl.v
   -- per_block: the elements that give each warp of a block its un tiles
   local ks = { mod = mod, { k = mod:get(pl.aligned), per_block = 32 * v * W * p.un },
