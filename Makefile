@@ -15,7 +15,7 @@ LIBS        = -ldl -lpthread -lm
 SRCS    = $(wildcard src/*.c)
 OBJS    = $(SRCS:src/%.c=build/%.o) build/embedded.o
 PARTS   = $(wildcard lua/cudalua/*.lua)
-HEADERS = $(wildcard kernels/cudalua/*.cuh kernels/cudalua/nvrtc/*.h)
+HEADERS = $(wildcard kernels/cudalua/*.cuh kernels/cudalua/nvrtc/*.h kernels/cudalua/cpu/*.h)
 
 # install locations (LuaRocks passes its own)
 PREFIX     ?= /usr/local
@@ -40,7 +40,7 @@ libcudalua.a: $(OBJS)
 libcudalua.so: $(OBJS)
 	$(CC) -shared -Wl,-soname,libcudalua.so -o $@ $(OBJS) $(LIBS)
 
-build/%.o: src/%.c src/cl.h src/cudalua.h | build
+build/%.o: src/%.c src/cl.h src/cudalua.h src/cpu_dev.h kernels/cudalua/cpu/abi.h | build
 	$(CC) $(ALL_CFLAGS) -c $< -o $@
 
 # always regenerated (cheap); embed.lua rewrites it only when its content changes

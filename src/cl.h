@@ -110,6 +110,8 @@ typedef struct cl_lib {
      file, the entry point) */
   const char *forced_fail, *not_found, *lacks;
   int (*ready)(struct cl_lib *);  /* once the entry points are in: 0 (err written) fails the load */
+  void *(*builtin)(const char *); /* NULL name: non-NULL when the entry points are built in, and
+                                     then each name's (the CPU device: cl_cpu_symbol) */
   const char *const *results;     /* result code -> name, from 0, `nresults` of them; else */
   int nresults;
   const char *(*result_of)(int);  /* the library's own names (NULL: none for this code) */
@@ -752,6 +754,9 @@ void cl_open_module(lua_State *L);
 
 /* ---- from compile.c: NVRTC compiles ---- */
 void cl_open_compile(lua_State *L);
+
+/* ---- from cxx.c: the CPU device's compile (the host C++ compiler) ---- */
+void cl_open_cxx(lua_State *L);   /* core.cxx_compile, core.is_cpu_device */
 
 /* ---- from link.c: nvJitLink links ---- */
 void cl_open_link(lua_State *L);

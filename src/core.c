@@ -86,6 +86,7 @@ int luaopen_cudalua(lua_State *L) {
   cl_open_texture(L);
   cl_open_memory(L);
   cl_open_compile(L);
+  cl_open_cxx(L);
   cl_open_link(L);
   cl_open_kernel(L);
   cl_open_module(L);

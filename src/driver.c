@@ -12,6 +12,7 @@
 #include <limits.h>
 #include <sys/stat.h>
 #include "cl.h"
+#include "cpu_dev.h"
 
 cl_api cu;
 int cl_launch_blocks;   /* CUDA_LAUNCH_BLOCKING (or a sanitizer): launches return once run */
@@ -96,7 +97,7 @@ cl_lib cl_libcuda = {
   .syms = cuda_syms, .optional = cuda_opt,
   .forced_fail = "cudalua: no CUDA driver found (%s)", .not_found = "cudalua: no CUDA driver found (%s)",
   .lacks = "cudalua: the CUDA driver is too old (it lacks %.0s%s)",   /* %.0s: not the file */
-  .ready = driver_ready, .result_of = cuda_result, .unknown = "CUDA_ERROR_UNKNOWN",
+  .ready = driver_ready, .builtin = cl_cpu_symbol, .result_of = cuda_result, .unknown = "CUDA_ERROR_UNKNOWN",
   .lock = PTHREAD_MUTEX_INITIALIZER};
 
 /* the NVRTC and nvJitLink libraries looked for, newest first (loading and the cache identity

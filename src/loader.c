@@ -58,10 +58,10 @@ static void *find(cl_lib *l) {
 }
 
 /* fills the slots of the list; the first required entry point missing, NULL when none */
-static const char *resolve(void *h, const cl_sym *s, int required) {
+static const char *resolve(void *h, const cl_sym *s, int required, void *(*builtin)(const char *)) {
   const char *missing = NULL;
   for (; s && s->name; s++)
-    if (!(*s->slot = dlsym(h, s->name)) && required && !missing) missing = s->name;
+    if (!(*s->slot = builtin ? builtin(s->name) : dlsym(h, s->name)) && required && !missing) missing = s->name;
   return missing;
 }
 
@@ -70,10 +70,13 @@ int cl_lib_load(cl_lib *l) {
   if (l->near) cl_lib_load(l->near);
   pthread_mutex_lock(&l->lock);
   if (!l->state) {
-    void *h = find(l);
+    /* a built-in implementation (the CPU device) when it is chosen, else the library */
+    int builtin = l->builtin && l->builtin(NULL);
+    void *h = builtin ? (void *)l : find(l);
+    if (builtin) snprintf(l->path, sizeof l->path, "%s", "(built in)");
     if (h) {
-      const char *missing = resolve(h, l->syms, 1);
-      resolve(h, l->optional, 0);
+      const char *missing = resolve(h, l->syms, 1, builtin ? l->builtin : NULL);
+      resolve(h, l->optional, 0, builtin ? l->builtin : NULL);
       if (missing) snprintf(l->err, sizeof l->err, l->lacks, l->path, missing);
       else if (!l->ready || l->ready(l)) __atomic_store_n(&l->state, 1, __ATOMIC_RELEASE);
     }

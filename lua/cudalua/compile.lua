@@ -11,6 +11,7 @@ local check = require "cudalua.check"
 local system = require "cudalua.system"
 local probe = require "cudalua.probe"
 local globals = require "cudalua.globals"
+local cpu = require "cudalua.cpucompile"
 local M = {}
 
 -- the type kernel code computes with for a dtype, and the header that declares it: complex
@@ -148,8 +149,13 @@ end
 -- capability, and the arch NVRTC gets is chosen on a miss
 local function plan(src, opts)
   local job = { src = src, opts = opts, name = opts.name or "cudalua_kernel.cu" }
-  job.arch_key = opts.arch or system.device_cc(6)
-  job.options, job.toolkit_id = nvrtc_options(opts)
+  job.cpu = cpu.active()   -- the CPU device: the host C++ compiler instead of NVRTC
+  if job.cpu then
+    job.arch_key, job.options, job.toolkit_id = "cpu", cpu.options(opts), cpu.identity()
+  else
+    job.arch_key = opts.arch or system.device_cc(6)
+    job.options, job.toolkit_id = nvrtc_options(opts)
+  end
   job.user_names = {}
   for k in pairs(opts.headers or {}) do job.user_names[#job.user_names + 1] = k end
   table.sort(job.user_names)
@@ -261,6 +267,10 @@ end
 -- nvJitLink)
 local function choose_target(job)
   local opts = job.opts
+  if job.cpu then
+    job.arch, job.output, job.via_ptx, job.nvrtc_output, job.pch = "cpu", "cubin", false, "cubin", false
+    return
+  end
   local arch = opts.arch or system.device_arch(6)
   if opts.lto and arch:match("^compute_") then
     check.error("cuda.compile", 5, "lto = true needs an sm_ arch; this device's is newer than NVRTC knows")
@@ -276,6 +286,7 @@ end
 -- the in-memory headers: the user's win over cudalua's stand-ins of the same name
 local function header_list(job)
   local user, headers = job.opts.headers, {}
+  if job.cpu then return cpu.headers(job.user_names, user or {}) end
   for _, h in ipairs(includes.shipped()) do
     if not (user and user[h[1]]) then headers[#headers + 1] = h end
   end
@@ -301,7 +312,9 @@ local function run_nvrtc(job, list)
   job.pending = nil
   local sig, a, b, c, d, e, f, g = nvrtc_args(job, list)
   local image, log, lowered, ptx, pch
-  if pending and pending.sig == sig then
+  if job.cpu then
+    image, log, lowered = cpu.compile(a, b, c, d, e)
+  elseif pending and pending.sig == sig then
     image, log, lowered, ptx, pch = core.nvrtc_wait(pending.run)
     M.stats.child_runs = M.stats.child_runs + 1
   else
@@ -501,6 +514,7 @@ function M.compile_all(list, opts)
     started = started + 1
     local job = queue[started]
     if not job then return end
+    if job.cpu then return end   -- (the CPU device's compiles run in turn, in finish)
     local sig, a, b, c, d, e, f, g = nvrtc_args(job, probe.first_list(job.found, job.opts.name_expressions))
     local ok, run = pcall(core.nvrtc_start, a, b, c, d, e, f, g)
     if ok then job.pending = { sig = sig, run = run } else job.start_error = why(run) end

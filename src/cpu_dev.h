@@ -1,0 +1,67 @@
+/* cpu_dev.h: the parts of cudalua's CPU device (src/cpu_*.c) that see each other. The device
+   implements the driver entry points cudalua calls (cl.h's CL_CUDA_FUNCS) on the host: memory
+   is host memory, every stream's work runs in order on one worker thread (the "GPU"), kernels
+   come from libraries the host C++ compiler built (kernels/cudalua/cpu/cuda_cpu.h) and run on
+   a pool of threads. cl_cpu_symbol (cpu_driver.c) is how the loader finds these entry points. */
+#ifndef CL_CPU_DEV_H
+#define CL_CPU_DEV_H
+#include <cuda.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "../kernels/cudalua/cpu/abi.h"
+
+/* ---- cpu_mem.c: blocks of memory and what a pointer belongs to ---- */
+typedef struct { uintptr_t base; size_t size; int kind; } cpu_block;   /* kind: CU_MEMORYTYPE_* */
+CUresult cpu_alloc(void **p, size_t n, int kind);
+CUresult cpu_free(void *p);
+int cpu_find(uintptr_t p, cpu_block *out);   /* 1: p lies in a block cudalua allocated */
+size_t cpu_mem_used(void);
+
+/* ---- cpu_queue.c: the work queue every stream shares, events ---- */
+typedef struct cpu_op cpu_op;
+typedef void (*cpu_work)(cpu_op *op);
+struct cpu_op {
+  cpu_work run;
+  cpu_op *next;
+  uint64_t seq;
+  union {
+    struct { void *dst; const void *src; size_t n; } copy;
+    struct { void *dst; uint32_t v; size_t n, pitch, w, h; int size; } fill;
+    struct { void (*fn)(void *); void *data; } host;
+    struct { struct cpu_event *ev; } rec;
+    struct { void *p; } free;
+    struct { struct cpu_launch *l; } launch;
+  } u;
+};
+typedef struct cpu_stream { uint64_t last; int priority; unsigned flags; } cpu_stream;
+typedef struct cpu_event { uint64_t seq; double t; unsigned flags; } cpu_event;
+CUresult cpu_enqueue(CUstream s, cpu_op *op);        /* op: malloc'd; the queue frees it */
+CUresult cpu_wait_seq(uint64_t seq);                 /* until work up to seq is done */
+uint64_t cpu_enqueued(void);                         /* the last sequence number given */
+int cpu_done(uint64_t seq);
+void cpu_fail(CUresult r, const char *fmt, ...);     /* a launch failed: the next sync says so */
+const char *cpu_error_text(CUresult r);               /* the message of the last failure r */
+double cpu_now(void);
+
+/* ---- cpu_exec.c: a launch on the pool ---- */
+typedef struct cpu_module {
+  void *lib;
+  const cl_cpu_entry *entries;
+  void (*run)(const cl_cpu_entry *, cl_cpu_thread *, void **);
+  int may_sync;
+} cpu_module;
+typedef struct cpu_func { cpu_module *mod; const cl_cpu_entry *e; int max_dyn; } cpu_func;
+typedef struct cpu_launch {
+  cpu_func *f;
+  cl_cpu_dim grid, block;
+  size_t shared;
+  void **args;          /* pointers into vals */
+  unsigned char *vals;
+} cpu_launch;
+void cpu_launch_run(cpu_launch *l);     /* on the queue's worker: every block, then returns */
+int cpu_threads(void);                  /* the pool's size ("multiprocessors") */
+extern const cl_cpu_rt cpu_rt;
+
+/* ---- cpu_driver.c ---- */
+void *cl_cpu_symbol(const char *name);  /* NULL name: non-NULL when the CPU device is chosen */
+#endif

@@ -1,0 +1,104 @@
+/* cpu_queue.c: the CPU device's work queue. Every stream's work runs in the order it was
+   given on one worker thread, the device: stream order, event order and the legacy stream's
+   waits all hold at once, and the host goes on while the device works, as with a GPU. Host
+   functions run on the worker, as the driver runs them on a thread of its own. A launch that
+   fails (an assert, a barrier not every thread reaches) makes the next wait return its error
+   once; the device goes on with the work after it. */
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include "cpu_dev.h"
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t more = PTHREAD_COND_INITIALIZER, progress = PTHREAD_COND_INITIALIZER;
+static cpu_op *head, *tail;
+static uint64_t given, done;
+static int started;
+static CUresult failed;
+static char failed_text[512];
+static pthread_t worker;
+
+double cpu_now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec * 1e3 + t.tv_nsec * 1e-6;
+}
+
+static void *work(void *arg) {
+  (void)arg;
+  pthread_mutex_lock(&lock);
+  for (;;) {
+    while (!head) pthread_cond_wait(&more, &lock);
+    cpu_op *op = head;
+    head = op->next;
+    if (!head) tail = NULL;
+    pthread_mutex_unlock(&lock);
+    op->run(op);
+    uint64_t seq = op->seq;
+    free(op);
+    pthread_mutex_lock(&lock);
+    done = seq;
+    pthread_cond_broadcast(&progress);
+  }
+  return NULL;
+}
+
+CUresult cpu_enqueue(CUstream s, cpu_op *op) {
+  pthread_mutex_lock(&lock);
+  if (!started) {
+    if (pthread_create(&worker, NULL, work, NULL)) { pthread_mutex_unlock(&lock); free(op); return CUDA_ERROR_OUT_OF_MEMORY; }
+    pthread_detach(worker);
+    started = 1;
+  }
+  op->seq = ++given;
+  op->next = NULL;
+  if ((uintptr_t)s > 2) ((cpu_stream *)s)->last = op->seq;   /* 0, 1, 2: the legacy and per-thread streams */
+  if (tail) tail->next = op; else head = op;
+  tail = op;
+  pthread_cond_signal(&more);
+  pthread_mutex_unlock(&lock);
+  return CUDA_SUCCESS;
+}
+
+CUresult cpu_wait_seq(uint64_t seq) {
+  pthread_mutex_lock(&lock);
+  while (done < seq) pthread_cond_wait(&progress, &lock);
+  CUresult r = failed;
+  failed = CUDA_SUCCESS;
+  pthread_mutex_unlock(&lock);
+  return r;
+}
+
+uint64_t cpu_enqueued(void) {
+  pthread_mutex_lock(&lock);
+  uint64_t g = given;
+  pthread_mutex_unlock(&lock);
+  return g;
+}
+
+int cpu_done(uint64_t seq) {
+  pthread_mutex_lock(&lock);
+  int d = done >= seq;
+  pthread_mutex_unlock(&lock);
+  return d;
+}
+
+void cpu_fail(CUresult r, const char *fmt, ...) {
+  pthread_mutex_lock(&lock);
+  if (failed == CUDA_SUCCESS) {
+    failed = r;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(failed_text, sizeof failed_text, fmt, ap);
+    va_end(ap);
+  }
+  pthread_mutex_unlock(&lock);
+}
+
+/* the text of the last failure (kept after the wait that returned it, for cuGetErrorString) */
+const char *cpu_error_text(CUresult r) {
+  (void)r;
+  return failed_text[0] ? failed_text : NULL;
+}
