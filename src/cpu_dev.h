@@ -49,6 +49,7 @@ typedef struct cpu_module {
   const cl_cpu_entry *entries;
   void (*run)(const cl_cpu_entry *, cl_cpu_thread *, void **);
   int may_sync;
+  int fd;               /* the library's file, open while it is loaded */
 } cpu_module;
 typedef struct cpu_func { cpu_module *mod; const cl_cpu_entry *e; int max_dyn; } cpu_func;
 typedef struct cpu_launch {

@@ -286,19 +286,20 @@ static CUresult c_ModuleLoadData(CUmodule *m, const void *image) {
   }
   char path[64];
   snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+  /* the file stays open while the library is loaded: dlopen takes a path it has loaded before
+     for that library, and a closed descriptor's number (so its path) comes back */
   void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-  close(fd);
-  if (!lib) return CUDA_ERROR_INVALID_IMAGE;
+  if (!lib) { close(fd); return CUDA_ERROR_INVALID_IMAGE; }
   cpu_module *mod = calloc(1, sizeof *mod);
   void (*bind)(const cl_cpu_rt *) = (void (*)(const cl_cpu_rt *))dlsym(lib, "__cudalua_cpu_bind");
   const int *may = dlsym(lib, "__cudalua_cpu_may_sync");
   if (mod) {
-    mod->lib = lib;
+    mod->lib = lib, mod->fd = fd;
     mod->entries = dlsym(lib, "__cudalua_cpu_entries");
     mod->run = (void (*)(const cl_cpu_entry *, cl_cpu_thread *, void **))dlsym(lib, "__cudalua_cpu_run");
     mod->may_sync = may ? *may : 1;
   }
-  if (!mod || !bind || !mod->entries || !mod->run) { free(mod); dlclose(lib); return mod ? CUDA_ERROR_INVALID_IMAGE : CUDA_ERROR_OUT_OF_MEMORY; }
+  if (!mod || !bind || !mod->entries || !mod->run) { free(mod); dlclose(lib); close(fd); return mod ? CUDA_ERROR_INVALID_IMAGE : CUDA_ERROR_OUT_OF_MEMORY; }
   bind(&cpu_rt);
   *m = (CUmodule)mod;
   return CUDA_SUCCESS;
@@ -311,6 +312,7 @@ static CUresult c_ModuleUnload(CUmodule m) {
   cpu_module *mod = (cpu_module *)m;
   drain();
   dlclose(mod->lib);
+  close(mod->fd);
   free(mod);
   return CUDA_SUCCESS;
 }

@@ -75,8 +75,10 @@ local function refuse_gpu_only(src, name)
 end
 
 -- `extern __shared__ T name[];` (the block's dynamic shared memory) as a name for the block's
--- buffer: a macro, so that it works at file scope and in a function alike
+-- buffer: a macro, so that it works at file scope and in a function alike; and an alignment
+-- after __shared__ put before it (C++ wants attributes ahead of `static thread_local`)
 local function dynamic_shared(src)
+  src = src:gsub("__shared__%s+(alignas%s*%b())", "%1 __shared__"):gsub("__shared__%s+(__align__%s*%b())", "%1 __shared__")
   return (src:gsub("extern%s+__shared__%s+([^;%[]-)%s*([%a_][%w_]*)%s*%[%s*%]%s*;", function(decl, name)
     local t = decl:gsub("__align__%s*%b()", ""):gsub("alignas%s*%b()", ""):gsub("^%s+", ""):gsub("%s+$", "")
     return ("\n#define %s ((%s *)__cl_cur->dyn_shared)\n"):format(name, t)

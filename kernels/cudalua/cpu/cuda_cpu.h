@@ -193,6 +193,11 @@ __CL_SCOPED(atomicMax) __CL_SCOPED(atomicCAS) __CL_SCOPED(atomicAnd) __CL_SCOPED
 /* ---- math: the standard functions are <cmath>'s; CUDA's own ---- */
 using std::sqrt; using std::exp; using std::log; using std::sin; using std::cos; using std::fabs;
 using std::floor; using std::ceil; using std::pow; using std::fmin; using std::fmax; using std::abs;
+/* CUDA's min and max take any two arithmetic values (std's want one type) */
+template <class A, class B, class = std::enable_if_t<std::is_arithmetic<A>::value && std::is_arithmetic<B>::value>>
+inline std::common_type_t<A, B> min(A a, B b) { return b < a ? b : a; }
+template <class A, class B, class = std::enable_if_t<std::is_arithmetic<A>::value && std::is_arithmetic<B>::value>>
+inline std::common_type_t<A, B> max(A a, B b) { return a < b ? b : a; }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline double rsqrt(double x) { return 1.0 / std::sqrt(x); }
 inline float __expf(float x) { return std::exp(x); }
