@@ -50,6 +50,8 @@ typedef struct cpu_module {
   void (*run)(const cl_cpu_entry *, cl_cpu_thread *, void **);
   int may_sync;
   int fd;               /* the library's file, open while it is loaded */
+  struct cpu_func *funcs;   /* one per entry */
+  int nfuncs;
 } cpu_module;
 typedef struct cpu_func { cpu_module *mod; const cl_cpu_entry *e; int max_dyn; } cpu_func;
 typedef struct cpu_launch {

@@ -300,6 +300,13 @@ static CUresult c_ModuleLoadData(CUmodule *m, const void *image) {
     mod->may_sync = may ? *may : 1;
   }
   if (!mod || !bind || !mod->entries || !mod->run) { free(mod); dlclose(lib); close(fd); return mod ? CUDA_ERROR_INVALID_IMAGE : CUDA_ERROR_OUT_OF_MEMORY; }
+  /* a function record per kernel, the module's (freed with it) */
+  int nk = 0;
+  while (mod->entries[nk].fn) nk++;
+  mod->funcs = calloc((size_t)nk + 1, sizeof *mod->funcs);
+  if (!mod->funcs) { free(mod); dlclose(lib); close(fd); return CUDA_ERROR_OUT_OF_MEMORY; }
+  for (int i = 0; i < nk; i++) mod->funcs[i] = (cpu_func){mod, &mod->entries[i], 48 * 1024};
+  mod->nfuncs = nk;
   bind(&cpu_rt);
   *m = (CUmodule)mod;
   return CUDA_SUCCESS;
@@ -313,24 +320,18 @@ static CUresult c_ModuleUnload(CUmodule m) {
   drain();
   dlclose(mod->lib);
   close(mod->fd);
+  free(mod->funcs);
   free(mod);
   return CUDA_SUCCESS;
 }
 
 /* a kernel: dlsym finds it by the name cudalua asks (plain or mangled), the library's table
-   says how to call it. The function records live as long as the process, as the module's
-   functions do for the driver (a handful per module) */
+   says how to call it */
 static CUresult c_ModuleGetFunction(CUfunction *f, CUmodule m, const char *name) {
   cpu_module *mod = (cpu_module *)m;
   void *fn = dlsym(mod->lib, name);
-  for (const cl_cpu_entry *e = mod->entries; fn && e->fn; e++) {
-    if (e->fn != fn) continue;
-    cpu_func *cf = calloc(1, sizeof *cf);
-    if (!cf) return CUDA_ERROR_OUT_OF_MEMORY;
-    cf->mod = mod, cf->e = e, cf->max_dyn = 48 * 1024;
-    *f = (CUfunction)cf;
-    return CUDA_SUCCESS;
-  }
+  for (int i = 0; fn && i < mod->nfuncs; i++)
+    if (mod->entries[i].fn == fn) { *f = (CUfunction)&mod->funcs[i]; return CUDA_SUCCESS; }
   return CUDA_ERROR_NOT_FOUND;
 }
 static CUresult c_ModuleGetGlobal(CUdeviceptr *p, size_t *n, CUmodule m, const char *name) {
@@ -380,13 +381,7 @@ static CUresult c_ModuleGetFunctionCount(unsigned *n, CUmodule m) {
 }
 static CUresult c_ModuleEnumerateFunctions(CUfunction *fs, unsigned n, CUmodule m) {
   cpu_module *mod = (cpu_module *)m;
-  unsigned i = 0;
-  for (const cl_cpu_entry *e = mod->entries; e->fn && i < n; e++, i++) {
-    cpu_func *cf = calloc(1, sizeof *cf);
-    if (!cf) return CUDA_ERROR_OUT_OF_MEMORY;
-    cf->mod = mod, cf->e = e, cf->max_dyn = 48 * 1024;
-    fs[i] = (CUfunction)cf;
-  }
+  for (unsigned i = 0; i < n && (int)i < mod->nfuncs; i++) fs[i] = (CUfunction)&mod->funcs[i];
   return CUDA_SUCCESS;
 }
 static CUresult c_FuncGetName(const char **name, CUfunction f) {
