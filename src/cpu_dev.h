@@ -65,6 +65,4 @@ void cpu_launch_run(cpu_launch *l);     /* on the queue's worker: every block, t
 int cpu_threads(void);                  /* the pool's size ("multiprocessors") */
 extern const cl_cpu_rt cpu_rt;
 
-/* ---- cpu_driver.c ---- */
-void *cl_cpu_symbol(const char *name);  /* NULL name: non-NULL when the CPU device is chosen */
 #endif

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
+#include "cl.h"
 #include "cpu_dev.h"
 
 static int ctx_token;
