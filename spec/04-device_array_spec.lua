@@ -8,18 +8,20 @@ local f32 = C.f32
 local N = 1037 -- not a multiple of any block size
 
 local SRC = [[
-__device__ unsigned long long now_ns() {
-  unsigned long long t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t;
-}
+#include <cudalua/time.cuh>
+__device__ unsigned long long now_ns() { return cudalua_globaltimer(); }
 extern "C" __global__ void affine(int *y, const int *x, int a, int b, int n) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) y[i] = a * x[i] + b;
 }
-// waits ns nanoseconds, then writes v everywhere: work still queued when the host moves on
+// waits ns nanoseconds, then writes v everywhere: work still queued when the host moves on.
+// One thread waits and writes (threads that each waited would run one after another on the
+// CPU device, where a block's threads take turns)
 extern "C" __global__ void late_fill(int *x, int v, int n, long long ns) {
+  if (blockIdx.x + threadIdx.x != 0) return;
   unsigned long long t0 = now_ns();
   while (now_ns() - t0 < (unsigned long long)ns) {}
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) x[i] = v;
+  for (int i = 0; i < n; i++) x[i] = v;
 }
 ]]
 local mod

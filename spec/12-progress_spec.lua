@@ -8,14 +8,16 @@ local cuda = H.cuda
 local gpu = H.gpu(it, pending)
 
 local SRC = [[
-__device__ unsigned long long now_ns() {
-  unsigned long long t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t;
-}
-// every thread bumps the counter steps times, one step every step_ns nanoseconds
+#include <cudalua/time.cuh>
+__device__ unsigned long long now_ns() { return cudalua_globaltimer(); }
+// the counter bumped steps times, by one for every thread of the grid, one step every step_ns
+// nanoseconds. One thread bumps for all (threads that each waited would run one after another
+// on the CPU device)
 extern "C" __global__ void bump(unsigned long long *progress, long long steps, long long step_ns) {
+  if (blockIdx.x + threadIdx.x != 0) return;
   unsigned long long t0 = now_ns();
   for (long long i = 0; i < steps; i++) {
-    atomicAdd(progress, 1ULL);
+    atomicAdd(progress, (unsigned long long)gridDim.x * blockDim.x);
     while (now_ns() - t0 < (unsigned long long)((i + 1) * step_ns)) __nanosleep(20000);
   }
 }

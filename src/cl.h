@@ -124,11 +124,13 @@ typedef struct cl_lib {
 int cl_lib_load(cl_lib *l);       /* 1 when loaded (at the first call; any thread) */
 void cl_lib_need(lua_State *L, cl_lib *l);   /* loaded, else raises its message for the call */
 int cl_lib_ok(cl_lib *l);         /* 1 when loaded, without loading (no lock) */
+int cl_lib_retry(cl_lib *l);      /* a failed load forgotten; 0 when it is loaded */
 const char *cl_result_name(cl_lib *l, int r);   /* a result code's name, as the library says it */
 
 /* ---- from cpu_driver.c: the CPU device, built in where libcuda would be loaded ---- */
 /* (CUDALUA_DEVICE=cpu; cpu_mem.c, cpu_queue.c and cpu_exec.c under it share src/cpu_dev.h) */
 void *cl_cpu_symbol(const char *name);  /* NULL name: non-NULL when the CPU device is chosen */
+void cl_cpu_choose(void);               /* chosen from Lua (cuda.use_cpu), as by CUDALUA_DEVICE=cpu */
 
 /* ---- from driver.c: libcuda, NVRTC and nvJitLink (opened at run time), contexts, errors ---- */
 #define CL_CUDA_FUNCS(X) \

@@ -63,11 +63,29 @@ static CUresult c_DeviceGetName(char *b, int n, CUdevice d) {
   snprintf(b, (size_t)n, "cudalua CPU device (%d threads)", cpu_threads());
   return CUDA_SUCCESS;
 }
-static size_t ram(void) { return (size_t)sysconf(_SC_PHYS_PAGES) * (size_t)sysconf(_SC_PAGESIZE); }
-static CUresult c_DeviceTotalMem(size_t *b, CUdevice d) { (void)d; *b = ram(); return CUDA_SUCCESS; }
+/* the device's memory: CUDALUA_CPU_MEMORY bytes (a K, M or G after the number), else a quarter
+   of the RAM and at most 4 GiB. A GPU's memory is its own, and scripts size their arrays from
+   what cuda.mem_info says is free ("40% of the free memory"): the host's RAM would be taken
+   whole, and an allocation past it would not fail but swap. */
+static size_t capacity(void) {
+  static size_t cap;
+  if (cap) return cap;
+  size_t ram = (size_t)sysconf(_SC_PHYS_PAGES) * (size_t)sysconf(_SC_PAGESIZE);
+  size_t c = ram / 4 < ((size_t)4 << 30) ? ram / 4 : (size_t)4 << 30;
+  const char *e = getenv("CUDALUA_CPU_MEMORY");
+  char *end;
+  double v = e ? strtod(e, &end) : 0;
+  if (e && v > 0) {
+    int k = *end == 'K' || *end == 'k' ? 10 : *end == 'M' || *end == 'm' ? 20 : *end == 'G' || *end == 'g' ? 30 : 0;
+    c = (size_t)(v * (double)((size_t)1 << k));
+  }
+  return cap = c < ((size_t)1 << 20) ? (size_t)1 << 20 : c;
+}
+static size_t mem_free(void) { size_t u = cpu_mem_used(), c = capacity(); return u < c ? c - u : 0; }
+static CUresult c_DeviceTotalMem(size_t *b, CUdevice d) { (void)d; *b = capacity(); return CUDA_SUCCESS; }
 static CUresult c_MemGetInfo(size_t *f, size_t *t) {
-  *t = ram();
-  *f = (size_t)sysconf(_SC_AVPHYS_PAGES) * (size_t)sysconf(_SC_PAGESIZE);
+  *t = capacity();
+  *f = mem_free();
   return CUDA_SUCCESS;
 }
 
@@ -116,7 +134,12 @@ static CUresult c_CtxGetStreamPriorityRange(int *least, int *greatest) { *least 
 
 /* ---- memory: freeing waits for the queued work (as cuMemFree does), an async free is queued ---- */
 static CUresult drain(void) { cpu_wait_seq(cpu_enqueued()); return CUDA_SUCCESS; }
-static CUresult c_MemAlloc(CUdeviceptr *p, size_t n) { void *m; CUresult r = cpu_alloc(&m, n, CU_MEMORYTYPE_DEVICE); *p = (CUdeviceptr)(uintptr_t)(r ? NULL : m); return r; }
+static CUresult c_MemAlloc(CUdeviceptr *p, size_t n) {
+  void *m;
+  CUresult r = n > mem_free() ? CUDA_ERROR_OUT_OF_MEMORY : cpu_alloc(&m, n, CU_MEMORYTYPE_DEVICE);
+  *p = (CUdeviceptr)(uintptr_t)(r ? NULL : m);
+  return r;
+}
 static CUresult c_MemFree(CUdeviceptr p) { drain(); return cpu_free((void *)(uintptr_t)p); }
 static CUresult c_MemAllocAsync(CUdeviceptr *p, size_t n, CUstream s) { (void)s; return c_MemAlloc(p, n); }
 static void run_free(cpu_op *op) { cpu_free(op->u.free.p); }
@@ -133,7 +156,7 @@ static CUresult c_MemHostGetDevicePointer(CUdeviceptr *d, void *h, unsigned f) {
 static CUresult c_MemAllocManaged(CUdeviceptr *p, size_t n, unsigned f) {
   (void)f;
   void *m;
-  CUresult r = cpu_alloc(&m, n, CU_MEMORYTYPE_UNIFIED);
+  CUresult r = n > mem_free() ? CUDA_ERROR_OUT_OF_MEMORY : cpu_alloc(&m, n, CU_MEMORYTYPE_UNIFIED);
   *p = r ? 0 : (CUdeviceptr)(uintptr_t)m;
   return r;
 }
@@ -494,10 +517,13 @@ static const struct { const char *name; void *fn; } impls[] = {
 };
 
 /* CUDALUA_DEVICE=cpu chooses the CPU device (read once, when the driver is first loaded) */
+static int chosen;
+void cl_cpu_choose(void) { __atomic_store_n(&chosen, 1, __ATOMIC_RELEASE); }
+
 void *cl_cpu_symbol(const char *name) {
   if (!name) {
     const char *d = getenv("CUDALUA_DEVICE");
-    return d && !strcmp(d, "cpu") ? (void *)impls : NULL;
+    return __atomic_load_n(&chosen, __ATOMIC_ACQUIRE) || (d && !strcmp(d, "cpu")) ? (void *)impls : NULL;
   }
   for (size_t i = 0; i < sizeof impls / sizeof impls[0]; i++)
     if (!strcmp(impls[i].name, name)) return impls[i].fn;

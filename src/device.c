@@ -11,6 +11,20 @@ static int l_is_available(lua_State *L) {
   return 1;
 }
 
+/* cuda.use_cpu(): the CPU device from here on, chosen before the driver is first used (or
+   after it was found missing); true. The GPU's driver in use already: an error, as arrays and
+   kernels made on the GPU would be mixed with the CPU device's. */
+static int l_use_cpu(lua_State *L) {
+  if (cl_lib_ok(&cl_libcuda) && cl_cpu_symbol(NULL)) { lua_pushboolean(L, 1); return 1; }
+  if (!cl_lib_retry(&cl_libcuda))
+    cl_error(L, NULL, "the GPU's driver is in use already: call it before the first use of a device "
+             "(or set CUDALUA_DEVICE=cpu)");
+  cl_cpu_choose();
+  if (!cl_driver_load()) cl_error(L, NULL, "%s", cl_unprefixed(cl_libcuda.err));
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
 /* cuda.launches_block(): do launches return only once their work has run? */
 static int l_launches_block(lua_State *L) {
   lua_pushboolean(L, cl_driver_load() && cl_launch_blocks);
@@ -42,6 +56,7 @@ static int l_devices(lua_State *L) {
     lua_createtable(L, 0, 14);
     setint(L, "id", i);
     lua_pushstring(L, name); lua_setfield(L, -2, "name");
+    lua_pushstring(L, cl_cpu_symbol(NULL) ? "cpu" : "gpu"); lua_setfield(L, -2, "kind");
     lua_createtable(L, 2, 0);
     lua_pushinteger(L, ma); lua_rawseti(L, -2, 1);
     lua_pushinteger(L, mi); lua_rawseti(L, -2, 2);
@@ -253,7 +268,7 @@ static int l_get_limit(lua_State *L) {
 
 void cl_open_device(lua_State *L) {
   static const luaL_Reg f[] = {
-    {"is_available", l_is_available}, {"driver_error", l_driver_error}, {"launches_block", l_launches_block},
+    {"is_available", l_is_available}, {"use_cpu", l_use_cpu}, {"driver_error", l_driver_error}, {"launches_block", l_launches_block},
     {"devices", l_devices}, {"select_device", l_select_device},
     {"current_device", l_current_device}, {"synchronize", l_synchronize},
     {"can_access_peer", l_can_access_peer}, {"enable_peer_access", l_enable_peer_access},

@@ -87,6 +87,16 @@ int cl_lib_load(cl_lib *l) {
   return ok;
 }
 
+/* a failed load forgotten, so that the next cl_lib_load tries again (cuda.use_cpu after
+   cuda.is_available said no GPU); 0 when the library is loaded already */
+int cl_lib_retry(cl_lib *l) {
+  pthread_mutex_lock(&l->lock);
+  int loaded = l->state == 1;
+  if (l->state == -1) l->state = 0;
+  pthread_mutex_unlock(&l->lock);
+  return !loaded;
+}
+
 /* the library's list of names where it has one (nvJitLink and NCCL have no function for it),
    else its own function, which needs it loaded */
 const char *cl_result_name(cl_lib *l, int r) {

@@ -6,7 +6,7 @@ local cuda = {}
 local check = require "cudalua.check"
 
 for _, name in ipairs {
-  "is_available", "driver_error", "launches_block", "devices", "select_device", "current_device", "synchronize",
+  "is_available", "use_cpu", "driver_error", "launches_block", "devices", "select_device", "current_device", "synchronize",
   "time", "sleep", "dtype", "float32", "float64", "int8", "int16", "int32", "int64", "uint8",
   "uint16", "uint32", "uint64", "bool", "float16", "bfloat16", "complex64", "complex128", "array", "zeros", "pinned_array",
   "mapped_array", "managed_array", "device_array", "device_array_like", "to_device", "stream",
@@ -43,8 +43,12 @@ function cuda.detect(out)
     out:write(core.driver_error() .. "\n")
     return false
   end
-  out:write(("CUDA driver: %d.%d\n"):format(v.driver // 1000, v.driver % 1000 // 10))
   local devs = core.devices()
+  if devs[1].kind == "cpu" then
+    out:write("CUDA driver: none: cudalua's CPU device runs the kernels (CUDALUA_DEVICE=cpu or cuda.use_cpu())\n")
+  else
+    out:write(("CUDA driver: %d.%d\n"):format(v.driver // 1000, v.driver % 1000 // 10))
+  end
   out:write(("Found %d CUDA device%s\n"):format(#devs, #devs == 1 and "" or "s"))
   for _, d in ipairs(devs) do
     out:write(("id %d  %-28s  compute capability %d.%d  %d SMs  %.1f GiB\n"):format(
