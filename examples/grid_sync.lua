@@ -4,6 +4,10 @@
 -- at once (k:max_blocks_per_sm x multiprocessors); a larger one is refused with that limit.
 package.cpath = "./?.so;" .. package.cpath
 local cuda = require "cudalua"
+if cuda.devices()[1].kind == "cpu" then   -- counted as skipped by examples/run.sh
+  print("grid_sync: skipped: cooperative groups' grid synchronisation runs on a GPU only, not on cudalua's CPU device")
+  os.exit(77, true)
+end
 
 local normalize = cuda.kernel([[
 #include <cooperative_groups.h>

@@ -4,6 +4,10 @@
 -- two sources. Checked against the CPU.
 package.cpath = "./?.so;" .. package.cpath
 local cuda = require "cudalua"
+if cuda.devices()[1].kind == "cpu" then   -- counted as skipped by examples/run.sh
+  print("linked: skipped: device-code linking (nvJitLink) runs on a GPU only, not on cudalua's CPU device")
+  os.exit(77, true)
+end
 
 local KERNEL = [[
 extern __device__ float poly(float x);          // defined in poly.cu

@@ -6,6 +6,10 @@
 -- wrapped modulo the extents).
 package.cpath = "./?.so;" .. package.cpath
 local cuda = require "cudalua"
+if cuda.devices()[1].kind == "cpu" then   -- counted as skipped by examples/run.sh
+  print("texture_rotate: skipped: textures runs on a GPU only, not on cudalua's CPU device")
+  os.exit(77, true)
+end
 
 local rotate = cuda.kernel([[
 // simpleTexture's transformKernel, with cos and sin given (the CPU must see the same

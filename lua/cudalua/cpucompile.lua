@@ -54,8 +54,8 @@ local GPU_ONLY = {
   { "%f[%w_]cluster_group", "thread block clusters (cluster_group)" },
   { "%f[%w_]tex[123]D%w*%s*[<(]", "textures" }, { "%f[%w_]surf[123]D%w*%s*[<(]", "surfaces" },
   { "%f[%w_]cp%.async", "asynchronous copies (cp.async)" }, { "cuda::barrier", "cuda::barrier" },
-  { "cuda::memcpy_async", "cuda::memcpy_async" }, { "<cooperative_groups", "cooperative groups (not yet on the CPU device)" },
-  { "<cub/", "CUB (not yet on the CPU device)" }, { "<thrust/", "Thrust" },
+  { "cuda::memcpy_async", "cuda::memcpy_async" }, { "<cooperative_groups", "cooperative groups" },
+  { "<cub/", "CUB" }, { "<thrust/", "Thrust" }, { "<<<", "dynamic parallelism (a launch from device code)" },
 }
 
 local function line_of(src, at)

@@ -35,6 +35,10 @@ function M.device_arch(level, what)
     if a == want then arch_of[dev] = "sm_" .. want; return arch_of[dev] end
     if a <= want and a > best then best = a end
   end
+  if want == 0 and core.is_cpu_device() then
+    check.error(what or "cuda.compile", level or 3, "cudalua's CPU device has no GPU architecture: NVRTC's "
+      .. "code for a GPU (PTX, LTO-IR, cubins and the linking of them) runs on a GPU only")
+  end
   if best == 0 then
     check.error(what or "cuda.compile", level or 3, "NVRTC cannot compile for compute capability %d.%d", cc[1], cc[2])
   end
