@@ -28,7 +28,7 @@ LUA_LIB ?= $(firstword $(wildcard $(LUA_INCDIR)/../lib/liblua5.4.so.0) -llua5.4)
 # the busted runner under Lua 5.4, whatever `busted` runs by default
 BUSTED = $(LUA) -e "package.path='./?.lua;'..package.path; package.cpath='./?.so;'..package.cpath; require 'busted.runner'({standalone=false})" /dev/null
 
-.PHONY: all test examples bench install clean libs asan fuzz sanitize docs stress layers lengths
+.PHONY: all test test-cpu examples bench install clean libs asan fuzz sanitize docs stress layers lengths
 all: cudalua.so libs
 
 # the C embedding API (src/cudalua.h) as a static and a shared library
@@ -68,16 +68,33 @@ lengths:
 	@$(LUA) tools/lengths.lua src/*.c lua/cudalua/*.lua
 
 # the specs get a compile cache of their own, emptied first. With a GPU, the specs of the
-# driver-less behaviour (#nogpu) run in a second pass with the driver hidden.
+# driver-less behaviour (#nogpu) run in a second pass with the driver hidden. Without one, the
+# #gpu specs run in the second pass, on the CPU device (CUDALUA_DEVICE=cpu, when a C++ compiler
+# is here; make CPU_PASS=0 leaves it out): those it cannot run are #gpuonly, skipped with the
+# reason. The last line adds the passes up. make test-cpu: the CPU device's pass alone.
 HAS_GPU = $(LUA) -e "package.cpath='./?.so;'..package.cpath; os.exit(require('cudalua').is_available() and 0 or 1)"
-TEST_ENV = CUDALUA_CACHE_DIR=$(CURDIR)/build/test-cache
+HAS_CXX = { [ -n "$$CXX" ] || command -v c++ || command -v g++ || command -v clang++; } >/dev/null 2>&1
+TEST_ENV = CUDALUA_CACHE_DIR=$(CURDIR)/build/test-cache CUDALUA_SPEC_TALLY=$(CURDIR)/build/spec-tally
+CPU_ENV = CUDALUA_DEVICE=cpu CUDALUA_CPU_MEMORY=1G
+CPU_PASS ?= 1
+TALLY = awk '{p += $$1; f += $$2; s += $$3} END {printf "%d passed, %d failed, %d skipped\n", p, f, s}' build/spec-tally
 test: cudalua.so
-	@rm -rf build/test-cache
+	@rm -rf build/test-cache build/spec-tally
 	@if $(HAS_GPU) 2>/dev/null; then \
-	  $(TEST_ENV) $(BUSTED) -o spec/output.lua --exclude-tags=nogpu spec && \
-	  echo "== the driver-less specs, with the driver hidden (CUDALUA_LIBCUDA=/nonexistent)" && \
-	  $(TEST_ENV) CUDALUA_LIBCUDA=/nonexistent/libcuda.so.1 $(BUSTED) -o spec/output.lua --tags=nogpu spec; \
-	else $(TEST_ENV) $(BUSTED) -o spec/output.lua spec; fi
+	  $(TEST_ENV) $(BUSTED) -o spec/output.lua --exclude-tags=nogpu spec; st=$$?; \
+	  echo "== the driver-less specs, with the driver hidden (CUDALUA_LIBCUDA=/nonexistent)"; \
+	  $(TEST_ENV) CUDALUA_LIBCUDA=/nonexistent/libcuda.so.1 $(BUSTED) -o spec/output.lua --tags=nogpu spec || st=1; \
+	elif [ "$(CPU_PASS)" = 1 ] && $(HAS_CXX); then \
+	  $(TEST_ENV) $(BUSTED) -o spec/output.lua --exclude-tags=gpu spec; st=$$?; \
+	  echo "== no GPU here: the #gpu specs on the CPU device (CUDALUA_DEVICE=cpu)"; \
+	  $(TEST_ENV) $(CPU_ENV) $(BUSTED) -o spec/output.lua --tags=gpu spec || st=1; \
+	else $(TEST_ENV) $(BUSTED) -o spec/output.lua spec; st=$$?; fi; \
+	echo "== the passes together"; $(TALLY); exit $$st
+
+test-cpu: cudalua.so
+	@rm -rf build/test-cache build/spec-tally
+	@echo "== the #gpu specs on the CPU device (CUDALUA_DEVICE=cpu)"
+	@$(TEST_ENV) $(CPU_ENV) $(BUSTED) -o spec/output.lua --tags=gpu spec
 
 # the embedding example links the static library, the Lua library and the CUDA runtime
 build/embed_host: examples/embed/host.c src/cudalua.h libcudalua.a
@@ -119,7 +136,8 @@ fuzz: cudalua.so
 # make asan: everything built again with AddressSanitizer and UBSan, then the specs (the
 # driver-less ones, without a GPU) and the fuzzer run under them; any report fails. ASan's
 # runtime must be in the main program: build/sanlua is a lua5.4 built with the same flags.
-# It ends with `make clean` (the objects are instrumented): run `make` after it.
+# It ends with `make clean` (the objects are instrumented): run `make` after it. The CPU
+# device's pass is left out (CPU_PASS=0): spec 40 runs the CPU device under ASan in the first.
 SAN_FLAGS = -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 SAN_CFLAGS = -O1 -g $(SAN_FLAGS)
 SAN_ENV = ASAN_OPTIONS=detect_leaks=1:exitcode=23 UBSAN_OPTIONS=print_stacktrace=1 \
@@ -135,7 +153,7 @@ build/sanlua: tools/sanlua.c | build
 asan:
 	$(MAKE) -s clean
 	$(MAKE) -s all build/sanlua CFLAGS="$(SAN_CFLAGS)" LIBFLAG="-shared -Wl,-z,nodelete"
-	$(SAN_ENV) $(MAKE) -s test LUA=$(CURDIR)/build/sanlua
+	$(SAN_ENV) $(MAKE) -s test LUA=$(CURDIR)/build/sanlua CPU_PASS=0
 	$(SAN_ENV) $(MAKE) -s fuzz LUA=$(CURDIR)/build/sanlua
 	$(MAKE) -s clean
 

@@ -107,7 +107,7 @@ describe("cuda.stream", function()
   -- a stream of the highest priority gets multiprocessors as soon as blocks of lower-priority
   -- work end, before the rest of that work: its one block starts before the last block of a
   -- grid of ten waves queued ahead of it on a default-priority stream
-  gpu("the block scheduler serves a higher-priority stream first", function()
+  H.gpuonly(it, pending, "one in-order queue runs every stream's work")("the block scheduler serves a higher-priority stream first", function()
     local least, greatest = cuda.stream_priority_range()
     if greatest == least then return end -- no priorities on this device
     local k = cuda.kernel([[

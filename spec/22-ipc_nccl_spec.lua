@@ -20,7 +20,7 @@ describe("device memory shared between processes", function()
     C.raises("cuda.device_array: unknown option 'shared' (stream, ipc)", cuda.device_array, 4, "float32", { shared = true })
   end)
 
-  gpu("another process reads and writes an array through its handle, ordered by an event", function()
+  H.gpuonly(it, pending, "CUDA IPC")("another process reads and writes an array through its handle, ordered by an event", function()
     local n = 100000
     local x = H.rand_table(n, -1000, 1000, true)
     local a = cuda.device_array(n, "float32", { ipc = true })
@@ -42,7 +42,7 @@ describe("device memory shared between processes", function()
     for i = 1, n do assert.equal(2 * x[i], h[i], "element " .. i) end
   end)
 
-  gpu("misuse: pool memory, the same process, a shape larger than the handle, a plain event", function()
+  H.gpuonly(it, pending, "CUDA IPC")("misuse: pool memory, the same process, a shape larger than the handle, a plain event", function()
     C.raises("cudalua: array:ipc_handle: this array's memory comes from the stream-ordered pool, which cannot be shared; make it with cuda.device_array(shape, dtype, {ipc = true})",
              cuda.device_array(4, "float32").ipc_handle, cuda.device_array(4, "float32"))
     C.raises("cudalua: array:ipc_handle: only device arrays can be shared", cuda.pinned_array(4, "float32").ipc_handle, cuda.pinned_array(4, "float32"))
@@ -81,7 +81,7 @@ describe("cudalua.nccl", function()
     C.raises("nccl.group: expected a function, got no value", nccl.group)
   end)
 
-  gpu("one communicator on one GPU: collectives without a group, every op, closing", function()
+  H.gpuonly(it, pending, "NCCL")("one communicator on one GPU: collectives without a group, every op, closing", function()
     local have, why = nccl.is_available()
     if not have then pending("no NCCL here: " .. why) return end
     local comms = nccl.comm_init_all { cuda.current_device() }
@@ -107,7 +107,7 @@ describe("cudalua.nccl", function()
     C.raises("closed communicator", c.all_reduce, c, send, recv)
   end)
 
-  gpu("collectives take a graph's memory in that graph's capture only", function()
+  H.gpuonly(it, pending, "NCCL")("collectives take a graph's memory in that graph's capture only", function()
     local have, why = nccl.is_available()
     if not have then pending("no NCCL here: " .. why) return end
     local comms <close> = nccl.comm_init_all { cuda.current_device() }

@@ -5,7 +5,7 @@
 local H = require "spec.helper"
 local C = require "spec.check"
 local cuda = H.cuda
-local gpu = H.gpu(it, pending)
+local gpu = H.gpuonly(it, pending, "textures")
 local f32 = C.f32
 
 local SRC = [[

@@ -147,7 +147,7 @@ describe("cuda.kernel with relocatable = true", function()
     C.raises("no CUDA driver found", cuda.kernel, CDP, "parent", { relocatable = true })
   end)
 
-  gpu("a parent's threads launch children that write what the CPU computes", function()
+  H.gpuonly(it, pending, "dynamic parallelism")("a parent's threads launch children that write what the CPU computes", function()
     for _, flag in ipairs { "relocatable", "lto" } do
       local k = cuda.kernel(CDP, "parent", { [flag] = true })
       local blocks, threads, per = math.random(1, 4), math.random(1, 16), math.random(1, 64)
@@ -161,7 +161,7 @@ describe("cuda.kernel with relocatable = true", function()
     end
   end)
 
-  gpu("a kernel node whose kernel launches children, replayed", function()
+  H.gpuonly(it, pending, "dynamic parallelism")("a kernel node whose kernel launches children, replayed", function()
     local m = cuda.link { cuda.compile(CDP, { relocatable = true }) }
     local blocks, threads, per = math.random(1, 4), math.random(1, 8), math.random(1, 32)
     local n = blocks * threads * per

@@ -11,7 +11,7 @@
 local H = require "spec.helper"
 local C = require "spec.check"
 local cuda = H.cuda
-local gpu = H.gpu(it, pending)
+local gpu = H.gpuonly(it, pending, "textures")
 local f32 = C.f32
 
 before_each(function() math.randomseed(3727) end)

@@ -1,7 +1,9 @@
 -- spec/helper.lua: shared by the specs.
 --   local H = require "spec.helper"
 --   local gpu = H.gpu(it, pending)      -- gpu("does x", fn): an `it` tagged #gpu, reported as
---                                        -- skipped (pending) when no GPU is usable
+--                                        -- skipped (pending) when no GPU is usable (with
+--                                        -- CUDALUA_DEVICE=cpu, the CPU device runs it)
+--   H.gpuonly(it, pending, why)          -- the same, skipped on the CPU device, saying why
 --   H.rand_table(n, lo, hi, int)         -- random data, never zeros
 package.cpath = "./?.so;" .. package.cpath
 local cuda = require "cudalua"
@@ -13,6 +15,17 @@ function H.gpu(it, pending)
   return function(name, fn)
     name = name .. " #gpu"
     if H.has_gpu then it(name, fn) else pending(name .. " (no GPU: " .. tostring(cuda.driver_error()) .. ")") end
+  end
+end
+
+-- gpuonly(it, pending, why)("does x", fn): a #gpu spec that cudalua's CPU device cannot run
+-- (why: what it needs that only a GPU has), skipped there with the reason; on a GPU, a #gpu spec
+H.cpu_device = H.has_gpu and cuda.devices()[1].kind == "cpu"
+function H.gpuonly(it, pending, why)
+  local gpu = H.gpu(it, pending)
+  return function(name, fn)
+    if H.cpu_device then pending(name .. " #gpu #gpuonly (not on the CPU device: " .. why .. ")")
+    else gpu(name .. " #gpuonly", fn) end
   end
 end
 

@@ -470,6 +470,7 @@ static CUresult c_CanAccessPeer(int *can, CUdevice a, CUdevice b) { (void)a; (vo
 /* what the CPU device does not do: every such entry point answers this (called through a
    pointer of the entry point's type: the arguments are not read) */
 static CUresult unsupported(void) { return CUDA_ERROR_NOT_SUPPORTED; }
+static CUresult profiler_noop(void) { return CUDA_SUCCESS; }
 
 /* ---- the entry points by the names the loader asks for (cuda.h's: cuMemAlloc_v2, ...) ---- */
 #define CPU_STR(f) #f
@@ -527,7 +528,8 @@ void *cl_cpu_symbol(const char *name) {
   }
   for (size_t i = 0; i < sizeof impls / sizeof impls[0]; i++)
     if (!strcmp(impls[i].name, name)) return impls[i].fn;
-  /* the profiler's entry points are optional: the CPU device has none */
-  if (!strcmp(name, "cuProfilerStart") || !strcmp(name, "cuProfilerStop")) return NULL;
+  /* no profiler attaches to the CPU device: starting and stopping it do nothing, as the
+     driver's do when no profiler is attached */
+  if (!strcmp(name, "cuProfilerStart") || !strcmp(name, "cuProfilerStop")) return (void *)profiler_noop;
   return !strncmp(name, "cu", 2) ? (void *)unsupported : NULL;
 }

@@ -3,7 +3,9 @@
    waits all hold at once, and the host goes on while the device works, as with a GPU. Host
    functions run on the worker, as the driver runs them on a thread of its own. A launch that
    fails (an assert, a barrier not every thread reaches) makes the next wait return its error
-   once; the device goes on with the work after it. */
+   once; the device goes on with the work after it. Like a GPU's, the queue holds a bounded
+   amount of work (QUEUE_DEPTH operations): a host that queues faster than the device works
+   waits in the call that queues, rather than piling up work and the memory it holds. */
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -19,6 +21,7 @@ static int started;
 static CUresult failed;
 static char failed_text[512];
 static pthread_t worker;
+#define QUEUE_DEPTH 1024
 
 double cpu_now(void) {
   struct timespec t;
@@ -52,6 +55,8 @@ CUresult cpu_enqueue(CUstream s, cpu_op *op) {
     pthread_detach(worker);
     started = 1;
   }
+  /* full: wait for room (not on the worker itself, which would wait for itself) */
+  while (given - done >= QUEUE_DEPTH && !pthread_equal(pthread_self(), worker)) pthread_cond_wait(&progress, &lock);
   op->seq = ++given;
   op->next = NULL;
   if ((uintptr_t)s > 2) ((cpu_stream *)s)->last = op->seq;   /* 0, 1, 2: the legacy and per-thread streams */
