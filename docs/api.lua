@@ -19,8 +19,16 @@ local cuda = {}
 --- The version of this build, e.g. "0.2.0".
 cuda.__version = ""
 
---- True when a driver and at least one GPU are usable; never raises.
+--- True when a driver and at least one GPU are usable (or the CPU device is chosen); never raises.
 function cuda.is_available() end
+
+--- Runs everything from here on on cudalua's CPU device, as `CUDALUA_DEVICE=cpu` does: memory
+-- is host memory, kernels are compiled by the host C++ compiler (`CXX`, else c++, g++ or
+-- clang++) and run on a pool of threads. Call it before the first use of a device, or after
+-- `cuda.is_available()` said no GPU; once the GPU's driver is in use it raises.
+-- @return true
+-- @usage if not cuda.is_available() then cuda.use_cpu() end
+function cuda.use_cpu() end
 
 --- Why no GPU is usable (nil when one is): "cudalua: no CUDA driver found (libcuda.so.1)"...
 function cuda.driver_error() end
@@ -30,7 +38,8 @@ function cuda.driver_error() end
 -- @return true when a GPU is usable
 function cuda.detect(out) end
 
---- One table per device: `id`, `name`, `compute_capability` {major, minor},
+--- One table per device: `id`, `name`, `kind` ("gpu", or "cpu" for the CPU device, whose
+-- `compute_capability` is {0, 0}), `compute_capability` {major, minor},
 -- `multiprocessors`, `total_memory`, `concurrent_managed_access` and more attributes.
 function cuda.devices() end
 

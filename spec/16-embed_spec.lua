@@ -340,7 +340,7 @@ check(cuda.block_cache() == 0, "this state's own blocks stay", cuda.block_cache(
 ]]))
   end)
 
-  gpu("the embedding example runs in one state and in two states on two threads", function()
+  H.gpuonly(it, pending, "the example's host uses the CUDA runtime")("the embedding example runs in one state and in two states on two threads", function()
     local ok, out = run("make -s build/embed_host")
     assert(ok, "building build/embed_host failed:\n" .. out)
     for _, mode in ipairs { "single", "threads" } do

@@ -10,6 +10,7 @@ local MOD = require "cudalua.module"
 local SIG = require "cudalua.signature"
 local gpu = H.gpu(it, pending)
 local nogpu = C.nogpu(it, pending)
+local nvcc_gpu = H.gpuonly(it, pending, "nvcc's cubins and PTX")
 
 local CUDA_DIR = os.getenv("CUDA_DIR") or "/usr/local/cuda"
 local NVCC = CUDA_DIR .. "/bin/nvcc"
@@ -144,7 +145,7 @@ describe("cuda.load_module", function()
     H.rmrf(dir)
   end)
 
-  with_nvcc(gpu, "runs nvcc's kernels: types from PTX, from a C++ name, from a signature", function()
+  with_nvcc(nvcc_gpu, "runs nvcc's kernels: types from PTX, from a C++ name, from a signature", function()
     local img = nvcc_images()
     check_saxpy(cuda.load_module(img.ptx).saxpy, 2.5)
     local cubin = cuda.load_module(img.cubin)
@@ -167,7 +168,7 @@ describe("cuda.load_module", function()
     assert.equal(9, out:copy_to_host()[1])
   end)
 
-  with_nvcc(gpu, "without types, 8-byte parameters take arrays or addresses and the others refuse numbers", function()
+  with_nvcc(nvcc_gpu, "without types, 8-byte parameters take arrays or addresses and the others refuse numbers", function()
     local img = nvcc_images()
     local m = cuda.load_module(img.cubin)
     local k = m.saxpy -- extern "C": no types in the name, none in a cubin
@@ -184,7 +185,7 @@ describe("cuda.load_module", function()
     for i = 1, n do assert.equal(C.f32(2 * C.f32(x[i]) + C.f32(y[i])), h[i]) end
   end)
 
-  with_nvcc(gpu, "misuse: signatures that do not fit the kernel #cudaerror", function()
+  with_nvcc(nvcc_gpu, "misuse: signatures that do not fit the kernel #cudaerror", function()
     local m = cuda.load_module(nvcc_images().cubin)
     C.raises("cudalua: kernel 'saxpy': parameter 2 is 4 bytes, the driver says 8 (signature \"float, int, float*, int\")",
              m.get, m, "saxpy", "float, int, float*, int")
@@ -339,7 +340,7 @@ __device__ float twice(float v) { return 2.0f * v; }]]
                    out, 1, true)
   end)
 
-  gpu("the linked kernels run, calling across the sources", function()
+  H.gpuonly(it, pending, "device-code linking")("the linked kernels run, calling across the sources", function()
     for _, flag in ipairs { "relocatable", "lto" } do
       local m = cuda.link { cuda.compile(A, { [flag] = true }), cuda.compile(B, { [flag] = true }) }
       local n = 1000
