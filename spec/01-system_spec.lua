@@ -102,6 +102,30 @@ describe("cuda.detect", function()
   end)
 end)
 
+describe("cuda.use_cpu", function()
+  local KERNEL = [[
+local k = cuda.kernel('extern "C" __global__ void k(int *x, int n) {'
+  .. ' int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) x[i] = 3 * i + 1; }', 'k')
+local x = cuda.device_array(1000, 'int32')
+k[{ 8, 128 }](x, 1000)
+local h, ok = x:copy_to_host(), true
+for i = 1, 1000 do ok = ok and h[i] == 3 * (i - 1) + 1 end
+print("kernel", ok)
+]]
+  it("moves a process that found no GPU to the CPU device, where kernels run", function()
+    local out = H.child("print(cuda.is_available())\nprint(cuda.use_cpu(), cuda.is_available(), cuda.devices()[1].kind)\n"
+      .. KERNEL .. "print(cuda.use_cpu())", { CUDALUA_LIBCUDA = "/nonexistent/libcuda.so.1", CUDALUA_DEVICE = "" })
+    assert.equal("false\ntrue\ttrue\tcpu\nkernel\ttrue\ntrue\n", out)
+  end)
+
+  it("raises once the GPU's driver is in use, naming the way to choose the CPU device", function()
+    if not H.has_gpu or H.cpu_device then return pending("it needs the GPU's driver in use") end
+    local out = H.child("cuda.devices()\nprint(pcall(cuda.use_cpu))\nprint(cuda.devices()[1].kind)", { CUDALUA_DEVICE = "" })
+    assert.matches("false\tcudalua: cuda.use_cpu: the GPU's driver is in use already: call it before the first use "
+      .. "of a device (or set CUDALUA_DEVICE=cpu)\ngpu\n", out, 1, true)
+  end)
+end)
+
 describe("cuda.devices", function()
   gpu("lists devices with 0-based ids and their properties", function()
     local devs = cuda.devices()
