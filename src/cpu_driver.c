@@ -329,7 +329,7 @@ static CUresult c_ModuleLoadData(CUmodule *m, const void *image) {
   while (mod->entries[nk].fn) nk++;
   mod->funcs = calloc((size_t)nk + 1, sizeof *mod->funcs);
   if (!mod->funcs) { free(mod); dlclose(lib); close(fd); return CUDA_ERROR_OUT_OF_MEMORY; }
-  for (int i = 0; i < nk; i++) mod->funcs[i] = (cpu_func){mod, &mod->entries[i], 48 * 1024};
+  for (int i = 0; i < nk; i++) mod->funcs[i] = (cpu_func){mod, &mod->entries[i], 48 * 1024, -1};
   mod->nfuncs = nk;
   bind(&cpu_rt);
   *m = (CUmodule)mod;
@@ -373,12 +373,20 @@ static CUresult c_FuncGetAttribute(int *v, CUfunction_attribute a, CUfunction f)
   switch (a) {
   case CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *v = 1024; break;
   case CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: *v = cf->max_dyn; break;
+  case CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT: *v = cf->carveout; break;
   default: *v = 0;
   }
   return CUDA_SUCCESS;
 }
 static CUresult c_FuncSetAttribute(CUfunction f, CUfunction_attribute a, int v) {
-  if (a == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES) ((cpu_func *)f)->max_dyn = v;
+  if (a == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES) {
+    if (v < 0 || v > 227 * 1024) return CUDA_ERROR_INVALID_VALUE;   /* the opt-in limit it reports */
+    ((cpu_func *)f)->max_dyn = v;
+  }
+  if (a == CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT) {   /* kept, as it means nothing here */
+    if (v < -1 || v > 100) return CUDA_ERROR_INVALID_VALUE;
+    ((cpu_func *)f)->carveout = v;
+  }
   return CUDA_SUCCESS;
 }
 static CUresult c_FuncSetCacheConfig(CUfunction f, CUfunc_cache c) { (void)f; (void)c; return CUDA_SUCCESS; }
