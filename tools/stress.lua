@@ -42,6 +42,10 @@ local unlock = rawget(_G, "unlock") or function() end
 -- too (tools/while_repro.cu), and every run would end there
 local skipped = {}
 for name in (os.getenv("STRESS_SKIP") or "while"):gmatch("[%w_]+") do skipped[name] = true end
+-- cudalua's CPU device has no CUDA arrays, textures or surfaces (they run on a GPU only)
+if cuda.is_available() and cuda.devices()[1].kind == "cpu" then
+  skipped.cuarray, skipped.texture, skipped.surface = true, true, true
+end
 local M = {}
 
 local SRC = [[
@@ -67,6 +71,18 @@ extern "C" __global__ void spread_float32(float *y, const int *x, int n) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) y[i] = (float)(x[i] + i);
 }
+// module variables, one a lane (a state's lanes share its module), bumped by v
+__device__ int var1;
+__device__ int var2;
+__device__ int var3;
+extern "C" __global__ void bump(int lane, int v) {
+  int *g = lane == 1 ? &var1 : lane == 2 ? &var2 : &var3;
+  *g += v;
+}
+]]
+
+-- (textures and surfaces: a source of their own, which the CPU device does not compile)
+local TEX_SRC = [[
 // a texture's texels at their centres in row-major order (point filtering); h = 0: 1-D
 extern "C" __global__ void fetch_int32(int *out, cudaTextureObject_t t, int w, int h) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -89,24 +105,20 @@ extern "C" __global__ void surf_add_float32(cudaSurfaceObject_t s, float v, int 
   if (h) surf2Dwrite(surf2Dread<float>(s, i % w * 4, i / w) + v, s, i % w * 4, i / w);
   else surf1Dwrite(surf1Dread<float>(s, i * 4) + v, s, i * 4);
 }
-// module variables, one a lane (a state's lanes share its module), bumped by v
-__device__ int var1;
-__device__ int var2;
-__device__ int var3;
-extern "C" __global__ void bump(int lane, int v) {
-  int *g = lane == 1 ? &var1 : lane == 2 ? &var2 : &var3;
-  *g += v;
-}
 ]]
 
-local KERNELS = { "add", "tick", "step", "setc", "spread_int32", "spread_float32", "fetch_int32", "fetch_float32",
-  "surf_add_int32", "surf_add_float32", "bump" }
+local KERNELS = { "add", "tick", "step", "setc", "spread_int32", "spread_float32", "bump" }
+local TEX_KERNELS = { "fetch_int32", "fetch_float32", "surf_add_int32", "surf_add_float32" }
 
 -- the module (its variables) and its kernels by name
 local function kernels()
   local m = cuda.compile(SRC, { name = "stress.cu" })
   local k = { module = m }
   for _, name in ipairs(KERNELS) do k[name] = m:get(name) end
+  if not (skipped.texture and skipped.surface) then
+    local t = cuda.compile(TEX_SRC, { name = "stress_tex.cu" })
+    for _, name in ipairs(TEX_KERNELS) do k[name] = t:get(name) end
+  end
   return k
 end
 
