@@ -149,7 +149,9 @@ end
 -- capability, and the arch NVRTC gets is chosen on a miss
 local function plan(src, opts)
   local job = { src = src, opts = opts, name = opts.name or "cudalua_kernel.cu" }
-  job.cpu = cpu.active()   -- the CPU device: the host C++ compiler instead of NVRTC
+  -- the CPU device: the host C++ compiler instead of NVRTC, unless a GPU architecture is asked
+  -- for (GPU code, as without a GPU: NVRTC makes it)
+  job.cpu = opts.arch == nil and cpu.active()
   if job.cpu then
     job.arch_key, job.options, job.toolkit_id = "cpu", cpu.options(opts), cpu.identity()
   else
