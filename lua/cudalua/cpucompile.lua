@@ -93,23 +93,44 @@ local function may_sync(text)
 end
 
 -- the table of kernels (each name expression that has a probe is a kernel), the addresses the
--- lowered names come from, and whether the source synchronises
+-- lowered names come from, and whether the source synchronises; each expression's lines are
+-- its own (owner: line -> the kernel expression it serves), so that a compile failing on one
+-- names it (see rejected)
+local FOOTER_NAME = "cudalua-cpu-tables"
 local function footer(exprs, sync)
-  local is_probe, kernels, addrs = {}, {}, {}
+  local is_probe = {}
   for _, e in ipairs(exprs) do
     local k = e:match("^__cudalua_sig<decltype%((.*)%)>$")
     if k then is_probe[k] = true end
   end
-  for _, e in ipairs(exprs) do
-    if is_probe[e] then kernels[#kernels + 1] = ("  __cl_entry(&%s),"):format(e) end
-    addrs[#addrs + 1] = e:sub(1, 1) == "&" and ("  (void *)(%s),"):format(e) or ("  (void *)(&%s),"):format(e)
-  end
-  return table.concat({ "", '#line 1 "cudalua-cpu-tables"', 'extern "C" {',
+  local lines, owner = { "", ('#line 1 "%s"'):format(FOOTER_NAME), 'extern "C" {',
     ('__attribute__((visibility("default"))) extern const int __cudalua_cpu_may_sync = %d;'):format(sync and 1 or 0),
-    '__attribute__((visibility("default"))) extern const cl_cpu_entry __cudalua_cpu_entries[] = {',
-    table.concat(kernels, "\n"), "  {nullptr, nullptr, 0, nullptr, nullptr}};",
-    '__attribute__((visibility("default"))) extern void *const __cudalua_cpu_expr[] = {',
-    table.concat(addrs, "\n"), "  nullptr};", "}", "" }, "\n")
+    '__attribute__((visibility("default"))) extern const cl_cpu_entry __cudalua_cpu_entries[] = {' }, {}
+  -- (lines[3] is the footer's line 1: #line says so)
+  local function add(text, e) lines[#lines + 1] = text; owner[#lines - 2] = e end
+  for _, e in ipairs(exprs) do
+    if is_probe[e] then add(("  __cl_entry(&%s),"):format(e), e) end
+  end
+  add("  {nullptr, nullptr, 0, nullptr, nullptr}};")
+  add('__attribute__((visibility("default"))) extern void *const __cudalua_cpu_expr[] = {')
+  for _, e in ipairs(exprs) do
+    add(e:sub(1, 1) == "&" and ("  (void *)(%s),"):format(e) or ("  (void *)(&%s),"):format(e),
+      e:match("^__cudalua_sig<decltype%((.*)%)>$") or e)
+  end
+  add("  nullptr};")
+  add("}")
+  return table.concat(lines, "\n") .. "\n", owner
+end
+
+-- the expressions whose footer lines the compiler's log names (an error there, or an
+-- instantiation it required): the set cudalua.probe leaves out of the next try
+local function rejected(log, owner)
+  local set
+  for line in log:gmatch(FOOTER_NAME:gsub("%-", "%%-") .. ":(%d+):") do
+    local e = owner[tonumber(line)]
+    if e then set = set or {}; set[e] = true end
+  end
+  return set
 end
 
 -- the headers the compiler gets: cudalua's own (its CPU ones among them) and the user's
@@ -122,18 +143,22 @@ function M.headers(user_names, user)
   return list
 end
 
--- compile(src, name, flags, headers, exprs) -> image, log, lowered | nil, log, why
+-- compile(src, name, flags, headers, exprs) -> image, log, lowered | nil, log, why, rejected (a set
+-- of the expressions the log blames, or nil)
 function M.compile(src, name, flags, headers, exprs)
   refuse_gpu_only(src, name)
   local sync = may_sync(src)
   for _, h in ipairs(headers) do sync = sync or (h[1]:match("^cudalua/cpu/") == nil and may_sync(h[2])) end
-  local text = ('#line 1 "%s"\n'):format(name) .. dynamic_shared(src) .. footer(exprs, sync)
+  local tables, owner = footer(exprs, sync)
+  local text = ('#line 1 "%s"\n'):format(name) .. dynamic_shared(src) .. tables
   local cxx = find_compiler()
   local args = { cxx, "-std=c++17", "-O2", "-fPIC", "-shared", "-fno-ipa-icf", "-fno-gnu-unique", "-pthread",
                  "-include", "cudalua/cpu/cuda_cpu.h", "-x", "c++" }
   if cxx:match("clang") then args[6], args[7] = "-fno-common", "-fno-common" end   -- (gcc's flags)
   for _, f in ipairs(flags) do args[#args + 1] = f end
-  return core.cxx_compile(text, name, args, headers, exprs)
+  local image, log, lowered = core.cxx_compile(text, name, args, headers, exprs)
+  if image then return image, log, lowered end
+  return nil, log, lowered, rejected(log, owner)
 end
 
 return M
