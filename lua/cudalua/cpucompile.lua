@@ -27,9 +27,23 @@ local function find_compiler()
     .. "(set CXX, or install g++ or clang++)")
 end
 
+-- a GPU contracts a * b + c into one fused multiply-add (NVRTC's default, --fmad=true): the
+-- CPU does too where it has the instruction, so that results round as a GPU's do. Whether it
+-- has it is in the cache key (a cache folder shared with an older CPU)
+local fma
+local function host_fma()
+  if fma == nil then
+    local f = io.open("/proc/cpuinfo")
+    local text = f and f:read("a") or ""
+    if f then f:close() end
+    fma = text:find("%f[%w_]fma%f[^%w_]") ~= nil
+  end
+  return fma
+end
+
 function M.identity()
   local c, id = find_compiler()
-  return c .. "\0" .. id
+  return c .. "\0" .. id .. (host_fma() and "\0fma" or "")
 end
 
 -- the flags NVRTC's options become: definitions, folders and the language standard carry
@@ -41,6 +55,7 @@ function M.options(opts)
   for _, o in ipairs(given) do
     if o:match("^%-[DUI].") or o:match("^%-%-?std=c%+%+%d%d$") then out[#out + 1] = o:gsub("^%-%-std", "-std") end
     if o == "-G" or o == "--device-debug" then out[#out + 1] = "-g" end
+    if o:match("^%-%-?fmad=false$") then out[#out + 1] = "-ffp-contract=off" end
   end
   if opts.debug then out[#out + 1] = "-g" end
   return out
@@ -155,6 +170,7 @@ function M.compile(src, name, flags, headers, exprs)
   local args = { cxx, "-std=c++17", "-O2", "-fPIC", "-shared", "-fno-ipa-icf", "-fno-gnu-unique", "-pthread",
                  "-include", "cudalua/cpu/cuda_cpu.h", "-x", "c++" }
   if cxx:match("clang") then args[6], args[7] = "-fno-common", "-fno-common" end   -- (gcc's flags)
+  if host_fma() then args[#args + 1], args[#args + 2] = "-mfma", "-ffp-contract=fast" end
   for _, f in ipairs(flags) do args[#args + 1] = f end
   local image, log, lowered = core.cxx_compile(text, name, args, headers, exprs)
   if image then return image, log, lowered end
