@@ -148,12 +148,32 @@ local function rejected(log, owner)
   return set
 end
 
--- the headers the compiler gets: cudalua's own (its CPU ones among them) and the user's
+-- the CUDA headers kernels include, by their CUDA names: the CPU device's versions
+-- (kernels/cudalua/cpu/), headers whose declarations cuda_cpu.h makes (empty here), and
+-- libcu++'s <cuda/std/X> as the host's <X>
+local CUDA_HEADERS = { "cuda_fp16.h", "cuda_bf16.h", "cuComplex.h", "math_constants.h" }
+local AS_CUDA_CPU = { "cuda_runtime.h", "cuda_runtime_api.h", "cuda.h", "vector_types.h", "vector_functions.h",
+  "device_launch_parameters.h", "device_functions.h", "cuda_device_runtime_api.h", "sm_20_atomic_functions.h",
+  "sm_60_atomic_functions.h", "crt/math_functions.h", "math_functions.h", "builtin_types.h", "host_defines.h" }
+local CUDA_STD = { "complex", "cstdint", "cstddef", "climits", "cfloat", "cmath", "cstdlib", "cstring", "cassert",
+  "limits", "type_traits", "utility", "array", "tuple", "functional", "algorithm", "bit", "numeric", "optional",
+  "variant", "atomic", "chrono", "ratio", "iterator", "initializer_list", "version", "numbers" }
+local function cuda_headers(list)
+  for _, n in ipairs(CUDA_HEADERS) do list[#list + 1] = { n, ('#include "cudalua/cpu/%s"\n'):format(n) } end
+  for _, n in ipairs(AS_CUDA_CPU) do list[#list + 1] = { n, "/* cudalua's CPU device: cudalua/cpu/cuda_cpu.h declares it */\n" } end
+  for _, n in ipairs(CUDA_STD) do
+    list[#list + 1] = { "cuda/std/" .. n, ("#include <%s>\n#include \"cudalua/cpu/cuda_std.h\"\n"):format(n) }
+  end
+end
+
+-- the headers the compiler gets: cudalua's own (its CPU ones among them), the CUDA ones and
+-- the user's (written last: a user's header of a CUDA name wins)
 function M.headers(user_names, user)
   local list = {}
   for _, h in ipairs(core.headers) do
     if not h[1]:match("^cudalua/nvrtc/") then list[#list + 1] = { h[1], dynamic_shared(h[2]) } end
   end
+  cuda_headers(list)
   for _, k in ipairs(user_names) do list[#list + 1] = { k, dynamic_shared(user[k]) } end
   return list
 end
