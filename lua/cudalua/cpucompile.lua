@@ -187,8 +187,10 @@ function M.compile(src, name, flags, headers, exprs)
   local tables, owner = footer(exprs, sync)
   local text = ('#line 1 "%s"\n'):format(name) .. dynamic_shared(src) .. tables
   local cxx = find_compiler()
+  -- -Bsymbolic: the library's own names are its own (a kernel named raw took ncurses' raw(),
+  -- loaded by the interpreter before it: the table held that function's address)
   local args = { cxx, "-std=c++17", "-O2", "-fPIC", "-shared", "-fno-ipa-icf", "-fno-gnu-unique", "-pthread",
-                 "-include", "cudalua/cpu/cuda_cpu.h", "-x", "c++" }
+                 "-include", "cudalua/cpu/cuda_cpu.h", "-Wl,-Bsymbolic", "-x", "c++" }
   if cxx:match("clang") then args[6], args[7] = "-fno-common", "-fno-common" end   -- (gcc's flags)
   if host_fma() then args[#args + 1], args[#args + 2] = "-mfma", "-ffp-contract=fast" end
   for _, f in ipairs(flags) do args[#args + 1] = f end
