@@ -30,6 +30,7 @@ static const struct { CUresult r; const char *name, *text; } results[] = {
   {CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
   {CUDA_ERROR_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED", "initialization error"},
   {CUDA_ERROR_INVALID_IMAGE, "CUDA_ERROR_INVALID_IMAGE", "not a kernel library built for cudalua's CPU device"},
+  {CUDA_ERROR_NO_BINARY_FOR_GPU, "CUDA_ERROR_NO_BINARY_FOR_GPU", "GPU code, which cudalua's CPU device cannot run"},
   {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
   {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
   {CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready"},
@@ -295,8 +296,9 @@ static CUresult c_LaunchHostFunc(CUstream s, CUhostFn fn, void *data) {
 /* ---- modules: a kernel library's bytes, loaded from an anonymous file ---- */
 static CUresult c_ModuleLoadData(CUmodule *m, const void *image) {
   const unsigned char *e = image;
-  if (!e || memcmp(e, ELFMAG, SELFMAG) != 0 || ((const Elf64_Ehdr *)e)->e_machine == 190 /* EM_CUDA */)
-    return CUDA_ERROR_INVALID_IMAGE;
+  if (!e || memcmp(e, ELFMAG, SELFMAG) != 0) return CUDA_ERROR_INVALID_IMAGE;
+  /* a GPU's cubin (cuda.compile with an arch): a GPU would say the same of another one's */
+  if (((const Elf64_Ehdr *)e)->e_machine == 190 /* EM_CUDA */) return CUDA_ERROR_NO_BINARY_FOR_GPU;
   /* the library's size: the end of its section headers, which come last */
   const Elf64_Ehdr *h = image;
   size_t n = h->e_shoff + (size_t)h->e_shnum * h->e_shentsize;

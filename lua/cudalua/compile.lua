@@ -149,7 +149,9 @@ end
 -- capability, and the arch NVRTC gets is chosen on a miss
 local function plan(src, opts)
   local job = { src = src, opts = opts, name = opts.name or "cudalua_kernel.cu" }
-  job.cpu = cpu.active()   -- the CPU device: the host C++ compiler instead of NVRTC
+  -- the CPU device: the host C++ compiler instead of NVRTC, unless a GPU architecture is asked
+  -- for (GPU code, as without a GPU: NVRTC makes it)
+  job.cpu = opts.arch == nil and cpu.active()
   if job.cpu then
     job.arch_key, job.options, job.toolkit_id = "cpu", cpu.options(opts), cpu.identity()
   else
@@ -311,9 +313,9 @@ local function run_nvrtc(job, list)
   local pending = job.pending
   job.pending = nil
   local sig, a, b, c, d, e, f, g = nvrtc_args(job, list)
-  local image, log, lowered, ptx, pch
+  local image, log, lowered, ptx, pch, rejected
   if job.cpu then
-    image, log, lowered = cpu.compile(a, b, c, d, e)
+    image, log, lowered, rejected = cpu.compile(a, b, c, d, e)
   elseif pending and pending.sig == sig then
     image, log, lowered, ptx, pch = core.nvrtc_wait(pending.run)
     M.stats.child_runs = M.stats.child_runs + 1
@@ -329,11 +331,11 @@ local function run_nvrtc(job, list)
     pch_made[key] = true
   end
   job.pch_status = pch or job.pch_status
-  return image, log, lowered, ptx
+  return image, log, lowered, ptx, rejected
 end
 
 local function nvrtc(job, list)
-  local image, log, lowered, ptx = run_nvrtc(job, list)
+  local image, log, lowered, ptx, rejected = run_nvrtc(job, list)
   if not image then
     local again = false
     for _, g in pairs(job.globals) do
@@ -341,7 +343,7 @@ local function nvrtc(job, list)
     end
     if again then return nvrtc(job, list) end
   end
-  return { image = image, log = log, lowered = lowered, ptx = ptx, wanted = list }
+  return { image = image, log = log, lowered = lowered, ptx = ptx, wanted = list, rejected = rejected }
 end
 
 -- NVRTC refuses host functions ("host functions are not allowed in JIT mode"): headers written

@@ -27,9 +27,23 @@ local function find_compiler()
     .. "(set CXX, or install g++ or clang++)")
 end
 
+-- a GPU contracts a * b + c into one fused multiply-add (NVRTC's default, --fmad=true): the
+-- CPU does too where it has the instruction, so that results round as a GPU's do. Whether it
+-- has it is in the cache key (a cache folder shared with an older CPU)
+local fma
+local function host_fma()
+  if fma == nil then
+    local f = io.open("/proc/cpuinfo")
+    local text = f and f:read("a") or ""
+    if f then f:close() end
+    fma = text:find("%f[%w_]fma%f[^%w_]") ~= nil
+  end
+  return fma
+end
+
 function M.identity()
   local c, id = find_compiler()
-  return c .. "\0" .. id
+  return c .. "\0" .. id .. (host_fma() and "\0fma" or "")
 end
 
 -- the flags NVRTC's options become: definitions, folders and the language standard carry
@@ -41,6 +55,7 @@ function M.options(opts)
   for _, o in ipairs(given) do
     if o:match("^%-[DUI].") or o:match("^%-%-?std=c%+%+%d%d$") then out[#out + 1] = o:gsub("^%-%-std", "-std") end
     if o == "-G" or o == "--device-debug" then out[#out + 1] = "-g" end
+    if o:match("^%-%-?fmad=false$") then out[#out + 1] = "-ffp-contract=off" end
   end
   if opts.debug then out[#out + 1] = "-g" end
   return out
@@ -93,47 +108,95 @@ local function may_sync(text)
 end
 
 -- the table of kernels (each name expression that has a probe is a kernel), the addresses the
--- lowered names come from, and whether the source synchronises
+-- lowered names come from, and whether the source synchronises; each expression's lines are
+-- its own (owner: line -> the kernel expression it serves), so that a compile failing on one
+-- names it (see rejected)
+local FOOTER_NAME = "cudalua-cpu-tables"
 local function footer(exprs, sync)
-  local is_probe, kernels, addrs = {}, {}, {}
+  local is_probe = {}
   for _, e in ipairs(exprs) do
     local k = e:match("^__cudalua_sig<decltype%((.*)%)>$")
     if k then is_probe[k] = true end
   end
-  for _, e in ipairs(exprs) do
-    if is_probe[e] then kernels[#kernels + 1] = ("  __cl_entry(&%s),"):format(e) end
-    addrs[#addrs + 1] = e:sub(1, 1) == "&" and ("  (void *)(%s),"):format(e) or ("  (void *)(&%s),"):format(e)
-  end
-  return table.concat({ "", '#line 1 "cudalua-cpu-tables"', 'extern "C" {',
+  local lines, owner = { "", ('#line 1 "%s"'):format(FOOTER_NAME), 'extern "C" {',
     ('__attribute__((visibility("default"))) extern const int __cudalua_cpu_may_sync = %d;'):format(sync and 1 or 0),
-    '__attribute__((visibility("default"))) extern const cl_cpu_entry __cudalua_cpu_entries[] = {',
-    table.concat(kernels, "\n"), "  {nullptr, nullptr, 0, nullptr, nullptr}};",
-    '__attribute__((visibility("default"))) extern void *const __cudalua_cpu_expr[] = {',
-    table.concat(addrs, "\n"), "  nullptr};", "}", "" }, "\n")
+    '__attribute__((visibility("default"))) extern const cl_cpu_entry __cudalua_cpu_entries[] = {' }, {}
+  -- (lines[3] is the footer's line 1: #line says so)
+  local function add(text, e) lines[#lines + 1] = text; owner[#lines - 2] = e end
+  for _, e in ipairs(exprs) do
+    if is_probe[e] then add(("  __cl_entry(&%s),"):format(e), e) end
+  end
+  add("  {nullptr, nullptr, 0, nullptr, nullptr}};")
+  add('__attribute__((visibility("default"))) extern void *const __cudalua_cpu_expr[] = {')
+  for _, e in ipairs(exprs) do
+    add(e:sub(1, 1) == "&" and ("  (void *)(%s),"):format(e) or ("  (void *)(&%s),"):format(e),
+      e:match("^__cudalua_sig<decltype%((.*)%)>$") or e)
+  end
+  add("  nullptr};")
+  add("}")
+  return table.concat(lines, "\n") .. "\n", owner
 end
 
--- the headers the compiler gets: cudalua's own (its CPU ones among them) and the user's
+-- the expressions whose footer lines the compiler's log names (an error there, or an
+-- instantiation it required): the set cudalua.probe leaves out of the next try
+local function rejected(log, owner)
+  local set
+  for line in log:gmatch(FOOTER_NAME:gsub("%-", "%%-") .. ":(%d+):") do
+    local e = owner[tonumber(line)]
+    if e then set = set or {}; set[e] = true end
+  end
+  return set
+end
+
+-- the CUDA headers kernels include, by their CUDA names: the CPU device's versions
+-- (kernels/cudalua/cpu/), headers whose declarations cuda_cpu.h makes (empty here), and
+-- libcu++'s <cuda/std/X> as the host's <X>
+local CUDA_HEADERS = { "cuda_fp16.h", "cuda_bf16.h", "cuComplex.h", "math_constants.h" }
+local AS_CUDA_CPU = { "cuda_runtime.h", "cuda_runtime_api.h", "cuda.h", "vector_types.h", "vector_functions.h",
+  "device_launch_parameters.h", "device_functions.h", "cuda_device_runtime_api.h", "sm_20_atomic_functions.h",
+  "sm_60_atomic_functions.h", "crt/math_functions.h", "math_functions.h", "builtin_types.h", "host_defines.h" }
+local CUDA_STD = { "complex", "cstdint", "cstddef", "climits", "cfloat", "cmath", "cstdlib", "cstring", "cassert",
+  "limits", "type_traits", "utility", "array", "tuple", "functional", "algorithm", "bit", "numeric", "optional",
+  "variant", "atomic", "chrono", "ratio", "iterator", "initializer_list", "version", "numbers" }
+local function cuda_headers(list)
+  for _, n in ipairs(CUDA_HEADERS) do list[#list + 1] = { n, ('#include "cudalua/cpu/%s"\n'):format(n) } end
+  for _, n in ipairs(AS_CUDA_CPU) do list[#list + 1] = { n, "/* cudalua's CPU device: cudalua/cpu/cuda_cpu.h declares it */\n" } end
+  for _, n in ipairs(CUDA_STD) do
+    list[#list + 1] = { "cuda/std/" .. n, ("#include <%s>\n#include \"cudalua/cpu/cuda_std.h\"\n"):format(n) }
+  end
+end
+
+-- the headers the compiler gets: cudalua's own (its CPU ones among them), the CUDA ones and
+-- the user's (written last: a user's header of a CUDA name wins)
 function M.headers(user_names, user)
   local list = {}
   for _, h in ipairs(core.headers) do
     if not h[1]:match("^cudalua/nvrtc/") then list[#list + 1] = { h[1], dynamic_shared(h[2]) } end
   end
+  cuda_headers(list)
   for _, k in ipairs(user_names) do list[#list + 1] = { k, dynamic_shared(user[k]) } end
   return list
 end
 
--- compile(src, name, flags, headers, exprs) -> image, log, lowered | nil, log, why
+-- compile(src, name, flags, headers, exprs) -> image, log, lowered | nil, log, why, rejected (a set
+-- of the expressions the log blames, or nil)
 function M.compile(src, name, flags, headers, exprs)
   refuse_gpu_only(src, name)
   local sync = may_sync(src)
   for _, h in ipairs(headers) do sync = sync or (h[1]:match("^cudalua/cpu/") == nil and may_sync(h[2])) end
-  local text = ('#line 1 "%s"\n'):format(name) .. dynamic_shared(src) .. footer(exprs, sync)
+  local tables, owner = footer(exprs, sync)
+  local text = ('#line 1 "%s"\n'):format(name) .. dynamic_shared(src) .. tables
   local cxx = find_compiler()
+  -- -Bsymbolic: the library's own names are its own (a kernel named raw took ncurses' raw(),
+  -- loaded by the interpreter before it: the table held that function's address)
   local args = { cxx, "-std=c++17", "-O2", "-fPIC", "-shared", "-fno-ipa-icf", "-fno-gnu-unique", "-pthread",
-                 "-include", "cudalua/cpu/cuda_cpu.h", "-x", "c++" }
+                 "-include", "cudalua/cpu/cuda_cpu.h", "-Wl,-Bsymbolic", "-x", "c++" }
   if cxx:match("clang") then args[6], args[7] = "-fno-common", "-fno-common" end   -- (gcc's flags)
+  if host_fma() then args[#args + 1], args[#args + 2] = "-mfma", "-ffp-contract=fast" end
   for _, f in ipairs(flags) do args[#args + 1] = f end
-  return core.cxx_compile(text, name, args, headers, exprs)
+  local image, log, lowered = core.cxx_compile(text, name, args, headers, exprs)
+  if image then return image, log, lowered end
+  return nil, log, lowered, rejected(log, owner)
 end
 
 return M

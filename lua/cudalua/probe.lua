@@ -80,18 +80,24 @@ local function with_user(kernels, user)
 end
 M.first_list = with_user
 
--- did a run fail on the probe of a scanned kernel (overloaded, in a namespace, ...)?
-local function probe_failed(r, found)
-  return not r.image and #found > 0 and r.log:find(PROBE, 1, true)
+-- did a run fail on the probe of a scanned kernel (overloaded, in a namespace, ...)? A run
+-- that says which expressions it failed on (r.rejected: the CPU device's compiler) did when it
+-- names a scanned one and none of the user's (those fail the compile, as NVRTC's do)
+local function probe_failed(r, found, user)
+  if r.image or #found == 0 then return false end
+  if not r.rejected then return r.log:find(PROBE, 1, true) ~= nil end
+  for _, e in ipairs(user or {}) do if r.rejected[e] then return false end end
+  return next(r.rejected) ~= nil
 end
 
 -- the scanned kernels a failed run's log does not name, and whether it named any
-local function unnamed_in(log, found)
+local function unnamed_in(r, found)
   local keep, dropped = {}, false
   for _, k in ipairs(found) do
     local pat = "decltype ( " .. k .. " )"
-    if log:find(pat, 1, true) or log:find('was: " ' .. k .. ' "', 1, true) then dropped = true
-    else keep[#keep + 1] = k end
+    local named = r.rejected and r.rejected[k] or
+      not r.rejected and (r.log:find(pat, 1, true) or r.log:find('was: " ' .. k .. ' "', 1, true))
+    if named then dropped = true else keep[#keep + 1] = k end
   end
   return keep, dropped
 end
@@ -102,14 +108,14 @@ end
 -- names, then without any scanned one (those left out are still listed from the PTX)
 function M.compile(attempt, found, user)
   local r = attempt(with_user(found, user))
-  if probe_failed(r, found) then
-    local keep, dropped = unnamed_in(r.log, found)
+  if probe_failed(r, found, user) then
+    local keep, dropped = unnamed_in(r, found)
     if dropped then
       local r2 = attempt(with_user(keep, user))
-      if r2.image then r = r2 end
+      if r2.image or r2.rejected then r = r2 end
     end
   end
-  if probe_failed(r, found) then r = attempt(with_user({}, user)) end
+  if probe_failed(r, found, user) then r = attempt(with_user({}, user)) end
   return r
 end
 
