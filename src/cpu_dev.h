@@ -53,7 +53,7 @@ typedef struct cpu_module {
   struct cpu_func *funcs;   /* one per entry */
   int nfuncs;
 } cpu_module;
-typedef struct cpu_func { cpu_module *mod; const cl_cpu_entry *e; int max_dyn, carveout; } cpu_func;
+typedef struct cpu_func { cpu_module *mod; const cl_cpu_entry *e; int max_dyn, carveout, max_threads; } cpu_func;
 typedef struct cpu_launch {
   cpu_func *f;
   cl_cpu_dim grid, block;

@@ -319,6 +319,7 @@ static CUresult c_ModuleLoadData(CUmodule *m, const void *image) {
   cpu_module *mod = calloc(1, sizeof *mod);
   void (*bind)(const cl_cpu_rt *) = (void (*)(const cl_cpu_rt *))dlsym(lib, "__cudalua_cpu_bind");
   const int *may = dlsym(lib, "__cudalua_cpu_may_sync");
+  const int *bounds = dlsym(lib, "__cudalua_cpu_max_threads");   /* __launch_bounds__, per kernel */
   if (mod) {
     mod->lib = lib, mod->fd = fd;
     mod->entries = dlsym(lib, "__cudalua_cpu_entries");
@@ -331,7 +332,7 @@ static CUresult c_ModuleLoadData(CUmodule *m, const void *image) {
   while (mod->entries[nk].fn) nk++;
   mod->funcs = calloc((size_t)nk + 1, sizeof *mod->funcs);
   if (!mod->funcs) { free(mod); dlclose(lib); close(fd); return CUDA_ERROR_OUT_OF_MEMORY; }
-  for (int i = 0; i < nk; i++) mod->funcs[i] = (cpu_func){mod, &mod->entries[i], 48 * 1024, -1};
+  for (int i = 0; i < nk; i++) mod->funcs[i] = (cpu_func){mod, &mod->entries[i], 48 * 1024, -1, bounds && bounds[i] > 0 ? bounds[i] : 1024};
   mod->nfuncs = nk;
   bind(&cpu_rt);
   *m = (CUmodule)mod;
@@ -373,7 +374,8 @@ static CUresult c_ModuleGetGlobal(CUdeviceptr *p, size_t *n, CUmodule m, const c
 static CUresult c_FuncGetAttribute(int *v, CUfunction_attribute a, CUfunction f) {
   cpu_func *cf = (cpu_func *)f;
   switch (a) {
-  case CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *v = 1024; break;
+  case CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *v = cf->max_threads; break;
+  case CU_FUNC_ATTRIBUTE_NUM_REGS: *v = 1; break;   /* (none as such: the host's registers) */
   case CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: *v = cf->max_dyn; break;
   case CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT: *v = cf->carveout; break;
   default: *v = 0;
@@ -432,7 +434,11 @@ static void run_launch(cpu_op *op) {
 }
 static CUresult launch(cpu_func *cf, cl_cpu_dim g, cl_cpu_dim b, size_t shared, CUstream s, void **params) {
   const cl_cpu_entry *e = cf->e;
-  if (!g.x || !g.y || !g.z || !b.x || !b.y || !b.z || (size_t)b.x * b.y * b.z > 1024) return CUDA_ERROR_INVALID_VALUE;
+  /* the limits the device reports: block 1024 threads (or the kernel's __launch_bounds__), grid
+     2^31-1 x 65535 x 65535 */
+  if (!g.x || !g.y || !g.z || !b.x || !b.y || !b.z || (size_t)b.x * b.y * b.z > (size_t)cf->max_threads || b.z > 64 ||
+      g.x > 0x7fffffffu || g.y > 65535 || g.z > 65535)
+    return CUDA_ERROR_INVALID_VALUE;
   if (shared > (size_t)cf->max_dyn) return CUDA_ERROR_INVALID_VALUE;
   size_t total = 0;
   for (int i = 0; i < e->nparams; i++) total += (e->size[i] + 15u) / 16 * 16;
@@ -465,8 +471,10 @@ static CUresult c_LaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **p
                 (cl_cpu_dim){c->blockDimX, c->blockDimY, c->blockDimZ}, c->sharedMemBytes, c->hStream, params);
 }
 static CUresult c_OccupancyMaxPotentialBlockSize(int *grid, int *block, CUfunction f, CUoccupancyB2DSize fn, size_t dyn, int limit) {
-  (void)f; (void)fn; (void)dyn;
-  *block = limit > 0 && limit < 256 ? limit : 256;
+  (void)fn; (void)dyn;
+  int most = ((cpu_func *)f)->max_threads;
+  if (limit > 0 && limit < most) most = limit;
+  *block = most < 256 ? most : 256;
   *grid = cpu_threads() * 8;
   return CUDA_SUCCESS;
 }

@@ -41,9 +41,12 @@ local function host_fma()
   return fma
 end
 
+-- (FORMAT: the kernel library's tables as this file writes them, in the cache key so that a
+-- library cached by another cudalua is compiled again: raise it when the footer changes)
+local FORMAT = 2
 function M.identity()
   local c, id = find_compiler()
-  return c .. "\0" .. id .. (host_fma() and "\0fma" or "")
+  return c .. "\0" .. id .. (host_fma() and "\0fma" or "") .. "\0format" .. FORMAT
 end
 
 -- the flags NVRTC's options become: definitions, folders and the language standard carry
@@ -112,7 +115,19 @@ end
 -- its own (owner: line -> the kernel expression it serves), so that a compile failing on one
 -- names it (see rejected)
 local FOOTER_NAME = "cudalua-cpu-tables"
-local function footer(exprs, sync)
+
+-- __launch_bounds__(N, ...) ahead of a kernel's name, by the name: the most threads a block of
+-- it takes, which launches and k:occupancy answer to as on a GPU (cuda_cpu.h drops the
+-- attribute itself). A bound that is no plain number (a template's parameter) is left out.
+local function launch_bounds(src)
+  local b = {}
+  for arg, name in src:gmatch("__launch_bounds__%s*(%b())%s*([%a_][%w_]*)%s*[%(<]") do
+    b[name] = tonumber(arg:match("^%(%s*(%d+)%s*[,%)]"))
+  end
+  return b
+end
+
+local function footer(exprs, sync, bounds)
   local is_probe = {}
   for _, e in ipairs(exprs) do
     local k = e:match("^__cudalua_sig<decltype%((.*)%)>$")
@@ -127,6 +142,16 @@ local function footer(exprs, sync)
     if is_probe[e] then add(("  __cl_entry(&%s),"):format(e), e) end
   end
   add("  {nullptr, nullptr, 0, nullptr, nullptr}};")
+  -- each kernel's bound, in the table's order (0: none); a kernel by its name without its
+  -- namespace or template arguments
+  add('__attribute__((visibility("default"))) extern const int __cudalua_cpu_max_threads[] = {')
+  for _, e in ipairs(exprs) do
+    if is_probe[e] then
+      local base = e:gsub("%b<>", ""):match("([%a_][%w_]*)%s*$")
+      add(("  %d,"):format(base and bounds[base] or 0), e)
+    end
+  end
+  add("  0};")
   add('__attribute__((visibility("default"))) extern void *const __cudalua_cpu_expr[] = {')
   for _, e in ipairs(exprs) do
     add(e:sub(1, 1) == "&" and ("  (void *)(%s),"):format(e) or ("  (void *)(&%s),"):format(e),
@@ -184,7 +209,7 @@ function M.compile(src, name, flags, headers, exprs)
   refuse_gpu_only(src, name)
   local sync = may_sync(src)
   for _, h in ipairs(headers) do sync = sync or (h[1]:match("^cudalua/cpu/") == nil and may_sync(h[2])) end
-  local tables, owner = footer(exprs, sync)
+  local tables, owner = footer(exprs, sync, launch_bounds(src))
   local text = ('#line 1 "%s"\n'):format(name) .. dynamic_shared(src) .. tables
   local cxx = find_compiler()
   -- -Bsymbolic: the library's own names are its own (a kernel named raw took ncurses' raw(),
