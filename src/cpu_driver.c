@@ -384,13 +384,18 @@ static CUresult c_ModuleUnload(CUmodule m) {
   return CUDA_SUCCESS;
 }
 
-/* a kernel: dlsym finds it by the name cudalua asks (plain or mangled), the library's table
-   says how to call it */
+/* a kernel: its entry's symbol has the name cudalua asks (plain or mangled). Not dlsym: it
+   looks in the libraries under the kernel library too, and a kernel named like a C library
+   function (step, index) would be that function */
 static CUresult c_ModuleGetFunction(CUfunction *f, CUmodule m, const char *name) {
   cpu_module *mod = (cpu_module *)m;
-  void *fn = dlsym(mod->lib, name);
-  for (int i = 0; fn && i < mod->nfuncs; i++)
-    if (mod->entries[i].fn == fn) { *f = (CUfunction)&mod->funcs[i]; return CUDA_SUCCESS; }
+  for (int i = 0; name && i < mod->nfuncs; i++) {
+    Dl_info info;
+    if (dladdr(mod->entries[i].fn, &info) && info.dli_sname && !strcmp(info.dli_sname, name)) {
+      *f = (CUfunction)&mod->funcs[i];
+      return CUDA_SUCCESS;
+    }
+  }
   return CUDA_ERROR_NOT_FOUND;
 }
 static CUresult c_ModuleGetGlobal(CUdeviceptr *p, size_t *n, CUmodule m, const char *name) {

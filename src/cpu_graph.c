@@ -9,6 +9,8 @@
    cudaGraphSetConditional (cuda_cpu.h) writes. A graph allocation's block is taken when its
    node is added (CUDA gives its address then) and lives while a graph or plan has the node.
    Every graph structure is under one lock; plans the worker runs are not changed. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1177,7 +1179,9 @@ static const char *type_name(CUgraphNodeType t) {
 static void dot(FILE *f, const cpu_graph *g, const char *prefix, int depth) {
   for (size_t i = 0; i < g->n; i++) {
     const cpu_node *n = g->nodes[i];
-    fprintf(f, "  \"%s%zu\" [label=\"%s %zu\"];\n", prefix, i, type_name(n->type), i);
+    Dl_info info;   /* a kernel node says its kernel */
+    const char *k = n->type == CU_GRAPH_NODE_TYPE_KERNEL && dladdr(n->op.u.launch.l->f->e->fn, &info) ? info.dli_sname : NULL;
+    fprintf(f, "  \"%s%zu\" [label=\"%s %zu%s%s\"];\n", prefix, i, type_name(n->type), i, k ? " " : "", k ? k : "");
     for (size_t k = 0; k < n->nin; k++) fprintf(f, "  \"%s%zu\" -> \"%s%zu\";\n", prefix, n->in[k]->idx, prefix, i);
     char sub[256];
     if (depth > 8) continue;
