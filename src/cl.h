@@ -2,7 +2,7 @@
 
    Layers, bottom first: a file calls only the files before it (tools/layers.lua checks this
    against the object files: make layers).
-     layers: embedded error class loader cpu_mem cpu_queue cpu_exec cpu_driver driver opts hostfn capstate wait memory
+     layers: embedded error class loader cpu_mem cpu_queue cpu_exec cpu_driver cpu_graph driver opts hostfn capstate wait memory
              dtype stream event array interop ipc copy cuarray texture config kernel module compile cxx link
              args launch launcher graph unbound gexec capture random progress cache nvtx nccl device
              embed core
@@ -127,10 +127,13 @@ int cl_lib_ok(cl_lib *l);         /* 1 when loaded, without loading (no lock) */
 int cl_lib_retry(cl_lib *l);      /* a failed load forgotten; 0 when it is loaded */
 const char *cl_result_name(cl_lib *l, int r);   /* a result code's name, as the library says it */
 
-/* ---- from cpu_driver.c: the CPU device, built in where libcuda would be loaded ---- */
-/* (CUDALUA_DEVICE=cpu; cpu_mem.c, cpu_queue.c and cpu_exec.c under it share src/cpu_dev.h) */
-void *cl_cpu_symbol(const char *name);  /* NULL name: non-NULL when the CPU device is chosen */
+/* ---- from cpu_driver.c: the CPU device's entry points other than graphs ---- */
 void cl_cpu_choose(void);               /* chosen from Lua (cuda.use_cpu), as by CUDALUA_DEVICE=cpu */
+
+/* ---- from cpu_graph.c: the CPU device, built in where libcuda would be loaded ---- */
+/* (CUDALUA_DEVICE=cpu; cpu_graph.c is its top, its graphs and captures; cpu_driver.c the rest
+   of its entry points; cpu_mem.c, cpu_queue.c and cpu_exec.c under them; all share src/cpu_dev.h) */
+void *cl_cpu_symbol(const char *name);  /* NULL name: non-NULL when the CPU device is chosen */
 
 /* ---- from driver.c: libcuda, NVRTC and nvJitLink (opened at run time), contexts, errors ---- */
 #define CL_CUDA_FUNCS(X) \

@@ -20,6 +20,9 @@ size_t cpu_mem_used(void);
 /* ---- cpu_queue.c: the work queue every stream shares, events ---- */
 typedef struct cpu_op cpu_op;
 typedef void (*cpu_work)(cpu_op *op);
+struct cpu_capture;
+struct cpu_node;
+struct cpu_plan;
 struct cpu_op {
   cpu_work run;
   cpu_op *next;
@@ -31,11 +34,23 @@ struct cpu_op {
     struct { struct cpu_event *ev; } rec;
     struct { void *p; } free;
     struct { struct cpu_launch *l; } launch;
+    struct { CUstreamBatchMemOpParams *v; unsigned n; } batch;   /* v: malloc'd, the op's */
+    struct { struct cpu_plan *p; } graph;
   } u;
 };
-typedef struct cpu_stream { uint64_t last; int priority; unsigned flags; } cpu_stream;
-typedef struct cpu_event { uint64_t seq; double t; unsigned flags; } cpu_event;
+/* cap: the capture the stream takes part in (cpu_graph.c), its work's dependencies there */
+typedef struct cpu_stream {
+  uint64_t last; int priority; unsigned flags;
+  struct cpu_capture *cap; struct cpu_node **deps; size_t ndeps;
+} cpu_stream;
+/* cap: the capture it was recorded in (its id), and that capture's dependencies then */
+typedef struct cpu_event {
+  uint64_t seq; double t; unsigned flags;
+  uint64_t cap; struct cpu_node **deps; size_t ndeps;
+} cpu_event;
 CUresult cpu_enqueue(CUstream s, cpu_op *op);        /* op: malloc'd; the queue frees it */
+/* while streams capture (cpu_graph.c sets it): 1 when it took op instead of the queue (*r) */
+extern int (*cpu_capture_hook)(CUstream s, cpu_op *op, CUresult *r);
 CUresult cpu_wait_seq(uint64_t seq);                 /* until work up to seq is done */
 uint64_t cpu_enqueued(void);                         /* the last sequence number given */
 int cpu_done(uint64_t seq);
@@ -60,9 +75,24 @@ typedef struct cpu_launch {
   size_t shared;
   void **args;          /* pointers into vals */
   unsigned char *vals;
+  size_t size;          /* the allocation's, args and vals in it (a graph node copies it) */
 } cpu_launch;
 void cpu_launch_run(cpu_launch *l);     /* on the queue's worker: every block, then returns */
 int cpu_threads(void);                  /* the pool's size ("multiprocessors") */
 extern const cl_cpu_rt cpu_rt;
+
+/* ---- cpu_driver.c: the ops' runners and makers, which graph nodes reuse ---- */
+void cpu_run_copy(cpu_op *op);
+void cpu_run_fill(cpu_op *op);
+void cpu_run_host(cpu_op *op);
+void cpu_run_free(cpu_op *op);
+void cpu_run_record(cpu_op *op);
+void cpu_run_launch(cpu_op *op);    /* frees the launch: a stream's */
+void cpu_run_batch(cpu_op *op);     /* frees the array: a stream's */
+void cpu_batch_do(const CUstreamBatchMemOpParams *v, unsigned n);
+CUresult cpu_batch_copy(const CUstreamBatchMemOpParams *v, unsigned n, CUstreamBatchMemOpParams **out);   /* checked, malloc'd */
+cpu_launch *cpu_launch_new(cpu_func *cf, cl_cpu_dim g, cl_cpu_dim b, size_t shared, void **params, CUresult *r);
+CUresult cpu_event_record(CUevent e, CUstream s);
+void *cpu_driver_symbol(const char *name);   /* NULL name: non-NULL when the CPU device is chosen */
 
 #endif

@@ -1,9 +1,10 @@
 /* cpu_driver.c: the driver entry points of cudalua's CPU device (CUDALUA_DEVICE=cpu), found by
    the loader through cl_cpu_symbol in place of libcuda's. One device; its context is a token;
    memory and copies are the host's (cpu_mem.c), run in stream order by the queue
-   (cpu_queue.c); kernels are libraries the host compiler built, loaded from their bytes. What
-   the CPU device does not do yet (graphs, captures, CUDA arrays, textures, IPC, peers) answers
-   CUDA_ERROR_NOT_SUPPORTED, which cudalua reports naming the call. */
+   (cpu_queue.c); kernels are libraries the host compiler built, loaded from their bytes. Graphs
+   and captures are cpu_graph.c's, made of the ops made here. What the CPU device does not do
+   (CUDA arrays, textures, IPC, peers) answers CUDA_ERROR_NOT_SUPPORTED, which cudalua reports
+   naming the call. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <elf.h>
@@ -13,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 #include "cl.h"
 #include "cpu_dev.h"
@@ -41,6 +43,18 @@ static const struct { CUresult r; const char *name, *text; } results[] = {
   {CUDA_ERROR_INVALID_PTX, "CUDA_ERROR_INVALID_PTX", "a PTX JIT compilation failed"},
   {CUDA_ERROR_NOT_PERMITTED, "CUDA_ERROR_NOT_PERMITTED", "operation not permitted"},
   {CUDA_ERROR_PEER_ACCESS_UNSUPPORTED, "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED", "peer access is not supported"},
+  {CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
+  {CUDA_ERROR_OPERATING_SYSTEM, "CUDA_ERROR_OPERATING_SYSTEM", "OS call failed or operation not supported on this OS"},
+  {CUDA_ERROR_ILLEGAL_STATE, "CUDA_ERROR_ILLEGAL_STATE", "the operation cannot be performed in the present state"},
+  {CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED", "operation not permitted when stream is capturing"},
+  {CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED", "operation failed due to a previous error during capture"},
+  {CUDA_ERROR_STREAM_CAPTURE_MERGE, "CUDA_ERROR_STREAM_CAPTURE_MERGE", "operation would result in a merge of separate capture sequences"},
+  {CUDA_ERROR_STREAM_CAPTURE_UNMATCHED, "CUDA_ERROR_STREAM_CAPTURE_UNMATCHED", "capture was not ended in the same stream as it began"},
+  {CUDA_ERROR_STREAM_CAPTURE_UNJOINED, "CUDA_ERROR_STREAM_CAPTURE_UNJOINED", "capturing stream has unjoined work"},
+  {CUDA_ERROR_STREAM_CAPTURE_ISOLATION, "CUDA_ERROR_STREAM_CAPTURE_ISOLATION", "dependency created on uncaptured work in another stream"},
+  {CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT", "operation would make the legacy stream depend on a capturing blocking stream"},
+  {CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD, "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD", "attempt to terminate a thread-local capture sequence from another thread"},
+  {CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE, "CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE", "the graph update was not performed because it included changes which violated constraints specific to instantiated graph update"},
 };
 #define NRESULTS (sizeof results / sizeof results[0])
 
@@ -142,11 +156,10 @@ static CUresult c_MemAlloc(CUdeviceptr *p, size_t n) {
   return r;
 }
 static CUresult c_MemFree(CUdeviceptr p) { drain(); return cpu_free((void *)(uintptr_t)p); }
-static CUresult c_MemAllocAsync(CUdeviceptr *p, size_t n, CUstream s) { (void)s; return c_MemAlloc(p, n); }
-static void run_free(cpu_op *op) { cpu_free(op->u.free.p); }
+void cpu_run_free(cpu_op *op) { cpu_free(op->u.free.p); }
 static cpu_op *new_op(cpu_work w) { cpu_op *op = calloc(1, sizeof *op); if (op) op->run = w; return op; }
 static CUresult c_MemFreeAsync(CUdeviceptr p, CUstream s) {
-  cpu_op *op = new_op(run_free);
+  cpu_op *op = new_op(cpu_run_free);
   if (!op) return CUDA_ERROR_OUT_OF_MEMORY;
   op->u.free.p = (void *)(uintptr_t)p;
   return cpu_enqueue(s, op);
@@ -193,9 +206,9 @@ static CUresult c_MemGetAddressRange(CUdeviceptr *base, size_t *size, CUdevicept
 }
 
 /* ---- copies and fills, in stream order ---- */
-static void run_copy(cpu_op *op) { memmove(op->u.copy.dst, op->u.copy.src, op->u.copy.n); }
+void cpu_run_copy(cpu_op *op) { memmove(op->u.copy.dst, op->u.copy.src, op->u.copy.n); }
 static CUresult copy(void *dst, const void *src, size_t n, CUstream s, int wait) {
-  cpu_op *op = new_op(run_copy);
+  cpu_op *op = new_op(cpu_run_copy);
   if (!op) return CUDA_ERROR_OUT_OF_MEMORY;
   op->u.copy.dst = dst, op->u.copy.src = src, op->u.copy.n = n;
   CUresult r = cpu_enqueue(s, op);
@@ -209,7 +222,7 @@ static CUresult c_MemcpyDtoDAsync(CUdeviceptr d, CUdeviceptr s, size_t n, CUstre
 static CUresult c_MemcpyHtoD(CUdeviceptr d, const void *s, size_t n) { return copy(PTR(d), s, n, NULL, 1); }
 static CUresult c_MemcpyDtoH(void *d, CUdeviceptr s, size_t n) { return copy(d, PTR(s), n, NULL, 1); }
 
-static void run_fill(cpu_op *op) {
+void cpu_run_fill(cpu_op *op) {
   unsigned char *row = op->u.fill.dst;
   for (size_t y = 0; y < op->u.fill.h; y++, row += op->u.fill.pitch) {
     uint32_t v = op->u.fill.v;
@@ -219,7 +232,7 @@ static void run_fill(cpu_op *op) {
   }
 }
 static CUresult fill(CUdeviceptr d, uint32_t v, int size, size_t pitch, size_t w, size_t h, CUstream s) {
-  cpu_op *op = new_op(run_fill);
+  cpu_op *op = new_op(cpu_run_fill);
   if (!op) return CUDA_ERROR_OUT_OF_MEMORY;
   op->u.fill.dst = PTR(d), op->u.fill.v = v, op->u.fill.size = size;
   op->u.fill.pitch = pitch, op->u.fill.w = w, op->u.fill.h = h;
@@ -239,24 +252,10 @@ static CUresult c_StreamCreateWithPriority(CUstream *s, unsigned f, int prio) {
   return CUDA_SUCCESS;
 }
 static CUresult c_StreamCreate(CUstream *s, unsigned f) { return c_StreamCreateWithPriority(s, f, 0); }
-static CUresult c_StreamDestroy(CUstream s) { free(s); return CUDA_SUCCESS; }
 static uint64_t last_of(CUstream s) { return (uintptr_t)s > 2 ? ((cpu_stream *)s)->last : cpu_enqueued(); }
 static CUresult c_StreamSynchronize(CUstream s) { return cpu_wait_seq(last_of(s)); }
 static CUresult c_StreamQuery(CUstream s) { return cpu_done(last_of(s)) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY; }
-static CUresult c_StreamWaitEvent(CUstream s, CUevent e, unsigned f) { (void)s; (void)e; (void)f; return CUDA_SUCCESS; }
 static CUresult c_StreamGetPriority(CUstream s, int *p) { *p = (uintptr_t)s > 2 ? ((cpu_stream *)s)->priority : 0; return CUDA_SUCCESS; }
-static CUresult c_StreamIsCapturing(CUstream s, CUstreamCaptureStatus *st) { (void)s; *st = CU_STREAM_CAPTURE_STATUS_NONE; return CUDA_SUCCESS; }
-static CUresult c_StreamGetCaptureInfo(CUstream s, CUstreamCaptureStatus *st, cuuint64_t *id, CUgraph *g,
-                                       const CUgraphNode **deps, const CUgraphEdgeData **edges, size_t *n) {
-  (void)s;
-  if (st) *st = CU_STREAM_CAPTURE_STATUS_NONE;
-  if (id) *id = 0;
-  if (g) *g = NULL;
-  if (deps) *deps = NULL;
-  if (edges) *edges = NULL;
-  if (n) *n = 0;
-  return CUDA_SUCCESS;
-}
 
 static CUresult c_EventCreate(CUevent *e, unsigned f) {
   cpu_event *ev = calloc(1, sizeof *ev);
@@ -265,17 +264,16 @@ static CUresult c_EventCreate(CUevent *e, unsigned f) {
   *e = (CUevent)ev;
   return CUDA_SUCCESS;
 }
-static CUresult c_EventDestroy(CUevent e) { drain(); free(e); return CUDA_SUCCESS; }
-static void run_record(cpu_op *op) { op->u.rec.ev->t = cpu_now(); }
-static CUresult c_EventRecord(CUevent e, CUstream s) {
-  cpu_op *op = new_op(run_record);
+static CUresult c_EventDestroy(CUevent e) { drain(); free(((cpu_event *)e)->deps); free(e); return CUDA_SUCCESS; }
+void cpu_run_record(cpu_op *op) { op->u.rec.ev->t = cpu_now(); }
+CUresult cpu_event_record(CUevent e, CUstream s) {
+  cpu_op *op = new_op(cpu_run_record);
   if (!op) return CUDA_ERROR_OUT_OF_MEMORY;
   op->u.rec.ev = (cpu_event *)e;
   CUresult r = cpu_enqueue(s, op);
   ((cpu_event *)e)->seq = cpu_enqueued();
   return r;
 }
-static CUresult c_EventRecordWithFlags(CUevent e, CUstream s, unsigned f) { (void)f; return c_EventRecord(e, s); }
 static CUresult c_EventQuery(CUevent e) { return cpu_done(((cpu_event *)e)->seq) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY; }
 static CUresult c_EventSynchronize(CUevent e) { return cpu_wait_seq(((cpu_event *)e)->seq); }
 static CUresult c_EventElapsedTime(float *ms, CUevent a, CUevent b) {
@@ -285,11 +283,71 @@ static CUresult c_EventElapsedTime(float *ms, CUevent a, CUevent b) {
   return CUDA_SUCCESS;
 }
 
-static void run_host(cpu_op *op) { op->u.host.fn(op->u.host.data); }
+void cpu_run_host(cpu_op *op) { op->u.host.fn(op->u.host.data); }
 static CUresult c_LaunchHostFunc(CUstream s, CUhostFn fn, void *data) {
-  cpu_op *op = new_op(run_host);
+  cpu_op *op = new_op(cpu_run_host);
   if (!op) return CUDA_ERROR_OUT_OF_MEMORY;
   op->u.host.fn = fn, op->u.host.data = data;
+  return cpu_enqueue(s, op);
+}
+
+/* ---- batches of memory operations: words written, and waited for (cudalua's Lua host
+   functions are a write and a wait: the device waits until the Lua thread has run one) ---- */
+static int reached(const CUstreamBatchMemOpParams *o) {
+  const volatile void *a = (const void *)(uintptr_t)o->waitValue.address;
+  int wide = o->operation == CU_STREAM_MEM_OP_WAIT_VALUE_64;
+  uint64_t v = wide ? __atomic_load_n((const volatile uint64_t *)a, __ATOMIC_ACQUIRE)
+                    : __atomic_load_n((const volatile uint32_t *)a, __ATOMIC_ACQUIRE);
+  uint64_t ref = wide ? o->waitValue.value64 : o->waitValue.value;
+  switch (o->waitValue.flags & 3) {
+  case CU_STREAM_WAIT_VALUE_GEQ: return wide ? (int64_t)(v - ref) >= 0 : (int32_t)(uint32_t)(v - ref) >= 0;   /* cyclic */
+  case CU_STREAM_WAIT_VALUE_EQ: return v == ref;
+  case CU_STREAM_WAIT_VALUE_AND: return (v & ref) != 0;
+  default: return wide ? ~(v | ref) != 0 : (uint32_t)~(v | ref) != 0;   /* NOR */
+  }
+}
+void cpu_batch_do(const CUstreamBatchMemOpParams *v, unsigned n) {
+  for (unsigned i = 0; i < n; i++) {
+    const CUstreamBatchMemOpParams *o = &v[i];
+    void *a = (void *)(uintptr_t)o->writeValue.address;
+    if (o->operation == CU_STREAM_MEM_OP_WRITE_VALUE_32) __atomic_store_n((uint32_t *)a, o->writeValue.value, __ATOMIC_RELEASE);
+    else if (o->operation == CU_STREAM_MEM_OP_WRITE_VALUE_64) __atomic_store_n((uint64_t *)a, o->writeValue.value64, __ATOMIC_RELEASE);
+    else if (o->operation == CU_STREAM_MEM_OP_WAIT_VALUE_32 || o->operation == CU_STREAM_MEM_OP_WAIT_VALUE_64)
+      /* the host writes it: short sleeps, growing to a millisecond, keep the cost low */
+      for (long ns = 1000; !reached(o); ns = ns < 1000000 ? ns * 2 : ns) nanosleep(&(struct timespec){0, ns}, NULL);
+  }
+}
+void cpu_run_batch(cpu_op *op) {
+  cpu_batch_do(op->u.batch.v, op->u.batch.n);
+  free(op->u.batch.v);
+}
+/* the operations this device does: 32 and 64-bit writes and waits (a barrier is no work here) */
+static int batch_ok(const CUstreamBatchMemOpParams *v, unsigned n) {
+  for (unsigned i = 0; i < n; i++) {
+    CUstreamBatchMemOpType t = v[i].operation;
+    if (t != CU_STREAM_MEM_OP_WRITE_VALUE_32 && t != CU_STREAM_MEM_OP_WRITE_VALUE_64 && t != CU_STREAM_MEM_OP_WAIT_VALUE_32 &&
+        t != CU_STREAM_MEM_OP_WAIT_VALUE_64 && t != CU_STREAM_MEM_OP_BARRIER && t != CU_STREAM_MEM_OP_FLUSH_REMOTE_WRITES)
+      return 0;
+    if ((t == CU_STREAM_MEM_OP_WRITE_VALUE_32 || t == CU_STREAM_MEM_OP_WAIT_VALUE_32 || t == CU_STREAM_MEM_OP_WRITE_VALUE_64 ||
+         t == CU_STREAM_MEM_OP_WAIT_VALUE_64) && !v[i].writeValue.address)
+      return 0;
+  }
+  return 1;
+}
+CUresult cpu_batch_copy(const CUstreamBatchMemOpParams *v, unsigned n, CUstreamBatchMemOpParams **out) {
+  *out = NULL;
+  if ((n && !v) || !batch_ok(v, n)) return CUDA_ERROR_INVALID_VALUE;
+  if (n && !(*out = malloc(n * sizeof *v))) return CUDA_ERROR_OUT_OF_MEMORY;
+  if (n) memcpy(*out, v, n * sizeof *v);
+  return CUDA_SUCCESS;
+}
+static CUresult c_StreamBatchMemOp(CUstream s, unsigned n, CUstreamBatchMemOpParams *v, unsigned f) {
+  (void)f;
+  cpu_op *op = new_op(cpu_run_batch);
+  if (!op) return CUDA_ERROR_OUT_OF_MEMORY;
+  CUresult r = cpu_batch_copy(v, n, &op->u.batch.v);
+  if (r) { free(op); return r; }
+  op->u.batch.n = n;
   return cpu_enqueue(s, op);
 }
 
@@ -352,13 +410,18 @@ static CUresult c_ModuleUnload(CUmodule m) {
   return CUDA_SUCCESS;
 }
 
-/* a kernel: dlsym finds it by the name cudalua asks (plain or mangled), the library's table
-   says how to call it */
+/* a kernel: its entry's symbol has the name cudalua asks (plain or mangled). Not dlsym: it
+   looks in the libraries under the kernel library too, and a kernel named like a C library
+   function (step, index) would be that function */
 static CUresult c_ModuleGetFunction(CUfunction *f, CUmodule m, const char *name) {
   cpu_module *mod = (cpu_module *)m;
-  void *fn = dlsym(mod->lib, name);
-  for (int i = 0; fn && i < mod->nfuncs; i++)
-    if (mod->entries[i].fn == fn) { *f = (CUfunction)&mod->funcs[i]; return CUDA_SUCCESS; }
+  for (int i = 0; name && i < mod->nfuncs; i++) {
+    Dl_info info;
+    if (dladdr(mod->entries[i].fn, &info) && info.dli_sname && !strcmp(info.dli_sname, name)) {
+      *f = (CUfunction)&mod->funcs[i];
+      return CUDA_SUCCESS;
+    }
+  }
   return CUDA_ERROR_NOT_FOUND;
 }
 static CUresult c_ModuleGetGlobal(CUdeviceptr *p, size_t *n, CUmodule m, const char *name) {
@@ -428,24 +491,28 @@ static CUresult c_FuncGetName(const char **name, CUfunction f) {
 }
 
 /* ---- launches: the arguments copied now, as the driver does ---- */
-static void run_launch(cpu_op *op) {
+void cpu_run_launch(cpu_op *op) {
   cpu_launch_run(op->u.launch.l);
   free(op->u.launch.l);
 }
-static CUresult launch(cpu_func *cf, cl_cpu_dim g, cl_cpu_dim b, size_t shared, CUstream s, void **params) {
+/* a launch's record, its arguments copied (a stream's op or a graph's kernel node) */
+cpu_launch *cpu_launch_new(cpu_func *cf, cl_cpu_dim g, cl_cpu_dim b, size_t shared, void **params, CUresult *r) {
+  *r = CUDA_ERROR_INVALID_VALUE;
+  if (!cf || (!params && cf->e->nparams)) return NULL;
   const cl_cpu_entry *e = cf->e;
   /* the limits the device reports: block 1024 threads (or the kernel's __launch_bounds__), grid
      2^31-1 x 65535 x 65535 */
   if (!g.x || !g.y || !g.z || !b.x || !b.y || !b.z || (size_t)b.x * b.y * b.z > (size_t)cf->max_threads || b.z > 64 ||
       g.x > 0x7fffffffu || g.y > 65535 || g.z > 65535)
-    return CUDA_ERROR_INVALID_VALUE;
-  if (shared > (size_t)cf->max_dyn) return CUDA_ERROR_INVALID_VALUE;
+    return NULL;
+  if (shared > (size_t)cf->max_dyn) return NULL;
   size_t total = 0;
   for (int i = 0; i < e->nparams; i++) total += (e->size[i] + 15u) / 16 * 16;
-  cpu_launch *l = calloc(1, sizeof *l + (size_t)e->nparams * sizeof(void *) + total + 16);
-  cpu_op *op = new_op(run_launch);
-  if (!l || !op) { free(l); free(op); return CUDA_ERROR_OUT_OF_MEMORY; }
-  l->f = cf, l->grid = g, l->block = b, l->shared = shared;
+  size_t size = sizeof(cpu_launch) + (size_t)e->nparams * sizeof(void *) + total + 16;
+  cpu_launch *l = calloc(1, size);
+  *r = l ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+  if (!l) return NULL;
+  l->f = cf, l->grid = g, l->block = b, l->shared = shared, l->size = size;
   l->args = (void **)(l + 1);
   unsigned char *v = (unsigned char *)(l->args + e->nparams);
   v = (unsigned char *)(((uintptr_t)v + 15) / 16 * 16);
@@ -454,6 +521,15 @@ static CUresult launch(cpu_func *cf, cl_cpu_dim g, cl_cpu_dim b, size_t shared, 
     l->args[i] = v;
     v += (e->size[i] + 15u) / 16 * 16;
   }
+  l->vals = (unsigned char *)(l->args + e->nparams);
+  return l;
+}
+static CUresult launch(cpu_func *cf, cl_cpu_dim g, cl_cpu_dim b, size_t shared, CUstream s, void **params) {
+  CUresult r;
+  cpu_launch *l = cpu_launch_new(cf, g, b, shared, params, &r);
+  if (!l) return r;
+  cpu_op *op = new_op(cpu_run_launch);
+  if (!op) { free(l); return CUDA_ERROR_OUT_OF_MEMORY; }
   op->u.launch.l = l;
   return cpu_enqueue(s, op);
 }
@@ -503,7 +579,7 @@ static const struct { const char *name; void *fn; } impls[] = {
   IMPL(cuDevicePrimaryCtxRelease, c_PrimaryCtxRelease), IMPL(cuCtxSetCurrent, c_CtxSetCurrent),
   IMPL(cuCtxGetCurrent, c_CtxGetCurrent), IMPL(cuCtxSynchronize, c_CtxSynchronize), IMPL(cuCtxGetDevice, c_CtxGetDevice),
   IMPL(cuMemGetInfo, c_MemGetInfo), IMPL(cuMemAlloc, c_MemAlloc), IMPL(cuMemFree, c_MemFree),
-  IMPL(cuMemAllocAsync, c_MemAllocAsync), IMPL(cuMemFreeAsync, c_MemFreeAsync),
+ IMPL(cuMemFreeAsync, c_MemFreeAsync),
   IMPL(cuDeviceGetDefaultMemPool, c_DeviceGetDefaultMemPool), IMPL(cuMemPoolSetAttribute, c_MemPoolSetAttribute),
   IMPL(cuMemPoolTrimTo, c_MemPoolTrimTo), IMPL(cuMemHostAlloc, c_MemHostAlloc), IMPL(cuMemFreeHost, c_MemFreeHost),
   IMPL(cuMemHostGetDevicePointer, c_MemHostGetDevicePointer), IMPL(cuMemAllocManaged, c_MemAllocManaged),
@@ -514,9 +590,9 @@ static const struct { const char *name; void *fn; } impls[] = {
   IMPL(cuMemcpyHtoD, c_MemcpyHtoD), IMPL(cuMemcpyDtoH, c_MemcpyDtoH), IMPL(cuMemsetD8Async, c_MemsetD8Async),
   IMPL(cuMemsetD16Async, c_MemsetD16Async), IMPL(cuMemsetD32Async, c_MemsetD32Async),
   IMPL(cuMemsetD2D32Async, c_MemsetD2D32Async), IMPL(cuStreamCreate, c_StreamCreate),
-  IMPL(cuStreamDestroy, c_StreamDestroy), IMPL(cuStreamSynchronize, c_StreamSynchronize),
-  IMPL(cuStreamQuery, c_StreamQuery), IMPL(cuStreamWaitEvent, c_StreamWaitEvent), IMPL(cuEventCreate, c_EventCreate),
-  IMPL(cuEventDestroy, c_EventDestroy), IMPL(cuEventRecord, c_EventRecord), IMPL(cuEventQuery, c_EventQuery),
+  IMPL(cuStreamSynchronize, c_StreamSynchronize),
+  IMPL(cuStreamQuery, c_StreamQuery), IMPL(cuEventCreate, c_EventCreate),
+  IMPL(cuEventDestroy, c_EventDestroy), IMPL(cuEventQuery, c_EventQuery),
   IMPL(cuEventSynchronize, c_EventSynchronize), IMPL(cuEventElapsedTime, c_EventElapsedTime),
   IMPL(cuModuleLoadData, c_ModuleLoadData), IMPL(cuModuleUnload, c_ModuleUnload),
   IMPL(cuModuleGetFunction, c_ModuleGetFunction), IMPL(cuFuncGetAttribute, c_FuncGetAttribute),
@@ -525,21 +601,22 @@ static const struct { const char *name; void *fn; } impls[] = {
   IMPL(cuFuncSetAttribute, c_FuncSetAttribute), IMPL(cuFuncSetCacheConfig, c_FuncSetCacheConfig),
   IMPL(cuLaunchKernelEx, c_LaunchKernelEx), IMPL(cuModuleLoadDataEx, c_ModuleLoadDataEx),
   IMPL(cuOccupancyMaxActiveBlocksPerMultiprocessor, c_OccupancyMaxActiveBlocksPerMultiprocessor),
-  IMPL(cuLaunchHostFunc, c_LaunchHostFunc), IMPL(cuStreamIsCapturing, c_StreamIsCapturing),
+  IMPL(cuLaunchHostFunc, c_LaunchHostFunc), IMPL(cuStreamBatchMemOp, c_StreamBatchMemOp),
   IMPL(cuDeviceCanAccessPeer, c_CanAccessPeer), IMPL(cuMemGetAddressRange, c_MemGetAddressRange),
-  IMPL(cuStreamGetCaptureInfo, c_StreamGetCaptureInfo), IMPL(cuStreamCreateWithPriority, c_StreamCreateWithPriority),
+  IMPL(cuStreamCreateWithPriority, c_StreamCreateWithPriority),
   IMPL(cuStreamGetPriority, c_StreamGetPriority), IMPL(cuCtxGetStreamPriorityRange, c_CtxGetStreamPriorityRange),
-  IMPL(cuEventRecordWithFlags, c_EventRecordWithFlags), IMPL(cuCtxSetLimit, c_CtxSetLimit),
+  IMPL(cuCtxSetLimit, c_CtxSetLimit),
   IMPL(cuCtxGetLimit, c_CtxGetLimit), IMPL(cuFuncGetParamInfo, c_FuncGetParamInfo),
   IMPL(cuModuleGetFunctionCount, c_ModuleGetFunctionCount), IMPL(cuModuleEnumerateFunctions, c_ModuleEnumerateFunctions),
   IMPL(cuFuncGetName, c_FuncGetName),
 };
 
-/* CUDALUA_DEVICE=cpu chooses the CPU device (read once, when the driver is first loaded) */
+/* CUDALUA_DEVICE=cpu or cuda.use_cpu chooses the CPU device (read once, when the driver is
+   first loaded); cl_cpu_symbol (cpu_graph.c) asks here after its own entry points */
 static int chosen;
 void cl_cpu_choose(void) { __atomic_store_n(&chosen, 1, __ATOMIC_RELEASE); }
 
-void *cl_cpu_symbol(const char *name) {
+void *cpu_driver_symbol(const char *name) {
   if (!name) {
     const char *d = getenv("CUDALUA_DEVICE");
     return __atomic_load_n(&chosen, __ATOMIC_ACQUIRE) || (d && !strcmp(d, "cpu")) ? (void *)impls : NULL;

@@ -48,7 +48,12 @@ static void *work(void *arg) {
   return NULL;
 }
 
+int (*cpu_capture_hook)(CUstream s, cpu_op *op, CUresult *r);
+
 CUresult cpu_enqueue(CUstream s, cpu_op *op) {
+  CUresult r;
+  int (*hook)(CUstream, cpu_op *, CUresult *) = __atomic_load_n(&cpu_capture_hook, __ATOMIC_ACQUIRE);
+  if (hook && hook(s, op, &r)) return r;   /* a capture's node now */
   pthread_mutex_lock(&lock);
   if (!started) {
     if (pthread_create(&worker, NULL, work, NULL)) { pthread_mutex_unlock(&lock); free(op); return CUDA_ERROR_OUT_OF_MEMORY; }

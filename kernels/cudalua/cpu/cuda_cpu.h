@@ -260,6 +260,16 @@ inline long long clock64() {
 inline unsigned long long __globaltimer() { return (unsigned long long)clock64(); }
 inline void __nanosleep(unsigned) {}
 
+/* ---- graph conditions: a handle is the address of the condition's word, which the CPU
+   device owns (src/cpu_graph.c). cudalua.compile declares the function for sources that call
+   it, as for NVRTC (CUDARTAPI, __cudart_builtin__): that declaration matches this one. ---- */
+#define __cudart_builtin__
+#define CUDARTAPI
+typedef unsigned long long cudaGraphConditionalHandle;
+extern "C" inline void cudaGraphSetConditional(cudaGraphConditionalHandle h, unsigned int value) {
+  __atomic_store_n(reinterpret_cast<unsigned int *>(static_cast<uintptr_t>(h)), value, __ATOMIC_RELEASE);
+}
+
 /* ---- assert and __trap: a Lua error naming the block and thread; the process goes on ---- */
 [[noreturn]] inline void __cl_trap(const char *what, const char *file, int line) {
   __cl_rt->trap(__cl_cur, what, file, line);
