@@ -199,14 +199,15 @@ static void wait_here(worker *w, fib *f) {
 
 static void thread_done(worker *w, int t);
 
+/* a fiber's start: arg is its thread's record (the worker and the rank in it) */
 static void fiber_body(void *arg) {
-  worker *w = me_w;
+  cl_cpu_thread *c = arg;
+  worker *w = c->block;
   landed(w, NULL);
-  int t = (int)(intptr_t)arg;
   hb_acquire(w);
   cpu_launch *l = w->l;
-  l->f->mod->run(l->f->e, &w->ctx[t], l->args);
-  thread_done(w, t);
+  l->f->mod->run(l->f->e, c, l->args);
+  thread_done(w, (int)c->rank);
 }
 
 /* room for T threads' records, and the block's dynamic shared memory */
@@ -268,7 +269,7 @@ static void fiber_init(worker *w, int t) {
   sp[0] = (void *)cpu_fiber_start;
   sp[-1] = NULL;                    /* rbp */
   sp[-2] = (void *)fiber_body;      /* rbx: the function */
-  sp[-3] = (void *)(intptr_t)t;     /* r12: its argument */
+  sp[-3] = &w->ctx[t];              /* r12: its argument */
   sp[-4] = sp[-5] = sp[-6] = NULL;  /* r13, r14, r15 */
   f->sp = sp - 6;
 #else
@@ -277,7 +278,7 @@ static void fiber_init(worker *w, int t) {
   f->uc.uc_stack.ss_sp = (void *)f->lo;
   f->uc.uc_stack.ss_size = f->size;
   f->uc.uc_link = NULL;
-  makecontext(&f->uc, (void (*)(void))fiber_body, 1, (void *)(intptr_t)t);
+  makecontext(&f->uc, (void (*)(void))fiber_body, 1, (void *)&w->ctx[t]);
 #endif
 }
 
@@ -296,7 +297,7 @@ static _Noreturn void abandon(worker *w, cl_cpu_thread *t) {
 }
 
 static void rt_trap(cl_cpu_thread *t, const char *what, const char *file, int line) {
-  worker *w = me_w;
+  worker *w = t->block;
   char buf[300];
   snprintf(buf, sizeof buf, "%s (%s:%d)", what, file, line);
   fail_here(w, t, buf);
@@ -427,7 +428,7 @@ static void go_on(worker *w, int self) {
 }
 
 static int rt_sync(cl_cpu_thread *t, int op, int pred) {
-  worker *w = me_w;
+  worker *w = t->block;
   if (w->T == 1) return pred;   /* a block of one: nothing to wait for */
   if (!w->fiber_mode) {
     fail_here(w, t, "__syncthreads in a kernel whose source cudalua read as never synchronising");
@@ -448,7 +449,7 @@ static int rt_sync(cl_cpu_thread *t, int op, int pred) {
 }
 
 static void rt_warp_sync(cl_cpu_thread *t, unsigned mask) {
-  worker *w = me_w;
+  worker *w = t->block;
   if (w->T == 1) return;
   if (!w->fiber_mode) {
     fail_here(w, t, "a warp operation in a kernel whose source cudalua read as never synchronising");
@@ -467,13 +468,13 @@ static void rt_warp_sync(cl_cpu_thread *t, unsigned mask) {
 }
 
 static cl_cpu_thread *rt_lane(cl_cpu_thread *t, unsigned lane) {
-  worker *w = me_w;
+  worker *w = t->block;
   unsigned r = t->warp * 32 + lane;
   return lane < 32 && (int)r < w->T ? &w->ctx[r] : NULL;
 }
 
 static unsigned rt_active(cl_cpu_thread *t) {
-  worker *w = me_w;
+  worker *w = t->block;
   if (w->fiber_mode) return w->walive[t->warp];
   int n = w->T - (int)t->warp * 32;
   return n >= 32 ? ~0u : (1u << n) - 1;
@@ -562,13 +563,15 @@ static void run_block(worker *w, cpu_launch *l, uint64_t b) {
 }
 
 /* ---- the pool: every thread takes blocks until none are left ---- */
+static uint64_t chunk;   /* blocks taken at once: fewer trips to the shared counter */
 static void take_blocks(worker *w, cpu_launch *l) {
   for (;;) {
     if (__atomic_load_n(&stop, __ATOMIC_RELAXED)) break;
-    uint64_t b = __atomic_fetch_add(&next_block, 1, __ATOMIC_RELAXED);
+    uint64_t b = __atomic_fetch_add(&next_block, chunk, __ATOMIC_RELAXED);
     if (b >= nblocks_total) break;
-    if (sched_on) b = (uint64_t)(((unsigned __int128)perm_a * b + perm_c) % nblocks_total);
-    run_block(w, l, b);
+    uint64_t end = b + chunk < nblocks_total ? b + chunk : nblocks_total;
+    for (; b < end && !__atomic_load_n(&stop, __ATOMIC_RELAXED); b++)
+      run_block(w, l, sched_on ? (uint64_t)(((unsigned __int128)perm_a * b + perm_c) % nblocks_total) : b);
   }
 }
 
@@ -610,6 +613,7 @@ void cpu_launch_run(cpu_launch *l) {
     npool++;
   }
   current = l, next_block = 0, nblocks_total = n, stop = 0;
+  chunk = n / ((uint64_t)cpu_threads() * 64) + 1;   /* (a few dozen rounds each: the load still evens out) */
   if (sched_on) block_order(n);
   int helpers = n > 1 ? npool : 0;
   if (helpers) { running = helpers; generation++; pthread_cond_broadcast(&go); }

@@ -37,7 +37,7 @@
 #define __align__(n) alignas(n)
 #define __grid_constant__
 
-inline thread_local cl_cpu_thread *__cl_cur;
+__attribute__((visibility("hidden"))) inline thread_local cl_cpu_thread *__cl_cur;
 inline const cl_cpu_rt *__cl_rt;
 
 /* ---- vector types ---- */
