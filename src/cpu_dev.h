@@ -63,7 +63,6 @@ typedef struct cpu_module {
   void *lib;
   const cl_cpu_entry *entries;
   void (*run)(const cl_cpu_entry *, cl_cpu_thread *, void **);
-  int may_sync;
   int fd;               /* the library's file, open while it is loaded */
   struct cpu_func *funcs;   /* one per entry */
   int nfuncs;
@@ -79,6 +78,8 @@ typedef struct cpu_launch {
 } cpu_launch;
 void cpu_launch_run(cpu_launch *l);     /* on the queue's worker: every block, then returns */
 int cpu_threads(void);                  /* the pool's size ("multiprocessors") */
+int cpu_check_on(void);                 /* CUDALUA_CPU_CHECK is set */
+int cpu_on_guard(const void *p);        /* p is on a guard page of this thread's fibers' stacks */
 extern const cl_cpu_rt cpu_rt;
 
 /* ---- cpu_driver.c: the ops' runners and makers, which graph nodes reuse ---- */

@@ -376,15 +376,14 @@ static CUresult c_ModuleLoadData(CUmodule *m, const void *image) {
   if (!lib) { close(fd); return CUDA_ERROR_INVALID_IMAGE; }
   cpu_module *mod = calloc(1, sizeof *mod);
   void (*bind)(const cl_cpu_rt *) = (void (*)(const cl_cpu_rt *))dlsym(lib, "__cudalua_cpu_bind");
-  const int *may = dlsym(lib, "__cudalua_cpu_may_sync");
   const int *bounds = dlsym(lib, "__cudalua_cpu_max_threads");   /* __launch_bounds__, per kernel */
+  const int *abi = dlsym(lib, "__cudalua_cpu_abi");
   if (mod) {
     mod->lib = lib, mod->fd = fd;
     mod->entries = dlsym(lib, "__cudalua_cpu_entries");
     mod->run = (void (*)(const cl_cpu_entry *, cl_cpu_thread *, void **))dlsym(lib, "__cudalua_cpu_run");
-    mod->may_sync = may ? *may : 1;
   }
-  if (!mod || !bind || !mod->entries || !mod->run) { free(mod); dlclose(lib); close(fd); return mod ? CUDA_ERROR_INVALID_IMAGE : CUDA_ERROR_OUT_OF_MEMORY; }
+  if (!mod || !bind || !abi || *abi != CL_CPU_ABI || !mod->entries || !mod->run) { free(mod); dlclose(lib); close(fd); return mod ? CUDA_ERROR_INVALID_IMAGE : CUDA_ERROR_OUT_OF_MEMORY; }
   /* a function record per kernel, the module's (freed with it) */
   int nk = 0;
   while (mod->entries[nk].fn) nk++;

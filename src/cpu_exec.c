@@ -1,13 +1,21 @@
 /* cpu_exec.c: a kernel launch on the CPU device. The blocks are shared out among a pool of OS
    threads (the device's "multiprocessors"); the threads of a block run on the OS thread that
-   took the block: one call after another when the kernel library's source never synchronises,
-   else each as a fiber of its own, switched at barriers and warp operations. Fibers switch by
-   saving the callee-saved registers and the stack pointer (x86-64), or with ucontext elsewhere.
-   A barrier not every live thread of the block can reach, an assert, or __trap ends the block
-   and fails the launch with the block's and thread's coordinates. */
+   took the block: as one loop (the kernel library's block function, the kernel inlined into it)
+   when the kernel can never reach a barrier or a warp operation, else each as a fiber of its
+   own. Fibers switch by saving the callee-saved registers and the stack pointer (x86-64), or
+   with ucontext elsewhere, straight from the one that waits to the next that can run: a
+   barrier counts its arrivals and a warp its waiting lanes, so a switch costs the same
+   whatever the block's size. A barrier not every live thread of the block can reach, an
+   assert, or __trap ends the block and fails the launch with the block's and thread's
+   coordinates. Under ASan and TSan (found in the process, not linked) the switches and the
+   barriers are told to the sanitizer; CUDALUA_CPU_CHECK makes barriers and warp operations
+   that part of the block or warp skips errors; CUDALUA_CPU_SCHEDULE=<seed> takes blocks,
+   threads and fibers in an order drawn from the seed, to shake out races. */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <pthread.h>
 #include <setjmp.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,29 +48,87 @@ typedef struct fib {
 #if !defined(__x86_64__)
   ucontext_t uc;
 #endif
-  int state, pred;
+  int state;
   unsigned mask;        /* at a warp barrier: the lanes it waits for */
+  const void *lo;       /* its stack (the runner's: as ASan tells it at the first switch) */
+  size_t size;
+  void *tsan;           /* TSan's fiber */
 } fib;
 
 /* one pool thread's state: the block it runs */
 typedef struct worker {
-  fib *fibs;
+  fib *fibs, main;
   char *stacks;         /* STACK bytes per thread, a guard page at the bottom of each */
-  int nfibs;
+  int nstacks;
   cl_cpu_thread *ctx;
   int nctx;
+  int *ready, *bar;     /* the fibers that can run (a ring); those at __syncthreads, in order */
+  unsigned *order;      /* a no-sync block's thread order, under a seeded schedule */
+  unsigned rhead, rcount;
+  int nbar, bar_count, bar_result;
+  unsigned walive[32], wwait[32], wneed[32];   /* per warp: live lanes, lanes waiting, their masks */
   unsigned char *dyn;
   size_t ndyn;
-  void *main_sp;
-#if !defined(__x86_64__)
-  ucontext_t main_uc;
-#endif
-  int cur, T, failed, bar_result, fiber_mode;
+  int live, T, failed, fiber_mode;
+  uint64_t rng;         /* the block's, under CUDALUA_CPU_SCHEDULE */
+  fib *from;            /* the fiber that switched to the one now running */
   cpu_launch *l;
-  jmp_buf jb;
+  sigjmp_buf jb;
 } worker;
 
 static __thread worker *me_w;
+
+/* ---- settings, read once ---- */
+static int check_on;                 /* CUDALUA_CPU_CHECK */
+static int sched_on;                 /* CUDALUA_CPU_SCHEDULE given */
+static uint64_t sched_seed;
+/* the sanitizers' fiber calls, when a sanitizer runtime is in the process */
+static struct {
+  void (*start)(void **fake, const void *lo, size_t size);
+  void (*finish)(void *fake, const void **lo, size_t *size);
+  void (*unpoison)(const void *p, size_t n);
+  void *(*tsan_current)(void);
+  void *(*tsan_create)(unsigned flags);
+  void (*tsan_destroy)(void *f);
+  void (*tsan_switch)(void *f, unsigned flags);
+  void (*tsan_acquire)(void *addr);
+  void (*tsan_release)(void *addr);
+} san;
+static pthread_once_t settings_once = PTHREAD_ONCE_INIT;
+
+static void read_settings(void) {
+  const char *c = getenv("CUDALUA_CPU_CHECK"), *s = getenv("CUDALUA_CPU_SCHEDULE");
+  check_on = c && *c && strcmp(c, "0") != 0;
+  if (s && *s) sched_on = 1, sched_seed = strtoull(s, NULL, 0);
+  *(void **)&san.start = dlsym(RTLD_DEFAULT, "__sanitizer_start_switch_fiber");
+  *(void **)&san.finish = dlsym(RTLD_DEFAULT, "__sanitizer_finish_switch_fiber");
+  *(void **)&san.unpoison = dlsym(RTLD_DEFAULT, "__asan_unpoison_memory_region");
+  if (!san.start || !san.finish) san.start = NULL, san.finish = NULL;
+  *(void **)&san.tsan_current = dlsym(RTLD_DEFAULT, "__tsan_get_current_fiber");
+  *(void **)&san.tsan_create = dlsym(RTLD_DEFAULT, "__tsan_create_fiber");
+  *(void **)&san.tsan_destroy = dlsym(RTLD_DEFAULT, "__tsan_destroy_fiber");
+  *(void **)&san.tsan_switch = dlsym(RTLD_DEFAULT, "__tsan_switch_to_fiber");
+  *(void **)&san.tsan_acquire = dlsym(RTLD_DEFAULT, "__tsan_acquire");
+  *(void **)&san.tsan_release = dlsym(RTLD_DEFAULT, "__tsan_release");
+  if (!san.tsan_current || !san.tsan_create || !san.tsan_destroy || !san.tsan_switch || !san.tsan_acquire || !san.tsan_release)
+    san.tsan_switch = NULL;
+}
+
+int cpu_check_on(void) { pthread_once(&settings_once, read_settings); return check_on; }
+
+/* happens-before for TSan: what a fiber did before release(x) is seen by one after acquire(x)
+   (fibers switch without telling TSan they synchronise: a race between two threads of a
+   block is a race) */
+static void hb_release(void *x) { if (san.tsan_switch) san.tsan_release(x); }
+static void hb_acquire(void *x) { if (san.tsan_switch) san.tsan_acquire(x); }
+
+/* splitmix64: the seeded schedule's numbers */
+static uint64_t mix(uint64_t *s) {
+  uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
 
 /* ---- the pool ---- */
 static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -70,7 +136,7 @@ static pthread_cond_t go = PTHREAD_COND_INITIALIZER, finished = PTHREAD_COND_INI
 static int npool, running;
 static unsigned long generation;
 static cpu_launch *current;
-static uint64_t next_block, nblocks_total;
+static uint64_t next_block, nblocks_total, perm_a, perm_c;   /* perm: the seeded block order */
 static int stop;
 
 int cpu_threads(void) {
@@ -84,39 +150,80 @@ int cpu_threads(void) {
   return n;
 }
 
-static void switch_to_main(worker *w, fib *f) {
-#if defined(__x86_64__)
-  cpu_switch(&f->sp, w->main_sp);
-#else
-  swapcontext(&f->uc, &w->main_uc);
-#endif
+/* ---- fibers ---- */
+/* after a switch, on the fiber that it reached: ASan learns where the one that left was */
+static void landed(worker *w, void *fake) {
+  if (san.finish) san.finish(fake, &w->from->lo, &w->from->size);
 }
 
-static void switch_to_fiber(worker *w, fib *f) {
+/* from the running fiber to another; exiting: from never runs again */
+static void fib_switch(worker *w, fib *from, fib *to, int exiting) {
+  if (from == to) return;
+  void *fake = NULL;
+  w->from = from;
+  if (san.start) san.start(exiting ? NULL : &fake, to->lo, to->size);
+  if (san.tsan_switch) san.tsan_switch(to->tsan, 1 /* __tsan_switch_to_fiber_no_sync */);
 #if defined(__x86_64__)
-  cpu_switch(&w->main_sp, f->sp);
+  cpu_switch(&from->sp, to->sp);
 #else
-  swapcontext(&w->main_uc, &f->uc);
+  swapcontext(&from->uc, &to->uc);
 #endif
+  landed(w, fake);
 }
 
+/* the ready fibers: a ring (each fiber is in it once at most, a block has 1024 at most); under
+   a seeded schedule the next is drawn from among them */
+static void push_ready(worker *w, int t) {
+  w->ready[(w->rhead + w->rcount++) & 1023] = t;
+  w->fibs[t].state = READY;
+}
+
+static int pop_ready(worker *w) {
+  if (!w->rcount) return -1;
+  if (sched_on && w->rcount > 1) {
+    unsigned k = (w->rhead + (unsigned)(mix(&w->rng) % w->rcount)) & 1023;
+    int x = w->ready[k];
+    w->ready[k] = w->ready[w->rhead], w->ready[w->rhead] = x;
+  }
+  int t = w->ready[w->rhead];
+  w->rhead = (w->rhead + 1) & 1023, w->rcount--;
+  return t;
+}
+
+/* the running fiber f cannot go on: the next ready one runs (none: back to the block's runner,
+   which finds the block finished or stuck) */
+static void wait_here(worker *w, fib *f) {
+  int n = pop_ready(w);
+  fib_switch(w, f, n < 0 ? &w->main : &w->fibs[n], 0);
+}
+
+static void thread_done(worker *w, int t);
+
+/* a fiber's start: arg is its thread's record (the worker and the rank in it) */
 static void fiber_body(void *arg) {
-  worker *w = me_w;
-  int t = (int)(intptr_t)arg;
+  cl_cpu_thread *c = arg;
+  worker *w = c->block;
+  landed(w, NULL);
+  hb_acquire(w);
   cpu_launch *l = w->l;
-  l->f->mod->run(l->f->e, &w->ctx[t], l->args);
-  w->fibs[t].state = DONE;
-  switch_to_main(w, &w->fibs[t]);
+  l->f->mod->run(l->f->e, c, l->args);
+  thread_done(w, (int)c->rank);
 }
 
-/* room for T threads' records, fibers and stacks, and the block's dynamic shared memory */
+/* room for T threads' records, and the block's dynamic shared memory */
 static int room(worker *w, int T, size_t shared) {
+  if (!w->ready) {
+    w->ready = malloc(1024 * sizeof *w->ready), w->bar = malloc(1024 * sizeof *w->bar);
+    if (!w->ready || !w->bar) return 0;
+  }
   if (T > w->nctx) {
     cl_cpu_thread *c = realloc(w->ctx, (size_t)T * sizeof *c);
     fib *f = realloc(w->fibs, (size_t)T * sizeof *f);
+    unsigned *o = realloc(w->order, (size_t)T * sizeof *o);
     if (c) w->ctx = c;
     if (f) w->fibs = f;
-    if (!c || !f) return 0;
+    if (o) w->order = o;
+    if (!c || !f || !o) return 0;
     w->nctx = T;
   }
   if (shared > w->ndyn) {
@@ -127,39 +234,55 @@ static int room(worker *w, int T, size_t shared) {
   return 1;
 }
 
+/* T stacks, each with a guard page under it, and TSan's fibers for them; kept for the next
+   blocks */
 static int stacks(worker *w, int T) {
-  if (T <= w->nfibs) return 1;
-  if (w->stacks) munmap(w->stacks, (size_t)w->nfibs * STACK);
+  if (T <= w->nstacks) return 1;
+  if (w->stacks) munmap(w->stacks, (size_t)w->nstacks * STACK);
+  for (int t = 0; san.tsan_switch && t < w->nstacks; t++) san.tsan_destroy(w->fibs[t].tsan);
   w->stacks = mmap(NULL, (size_t)T * STACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (w->stacks == MAP_FAILED) { w->stacks = NULL; w->nfibs = 0; return 0; }
+  if (w->stacks == MAP_FAILED) { w->stacks = NULL; w->nstacks = 0; return 0; }
   long page = sysconf(_SC_PAGESIZE);
-  for (int t = 0; t < T; t++) mprotect(w->stacks + (size_t)t * STACK, (size_t)page, PROT_NONE);
-  w->nfibs = T;
+  for (int t = 0; t < T; t++) {
+    mprotect(w->stacks + (size_t)t * STACK, (size_t)page, PROT_NONE);
+    w->fibs[t].lo = w->stacks + (size_t)t * STACK + page, w->fibs[t].size = STACK - (size_t)page;
+    w->fibs[t].tsan = san.tsan_switch ? san.tsan_create(0) : NULL;
+  }
+  w->nstacks = T;
   return 1;
+}
+
+/* is p on a fiber's guard page (a stack overflow) */
+int cpu_on_guard(const void *p) {
+  worker *w = me_w;
+  if (!w || !w->stacks || (const char *)p < w->stacks || (const char *)p >= w->stacks + (size_t)w->nstacks * STACK) return 0;
+  return (size_t)((const char *)p - w->stacks) % STACK < (size_t)sysconf(_SC_PAGESIZE);
 }
 
 static void fiber_init(worker *w, int t) {
   fib *f = &w->fibs[t];
-  f->state = READY;
-  char *top = w->stacks + (size_t)(t + 1) * STACK;
+  /* the stacks' tops are 64 KB apart: each starts a few lines lower than the last, so that
+     the fibers' frames do not all fall in the same cache sets */
+  char *top = w->stacks + (size_t)(t + 1) * STACK - (size_t)(t % 64) * 64;
 #if defined(__x86_64__)
   void **sp = (void **)(top - 8);   /* the return address sits where a call would leave it */
   sp[0] = (void *)cpu_fiber_start;
   sp[-1] = NULL;                    /* rbp */
   sp[-2] = (void *)fiber_body;      /* rbx: the function */
-  sp[-3] = (void *)(intptr_t)t;     /* r12: its argument */
+  sp[-3] = &w->ctx[t];              /* r12: its argument */
   sp[-4] = sp[-5] = sp[-6] = NULL;  /* r13, r14, r15 */
   f->sp = sp - 6;
 #else
+  (void)top;
   getcontext(&f->uc);
-  f->uc.uc_stack.ss_sp = top - STACK + sysconf(_SC_PAGESIZE);
-  f->uc.uc_stack.ss_size = STACK - sysconf(_SC_PAGESIZE);
+  f->uc.uc_stack.ss_sp = (void *)f->lo;
+  f->uc.uc_stack.ss_size = f->size;
   f->uc.uc_link = NULL;
-  makecontext(&f->uc, (void (*)(void))fiber_body, 1, (void *)(intptr_t)t);
+  makecontext(&f->uc, (void (*)(void))fiber_body, 1, (void *)&w->ctx[t]);
 #endif
 }
 
-/* ---- barriers: called by the kernel library (cpu_rt) on a thread of the block ---- */
+/* ---- failures ---- */
 static void fail_here(worker *w, cl_cpu_thread *t, const char *what) {
   cpu_fail(CUDA_ERROR_LAUNCH_FAILED, "the CPU device: %s, in block (%u, %u, %u) thread (%u, %u, %u)", what,
            t->bid.x, t->bid.y, t->bid.z, t->tid.x, t->tid.y, t->tid.z);
@@ -168,113 +291,256 @@ static void fail_here(worker *w, cl_cpu_thread *t, const char *what) {
 }
 
 /* a thread that cannot go on: back to the block's runner for good */
-static void abandon(worker *w, cl_cpu_thread *t) {
-  if (w->fiber_mode) switch_to_main(w, &w->fibs[t->rank]);
-  longjmp(w->jb, 1);
-}
-
-static int rt_sync(cl_cpu_thread *t, int op, int pred) {
-  worker *w = me_w;
-  if (w->T == 1) return op == 1 ? pred : pred;   /* a block of one: nothing to wait for */
-  if (!w->fiber_mode) {
-    fail_here(w, t, "__syncthreads in a kernel whose source cudalua read as never synchronising");
-    abandon(w, t);
-  }
-  fib *f = &w->fibs[t->rank];
-  f->state = BAR, f->pred = pred;
-  switch_to_main(w, f);
-  return op == 0 ? 0 : op == 1 ? w->bar_result : op == 2 ? w->bar_result == w->T : w->bar_result > 0;
-}
-
-static void rt_warp_sync(cl_cpu_thread *t, unsigned mask) {
-  worker *w = me_w;
-  if (w->T == 1) return;
-  if (!w->fiber_mode) {
-    fail_here(w, t, "a warp operation in a kernel whose source cudalua read as never synchronising");
-    abandon(w, t);
-  }
-  fib *f = &w->fibs[t->rank];
-  f->state = WARP, f->mask = mask;
-  switch_to_main(w, f);
-}
-
-static cl_cpu_thread *rt_lane(cl_cpu_thread *t, unsigned lane) {
-  worker *w = me_w;
-  unsigned r = t->warp * 32 + lane;
-  return lane < 32 && (int)r < w->T ? &w->ctx[r] : NULL;
-}
-
-static unsigned rt_active(cl_cpu_thread *t) {
-  worker *w = me_w;
-  unsigned m = 0;
-  for (unsigned l = 0; l < 32; l++) {
-    int r = (int)(t->warp * 32 + l);
-    if (r < w->T && (!w->fiber_mode || w->fibs[r].state != DONE)) m |= 1u << l;
-  }
-  return m;
+static _Noreturn void abandon(worker *w, cl_cpu_thread *t) {
+  if (w->fiber_mode) fib_switch(w, &w->fibs[t->rank], &w->main, 1);
+  siglongjmp(w->jb, 1);
 }
 
 static void rt_trap(cl_cpu_thread *t, const char *what, const char *file, int line) {
-  worker *w = me_w;
+  worker *w = t->block;
   char buf[300];
   snprintf(buf, sizeof buf, "%s (%s:%d)", what, file, line);
   fail_here(w, t, buf);
   abandon(w, t);
 }
 
-const cl_cpu_rt cpu_rt = {CL_CPU_ABI, rt_sync, rt_warp_sync, rt_lane, rt_active, rt_trap};
+/* ---- the checks (CUDALUA_CPU_CHECK): a barrier or warp operation part of the block or of
+   the mask skips ---- */
+#define WHERE(t) ((t)->file ? (t)->file : "?"), (t)->line
+#define TID(t) (t)->tid.x, (t)->tid.y, (t)->tid.z
 
-/* ---- a block ---- */
-/* the warps whose waiting lanes all have every live lane of their masks waiting: released */
-static int release_warps(worker *w) {
-  int released = 0;
-  for (int base = 0; base < w->T; base += 32) {
-    unsigned waiting = 0, alive = 0;
-    for (int l = 0; l < 32 && base + l < w->T; l++) {
-      int s = w->fibs[base + l].state;
-      if (s != DONE) alive |= 1u << l;
-      if (s == WARP) waiting |= 1u << l;
-    }
-    if (!waiting) continue;
-    int ok = 1;
-    for (int l = 0; l < 32 && ok; l++)
-      if (waiting >> l & 1) ok = (w->fibs[base + l].mask & alive & ~waiting) == 0;
-    if (!ok) continue;
-    for (int l = 0; l < 32; l++) if (waiting >> l & 1) w->fibs[base + l].state = READY;
-    released = 1;
-  }
-  return released;
+static void check_fail(worker *w, cl_cpu_thread *t, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void check_fail(worker *w, cl_cpu_thread *t, const char *fmt, ...) {
+  char buf[400] = "CUDALUA_CPU_CHECK: ";
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf + strlen(buf), sizeof buf - strlen(buf), fmt, ap);
+  va_end(ap);
+  fail_here(w, t, buf);
 }
 
-/* every live thread at __syncthreads: all go on, with the predicates' count */
-static int release_block(worker *w) {
-  int live = 0, count = 0;
-  for (int t = 0; t < w->T; t++) {
-    if (w->fibs[t].state == DONE) continue;
-    if (w->fibs[t].state != BAR) return 0;
-    live++;
-    count += w->fibs[t].pred;
+static int first_done(worker *w) {
+  int d = 0;
+  while (d < w->T && w->fibs[d].state != DONE) d++;
+  return d;
+}
+
+/* t at __syncthreads: every thread of the block must come, to this one */
+static int check_bar(worker *w, cl_cpu_thread *t) {
+  if (w->live < w->T) {
+    cl_cpu_thread *d = &w->ctx[first_done(w)];
+    check_fail(w, t, "__syncthreads (%s:%d) not reached by every thread of the block (thread (%u, %u, %u) has exited)",
+               WHERE(t), TID(d));
+    return 0;
   }
-  if (!live) return 0;
-  w->bar_result = count;
-  for (int t = 0; t < w->T; t++) if (w->fibs[t].state == BAR) w->fibs[t].state = READY;
+  cl_cpu_thread *o = w->nbar ? &w->ctx[w->bar[0]] : NULL;
+  if (o && (o->line != t->line || strcmp(o->file ? o->file : "", t->file ? t->file : "") != 0)) {
+    check_fail(w, t, "threads of the block wait at different __syncthreads (%s:%d, and %s:%d for thread (%u, %u, %u))",
+               WHERE(t), WHERE(o), TID(o));
+    return 0;
+  }
   return 1;
 }
 
-static void run_fibers(worker *w) {
-  for (int t = 0; t < w->T; t++) fiber_init(w, t);
-  for (;;) {
-    int live = 0;
-    for (int t = 0; t < w->T && !w->failed; t++) {
-      if (w->fibs[t].state == READY) switch_to_fiber(w, &w->fibs[t]);
-      if (w->fibs[t].state != DONE) live = 1;
-    }
-    if (w->failed || !live) return;
-    if (release_warps(w) || release_block(w)) continue;
-    int t = 0;
-    while (w->fibs[t].state == DONE) t++;
-    fail_here(w, &w->ctx[t], "a barrier or warp operation some live threads of the block can never reach");
+/* t at a warp operation: its own lane in the mask, and no lane of it exited */
+static int check_warp(worker *w, cl_cpu_thread *t, unsigned mask) {
+  if (!(mask >> t->lane & 1)) {
+    check_fail(w, t, "a warp operation (%s:%d) whose mask 0x%08x leaves out the calling lane %u", WHERE(t), mask, t->lane);
+    return 0;
+  }
+  unsigned dead = mask & ~w->walive[t->warp];
+  int n = w->T - (int)t->warp * 32;
+  if (n < 32) dead &= (1u << n) - 1;   /* (lanes past the block's end are not asked for) */
+  if (dead) {
+    check_fail(w, t, "a warp operation (%s:%d) whose mask 0x%08x names lane %d, which has exited", WHERE(t), mask,
+               __builtin_ctz(dead));
+    return 0;
+  }
+  return 1;
+}
+
+/* thread r has exited: none may be waiting for it */
+static void check_exit(worker *w, int r) {
+  cl_cpu_thread *t = &w->ctx[r];
+  if (w->nbar) {
+    cl_cpu_thread *o = &w->ctx[w->bar[0]];
+    check_fail(w, o, "__syncthreads (%s:%d) not reached by every thread of the block (thread (%u, %u, %u) has exited)",
+               WHERE(o), TID(t));
     return;
+  }
+  unsigned wi = t->warp, waiting = w->wwait[wi];
+  for (unsigned l = 0; l < 32; l++) {
+    fib *f = &w->fibs[wi * 32 + l];
+    if (waiting >> l & 1 && f->mask >> t->lane & 1) {
+      cl_cpu_thread *o = &w->ctx[wi * 32 + l];
+      check_fail(w, o, "a warp operation (%s:%d) whose mask 0x%08x names lane %u, which has exited", WHERE(o), f->mask, t->lane);
+      return;
+    }
+  }
+}
+
+/* no fiber can run and some have not finished: say which barrier cannot be reached */
+static void stuck(worker *w) {
+  int t = 0;
+  while (w->fibs[t].state == DONE) t++;
+  cl_cpu_thread *c = &w->ctx[t];
+  if (!check_on) {
+    fail_here(w, c, "a barrier or warp operation some live threads of the block can never reach");
+    return;
+  }
+  for (int r = t; r < w->T; r++) {
+    fib *f = &w->fibs[r];
+    unsigned wi = (unsigned)r / 32, missing = f->mask & w->walive[wi] & ~w->wwait[wi];
+    if (f->state != WARP || !missing) continue;
+    cl_cpu_thread *o = &w->ctx[wi * 32 + (unsigned)__builtin_ctz(missing)];
+    check_fail(w, &w->ctx[r], "a warp operation (%s:%d) whose mask 0x%08x names lane %u, which never reaches it (it waits at %s:%d)",
+               WHERE(&w->ctx[r]), f->mask, o->lane, WHERE(o));
+    return;
+  }
+  int other = t;
+  while (other < w->T && w->fibs[other].state != WARP) other++;
+  cl_cpu_thread *o = &w->ctx[other < w->T ? other : t];
+  check_fail(w, c, "__syncthreads (%s:%d) that thread (%u, %u, %u) never reaches (it waits at a warp operation, %s:%d)",
+             WHERE(c), TID(o), WHERE(o));
+}
+
+/* ---- barriers: called by the kernel library (cpu_rt) on a thread of the block ---- */
+/* everyone at __syncthreads goes on (but self, which is running) */
+static void release_block(worker *w, int self) {
+  w->bar_result = w->bar_count, w->bar_count = 0;
+  for (int i = 0; i < w->nbar; i++) if (w->bar[i] != self) push_ready(w, w->bar[i]);
+  w->nbar = 0;
+}
+
+static void release_warp(worker *w, unsigned wi, int self) {
+  for (unsigned m = w->wwait[wi]; m; m &= m - 1) {
+    int r = (int)(wi * 32 + (unsigned)__builtin_ctz(m));
+    if (r != self) push_ready(w, r);
+  }
+  w->wwait[wi] = w->wneed[wi] = 0;
+}
+
+/* the running fiber self released a barrier: it goes on (under a seeded schedule, whichever
+   ready fiber the draw picks) */
+static void go_on(worker *w, int self) {
+  w->fibs[self].state = READY;
+  if (sched_on) { push_ready(w, self); wait_here(w, &w->fibs[self]); }
+}
+
+static int rt_sync(cl_cpu_thread *t, int op, int pred) {
+  worker *w = t->block;
+  if (w->T == 1) return pred;   /* a block of one: nothing to wait for */
+  if (!w->fiber_mode) {
+    fail_here(w, t, "__syncthreads in a kernel whose source cudalua read as never synchronising");
+    abandon(w, t);
+  }
+  int self = (int)t->rank;
+  fib *f = &w->fibs[self];
+  hb_release(w->bar);
+  if (check_on && !check_bar(w, t)) abandon(w, t);
+  f->state = BAR;
+  w->bar[w->nbar++] = self;
+  w->bar_count += pred;
+  if (w->nbar == w->live) { release_block(w, self); go_on(w, self); }
+  else wait_here(w, f);
+  hb_acquire(w->bar);
+  int r = w->bar_result;
+  return op == 0 ? 0 : op == 1 ? r : op == 2 ? r == w->T : r > 0;
+}
+
+static void rt_warp_sync(cl_cpu_thread *t, unsigned mask) {
+  worker *w = t->block;
+  if (w->T == 1) return;
+  if (!w->fiber_mode) {
+    fail_here(w, t, "a warp operation in a kernel whose source cudalua read as never synchronising");
+    abandon(w, t);
+  }
+  int self = (int)t->rank;
+  unsigned wi = t->warp;
+  fib *f = &w->fibs[self];
+  hb_release(&w->wwait[wi]);
+  if (check_on && !check_warp(w, t, mask)) abandon(w, t);
+  f->state = WARP, f->mask = mask;
+  w->wwait[wi] |= 1u << t->lane, w->wneed[wi] |= mask;
+  if (!(w->wneed[wi] & w->walive[wi] & ~w->wwait[wi])) { release_warp(w, wi, self); go_on(w, self); }
+  else wait_here(w, f);
+  hb_acquire(&w->wwait[wi]);
+}
+
+static cl_cpu_thread *rt_lane(cl_cpu_thread *t, unsigned lane) {
+  worker *w = t->block;
+  unsigned r = t->warp * 32 + lane;
+  return lane < 32 && (int)r < w->T ? &w->ctx[r] : NULL;
+}
+
+static unsigned rt_active(cl_cpu_thread *t) {
+  worker *w = t->block;
+  if (w->fiber_mode) return w->walive[t->warp];
+  int n = w->T - (int)t->warp * 32;
+  return n >= 32 ? ~0u : (1u << n) - 1;
+}
+
+const cl_cpu_rt cpu_rt = {CL_CPU_ABI, rt_sync, rt_warp_sync, rt_lane, rt_active, rt_trap};
+
+/* a fiber's thread has returned: what waited for it may go on; then the next fiber runs */
+static void thread_done(worker *w, int t) {
+  fib *f = &w->fibs[t];
+  unsigned wi = (unsigned)t / 32;
+  f->state = DONE;
+  w->live--;
+  w->walive[wi] &= ~(1u << (t & 31));
+  hb_release(w);
+  if (check_on) check_exit(w, t);
+  if (!w->failed) {
+    if (w->nbar && w->nbar == w->live) release_block(w, -1);
+    if (w->wwait[wi] && !(w->wneed[wi] & w->walive[wi] & ~w->wwait[wi])) release_warp(w, wi, -1);
+  }
+  int n = w->failed ? -1 : pop_ready(w);
+  fib_switch(w, f, n < 0 ? &w->main : &w->fibs[n], 1);
+}
+
+/* ---- a block ---- */
+static void run_fibers(worker *w) {
+  int T = w->T;
+  w->rhead = w->rcount = 0, w->nbar = w->bar_count = 0, w->live = T;
+  for (int i = 0; i * 32 < T; i++) {
+    w->walive[i] = T - i * 32 >= 32 ? ~0u : (1u << (T - i * 32)) - 1;
+    w->wwait[i] = w->wneed[i] = 0;
+  }
+  for (int t = 0; t < T; t++) { fiber_init(w, t); push_ready(w, t); }
+  if (san.tsan_switch) w->main.tsan = san.tsan_current();
+  hb_release(w);
+  fib_switch(w, &w->main, &w->fibs[pop_ready(w)], 0);
+  hb_acquire(w);
+  if (!w->failed && w->live) stuck(w);
+  /* fibers left in the middle keep ASan's marks on their stacks: clean for the next block */
+  if (w->live && san.unpoison) san.unpoison(w->stacks, (size_t)w->nstacks * STACK);
+}
+
+/* a kernel that never synchronises: the library's loop over the block's threads, on one
+   record (in a drawn order under a seeded schedule) */
+static void run_loop(worker *w, cpu_launch *l) {
+  const unsigned *order = NULL;
+  if (sched_on) {
+    for (int i = 0; i < w->T; i++) w->order[i] = (unsigned)i;
+    for (int i = w->T - 1; i > 0; i--) {
+      int k = (int)(mix(&w->rng) % (uint64_t)(i + 1));
+      unsigned x = w->order[i];
+      w->order[i] = w->order[k], w->order[k] = x;
+    }
+    order = w->order;
+  }
+  l->f->e->block(&w->ctx[0], l->args, order);
+}
+
+static void thread_records(worker *w, cpu_launch *l, cl_cpu_dim bid, int n) {
+  cl_cpu_dim d = l->block;
+  for (int r = 0; r < n; r++) {
+    cl_cpu_thread *c = &w->ctx[r];
+    c->tid = (cl_cpu_dim){(unsigned)r % d.x, (unsigned)r / d.x % d.y, (unsigned)r / (d.x * d.y)};
+    c->bid = bid, c->bdim = d, c->gdim = l->grid;
+    c->dyn_shared = w->dyn, c->rank = (unsigned)r, c->lane = (unsigned)r % 32, c->warp = (unsigned)r / 32;
+    c->block = w, c->file = NULL, c->line = 0;
   }
 }
 
@@ -283,32 +549,29 @@ static void run_block(worker *w, cpu_launch *l, uint64_t b) {
   cl_cpu_dim bid = {(unsigned)(b % g.x), (unsigned)(b / g.x % g.y), (unsigned)(b / ((uint64_t)g.x * g.y))};
   int T = (int)(d.x * d.y * d.z);
   w->T = T, w->l = l, w->failed = 0;
-  w->fiber_mode = l->f->mod->may_sync && T > 1;
+  w->fiber_mode = l->f->e->sync && T > 1;
   if (!room(w, T, l->shared) || (w->fiber_mode && !stacks(w, T))) {
     cpu_fail(CUDA_ERROR_OUT_OF_MEMORY, "the CPU device: no memory for a block of %d threads", T);
     __atomic_store_n(&stop, 1, __ATOMIC_RELAXED);
     return;
   }
-  for (int r = 0; r < T; r++) {
-    cl_cpu_thread *c = &w->ctx[r];
-    c->tid = (cl_cpu_dim){(unsigned)r % d.x, (unsigned)r / d.x % d.y, (unsigned)r / (d.x * d.y)};
-    c->bid = bid, c->bdim = d, c->gdim = g;
-    c->dyn_shared = w->dyn, c->rank = (unsigned)r, c->lane = (unsigned)r % 32, c->warp = (unsigned)r / 32;
-    c->block = w;
-  }
-  if (w->fiber_mode) { run_fibers(w); return; }
-  volatile int r = 0;
-  if (setjmp(w->jb)) return;   /* a trap: the block ends there */
-  for (; r < T; r++) l->f->mod->run(l->f->e, &w->ctx[r], l->args);
+  if (sched_on) w->rng = sched_seed ^ (b + 1) * 0xd1342543de82ef95ull;
+  thread_records(w, l, bid, w->fiber_mode ? T : 1);
+  if (sigsetjmp(w->jb, 0)) return;   /* a trap: the block ends */
+  if (w->fiber_mode) run_fibers(w);
+  else run_loop(w, l);
 }
 
 /* ---- the pool: every thread takes blocks until none are left ---- */
+static uint64_t chunk;   /* blocks taken at once: fewer trips to the shared counter */
 static void take_blocks(worker *w, cpu_launch *l) {
   for (;;) {
-    if (__atomic_load_n(&stop, __ATOMIC_RELAXED)) return;
-    uint64_t b = __atomic_fetch_add(&next_block, 1, __ATOMIC_RELAXED);
-    if (b >= nblocks_total) return;
-    run_block(w, l, b);
+    if (__atomic_load_n(&stop, __ATOMIC_RELAXED)) break;
+    uint64_t b = __atomic_fetch_add(&next_block, chunk, __ATOMIC_RELAXED);
+    if (b >= nblocks_total) break;
+    uint64_t end = b + chunk < nblocks_total ? b + chunk : nblocks_total;
+    for (; b < end && !__atomic_load_n(&stop, __ATOMIC_RELAXED); b++)
+      run_block(w, l, sched_on ? (uint64_t)(((unsigned __int128)perm_a * b + perm_c) % nblocks_total) : b);
   }
 }
 
@@ -329,7 +592,17 @@ static void *pool_main(void *arg) {
   return NULL;
 }
 
+static uint64_t gcd(uint64_t a, uint64_t b) { while (b) { uint64_t t = a % b; a = b, b = t; } return a; }
+
+/* the seeded block order: b -> (a b + c) mod n, a prime to n, drawn from the seed */
+static void block_order(uint64_t n) {
+  uint64_t s = sched_seed;
+  perm_c = n ? mix(&s) % n : 0;
+  do perm_a = n > 1 ? 1 + mix(&s) % (n - 1) : 1; while (gcd(perm_a, n) != 1);
+}
+
 void cpu_launch_run(cpu_launch *l) {
+  pthread_once(&settings_once, read_settings);
   if (!me_w) me_w = calloc(1, sizeof *me_w);
   uint64_t n = (uint64_t)l->grid.x * l->grid.y * l->grid.z;
   pthread_mutex_lock(&pool_lock);
@@ -340,6 +613,8 @@ void cpu_launch_run(cpu_launch *l) {
     npool++;
   }
   current = l, next_block = 0, nblocks_total = n, stop = 0;
+  chunk = n / ((uint64_t)cpu_threads() * 64) + 1;   /* (a few dozen rounds each: the load still evens out) */
+  if (sched_on) block_order(n);
   int helpers = n > 1 ? npool : 0;
   if (helpers) { running = helpers; generation++; pthread_cond_broadcast(&go); }
   pthread_mutex_unlock(&pool_lock);

@@ -41,12 +41,23 @@ local function host_fma()
   return fma
 end
 
--- (FORMAT: the kernel library's tables as this file writes them, in the cache key so that a
--- library cached by another cudalua is compiled again: raise it when the footer changes)
+-- the compiler's identity, whether it fuses (above), a digest of the CPU headers (a library
+-- built against another cuda_cpu.h, another ABI, is not taken from the cache) and FORMAT: the
+-- tables this file writes (raise it when the footer changes)
 local FORMAT = 2
+local cpu_digest
 function M.identity()
   local c, id = find_compiler()
-  return c .. "\0" .. id .. (host_fma() and "\0fma" or "") .. "\0format" .. FORMAT
+  if not cpu_digest then
+    local h = 0
+    for _, hd in ipairs(core.headers) do
+      if hd[1]:match("^cudalua/cpu/") then
+        for i = 1, #hd[2] do h = (h * 31 + hd[2]:byte(i)) & 0xffffffff end
+      end
+    end
+    cpu_digest = ("%08x"):format(h)
+  end
+  return c .. "\0" .. id .. (host_fma() and "\0fma" or "") .. "\0" .. cpu_digest .. "\0format" .. FORMAT
 end
 
 -- the flags NVRTC's options become: definitions, folders and the language standard carry
@@ -103,17 +114,146 @@ local function dynamic_shared(src)
   end))
 end
 
--- a source with a barrier or a warp operation runs its threads as fibers
+-- which kernels may synchronise. A kernel that can never reach a barrier or a warp operation
+-- runs a block as one loop (its threads one after another, the kernel inlined); the others run
+-- each thread as a fiber. Read from the text: a function syncs when its body (lambdas and
+-- local classes in it included) has a barrier or warp operation, or names a function that
+-- syncs; a kernel syncs when a function of its name does. Where that reading cannot follow
+-- (a barrier outside any named function's body: a macro, an operator(), a lambda at file
+-- scope; a syncing function named other than as a call at file scope: a pointer to it kept)
+-- every kernel counts as syncing.
 local SYNCS = { "__syncthreads", "__syncwarp", "_sync%s*%(", "%.sync%s*%(", "__activemask" }
-local function may_sync(text)
+local function has_sync(text)
   for _, p in ipairs(SYNCS) do if text:find(p) then return true end end
   return false
 end
 
--- the table of kernels (each name expression that has a probe is a kernel), the addresses the
--- lowered names come from, and whether the source synchronises; each expression's lines are
--- its own (owner: line -> the kernel expression it serves), so that a compile failing on one
--- names it (see rejected)
+-- the text with comments, strings and character literals blanked (same length, lines kept)
+local function code_only(text)
+  local out, i, n = {}, 1, #text
+  while true do
+    local at = text:find("[/\"']", i)
+    if not at then out[#out + 1] = text:sub(i); break end
+    local c, nxt, stop = text:sub(at, at), text:sub(at + 1, at + 1), nil
+    if c == "/" and nxt == "/" then stop = (text:find("\n", at, true) or n + 1) - 1
+    elseif c == "/" and nxt == "*" then stop = select(2, text:find("*/", at + 2, true)) or n
+    elseif c ~= "/" then
+      local j = at + 1
+      while j <= n do
+        local d = text:sub(j, j)
+        if d == "\\" then j = j + 2 elseif d == c or d == "\n" then break else j = j + 1 end
+      end
+      stop = math.min(j, n)
+    end
+    if stop then
+      out[#out + 1] = text:sub(i, at - 1) .. text:sub(at, stop):gsub("[^\n]", " ")
+      i = stop + 1
+    else
+      out[#out + 1] = text:sub(i, at)
+      i = at + 1
+    end
+  end
+  return table.concat(out)
+end
+
+local CONTROL = { ["if"] = true, ["for"] = true, ["while"] = true, ["switch"] = true, ["catch"] = true,
+                  ["return"] = true, ["sizeof"] = true, ["decltype"] = true, ["alignas"] = true,
+                  ["__attribute__"] = true, ["__launch_bounds__"] = true, ["__align__"] = true, ["throw"] = true }
+
+-- the name of the function whose body opens at `at` ('{'), false for a lambda or a statement's
+-- block (part of the function around it), nil for anything else (a class, a namespace, data)
+local function body_name(code, at)
+  -- (what comes before, within reach: a parameter list longer than that reads as unknown)
+  local before = code:sub(math.max(1, at - 4000), at - 1):gsub("[%s]+$", "")
+  before = before:gsub("%f[%w_]const%s*$", ""):gsub("%f[%w_]noexcept%s*$", ""):gsub("%f[%w_]override%s*$", "")
+                 :gsub("%f[%w_]mutable%s*$", ""):gsub("%s+$", "")
+  if not before:find("%)$") then
+    local word = before:match("([%w_]+)$")
+    return (word == "else" or word == "do" or word == "try" or before:find("[;{}]$")) and false or nil
+  end
+  local depth, i = 0, #before
+  while i > 0 do
+    local c = before:sub(i, i)
+    if c == ")" then depth = depth + 1 elseif c == "(" then depth = depth - 1; if depth == 0 then break end end
+    i = i - 1
+  end
+  local head = before:sub(1, i - 1):gsub("%s+$", "")
+  if head:find("%]$") or head:find("%>$") then return false end   -- a lambda (or a template's: kept whole)
+  local name = head:match("([%a_][%w_]*)$")
+  if not name or CONTROL[name] then return false end
+  return name
+end
+
+-- the functions a text defines (at file scope, in a namespace or a class), each with its
+-- body's span; what is inside a function is its own
+local function functions(code)
+  local found, stack, infn = {}, {}, 0
+  for i in code:gmatch("()[{}]") do
+    if code:byte(i) == 123 then   -- {
+      local name = infn == 0 and body_name(code, i) or nil
+      stack[#stack + 1] = { at = i, name = name or nil }
+      if infn > 0 or name then infn = infn + 1 end
+    elseif #stack > 0 then
+      local s = table.remove(stack)
+      if infn > 0 then infn = infn - 1 end
+      if s.name and infn == 0 then found[#found + 1] = { name = s.name, from = s.at, to = i } end
+    end
+  end
+  return found
+end
+
+-- sync_names(texts) -> {name = true: may synchronise, false: never}, true (all may) or false
+-- (none)
+local function sync_names(texts)
+  local any = false
+  for _, t in ipairs(texts) do any = any or has_sync(t) end
+  if not any then return false end
+  local bodies, outside = {}, {}
+  for _, text in ipairs(texts) do
+    local code = code_only(text)
+    local fns = functions(code)
+    local rest = code
+    for _, f in ipairs(fns) do
+      local body = code:sub(f.from, f.to)
+      bodies[#bodies + 1] = { name = f.name, sync = has_sync(body), body = body }
+      rest = rest:sub(1, f.from - 1) .. (" "):rep(f.to - f.from + 1) .. rest:sub(f.to + 1)
+    end
+    if has_sync(rest) then return true end
+    outside[#outside + 1] = rest
+  end
+  local names, grew = {}, true
+  for _, b in ipairs(bodies) do names[b.name] = names[b.name] or b.sync end
+  while grew do
+    grew = false
+    for _, b in ipairs(bodies) do
+      if not names[b.name] then
+        for w in b.body:gmatch("[%a_][%w_]*") do
+          if names[w] == true then names[b.name] = true; grew = true; break end
+        end
+      end
+    end
+  end
+  -- at file scope a syncing function named other than in a declaration or call: kept somewhere
+  for _, rest in ipairs(outside) do
+    for at, w, after in rest:gmatch("()([%a_][%w_]*)%s*(.?)") do
+      if names[w] == true and after ~= "(" and rest:sub(at - 1, at - 1) ~= "." then return true end
+    end
+  end
+  return names
+end
+M.sync_names = sync_names
+
+-- does the kernel of name expression e ("k", "ns::k<int>") synchronise
+local function kernel_syncs(names, e)
+  if names == true or names == false then return names end
+  local base = e:gsub("<.*$", ""):match("([%a_][%w_]*)%s*$")
+  return not base or names[base] ~= false
+end
+
+-- the table of kernels (each name expression that has a probe is a kernel), each with whether
+-- it may synchronise, the addresses the lowered names come from, and each kernel's
+-- __launch_bounds__; each expression's lines are its own (owner: line -> the kernel expression
+-- it serves), so that a compile failing on one names it (see rejected)
 local FOOTER_NAME = "cudalua-cpu-tables"
 
 -- __launch_bounds__(N, ...) ahead of a kernel's name, by the name: the most threads a block of
@@ -127,21 +267,20 @@ local function launch_bounds(src)
   return b
 end
 
-local function footer(exprs, sync, bounds)
+local function footer(exprs, names, bounds)
   local is_probe = {}
   for _, e in ipairs(exprs) do
     local k = e:match("^__cudalua_sig<decltype%((.*)%)>$")
     if k then is_probe[k] = true end
   end
   local lines, owner = { "", ('#line 1 "%s"'):format(FOOTER_NAME), 'extern "C" {',
-    ('__attribute__((visibility("default"))) extern const int __cudalua_cpu_may_sync = %d;'):format(sync and 1 or 0),
     '__attribute__((visibility("default"))) extern const cl_cpu_entry __cudalua_cpu_entries[] = {' }, {}
   -- (lines[3] is the footer's line 1: #line says so)
   local function add(text, e) lines[#lines + 1] = text; owner[#lines - 2] = e end
   for _, e in ipairs(exprs) do
-    if is_probe[e] then add(("  __cl_entry(&%s),"):format(e), e) end
+    if is_probe[e] then add(("  __cl_entry<&%s>(%d),"):format(e, kernel_syncs(names, e) and 1 or 0), e) end
   end
-  add("  {nullptr, nullptr, 0, nullptr, nullptr}};")
+  add("  {}};")
   -- each kernel's bound, in the table's order (0: none); a kernel by its name without its
   -- namespace or template arguments
   add('__attribute__((visibility("default"))) extern const int __cudalua_cpu_max_threads[] = {')
@@ -207,16 +346,18 @@ end
 -- of the expressions the log blames, or nil)
 function M.compile(src, name, flags, headers, exprs)
   refuse_gpu_only(src, name)
-  local sync = may_sync(src)
-  for _, h in ipairs(headers) do sync = sync or (h[1]:match("^cudalua/cpu/") == nil and may_sync(h[2])) end
-  local tables, owner = footer(exprs, sync, launch_bounds(src))
+  local texts = { src }
+  for _, h in ipairs(headers) do
+    if not h[1]:match("^cudalua/cpu/") then texts[#texts + 1] = h[2] end
+  end
+  local tables, owner = footer(exprs, sync_names(texts), launch_bounds(src))
   local text = ('#line 1 "%s"\n'):format(name) .. dynamic_shared(src) .. tables
   local cxx = find_compiler()
   -- -Bsymbolic: the library's own names are its own (a kernel named raw took ncurses' raw(),
   -- loaded by the interpreter before it: the table held that function's address)
-  local args = { cxx, "-std=c++17", "-O2", "-fPIC", "-shared", "-fno-ipa-icf", "-fno-gnu-unique", "-pthread",
-                 "-include", "cudalua/cpu/cuda_cpu.h", "-Wl,-Bsymbolic", "-x", "c++" }
-  if cxx:match("clang") then args[6], args[7] = "-fno-common", "-fno-common" end   -- (gcc's flags)
+  local args = { cxx, "-std=c++17", "-O2", "-fPIC", "-fno-semantic-interposition", "-shared", "-fno-ipa-icf",
+                 "-fno-gnu-unique", "-pthread", "-include", "cudalua/cpu/cuda_cpu.h", "-Wl,-Bsymbolic", "-x", "c++" }
+  if cxx:match("clang") then args[7], args[8] = "-fno-common", "-fno-common" end   -- (gcc's flags)
   if host_fma() then args[#args + 1], args[#args + 2] = "-mfma", "-ffp-contract=fast" end
   for _, f in ipairs(flags) do args[#args + 1] = f end
   local image, log, lowered = core.cxx_compile(text, name, args, headers, exprs)

@@ -17,6 +17,7 @@
 #include <cfloat>
 #include <utility>
 #include <type_traits>
+#include <tuple>
 #include <algorithm>
 #include "cudalua/cpu/abi.h"
 
@@ -36,7 +37,7 @@
 #define __align__(n) alignas(n)
 #define __grid_constant__
 
-inline thread_local cl_cpu_thread *__cl_cur;
+__attribute__((visibility("hidden"))) inline thread_local cl_cpu_thread *__cl_cur;
 inline const cl_cpu_rt *__cl_rt;
 
 /* ---- vector types ---- */
@@ -66,12 +67,27 @@ struct dim3 {
 #define warpSize 32
 
 /* ---- barriers and warp operations: the device's calls; after each, other fibers of the
-   block have run, so the current thread is set again ---- */
-inline void __syncthreads() { cl_cpu_thread *me = __cl_cur; __cl_rt->sync(me, 0, 0); __cl_cur = me; }
-inline int __syncthreads_count(int p) { cl_cpu_thread *me = __cl_cur; int r = __cl_rt->sync(me, 1, p != 0); __cl_cur = me; return r; }
-inline int __syncthreads_and(int p) { cl_cpu_thread *me = __cl_cur; int r = __cl_rt->sync(me, 2, p != 0); __cl_cur = me; return r; }
-inline int __syncthreads_or(int p) { cl_cpu_thread *me = __cl_cur; int r = __cl_rt->sync(me, 3, p != 0); __cl_cur = me; return r; }
-inline void __syncwarp(unsigned mask = 0xffffffffu) { cl_cpu_thread *me = __cl_cur; __cl_rt->warp_sync(me, mask); __cl_cur = me; }
+   block have run, so the current thread is set again. Each notes where it is called from
+   (__builtin_FILE/LINE as default arguments: the caller's #line), for the checks' messages ---- */
+#define __CL_AT const char *__cl_file = __builtin_FILE(), int __cl_line = __builtin_LINE()
+#define __CL_HERE(me) ((me)->file = __cl_file, (me)->line = __cl_line)
+inline int __cl_sync(int op, int p, const char *file, int line) {
+  cl_cpu_thread *me = __cl_cur;
+  me->file = file, me->line = line;
+  int r = __cl_rt->sync(me, op, p != 0);
+  __cl_cur = me;
+  return r;
+}
+inline void __syncthreads(__CL_AT) { __cl_sync(0, 0, __cl_file, __cl_line); }
+inline int __syncthreads_count(int p, __CL_AT) { return __cl_sync(1, p, __cl_file, __cl_line); }
+inline int __syncthreads_and(int p, __CL_AT) { return __cl_sync(2, p, __cl_file, __cl_line); }
+inline int __syncthreads_or(int p, __CL_AT) { return __cl_sync(3, p, __cl_file, __cl_line); }
+inline void __syncwarp(unsigned mask = 0xffffffffu, __CL_AT) {
+  cl_cpu_thread *me = __cl_cur;
+  __CL_HERE(me);
+  __cl_rt->warp_sync(me, mask);
+  __cl_cur = me;
+}
 inline unsigned __activemask() { return __cl_rt->active(__cl_cur); }
 inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 inline void __threadfence_block() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
@@ -79,9 +95,10 @@ inline void __threadfence_system() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 
 /* every lane of mask writes its value, all meet, each reads the lane it wants, all meet again
    (so that no lane overwrites its slot before the others have read it) */
-template <class T, class F> inline T __cl_exchange(unsigned mask, T v, F pick) {
+template <class T, class F> inline T __cl_exchange(unsigned mask, T v, F pick, const char *__cl_file, int __cl_line) {
   static_assert(sizeof(T) <= 16, "a warp operation's value is at most 16 bytes");
   cl_cpu_thread *me = __cl_cur;
+  __CL_HERE(me);
   std::memcpy(me->slot, &v, sizeof(T));
   __cl_rt->warp_sync(me, mask);
   int from = pick((int)me->lane);
@@ -92,21 +109,22 @@ template <class T, class F> inline T __cl_exchange(unsigned mask, T v, F pick) {
   __cl_cur = me;
   return r;
 }
-template <class T> inline T __shfl_sync(unsigned m, T v, int src, int w = 32) {
-  return __cl_exchange(m, v, [=](int l) { return (l & ~(w - 1)) + (src & (w - 1)); });
+template <class T> inline T __shfl_sync(unsigned m, T v, int src, int w = 32, __CL_AT) {
+  return __cl_exchange(m, v, [=](int l) { return (l & ~(w - 1)) + (src & (w - 1)); }, __cl_file, __cl_line);
 }
-template <class T> inline T __shfl_up_sync(unsigned m, T v, unsigned d, int w = 32) {
-  return __cl_exchange(m, v, [=](int l) { int s = (l & (w - 1)) - (int)d; return s < 0 ? l : l - (int)d; });
+template <class T> inline T __shfl_up_sync(unsigned m, T v, unsigned d, int w = 32, __CL_AT) {
+  return __cl_exchange(m, v, [=](int l) { int s = (l & (w - 1)) - (int)d; return s < 0 ? l : l - (int)d; }, __cl_file, __cl_line);
 }
-template <class T> inline T __shfl_down_sync(unsigned m, T v, unsigned d, int w = 32) {
-  return __cl_exchange(m, v, [=](int l) { int s = (l & (w - 1)) + (int)d; return s >= w ? l : l + (int)d; });
+template <class T> inline T __shfl_down_sync(unsigned m, T v, unsigned d, int w = 32, __CL_AT) {
+  return __cl_exchange(m, v, [=](int l) { int s = (l & (w - 1)) + (int)d; return s >= w ? l : l + (int)d; }, __cl_file, __cl_line);
 }
-template <class T> inline T __shfl_xor_sync(unsigned m, T v, int x, int w = 32) {
-  return __cl_exchange(m, v, [=](int l) { int s = l ^ x; return (s & ~(w - 1)) == (l & ~(w - 1)) ? s : l; });
+template <class T> inline T __shfl_xor_sync(unsigned m, T v, int x, int w = 32, __CL_AT) {
+  return __cl_exchange(m, v, [=](int l) { int s = l ^ x; return (s & ~(w - 1)) == (l & ~(w - 1)) ? s : l; }, __cl_file, __cl_line);
 }
 /* the predicate of every lane of mask, as bits */
-inline unsigned __ballot_sync(unsigned mask, int p) {
+inline unsigned __ballot_sync(unsigned mask, int p, __CL_AT) {
   cl_cpu_thread *me = __cl_cur;
+  __CL_HERE(me);
   me->slot[0] = p != 0;
   __cl_rt->warp_sync(me, mask);
   unsigned r = 0;
@@ -118,10 +136,11 @@ inline unsigned __ballot_sync(unsigned mask, int p) {
   __cl_cur = me;
   return r;
 }
-inline int __any_sync(unsigned m, int p) { return __ballot_sync(m, p) != 0; }
-inline int __all_sync(unsigned m, int p) { return __ballot_sync(m, p) == (m & __activemask()); }
-template <class T> inline unsigned __match_any_sync(unsigned mask, T v) {
+inline int __any_sync(unsigned m, int p, __CL_AT) { return __ballot_sync(m, p, __cl_file, __cl_line) != 0; }
+inline int __all_sync(unsigned m, int p, __CL_AT) { return __ballot_sync(m, p, __cl_file, __cl_line) == (m & __activemask()); }
+template <class T> inline unsigned __match_any_sync(unsigned mask, T v, __CL_AT) {
   cl_cpu_thread *me = __cl_cur;
+  __CL_HERE(me);
   std::memcpy(me->slot, &v, sizeof(T));
   __cl_rt->warp_sync(me, mask);
   unsigned r = 0;
@@ -133,8 +152,8 @@ template <class T> inline unsigned __match_any_sync(unsigned mask, T v) {
   __cl_cur = me;
   return r;
 }
-template <class T> inline unsigned __match_all_sync(unsigned mask, T v, int *pred) {
-  unsigned same = __match_any_sync(mask, v);
+template <class T> inline unsigned __match_all_sync(unsigned mask, T v, int *pred, __CL_AT) {
+  unsigned same = __match_any_sync(mask, v, __cl_file, __cl_line);
   unsigned all = mask & __activemask();
   *pred = same == all;
   return same == all ? all : 0;
@@ -289,14 +308,48 @@ inline void __cl_call_with(void (*f)(A...), void **args, std::index_sequence<I..
 template <class... A> inline void __cl_call(void *fn, void **args) {
   __cl_call_with(reinterpret_cast<void (*)(A...)>(fn), args, std::index_sequence_for<A...>{});
 }
+template <class... A> constexpr std::size_t __cl_nparams(void (*)(A...)) { return sizeof...(A); }
 template <class... A> struct __cl_sizes {
   static constexpr unsigned short size[sizeof...(A) + 1] = {(unsigned short)sizeof(A)..., 0};
   static constexpr unsigned short align[sizeof...(A) + 1] = {(unsigned short)alignof(A)..., 0};
 };
-template <class... A> inline constexpr cl_cpu_entry __cl_entry(void (*f)(A...)) {
-  return {reinterpret_cast<void *>(f), &__cl_call<A...>, (int)sizeof...(A), __cl_sizes<A...>::size, __cl_sizes<A...>::align};
+/* a block of a kernel that never synchronises: the arguments unpacked once, then the kernel
+   (F, known here, so inlined) once per thread with t's coordinates stepped */
+template <auto F, class... A, std::size_t... I>
+__attribute__((flatten)) inline void __cl_block_with(void (*)(A...), cl_cpu_thread *t, void **args, const unsigned *order, std::index_sequence<I...>) {
+  std::tuple<std::remove_cv_t<std::remove_reference_t<A>>...> a(*static_cast<std::remove_reference_t<A> *>(args[I])...);
+  __cl_cur = t;
+  const unsigned nx = t->bdim.x, ny = t->bdim.y, nz = t->bdim.z;
+  if (order) {
+    for (unsigned i = 0, n = nx * ny * nz; i < n; i++) {
+      unsigned r = order[i];
+      t->tid = {r % nx, r / nx % ny, r / (nx * ny)};
+      t->rank = r, t->lane = r & 31, t->warp = r >> 5;
+      F(std::get<I>(a)...);
+    }
+    return;
+  }
+  unsigned r = 0;
+  for (unsigned z = 0; z < nz; z++)
+    for (unsigned y = 0; y < ny; y++)
+      for (unsigned x = 0; x < nx; x++, r++) {
+        t->tid = {x, y, z};
+        t->rank = r, t->lane = r & 31, t->warp = r >> 5;
+        F(std::get<I>(a)...);
+      }
+}
+template <auto F> inline void __cl_block(cl_cpu_thread *t, void **args, const unsigned *order) {
+  __cl_block_with<F>(F, t, args, order, std::make_index_sequence<__cl_nparams(F)>{});
+}
+template <auto F, class... A> inline constexpr cl_cpu_entry __cl_entry_of(void (*f)(A...), int sync) {
+  return {reinterpret_cast<void *>(f), &__cl_call<A...>, &__cl_block<F>, (int)sizeof...(A), __cl_sizes<A...>::size,
+          __cl_sizes<A...>::align, sync};
+}
+template <auto F> inline constexpr cl_cpu_entry __cl_entry(int sync) {
+  return __cl_entry_of<F>(F, sync);
 }
 extern "C" {
+__attribute__((visibility("default"))) extern const int __cudalua_cpu_abi = CL_CPU_ABI;
 __attribute__((visibility("default"))) void __cudalua_cpu_bind(const cl_cpu_rt *rt) { __cl_rt = rt; }
 __attribute__((visibility("default"))) void __cudalua_cpu_run(const cl_cpu_entry *e, cl_cpu_thread *t, void **args) {
   __cl_cur = t;
