@@ -29,7 +29,7 @@ end
 
 function M.identity()
   local c, id = find_compiler()
-  return c .. "\0" .. id
+  return c .. "\0" .. id .. "\0symbolic"   -- (libraries built before -Bsymbolic are not reused)
 end
 
 -- the flags NVRTC's options become: definitions, folders and the language standard carry
@@ -129,8 +129,10 @@ function M.compile(src, name, flags, headers, exprs)
   for _, h in ipairs(headers) do sync = sync or (h[1]:match("^cudalua/cpu/") == nil and may_sync(h[2])) end
   local text = ('#line 1 "%s"\n'):format(name) .. dynamic_shared(src) .. footer(exprs, sync)
   local cxx = find_compiler()
+  -- -Bsymbolic: a kernel library's references to its own kernels and globals are its own, not
+  -- the process's symbols of the same name (a kernel `step` was libc's step)
   local args = { cxx, "-std=c++17", "-O2", "-fPIC", "-shared", "-fno-ipa-icf", "-fno-gnu-unique", "-pthread",
-                 "-include", "cudalua/cpu/cuda_cpu.h", "-x", "c++" }
+                 "-Wl,-Bsymbolic", "-include", "cudalua/cpu/cuda_cpu.h", "-x", "c++" }
   if cxx:match("clang") then args[6], args[7] = "-fno-common", "-fno-common" end   -- (gcc's flags)
   for _, f in ipairs(flags) do args[#args + 1] = f end
   return core.cxx_compile(text, name, args, headers, exprs)
