@@ -570,6 +570,8 @@ void cl_open_event(lua_State *L);   /* events, and stream:wait_event */
 CUevent cl_checkevent(lua_State *L, int idx);
 /* an open event of ctx for a graph node: the graph keeps the object, and its close waits for that */
 CUevent cl_graph_event(lua_State *L, int idx, CUcontext ctx, int records, const char *where);
+/* raises where's error on the CPU device, which shares nothing between processes (IPC) */
+void cl_ipc_need_gpu(lua_State *L, const char *where);
 
 /* ---- from array.c: host and device arrays ---- */
 #define CL_MAXDIM 8

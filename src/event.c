@@ -132,6 +132,11 @@ static int e_elapsed_time(lua_State *L) {
 #define IPC_EVENT_TAG "cudalua-ipc-event:"
 
 /* e:ipc_handle() -> a string another process gives cuda.open_ipc_event */
+void cl_ipc_need_gpu(lua_State *L, const char *where) {
+  if (cl_driver_load() && cl_cpu_symbol(NULL))
+    cl_error(L, where, "cudalua's CPU device (CUDALUA_DEVICE=cpu) does not share memory or events between processes (IPC needs a GPU)");
+}
+
 static int e_ipc_handle(lua_State *L) {
   levent *ev = checkev(L, 1);
   CUipcEventHandle h;
@@ -139,6 +144,7 @@ static int e_ipc_handle(lua_State *L) {
   if (!ev->ipc)
     return cl_error(L, "event:ipc_handle", "the event was not made with cuda.event{interprocess = true}");
   cl_use_ctx(L, ev->ctx);
+  cl_ipc_need_gpu(L, "event:ipc_handle");
   CUresult r = CU(cuIpcGetEventHandle, &h, ev->e);
   if (r == CUDA_ERROR_INVALID_VALUE || r == CUDA_ERROR_INVALID_HANDLE)
     return cl_error(L, "event:ipc_handle", "the event was not made with cuda.event{interprocess = true}");
@@ -160,6 +166,7 @@ static int l_open_ipc_event(lua_State *L) {
   if (n != tag + 2 * sizeof h.reserved || strncmp(s, IPC_EVENT_TAG, tag) ||
       !cl_hex_decode(s + tag, h.reserved, sizeof h.reserved))
     return cl_argerror(L, 1, "not an event handle from event:ipc_handle()");
+  cl_ipc_need_gpu(L, "cuda.open_ipc_event");
   CUcontext ctx = cl_ctx(L);
   levent *ev = lua_newuserdatauv(L, sizeof *ev, 0);
   ev->e = NULL; ev->timing = 0; ev->ipc = 1; ev->recorded = 1; ev->ctx = ctx;

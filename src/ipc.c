@@ -21,7 +21,8 @@ static int a_ipc_handle(lua_State *L) {
                         "make it with cuda.device_array(shape, dtype, {ipc = true})");
   CUipcMemHandle h;
   cl_use_ctx(L, m->ctx);
-  cl_check(L, CU(cuIpcGetMemHandle, &h, m->dptr), "ipc_handle");
+  cl_ipc_need_gpu(L, "array:ipc_handle");
+  cl_check(L, CU(cuIpcGetMemHandle, &h, m->dptr), "array:ipc_handle");
   /* remembered: opening it in this process is refused without asking the driver */
   luaL_getsubtable(L, LUA_REGISTRYINDEX, EXPORTED);
   lua_pushlstring(L, (const char *)h.reserved, sizeof h.reserved);
@@ -67,6 +68,7 @@ static int l_open_ipc_array(lua_State *L) {
   if (mine)
     return cl_error(L, "cuda.open_ipc_array", "this process made the handle (a handle opens in "
                       "another process, not the one that made it)");
+  cl_ipc_need_gpu(L, "cuda.open_ipc_array");
   CUcontext ctx = cl_ctx(L);
   cl_array *a = cl_push_array(L, NULL, (size_t)off, CL_DEVICE, dt, ndim, shape);
   cl_mem *m = cl_mem_record(L, CL_DEVICE, 0, ctx);   /* before the handle is opened: no leak */

@@ -65,6 +65,12 @@ static cl_lib nccl = {
 
 static void need(lua_State *L) { cl_lib_need(L, &nccl); }
 
+/* a communicator drives GPUs through NCCL's own CUDA runtime: the CPU device has none to give */
+static void need_gpu(lua_State *L, const char *where) {
+  if (cl_driver_load() && cl_cpu_symbol(NULL))
+    cl_error(L, where, "cudalua's CPU device (CUDALUA_DEVICE=cpu) cannot run NCCL communicators: NCCL needs NVIDIA GPUs");
+}
+
 #define COMM_MT "cudalua.nccl_comm"
 typedef struct {
   ncclComm_t c;                 /* NULL once closed */
@@ -172,6 +178,7 @@ static int l_comm_init_rank(lua_State *L) {
   ncclUniqueId id;
   if (!hex || len != 2 * sizeof id.internal || !cl_hex_decode(hex, id.internal, sizeof id.internal))
     return cl_error(L, where, "argument 2: not an id from nccl.unique_id() (256 hex characters)");
+  need_gpu(L, where);
   need(L);
   CUcontext ctx = cl_ctx(L);
   ncclComm_t h = NULL;
@@ -188,6 +195,7 @@ static int l_comm_init_all(lua_State *L) {
   cl_checktype(L, 1, LUA_TTABLE);
   int n = (int)lua_rawlen(L, 1);
   if (n < 1 || n > 64) return cl_error(L, "nccl.comm_init_all", "expected a list of 1 to 64 device ids, got %d", (int)n);
+  need_gpu(L, "nccl.comm_init_all");
   int devs[64];
   for (int i = 0; i < n; i++) {
     lua_rawgeti(L, 1, i + 1);

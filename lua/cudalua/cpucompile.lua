@@ -44,7 +44,7 @@ end
 -- the compiler's identity, whether it fuses (above), a digest of the CPU headers (a library
 -- built against another cuda_cpu.h, another ABI, is not taken from the cache) and FORMAT: the
 -- tables this file writes (raise it when the footer changes)
-local FORMAT = 2
+local FORMAT = 3
 local cpu_digest
 function M.identity()
   local c, id = find_compiler()
