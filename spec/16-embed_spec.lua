@@ -266,7 +266,8 @@ keep[1][3]:synchronize()
 check(h[3] == v + 102, "the first state's array after the second closed", h[3])
 ]])
     expect_ok(ok, out)
-    assert.matches("active contexts 0\n", out, 1, true)
+    -- (the GPU driver's primary contexts: the CPU device has none)
+    if not H.cpu_device then assert.matches("active contexts 0\n", out, 1, true) end
   end)
 
   -- the conditional lane (src/gexec.c) is a stream of the primary context, which the last state
@@ -294,7 +295,8 @@ io.write("looped\n")
     expect_ok(ok, out)
     local _, loops = out:gsub("looped\n", "")
     assert.equal(3, loops)
-    assert.matches("active contexts 0\n", out, 1, true)
+    -- (the GPU driver's primary contexts: the CPU device has none)
+    if not H.cpu_device then assert.matches("active contexts 0\n", out, 1, true) end
   end)
 
   -- found by tools/stress.c (seed 1699): a state on another thread evicted this state's cached

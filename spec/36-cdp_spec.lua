@@ -220,7 +220,7 @@ describe("cuda.set_limit and cuda.get_limit", function()
 
   -- measured (driver 580.159.04, H100): after a graph ran a kernel that launches kernels,
   -- cuCtxSetLimit of the stack size or the pending launch count never returned
-  gpu("refuse the limits that then hang the driver once such code is loaded, naming them", function()
+  H.gpuonly(it, pending, "dynamic parallelism")("refuse the limits that then hang the driver once such code is loaded, naming them", function()
     local m = cuda.link { cuda.compile(CDP, { relocatable = true }) }
     assert.is_true(m:image():find("__cudaCDP2", 1, true) ~= nil)
     local dout = cuda.device_array(4, "int32")

@@ -83,6 +83,7 @@ int cpu_on_guard(const void *p);        /* p is on a guard page of this thread's
 extern const cl_cpu_rt cpu_rt;
 
 /* ---- cpu_driver.c: the ops' runners and makers, which graph nodes reuse ---- */
+size_t cpu_device_free(void);   /* what the device's memory has left (CUDALUA_CPU_MEMORY) */
 void cpu_run_copy(cpu_op *op);
 void cpu_run_fill(cpu_op *op);
 void cpu_run_host(cpu_op *op);

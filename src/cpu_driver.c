@@ -96,11 +96,11 @@ static size_t capacity(void) {
   }
   return cap = c < ((size_t)1 << 20) ? (size_t)1 << 20 : c;
 }
-static size_t mem_free(void) { size_t u = cpu_mem_used(), c = capacity(); return u < c ? c - u : 0; }
+size_t cpu_device_free(void) { size_t u = cpu_mem_used(), c = capacity(); return u < c ? c - u : 0; }
 static CUresult c_DeviceTotalMem(size_t *b, CUdevice d) { (void)d; *b = capacity(); return CUDA_SUCCESS; }
 static CUresult c_MemGetInfo(size_t *f, size_t *t) {
   *t = capacity();
-  *f = mem_free();
+  *f = cpu_device_free();
   return CUDA_SUCCESS;
 }
 
@@ -142,7 +142,11 @@ static CUresult c_CtxGetDevice(CUdevice *d) { *d = 0; return CUDA_SUCCESS; }
 static CUresult c_CtxSynchronize(void) { return cpu_wait_seq(cpu_enqueued()); }
 static CUresult c_CtxSetLimit(CUlimit l, size_t v) { if ((unsigned)l < 16) limits[l] = v; return CUDA_SUCCESS; }
 static CUresult c_CtxGetLimit(size_t *v, CUlimit l) {
-  *v = (unsigned)l < 16 && limits[l] ? limits[l] : l == CU_LIMIT_STACK_SIZE ? 64 * 1024 : l == CU_LIMIT_PRINTF_FIFO_SIZE ? 1 << 20 : 0;
+  /* what is not set: the defaults a GPU's driver gives (the stack: a fiber's) */
+  static const size_t dflt[] = {[CU_LIMIT_STACK_SIZE] = 64 * 1024, [CU_LIMIT_PRINTF_FIFO_SIZE] = 1 << 20,
+                                [CU_LIMIT_MALLOC_HEAP_SIZE] = 8 << 20, [CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH] = 2,
+                                [CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT] = 2048};
+  *v = (unsigned)l < 16 && limits[l] ? limits[l] : (unsigned)l < sizeof dflt / sizeof dflt[0] ? dflt[l] : 0;
   return CUDA_SUCCESS;
 }
 static CUresult c_CtxGetStreamPriorityRange(int *least, int *greatest) { *least = 0; *greatest = -5; return CUDA_SUCCESS; }
@@ -151,7 +155,7 @@ static CUresult c_CtxGetStreamPriorityRange(int *least, int *greatest) { *least 
 static CUresult drain(void) { cpu_wait_seq(cpu_enqueued()); return CUDA_SUCCESS; }
 static CUresult c_MemAlloc(CUdeviceptr *p, size_t n) {
   void *m;
-  CUresult r = n > mem_free() ? CUDA_ERROR_OUT_OF_MEMORY : cpu_alloc(&m, n, CU_MEMORYTYPE_DEVICE);
+  CUresult r = n > cpu_device_free() ? CUDA_ERROR_OUT_OF_MEMORY : cpu_alloc(&m, n, CU_MEMORYTYPE_DEVICE);
   *p = (CUdeviceptr)(uintptr_t)(r ? NULL : m);
   return r;
 }
@@ -170,7 +174,7 @@ static CUresult c_MemHostGetDevicePointer(CUdeviceptr *d, void *h, unsigned f) {
 static CUresult c_MemAllocManaged(CUdeviceptr *p, size_t n, unsigned f) {
   (void)f;
   void *m;
-  CUresult r = n > mem_free() ? CUDA_ERROR_OUT_OF_MEMORY : cpu_alloc(&m, n, CU_MEMORYTYPE_UNIFIED);
+  CUresult r = n > cpu_device_free() ? CUDA_ERROR_OUT_OF_MEMORY : cpu_alloc(&m, n, CU_MEMORYTYPE_UNIFIED);
   *p = r ? 0 : (CUdeviceptr)(uintptr_t)m;
   return r;
 }

@@ -643,7 +643,8 @@ static CUresult c_MemAllocAsync(CUdeviceptr *p, size_t n, CUstream s) {
   if (captured) {
     cpu_res *res = calloc(1, sizeof *res);
     cpu_node *node = NULL;
-    r = !res ? CUDA_ERROR_OUT_OF_MEMORY : st->cap->invalid ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : cpu_alloc(&res->p, n, CU_MEMORYTYPE_DEVICE);
+    r = !res || n > cpu_device_free() ? CUDA_ERROR_OUT_OF_MEMORY : st->cap->invalid ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+      : cpu_alloc(&res->p, n, CU_MEMORYTYPE_DEVICE);
     if (!r && !(node = capture_node(st, CU_GRAPH_NODE_TYPE_MEM_ALLOC))) r = CUDA_ERROR_OUT_OF_MEMORY;
     if (r) { if (res) cpu_free(res->p); free(res); }
     else res->refs = 1, node->res = res, *p = (CUdeviceptr)(uintptr_t)res->p;
@@ -651,7 +652,7 @@ static CUresult c_MemAllocAsync(CUdeviceptr *p, size_t n, CUstream s) {
   pthread_mutex_unlock(&glock);
   if (captured) return r;
   void *m;
-  r = cpu_alloc(&m, n, CU_MEMORYTYPE_DEVICE);
+  r = n > cpu_device_free() ? CUDA_ERROR_OUT_OF_MEMORY : cpu_alloc(&m, n, CU_MEMORYTYPE_DEVICE);
   *p = r ? 0 : (CUdeviceptr)(uintptr_t)m;
   return r;
 }
@@ -769,7 +770,7 @@ static CUresult c_GraphAddMemAllocNode(CUgraphNode *n, CUgraph g, const CUgraphN
   if (!p || !p->bytesize) return CUDA_ERROR_INVALID_VALUE;
   cpu_res *res = calloc(1, sizeof *res);
   if (!res) return CUDA_ERROR_OUT_OF_MEMORY;
-  CUresult r = cpu_alloc(&res->p, p->bytesize, CU_MEMORYTYPE_DEVICE);
+  CUresult r = p->bytesize > cpu_device_free() ? CUDA_ERROR_OUT_OF_MEMORY : cpu_alloc(&res->p, p->bytesize, CU_MEMORYTYPE_DEVICE);
   if (!r) r = add_locked(n, g, deps, nd, CU_GRAPH_NODE_TYPE_MEM_ALLOC, NULL);
   if (r) { cpu_free(res->p); free(res); return r; }
   res->refs = 1;
