@@ -508,7 +508,15 @@ static void run_fibers(worker *w) {
     w->wwait[i] = w->wneed[i] = 0;
   }
   for (int t = 0; t < T; t++) { fiber_init(w, t); push_ready(w, t); }
-  if (san.tsan_switch) w->main.tsan = san.tsan_current();
+  if (san.tsan_switch) {
+    /* the library's thread-local block is made at its first use on this OS thread: made here
+       (a block of no threads) rather than in a fiber, which TSan would take for a race with
+       the next fiber's use of it */
+    cl_cpu_thread none = w->ctx[0];
+    none.bdim = (cl_cpu_dim){0, 0, 0};
+    w->l->f->e->block(&none, w->l->args, NULL);
+    w->main.tsan = san.tsan_current();
+  }
   hb_release(w);
   fib_switch(w, &w->main, &w->fibs[pop_ready(w)], 0);
   hb_acquire(w);
