@@ -170,6 +170,28 @@ describe("the CPU device", function()
     assert.matches("CUDALUA_CPU_CHECK: a warp operation (w.cu:6) whose mask 0xfffffffe leaves out the calling lane 0, in block (0, 0, 0) thread (0, 0, 0)", e2, 1, true)
   end)
 
+  cpu("CUDALUA_CPU_CHECK: a read past an array's end, and a thread's stack overflow, are errors naming the array, block, thread and line", function()
+    local last, out = on_cpu([[
+      local m = cuda.compile('extern "C" __global__ void over(const float *x, float *y, int n) {\n'
+        .. '  int i = blockIdx.x * blockDim.x + threadIdx.x;\n  y[i] = 2 * x[i];\n}\n'
+        .. 'extern "C" __global__ void deep(int *x, int d) {\n  volatile char buf[4096];\n  buf[0] = d;\n'
+        .. '  if (d > 0) deep(x, d - 1);\n  x[0] = buf[0];\n  __syncthreads();\n}', { name = "oob.cu" })
+      local n = math.random(100, 5000)
+      local x, y = cuda.device_array(n, "float32"), cuda.device_array(n + 32, "float32")
+      local _, e1 = pcall(function() m.over[{ n // 32 + 1, 32 }](x, y, n); cuda.synchronize() end)
+      local _, e2 = pcall(function() m.deep[{ 1, 32 }](cuda.device_array(4, "int32"), 100); cuda.synchronize() end)
+      m.over[{ n // 32, 32 }](x, y, n)   -- in bounds: runs
+      cuda.synchronize()
+      print(n, e1, e2)
+    ]], { CUDALUA_CPU_CHECK = "1" })
+    local n, e1, e2 = last:match("^(%d+)\t(.-)\t(.*)$")
+    assert.truthy(n, out)
+    n = tonumber(n)
+    assert.matches(("CUDALUA_CPU_CHECK: an access past the end of an allocation of %d bytes (its byte %d, the allocation at 0x"):format(4 * n, 4 * n), e1, 1, true)
+    assert.matches(("oob%%.cu:3%%), in block %%(%d, 0, 0%%) thread %%(%d, 0, 0%%)"):format(n // 32, n % 32), e1)
+    assert.matches("CUDALUA_CPU_CHECK: the thread's stack %(64 KB%) overflowed %([^)]*oob%.cu:%d+%), in block %(0, 0, 0%)", e2)
+  end)
+
   local tsan = tsan_runtime()
   ;(tsan and cpu or pending)("CUDALUA_CPU_SANITIZE=thread reports two threads of a block writing one shared slot, not a kernel with __syncthreads", function()
     local code = [[

@@ -78,6 +78,7 @@ local function env_flags(out)
   local function on(v) v = os.getenv(v); return v ~= nil and v ~= "" and v ~= "0" end
   if on("CUDALUA_CPU_DEBUG") then out[#out + 1] = "-g"; out[#out + 1] = "-O0"
   elseif on("CUDALUA_CPU_CHECK") then out[#out + 1] = "-g" end
+  if on("CUDALUA_CPU_CHECK") then out[#out + 1] = "-D__CUDALUA_CPU_CHECK__=1" end
   local san = os.getenv("CUDALUA_CPU_SANITIZE")
   if san and san ~= "" then
     local want = SANITIZERS[san]

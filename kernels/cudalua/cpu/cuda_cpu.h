@@ -312,6 +312,13 @@ template <class... A> struct __cl_sizes {
   static constexpr unsigned short size[sizeof...(A) + 1] = {(unsigned short)sizeof(A)..., 0};
   static constexpr unsigned short align[sizeof...(A) + 1] = {(unsigned short)alignof(A)..., 0};
 };
+/* under CUDALUA_CPU_CHECK a fault names the thread from its record: written before the kernel
+   runs, not later (the compiler may otherwise sink the stores past the kernel's loads) */
+#if defined(__CUDALUA_CPU_CHECK__)
+#define __CL_STEPPED() __asm__ __volatile__("" ::: "memory")
+#else
+#define __CL_STEPPED() ((void)0)
+#endif
 /* a block of a kernel that never synchronises: the arguments unpacked once, then the kernel
    (F, known here, so inlined) once per thread with t's coordinates stepped */
 template <auto F, class... A, std::size_t... I>
@@ -324,6 +331,7 @@ __attribute__((flatten)) inline void __cl_block_with(void (*)(A...), cl_cpu_thre
       unsigned r = order[i];
       t->tid = {r % nx, r / nx % ny, r / (nx * ny)};
       t->rank = r, t->lane = r & 31, t->warp = r >> 5;
+      __CL_STEPPED();
       F(std::get<I>(a)...);
     }
     return;
@@ -334,6 +342,7 @@ __attribute__((flatten)) inline void __cl_block_with(void (*)(A...), cl_cpu_thre
       for (unsigned x = 0; x < nx; x++, r++) {
         t->tid = {x, y, z};
         t->rank = r, t->lane = r & 31, t->warp = r >> 5;
+        __CL_STEPPED();
         F(std::get<I>(a)...);
       }
 }
