@@ -11,11 +11,25 @@ local function has_cxx()
 end
 local cpu = has_cxx() and it or pending
 
--- runs code in a child on the CPU device; its last line
-local function on_cpu(code)
-  local out, ok = H.child(code, { CUDALUA_DEVICE = "cpu", CUDALUA_CACHE = "0" }, "timeout 300")
+-- runs code in a child on the CPU device (more variables in env); its last line
+local function on_cpu(code, env)
+  local vars = { CUDALUA_DEVICE = "cpu", CUDALUA_CACHE = "0" }
+  for k, v in pairs(env or {}) do vars[k] = v end
+  local out, ok = H.child(code, vars, "timeout 300")
   assert(ok, out)
   return out:match("([^\n]*)\n*$"), out
+end
+
+-- ThreadSanitizer's runtime, to preload in a child (nil: none, or this process runs under ASan,
+-- which the two cannot share)
+local function tsan_runtime()
+  local p = io.popen("g++ -print-file-name=libtsan.so 2>/dev/null")
+  local path = p and p:read("l")
+  if p then p:close() end
+  local maps = io.open("/proc/self/maps")
+  local asan = maps and maps:read("a"):find("asan") ~= nil
+  if maps then maps:close() end
+  return path and path:find("/") and not asan and path or nil
 end
 
 describe("the CPU device", function()
@@ -110,5 +124,131 @@ describe("the CPU device", function()
       print(e)
     ]])
     assert.matches("cuda.compile: p.cu:2 uses inline PTX (asm), which cudalua's CPU device cannot run", last, 1, true)
+  end)
+
+  cpu("CUDALUA_CPU_CHECK: a __syncthreads some threads of the block exited before is an error naming block, thread and line", function()
+    local last = on_cpu([[
+      local m = cuda.compile('extern "C" __global__ void early(int *x, int k) {\n'
+        .. '  if (threadIdx.x == k) return;\n  x[threadIdx.x] = 1;\n  __syncthreads();\n  x[threadIdx.x] += 1;\n}', { name = "early.cu" })
+      local k = math.random(0, 63)
+      local ok, e = pcall(function() m.early[{ 3, 64 }](cuda.device_array(64, "int32"), k); cuda.synchronize() end)
+      print(k, e)
+    ]], { CUDALUA_CPU_CHECK = "1" })
+    local k, e = last:match("^(%d+)\t(.*)$")
+    assert.truthy(k, last)
+    assert.matches("CUDALUA_CPU_CHECK: __syncthreads (early.cu:4) not reached by every thread of the block (thread ("
+      .. k .. ", 0, 0) has exited), in block (", e, 1, true)
+  end)
+
+  cpu("CUDALUA_CPU_CHECK: threads waiting at different __syncthreads are an error naming both lines", function()
+    local last = on_cpu([[
+      local m = cuda.compile('extern "C" __global__ void two(int *x) {\n'
+        .. '  if (threadIdx.x % 2) { x[threadIdx.x] = 1; __syncthreads(); }\n  else { __syncthreads(); x[threadIdx.x] = 2; }\n}', { name = "two.cu" })
+      local ok, e = pcall(function() m.two[{ 1, 32 }](cuda.device_array(32, "int32")); cuda.synchronize() end)
+      print(e)
+    ]], { CUDALUA_CPU_CHECK = "1" })
+    assert.matches("CUDALUA_CPU_CHECK: threads of the block wait at different __syncthreads (two.cu:", last, 1, true)
+    assert.matches("two.cu:2", last, 1, true)
+    assert.matches("two.cu:3", last, 1, true)
+  end)
+
+  cpu("CUDALUA_CPU_CHECK: a warp mask naming a lane that exited, or leaving out the caller, is an error", function()
+    local last = on_cpu([[
+      local m = cuda.compile('extern "C" __global__ void gone(int *x, int k) {\n'
+        .. '  if (threadIdx.x == k) return;\n  x[threadIdx.x] = __shfl_sync(0xffffffffu, (int)threadIdx.x, 0);\n}\n'
+        .. 'extern "C" __global__ void self(int *x) {\n  x[threadIdx.x] = __shfl_sync(0xfffffffeu, (int)threadIdx.x, 1);\n}', { name = "w.cu" })
+      local k = math.random(0, 31)
+      local x = cuda.device_array(32, "int32")
+      local _, e1 = pcall(function() m.gone[{ 1, 32 }](x, k); cuda.synchronize() end)
+      local _, e2 = pcall(function() m.self[{ 1, 32 }](x); cuda.synchronize() end)
+      m.self[{ 1, 32 }](x)   -- without the check (a lane outside the mask reads its own value): no error
+      print(k, e1, e2)
+    ]], { CUDALUA_CPU_CHECK = "1" })
+    local k, e1, e2 = last:match("^(%d+)\t(.-)\t(.*)$")
+    assert.truthy(k, last)
+    assert.matches("CUDALUA_CPU_CHECK: a warp operation (w.cu:3) whose mask 0xffffffff names lane " .. k .. ", which has exited", e1, 1, true)
+    assert.matches("CUDALUA_CPU_CHECK: a warp operation (w.cu:6) whose mask 0xfffffffe leaves out the calling lane 0, in block (0, 0, 0) thread (0, 0, 0)", e2, 1, true)
+  end)
+
+  cpu("CUDALUA_CPU_CHECK: a read past an array's end, and a thread's stack overflow, are errors naming the array, block, thread and line", function()
+    local last, out = on_cpu([[
+      local m = cuda.compile('extern "C" __global__ void over(const float *x, float *y, int n) {\n'
+        .. '  int i = blockIdx.x * blockDim.x + threadIdx.x;\n  y[i] = 2 * x[i];\n}\n'
+        .. 'extern "C" __global__ void deep(int *x, int d) {\n  volatile char buf[4096];\n  buf[0] = d;\n'
+        .. '  if (d > 0) deep(x, d - 1);\n  x[0] = buf[0];\n  __syncthreads();\n}', { name = "oob.cu" })
+      local n = math.random(100, 5000)
+      local x, y = cuda.device_array(n, "float32"), cuda.device_array(n + 32, "float32")
+      local _, e1 = pcall(function() m.over[{ n // 32 + 1, 32 }](x, y, n); cuda.synchronize() end)
+      local _, e2 = pcall(function() m.deep[{ 1, 32 }](cuda.device_array(4, "int32"), 100); cuda.synchronize() end)
+      m.over[{ n // 32, 32 }](x, y, n)   -- in bounds: runs
+      cuda.synchronize()
+      print(n, e1, e2)
+    ]], { CUDALUA_CPU_CHECK = "1" })
+    local n, e1, e2 = last:match("^(%d+)\t(.-)\t(.*)$")
+    assert.truthy(n, out)
+    n = tonumber(n)
+    assert.matches(("CUDALUA_CPU_CHECK: an access past the end of an allocation of %d bytes (its byte %d, the allocation at 0x"):format(4 * n, 4 * n), e1, 1, true)
+    assert.matches(("oob%%.cu:3%%), in block %%(%d, 0, 0%%) thread %%(%d, 0, 0%%)"):format(n // 32, n % 32), e1)
+    assert.matches("CUDALUA_CPU_CHECK: the thread's stack %(64 KB%) overflowed %([^)]*oob%.cu:%d+%), in block %(0, 0, 0%)", e2)
+  end)
+
+  local tsan = tsan_runtime()
+  ;(tsan and cpu or pending)("CUDALUA_CPU_SANITIZE=thread reports two threads of a block writing one shared slot, not a kernel with __syncthreads", function()
+    local code = [[
+      local m = cuda.compile('extern "C" __global__ void racy(int *out) {\n  __shared__ int s[1];\n'
+        .. '  if (threadIdx.x < 2) s[0] = threadIdx.x;\n  __syncthreads();\n  if (threadIdx.x == 0) out[blockIdx.x] = s[0];\n}\n'
+        .. 'extern "C" __global__ void fine(int *out) {\n  __shared__ int s[1];\n  if (threadIdx.x == 0) s[0] = 7;\n'
+        .. '  __syncthreads();\n  out[threadIdx.x] = s[0];\n  __syncthreads();\n  if (threadIdx.x == 1) s[0] = 8;\n}', { name = "race.cu" })
+      local out = cuda.device_array(64, "int32")
+      m[KERNEL][{ 1, 64 }](out)
+      cuda.synchronize()
+      print("ran", out:copy_to_host()[1])
+      io.stdout:flush()
+      os.exit(0)   -- (no lua_close: unloading kernel libraries at exit under a preloaded TSan can crash)
+    ]]
+    local env = { LD_PRELOAD = tsan, CUDALUA_CPU_SANITIZE = "thread", TSAN_OPTIONS = "exitcode=0" }
+    local _, out = on_cpu((code:gsub("KERNEL", '"racy"')), env)
+    assert.matches("WARNING: ThreadSanitizer: data race", out, 1, true)
+    assert.matches("racy [^\n]*race%.cu:3", out)
+    local last, out2 = on_cpu((code:gsub("KERNEL", '"fine"')), env)
+    assert.equal("ran\t7", last)
+    assert.falsy(out2:find("ThreadSanitizer", 1, true), out2)
+  end)
+
+  cpu("CUDALUA_CPU_SANITIZE without the sanitizer's runtime in the process is a clear error, not a crash", function()
+    local last = on_cpu([[
+      local ok, e = pcall(cuda.compile, 'extern "C" __global__ void k(int *x) { x[0] = 1; }')
+      print(e)
+    ]], { CUDALUA_CPU_SANITIZE = "thread" })
+    assert.matches("CUDALUA_CPU_SANITIZE=thread needs the sanitizer's runtime in the process from its start: "
+      .. "run with LD_PRELOAD=$(g++ -print-file-name=libtsan.so)", last, 1, true)
+  end)
+
+  cpu("CUDALUA_CPU_SCHEDULE=<seed>: a racy kernel's result changes with the seed, and not for one seed", function()
+    local code = [[
+      local m = cuda.compile([=[
+      extern "C" __global__ void last_writer(int *out) {   // every thread writes one slot, no barrier
+        __shared__ int s[1];
+        s[0] = threadIdx.x;
+        __syncthreads();
+        if (threadIdx.x == 0) out[blockIdx.x] = s[0];
+      }
+      extern "C" __global__ void loop_writer(int *out) { out[blockIdx.x] = threadIdx.x; }]=])
+      local a, b = cuda.device_array(8, "int32"), cuda.device_array(8, "int32")
+      m.last_writer[{ 8, 64 }](a)
+      m.loop_writer[{ 8, 64 }](b)
+      print(table.concat(a:copy_to_host():totable(), ",") .. "/" .. table.concat(b:copy_to_host():totable(), ","))
+    ]]
+    local seed = math.random(1, 1000000)
+    local r1 = on_cpu(code, { CUDALUA_CPU_SCHEDULE = tostring(seed) })
+    local r2 = on_cpu(code, { CUDALUA_CPU_SCHEDULE = tostring(seed) })
+    local r3 = on_cpu(code, { CUDALUA_CPU_SCHEDULE = tostring(seed + 1) })
+    local r0 = on_cpu(code)
+    assert.equal(r1, r2)
+    assert.not_equal(r1, r3)
+    assert.equal("63,63,63,63,63,63,63,63/63,63,63,63,63,63,63,63", r0)   -- in order: the last thread wins
+    local a, b = r1:match("^(.-)/(.*)$")
+    assert.not_equal("63,63,63,63,63,63,63,63", a)
+    assert.not_equal("63,63,63,63,63,63,63,63", b)
   end)
 end)

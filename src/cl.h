@@ -767,7 +767,7 @@ void cl_open_module(lua_State *L);
 void cl_open_compile(lua_State *L);
 
 /* ---- from cxx.c: the CPU device's compile (the host C++ compiler) ---- */
-void cl_open_cxx(lua_State *L);   /* core.cxx_compile, core.is_cpu_device */
+void cl_open_cxx(lua_State *L);   /* core.cxx_compile, is_cpu_device, has_symbol, drop_sanitizer_preload */
 
 /* ---- from link.c: nvJitLink links ---- */
 void cl_open_link(lua_State *L);

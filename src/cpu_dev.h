@@ -11,11 +11,19 @@
 #include "../kernels/cudalua/cpu/abi.h"
 
 /* ---- cpu_mem.c: blocks of memory and what a pointer belongs to ---- */
-typedef struct { uintptr_t base; size_t size; int kind; } cpu_block;   /* kind: CU_MEMORYTYPE_* */
+typedef struct {
+  uintptr_t base;
+  size_t size;
+  int kind;             /* CU_MEMORYTYPE_* */
+  void *map;            /* under CUDALUA_CPU_CHECK: its mapping, a guard page at its end */
+  size_t maplen;
+} cpu_block;
 CUresult cpu_alloc(void **p, size_t n, int kind);
 CUresult cpu_free(void *p);
 int cpu_find(uintptr_t p, cpu_block *out);   /* 1: p lies in a block cudalua allocated */
+int cpu_find_past(uintptr_t p, cpu_block *out);   /* 1: p is on the guard page after a block's end */
 size_t cpu_mem_used(void);
+int cpu_check_on(void);                      /* CUDALUA_CPU_CHECK is set */
 
 /* ---- cpu_queue.c: the work queue every stream shares, events ---- */
 typedef struct cpu_op cpu_op;
@@ -78,7 +86,6 @@ typedef struct cpu_launch {
 } cpu_launch;
 void cpu_launch_run(cpu_launch *l);     /* on the queue's worker: every block, then returns */
 int cpu_threads(void);                  /* the pool's size ("multiprocessors") */
-int cpu_check_on(void);                 /* CUDALUA_CPU_CHECK is set */
 int cpu_on_guard(const void *p);        /* p is on a guard page of this thread's fibers' stacks */
 extern const cl_cpu_rt cpu_rt;
 

@@ -373,7 +373,8 @@ static CUresult c_ModuleLoadData(CUmodule *m, const void *image) {
     off += (size_t)w;
   }
   char path[64];
-  snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+  /* (by the process's number, not "self": a debugger or addr2line reads the same path) */
+  snprintf(path, sizeof path, "/proc/%d/fd/%d", (int)getpid(), fd);
   /* the file stays open while the library is loaded: dlopen takes a path it has loaded before
      for that library, and a closed descriptor's number (so its path) comes back */
   void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);

@@ -13,6 +13,9 @@
    threads and fibers in an order drawn from the seed, to shake out races. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <link.h>
+#include <signal.h>
+#include <ucontext.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -39,8 +42,6 @@ __asm__(".text\n.globl cpu_switch\n.hidden cpu_switch\n.type cpu_switch,@functio
         /* a new fiber's first return lands here: its function in rbx, its argument in r12 */
         ".globl cpu_fiber_start\n.hidden cpu_fiber_start\n.type cpu_fiber_start,@function\ncpu_fiber_start:\n"
         "  movq %r12, %rdi\n  callq *%rbx\n  ud2\n.size cpu_fiber_start, .-cpu_fiber_start\n");
-#else
-#include <ucontext.h>
 #endif
 
 typedef struct fib {
@@ -72,14 +73,21 @@ typedef struct worker {
   int live, T, failed, fiber_mode;
   uint64_t rng;         /* the block's, under CUDALUA_CPU_SCHEDULE */
   fib *from;            /* the fiber that switched to the one now running */
+  int cur;              /* the fiber running (-1: the runner) */
   cpu_launch *l;
   sigjmp_buf jb;
+  /* CUDALUA_CPU_CHECK: a fault in the block's code ends the block (cpu_exec's SIGSEGV handler) */
+  volatile sig_atomic_t armed;
+  void *fault_addr;
+  uintptr_t fault_pc;
+  void *altstack;
 } worker;
 
 static __thread worker *me_w;
 
 /* ---- settings, read once ---- */
 static int check_on;                 /* CUDALUA_CPU_CHECK */
+static size_t page_size;
 static int sched_on;                 /* CUDALUA_CPU_SCHEDULE given */
 static uint64_t sched_seed;
 /* the sanitizers' fiber calls, when a sanitizer runtime is in the process */
@@ -97,8 +105,9 @@ static struct {
 static pthread_once_t settings_once = PTHREAD_ONCE_INIT;
 
 static void read_settings(void) {
-  const char *c = getenv("CUDALUA_CPU_CHECK"), *s = getenv("CUDALUA_CPU_SCHEDULE");
-  check_on = c && *c && strcmp(c, "0") != 0;
+  page_size = (size_t)sysconf(_SC_PAGESIZE);
+  const char *s = getenv("CUDALUA_CPU_SCHEDULE");
+  check_on = cpu_check_on();
   if (s && *s) sched_on = 1, sched_seed = strtoull(s, NULL, 0);
   *(void **)&san.start = dlsym(RTLD_DEFAULT, "__sanitizer_start_switch_fiber");
   *(void **)&san.finish = dlsym(RTLD_DEFAULT, "__sanitizer_finish_switch_fiber");
@@ -112,9 +121,10 @@ static void read_settings(void) {
   *(void **)&san.tsan_release = dlsym(RTLD_DEFAULT, "__tsan_release");
   if (!san.tsan_current || !san.tsan_create || !san.tsan_destroy || !san.tsan_switch || !san.tsan_acquire || !san.tsan_release)
     san.tsan_switch = NULL;
+  /* the failed look-ups left a message this thread would keep (LSan: a leak): read, then freed */
+  dlerror();
+  dlerror();
 }
-
-int cpu_check_on(void) { pthread_once(&settings_once, read_settings); return check_on; }
 
 /* happens-before for TSan: what a fiber did before release(x) is seen by one after acquire(x)
    (fibers switch without telling TSan they synchronise: a race between two threads of a
@@ -160,7 +170,7 @@ static void landed(worker *w, void *fake) {
 static void fib_switch(worker *w, fib *from, fib *to, int exiting) {
   if (from == to) return;
   void *fake = NULL;
-  w->from = from;
+  w->from = from, w->cur = to == &w->main ? -1 : (int)(to - w->fibs);
   if (san.start) san.start(exiting ? NULL : &fake, to->lo, to->size);
   if (san.tsan_switch) san.tsan_switch(to->tsan, 1 /* __tsan_switch_to_fiber_no_sync */);
 #if defined(__x86_64__)
@@ -256,7 +266,7 @@ static int stacks(worker *w, int T) {
 int cpu_on_guard(const void *p) {
   worker *w = me_w;
   if (!w || !w->stacks || (const char *)p < w->stacks || (const char *)p >= w->stacks + (size_t)w->nstacks * STACK) return 0;
-  return (size_t)((const char *)p - w->stacks) % STACK < (size_t)sysconf(_SC_PAGESIZE);
+  return (size_t)((const char *)p - w->stacks) % STACK < page_size;
 }
 
 static void fiber_init(worker *w, int t) {
@@ -499,6 +509,116 @@ static void thread_done(worker *w, int t) {
   fib_switch(w, f, n < 0 ? &w->main : &w->fibs[n], 1);
 }
 
+/* ---- faults (CUDALUA_CPU_CHECK): an access past an allocation's end (cpu_mem.c puts a guard
+   page there) or a fiber's stack overflow, in a kernel, ends the block; what and where are
+   named afterwards, outside the handler ---- */
+static struct sigaction prev_segv;
+static uintptr_t kern_lo, kern_hi;   /* the running kernel's library, in memory */
+static pthread_once_t segv_once = PTHREAD_ONCE_INIT;
+
+/* a fault that is not a kernel's: to the handler there was before */
+static void chain(int sig, siginfo_t *si, void *uc) {
+  if (prev_segv.sa_flags & SA_SIGINFO) { if (prev_segv.sa_sigaction) prev_segv.sa_sigaction(sig, si, uc); return; }
+  if (prev_segv.sa_handler == SIG_DFL || prev_segv.sa_handler == SIG_IGN) { signal(sig, SIG_DFL); return; }   /* (it faults again) */
+  prev_segv.sa_handler(sig);
+}
+
+static uintptr_t fault_pc(void *uc) {
+#if defined(__x86_64__)
+  return (uintptr_t)((ucontext_t *)uc)->uc_mcontext.gregs[REG_RIP];
+#elif defined(__aarch64__)
+  return (uintptr_t)((ucontext_t *)uc)->uc_mcontext.pc;
+#else
+  (void)uc;
+  return 0;
+#endif
+}
+
+static void on_segv(int sig, siginfo_t *si, void *uc) {
+  worker *w = me_w;
+  uintptr_t pc = fault_pc(uc);
+  if (w && w->armed && ((pc >= kern_lo && pc < kern_hi) || cpu_on_guard(si->si_addr))) {
+    w->armed = 0, w->fault_addr = si->si_addr, w->fault_pc = pc;
+    siglongjmp(w->jb, 2);
+  }
+  chain(sig, si, uc);
+}
+
+static void install_segv(void) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_sigaction = on_segv;
+  sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_NODEFER;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGSEGV, &sa, &prev_segv);
+}
+
+/* this pool thread takes faults: the handler, and a stack of its own for it (a fiber's
+   overflow leaves no stack to run it on) */
+static void fault_arm(worker *w) {
+  pthread_once(&segv_once, install_segv);
+  if (w->altstack) return;
+  stack_t st = {.ss_size = 64 * 1024};
+  st.ss_sp = w->altstack = malloc(st.ss_size);
+  if (st.ss_sp) sigaltstack(&st, NULL);
+}
+
+static int phdr_range(struct dl_phdr_info *info, size_t n, void *data) {
+  (void)n;
+  uintptr_t *r = data;
+  if (info->dlpi_addr != r[0]) return 0;
+  for (int i = 0; i < info->dlpi_phnum; i++) {
+    const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+    uintptr_t end = info->dlpi_addr + ph->p_vaddr + ph->p_memsz;
+    if (ph->p_type == PT_LOAD && end > r[1]) r[1] = end;
+  }
+  return 1;
+}
+
+/* where the launch's kernel library lies in memory: its faults are the kernel's */
+static void kernel_range(cpu_launch *l) {
+  Dl_info info;
+  uintptr_t r[2] = {0, 0};
+  if (dladdr(l->f->e->fn, &info)) r[0] = (uintptr_t)info.dli_fbase, dl_iterate_phdr(phdr_range, r);
+  kern_lo = r[0], kern_hi = r[1];
+}
+
+/* the kernel's source line of pc (the library is built with -g under the check): addr2line on
+   the library's file */
+static void source_line(cpu_launch *l, uintptr_t pc, char *out, size_t n) {
+  Dl_info info;
+  char cmd[160], line[512] = "";
+  snprintf(out, n, "no source line known");
+  if (!dladdr((void *)pc, &info) || (uintptr_t)info.dli_fbase != kern_lo) return;
+  snprintf(cmd, sizeof cmd, "addr2line -e /proc/%d/fd/%d 0x%lx 2>/dev/null", (int)getpid(), l->f->mod->fd,
+           (unsigned long)(pc - (uintptr_t)info.dli_fbase));
+  FILE *p = popen(cmd, "r");
+  if (!p) return;
+  if (fgets(line, sizeof line, p)) {
+    line[strcspn(line, "\n")] = 0;
+    char *d = strstr(line, " (discriminator");
+    if (d) *d = 0;
+    if (line[0] && strncmp(line, "??", 2) != 0) snprintf(out, n, "%s", line);
+  }
+  pclose(p);
+}
+
+static void fault_report(worker *w) {
+  cl_cpu_thread *t = &w->ctx[w->fiber_mode && w->cur >= 0 ? w->cur : 0];
+  uintptr_t a = (uintptr_t)w->fault_addr;
+  char where[520], what[800];
+  source_line(w->l, w->fault_pc, where, sizeof where);
+  cpu_block b;
+  if (cpu_on_guard(w->fault_addr))
+    snprintf(what, sizeof what, "CUDALUA_CPU_CHECK: the thread's stack (%d KB) overflowed (%s)", STACK / 1024, where);
+  else if (cpu_find_past(a, &b))
+    snprintf(what, sizeof what, "CUDALUA_CPU_CHECK: an access past the end of an allocation of %zu bytes (its byte %zu, "
+             "the allocation at 0x%lx) (%s)", b.size, (size_t)(a - b.base), (unsigned long)b.base, where);
+  else
+    snprintf(what, sizeof what, "CUDALUA_CPU_CHECK: an invalid memory access at 0x%lx (%s)", (unsigned long)a, where);
+  fail_here(w, t, what);
+}
+
 /* ---- a block ---- */
 static void run_fibers(worker *w) {
   int T = w->T;
@@ -508,7 +628,15 @@ static void run_fibers(worker *w) {
     w->wwait[i] = w->wneed[i] = 0;
   }
   for (int t = 0; t < T; t++) { fiber_init(w, t); push_ready(w, t); }
-  if (san.tsan_switch) w->main.tsan = san.tsan_current();
+  if (san.tsan_switch) {
+    /* the library's thread-local block is made at its first use on this OS thread: made here
+       (a block of no threads) rather than in a fiber, which TSan would take for a race with
+       the next fiber's use of it */
+    cl_cpu_thread none = w->ctx[0];
+    none.bdim = (cl_cpu_dim){0, 0, 0};
+    w->l->f->e->block(&none, w->l->args, NULL);
+    w->main.tsan = san.tsan_current();
+  }
   hb_release(w);
   fib_switch(w, &w->main, &w->fibs[pop_ready(w)], 0);
   hb_acquire(w);
@@ -557,14 +685,20 @@ static void run_block(worker *w, cpu_launch *l, uint64_t b) {
   }
   if (sched_on) w->rng = sched_seed ^ (b + 1) * 0xd1342543de82ef95ull;
   thread_records(w, l, bid, w->fiber_mode ? T : 1);
-  if (sigsetjmp(w->jb, 0)) return;   /* a trap: the block ends */
+  w->cur = -1;
+  /* a trap (1) or, under the check, a fault (2): the block ends there */
+  w->fault_pc = 0;
+  if (sigsetjmp(w->jb, 0)) { w->armed = 0; if (w->fault_pc) fault_report(w); return; }
+  w->armed = check_on;
   if (w->fiber_mode) run_fibers(w);
   else run_loop(w, l);
+  w->armed = 0;
 }
 
 /* ---- the pool: every thread takes blocks until none are left ---- */
 static uint64_t chunk;   /* blocks taken at once: fewer trips to the shared counter */
 static void take_blocks(worker *w, cpu_launch *l) {
+  if (check_on) fault_arm(w);
   for (;;) {
     if (__atomic_load_n(&stop, __ATOMIC_RELAXED)) break;
     uint64_t b = __atomic_fetch_add(&next_block, chunk, __ATOMIC_RELAXED);
@@ -615,6 +749,7 @@ void cpu_launch_run(cpu_launch *l) {
   current = l, next_block = 0, nblocks_total = n, stop = 0;
   chunk = n / ((uint64_t)cpu_threads() * 64) + 1;   /* (a few dozen rounds each: the load still evens out) */
   if (sched_on) block_order(n);
+  if (check_on) kernel_range(l);
   int helpers = n > 1 ? npool : 0;
   if (helpers) { running = helpers; generation++; pthread_cond_broadcast(&go); }
   pthread_mutex_unlock(&pool_lock);

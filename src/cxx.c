@@ -161,7 +161,36 @@ static int l_is_cpu_device(lua_State *L) {
   return 1;
 }
 
+/* has_symbol(name) -> whether the process has it (a sanitizer's runtime, preloaded) */
+static int l_has_symbol(lua_State *L) {
+  lua_pushboolean(L, dlsym(RTLD_DEFAULT, luaL_checkstring(L, 1)) != NULL);
+  return 1;
+}
+
+/* drop_sanitizer_preload(): LD_PRELOAD without the sanitizers' runtimes, for the children
+   (the compiler, the shell of io.popen) this process starts: the runtime is needed in this
+   process only, and a shell run under ThreadSanitizer crashes */
+static int l_drop_sanitizer_preload(lua_State *L) {
+  const char *p = getenv("LD_PRELOAD");
+  if (!p || !strstr(p, "san")) return 0;
+  luaL_Buffer b;
+  luaL_buffinit(L, &b);
+  for (const char *s = p; *s;) {
+    size_t n = strcspn(s, ": ");
+    int drop = 0;
+    for (const char *q = s; q + 7 <= s + n && !drop; q++) drop = q[0] == 'l' && strncmp(q + 4, "san", 3) == 0 && !strncmp(q, "lib", 3);
+    if (!drop && n) { if (luaL_bufflen(&b)) luaL_addchar(&b, ':'); luaL_addlstring(&b, s, n); }
+    s += n + (s[n] != 0);
+  }
+  luaL_pushresult(&b);
+  if (lua_rawlen(L, -1)) setenv("LD_PRELOAD", lua_tostring(L, -1), 1);
+  else unsetenv("LD_PRELOAD");
+  return 0;
+}
+
 void cl_open_cxx(lua_State *L) {
+  lua_pushcfunction(L, l_drop_sanitizer_preload); lua_setfield(L, -2, "drop_sanitizer_preload");
+  lua_pushcfunction(L, l_has_symbol); lua_setfield(L, -2, "has_symbol");
   lua_pushcfunction(L, l_cxx_compile); lua_setfield(L, -2, "cxx_compile");
   lua_pushcfunction(L, l_is_cpu_device); lua_setfield(L, -2, "is_cpu_device");
 }

@@ -16,6 +16,7 @@ function M.active() return core.is_cpu_device() end
 local compiler, identity
 local function find_compiler()
   if compiler then return compiler, identity end
+  core.drop_sanitizer_preload()
   local candidates = os.getenv("CXX") and { os.getenv("CXX") } or { "c++", "g++", "clang++" }
   for _, c in ipairs(candidates) do
     local p = io.popen(("%s --version 2>/dev/null"):format(c))
@@ -60,6 +61,57 @@ function M.identity()
   return c .. "\0" .. id .. (host_fma() and "\0fma" or "") .. "\0" .. cpu_digest .. "\0format" .. FORMAT
 end
 
+-- Debugging kernels on the CPU device (a recipe for the README):
+--   gdb: CUDALUA_CPU_DEBUG=1 builds kernels with -g -O0; a kernel is a plain function of the
+--   library the process loads, so gdb stops in it at the user's source line:
+--     CUDALUA_DEVICE=cpu CUDALUA_CPU_DEBUG=1 CUDALUA_CPU_THREADS=1 gdb -batch \
+--       -ex 'set breakpoint pending on' -ex 'break saxpy' -ex run -ex bt \
+--       --args lua5.4 script.lua
+--   (CUDALUA_CPU_THREADS=1: one OS thread runs every block; CUDALUA_CACHE=0 if an earlier run
+--   cached the kernel without -g.)
+--   AddressSanitizer: CUDALUA_CPU_SANITIZE=address builds kernels with -fsanitize=address; its
+--   runtime must be in the process from the start:
+--     LD_PRELOAD=$(g++ -print-file-name=libasan.so) CUDALUA_DEVICE=cpu \
+--       CUDALUA_CPU_SANITIZE=address lua5.4 script.lua
+--   (ASAN_OPTIONS=detect_leaks=0 if lua5.4's own allocations at exit are not wanted)
+--   ThreadSanitizer: CUDALUA_CPU_SANITIZE=thread; the threads of a block are fibers switched
+--   without synchronising, so two threads of a block touching the same memory with no
+--   __syncthreads between them are reported as a race, with the kernel's source lines:
+--     LD_PRELOAD=$(g++ -print-file-name=libtsan.so) CUDALUA_DEVICE=cpu \
+--       CUDALUA_CPU_SANITIZE=thread lua5.4 script.lua
+--   UndefinedBehaviorSanitizer: CUDALUA_CPU_SANITIZE=undefined (its runtime is loaded with the
+--   kernels; no preload).
+--   CUDALUA_CPU_CHECK=1 (kernels with -g): barriers part of a block skips, warp masks naming
+--   lanes that exited, and accesses past the end of an allocation are errors naming the block,
+--   thread and source line. CUDALUA_CPU_SCHEDULE=<seed>: blocks, threads and fibers run in an
+--   order drawn from the seed (the same seed, the same order), to shake out races.
+local SANITIZERS = { address = { "__asan_init", "libasan.so" }, thread = { "__tsan_init", "libtsan.so" },
+                     undefined = {} }
+
+-- the flags the environment asks for (CUDALUA_CPU_DEBUG, _CHECK, _SANITIZE): part of the compile
+-- cache's key, as every flag is
+local function env_flags(out)
+  local function on(v) v = os.getenv(v); return v ~= nil and v ~= "" and v ~= "0" end
+  if on("CUDALUA_CPU_DEBUG") then out[#out + 1] = "-g"; out[#out + 1] = "-O0"
+  elseif on("CUDALUA_CPU_CHECK") then out[#out + 1] = "-g" end
+  if on("CUDALUA_CPU_CHECK") then out[#out + 1] = "-D__CUDALUA_CPU_CHECK__=1" end
+  local san = os.getenv("CUDALUA_CPU_SANITIZE")
+  if san and san ~= "" then
+    local want = SANITIZERS[san]
+    if not want then
+      check.error("cuda.compile", 0, "CUDALUA_CPU_SANITIZE is %s: it takes address, thread or undefined", san)
+    end
+    -- (a kernel library built so, loaded without its runtime, would abort the process)
+    if want[1] and not core.has_symbol(want[1]) then
+      check.error("cuda.compile", 0, "CUDALUA_CPU_SANITIZE=%s needs the sanitizer's runtime in the process from its start: "
+        .. "run with LD_PRELOAD=$(g++ -print-file-name=%s)", san, want[2])
+    end
+    out[#out + 1] = "-fsanitize=" .. san
+    out[#out + 1] = "-fno-omit-frame-pointer"
+    out[#out + 1] = "-g"   -- (the reports' source lines)
+  end
+end
+
 -- the flags NVRTC's options become: definitions, folders and the language standard carry
 -- over, -G debugs; the rest (architectures, ptxas's, fast math) is a GPU's
 function M.options(opts)
@@ -72,6 +124,7 @@ function M.options(opts)
     if o:match("^%-%-?fmad=false$") then out[#out + 1] = "-ffp-contract=off" end
   end
   if opts.debug then out[#out + 1] = "-g" end
+  env_flags(out)
   return out
 end
 
@@ -110,7 +163,7 @@ local function dynamic_shared(src)
   src = src:gsub("__shared__%s+(alignas%s*%b())", "%1 __shared__"):gsub("__shared__%s+(__align__%s*%b())", "%1 __shared__")
   return (src:gsub("extern%s+__shared__%s+([^;%[]-)%s*([%a_][%w_]*)%s*%[%s*%]%s*;", function(decl, name)
     local t = decl:gsub("__align__%s*%b()", ""):gsub("alignas%s*%b()", ""):gsub("^%s+", ""):gsub("%s+$", "")
-    return ("\n#define %s ((%s *)__cl_cur->dyn_shared)\n"):format(name, t)
+    return ("\n#define %s ((%s *)__CL_CUR->dyn_shared)\n"):format(name, t)
   end))
 end
 

@@ -38,6 +38,15 @@
 #define __grid_constant__
 
 __attribute__((visibility("hidden"))) inline thread_local cl_cpu_thread *__cl_cur;
+/* the fibers of a block share their OS thread's __cl_cur: under ThreadSanitizer its uses are
+   atomic, so that only the kernel's own memory is reported */
+#if defined(__SANITIZE_THREAD__)
+#define __CL_CUR (__atomic_load_n(&__cl_cur, __ATOMIC_RELAXED))
+#define __CL_SET_CUR(v) __atomic_store_n(&__cl_cur, (v), __ATOMIC_RELAXED)
+#else
+#define __CL_CUR __cl_cur
+#define __CL_SET_CUR(v) (__cl_cur = (v))
+#endif
 inline const cl_cpu_rt *__cl_rt;
 
 /* ---- vector types ---- */
@@ -60,10 +69,10 @@ struct dim3 {
   constexpr dim3(uint3 u) : x(u.x), y(u.y), z(u.z) {}
 };
 #define __CL_U3(d) (*reinterpret_cast<const uint3 *>(&(d)))
-#define threadIdx __CL_U3(__cl_cur->tid)
-#define blockIdx __CL_U3(__cl_cur->bid)
-#define blockDim (dim3(__CL_U3(__cl_cur->bdim)))
-#define gridDim (dim3(__CL_U3(__cl_cur->gdim)))
+#define threadIdx __CL_U3(__CL_CUR->tid)
+#define blockIdx __CL_U3(__CL_CUR->bid)
+#define blockDim (dim3(__CL_U3(__CL_CUR->bdim)))
+#define gridDim (dim3(__CL_U3(__CL_CUR->gdim)))
 #define warpSize 32
 
 /* ---- barriers and warp operations: the device's calls; after each, other fibers of the
@@ -72,10 +81,10 @@ struct dim3 {
 #define __CL_AT const char *__cl_file = __builtin_FILE(), int __cl_line = __builtin_LINE()
 #define __CL_HERE(me) ((me)->file = __cl_file, (me)->line = __cl_line)
 inline int __cl_sync(int op, int p, const char *file, int line) {
-  cl_cpu_thread *me = __cl_cur;
+  cl_cpu_thread *me = __CL_CUR;
   me->file = file, me->line = line;
   int r = __cl_rt->sync(me, op, p != 0);
-  __cl_cur = me;
+  __CL_SET_CUR(me);
   return r;
 }
 inline void __syncthreads(__CL_AT) { __cl_sync(0, 0, __cl_file, __cl_line); }
@@ -83,12 +92,12 @@ inline int __syncthreads_count(int p, __CL_AT) { return __cl_sync(1, p, __cl_fil
 inline int __syncthreads_and(int p, __CL_AT) { return __cl_sync(2, p, __cl_file, __cl_line); }
 inline int __syncthreads_or(int p, __CL_AT) { return __cl_sync(3, p, __cl_file, __cl_line); }
 inline void __syncwarp(unsigned mask = 0xffffffffu, __CL_AT) {
-  cl_cpu_thread *me = __cl_cur;
+  cl_cpu_thread *me = __CL_CUR;
   __CL_HERE(me);
   __cl_rt->warp_sync(me, mask);
-  __cl_cur = me;
+  __CL_SET_CUR(me);
 }
-inline unsigned __activemask() { return __cl_rt->active(__cl_cur); }
+inline unsigned __activemask() { return __cl_rt->active(__CL_CUR); }
 inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 inline void __threadfence_block() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 inline void __threadfence_system() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
@@ -97,7 +106,7 @@ inline void __threadfence_system() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
    (so that no lane overwrites its slot before the others have read it) */
 template <class T, class F> inline T __cl_exchange(unsigned mask, T v, F pick, const char *__cl_file, int __cl_line) {
   static_assert(sizeof(T) <= 16, "a warp operation's value is at most 16 bytes");
-  cl_cpu_thread *me = __cl_cur;
+  cl_cpu_thread *me = __CL_CUR;
   __CL_HERE(me);
   std::memcpy(me->slot, &v, sizeof(T));
   __cl_rt->warp_sync(me, mask);
@@ -106,7 +115,7 @@ template <class T, class F> inline T __cl_exchange(unsigned mask, T v, F pick, c
   T r = v;
   if (o) std::memcpy(&r, o->slot, sizeof(T));
   __cl_rt->warp_sync(me, mask);
-  __cl_cur = me;
+  __CL_SET_CUR(me);
   return r;
 }
 template <class T> inline T __shfl_sync(unsigned m, T v, int src, int w = 32, __CL_AT) {
@@ -123,7 +132,7 @@ template <class T> inline T __shfl_xor_sync(unsigned m, T v, int x, int w = 32, 
 }
 /* the predicate of every lane of mask, as bits */
 inline unsigned __ballot_sync(unsigned mask, int p, __CL_AT) {
-  cl_cpu_thread *me = __cl_cur;
+  cl_cpu_thread *me = __CL_CUR;
   __CL_HERE(me);
   me->slot[0] = p != 0;
   __cl_rt->warp_sync(me, mask);
@@ -133,13 +142,13 @@ inline unsigned __ballot_sync(unsigned mask, int p, __CL_AT) {
     if (o && o->slot[0]) r |= 1u << l;
   }
   __cl_rt->warp_sync(me, mask);
-  __cl_cur = me;
+  __CL_SET_CUR(me);
   return r;
 }
 inline int __any_sync(unsigned m, int p, __CL_AT) { return __ballot_sync(m, p, __cl_file, __cl_line) != 0; }
 inline int __all_sync(unsigned m, int p, __CL_AT) { return __ballot_sync(m, p, __cl_file, __cl_line) == (m & __activemask()); }
 template <class T> inline unsigned __match_any_sync(unsigned mask, T v, __CL_AT) {
-  cl_cpu_thread *me = __cl_cur;
+  cl_cpu_thread *me = __CL_CUR;
   __CL_HERE(me);
   std::memcpy(me->slot, &v, sizeof(T));
   __cl_rt->warp_sync(me, mask);
@@ -149,7 +158,7 @@ template <class T> inline unsigned __match_any_sync(unsigned mask, T v, __CL_AT)
     if (o && std::memcmp(o->slot, &v, sizeof(T)) == 0) r |= 1u << l;
   }
   __cl_rt->warp_sync(me, mask);
-  __cl_cur = me;
+  __CL_SET_CUR(me);
   return r;
 }
 template <class T> inline unsigned __match_all_sync(unsigned mask, T v, int *pred, __CL_AT) {
@@ -158,7 +167,7 @@ template <class T> inline unsigned __match_all_sync(unsigned mask, T v, int *pre
   *pred = same == all;
   return same == all ? all : 0;
 }
-inline unsigned __lanemask_lt() { return (1u << __cl_cur->lane) - 1; }
+inline unsigned __lanemask_lt() { return (1u << __CL_CUR->lane) - 1; }
 
 /* ---- atomics (blocks run at once on several OS threads) ---- */
 #define __CL_ATOMIC_INT(T) \
@@ -291,7 +300,7 @@ extern "C" inline void cudaGraphSetConditional(cudaGraphConditionalHandle h, uns
 
 /* ---- assert and __trap: a Lua error naming the block and thread; the process goes on ---- */
 [[noreturn]] inline void __cl_trap(const char *what, const char *file, int line) {
-  __cl_rt->trap(__cl_cur, what, file, line);
+  __cl_rt->trap(__CL_CUR, what, file, line);
   __builtin_unreachable();
 }
 #undef assert
@@ -313,18 +322,26 @@ template <class... A> struct __cl_sizes {
   static constexpr unsigned short size[sizeof...(A) + 1] = {(unsigned short)sizeof(A)..., 0};
   static constexpr unsigned short align[sizeof...(A) + 1] = {(unsigned short)alignof(A)..., 0};
 };
+/* under CUDALUA_CPU_CHECK a fault names the thread from its record: written before the kernel
+   runs, not later (the compiler may otherwise sink the stores past the kernel's loads) */
+#if defined(__CUDALUA_CPU_CHECK__)
+#define __CL_STEPPED() __asm__ __volatile__("" ::: "memory")
+#else
+#define __CL_STEPPED() ((void)0)
+#endif
 /* a block of a kernel that never synchronises: the arguments unpacked once, then the kernel
    (F, known here, so inlined) once per thread with t's coordinates stepped */
 template <auto F, class... A, std::size_t... I>
 __attribute__((flatten)) inline void __cl_block_with(void (*)(A...), cl_cpu_thread *t, void **args, const unsigned *order, std::index_sequence<I...>) {
   std::tuple<std::remove_cv_t<std::remove_reference_t<A>>...> a(*static_cast<std::remove_reference_t<A> *>(args[I])...);
-  __cl_cur = t;
+  __CL_SET_CUR(t);
   const unsigned nx = t->bdim.x, ny = t->bdim.y, nz = t->bdim.z;
   if (order) {
     for (unsigned i = 0, n = nx * ny * nz; i < n; i++) {
       unsigned r = order[i];
       t->tid = {r % nx, r / nx % ny, r / (nx * ny)};
       t->rank = r, t->lane = r & 31, t->warp = r >> 5;
+      __CL_STEPPED();
       F(std::get<I>(a)...);
     }
     return;
@@ -335,6 +352,7 @@ __attribute__((flatten)) inline void __cl_block_with(void (*)(A...), cl_cpu_thre
       for (unsigned x = 0; x < nx; x++, r++) {
         t->tid = {x, y, z};
         t->rank = r, t->lane = r & 31, t->warp = r >> 5;
+        __CL_STEPPED();
         F(std::get<I>(a)...);
       }
 }
@@ -352,7 +370,7 @@ extern "C" {
 __attribute__((visibility("default"))) extern const int __cudalua_cpu_abi = CL_CPU_ABI;
 __attribute__((visibility("default"))) void __cudalua_cpu_bind(const cl_cpu_rt *rt) { __cl_rt = rt; }
 __attribute__((visibility("default"))) void __cudalua_cpu_run(const cl_cpu_entry *e, cl_cpu_thread *t, void **args) {
-  __cl_cur = t;
+  __CL_SET_CUR(t);
   e->call(e->fn, args);
 }
 }
