@@ -63,6 +63,8 @@ CUresult cpu_wait_seq(uint64_t seq);                 /* until work up to seq is 
 uint64_t cpu_enqueued(void);                         /* the last sequence number given */
 int cpu_done(uint64_t seq);
 void cpu_fail(CUresult r, const char *fmt, ...);     /* a launch failed: the next sync says so */
+void cpu_lose(CUresult r, const char *fmt, ...);     /* the device lost: every later call says so */
+CUresult cpu_lost(void);                             /* that error, or CUDA_SUCCESS */
 const char *cpu_error_text(CUresult r);               /* the message of the last failure r */
 double cpu_now(void);
 

@@ -37,6 +37,7 @@ static const struct { CUresult r; const char *name, *text; } results[] = {
   {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
   {CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready"},
   {CUDA_ERROR_LAUNCH_FAILED, "CUDA_ERROR_LAUNCH_FAILED", "unspecified launch failure"},
+  {CUDA_ERROR_ILLEGAL_ADDRESS, "CUDA_ERROR_ILLEGAL_ADDRESS", "an illegal memory access was encountered"},
   {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "not supported by cudalua's CPU device"},
   {CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
   {CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES", "too many resources requested for launch"},
@@ -64,7 +65,8 @@ static CUresult c_GetErrorName(CUresult r, const char **s) {
   return CUDA_ERROR_INVALID_VALUE;
 }
 static CUresult c_GetErrorString(CUresult r, const char **s) {
-  const char *t = r == CUDA_ERROR_LAUNCH_FAILED || r == CUDA_ERROR_OUT_OF_MEMORY ? cpu_error_text(r) : NULL;
+  const char *t = r == CUDA_ERROR_LAUNCH_FAILED || r == CUDA_ERROR_OUT_OF_MEMORY || r == CUDA_ERROR_ILLEGAL_ADDRESS
+    ? cpu_error_text(r) : NULL;
   for (size_t i = 0; !t && i < NRESULTS; i++) if (results[i].r == r) t = results[i].text;
   *s = t;
   return t ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
@@ -159,7 +161,11 @@ static CUresult c_MemAlloc(CUdeviceptr *p, size_t n) {
   *p = (CUdeviceptr)(uintptr_t)(r ? NULL : m);
   return r;
 }
-static CUresult c_MemFree(CUdeviceptr p) { drain(); return cpu_free((void *)(uintptr_t)p); }
+static CUresult c_MemFree(CUdeviceptr p) {
+  drain();
+  CUresult r = cpu_free((void *)(uintptr_t)p);
+  return cpu_lost() ? cpu_lost() : r;   /* (freed all the same: nothing kept for a lost device) */
+}
 void cpu_run_free(cpu_op *op) { cpu_free(op->u.free.p); }
 static cpu_op *new_op(cpu_work w) { cpu_op *op = calloc(1, sizeof *op); if (op) op->run = w; return op; }
 static CUresult c_MemFreeAsync(CUdeviceptr p, CUstream s) {
@@ -169,7 +175,11 @@ static CUresult c_MemFreeAsync(CUdeviceptr p, CUstream s) {
   return cpu_enqueue(s, op);
 }
 static CUresult c_MemHostAlloc(void **p, size_t n, unsigned f) { (void)f; return cpu_alloc(p, n, CU_MEMORYTYPE_HOST); }
-static CUresult c_MemFreeHost(void *p) { drain(); return cpu_free(p); }
+static CUresult c_MemFreeHost(void *p) {
+  drain();
+  CUresult r = cpu_free(p);
+  return cpu_lost() ? cpu_lost() : r;
+}
 static CUresult c_MemHostGetDevicePointer(CUdeviceptr *d, void *h, unsigned f) { (void)f; *d = (CUdeviceptr)(uintptr_t)h; return CUDA_SUCCESS; }
 static CUresult c_MemAllocManaged(CUdeviceptr *p, size_t n, unsigned f) {
   (void)f;

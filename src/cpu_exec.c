@@ -509,9 +509,11 @@ static void thread_done(worker *w, int t) {
   fib_switch(w, f, n < 0 ? &w->main : &w->fibs[n], 1);
 }
 
-/* ---- faults (CUDALUA_CPU_CHECK): an access past an allocation's end (cpu_mem.c puts a guard
-   page there) or a fiber's stack overflow, in a kernel, ends the block; what and where are
-   named afterwards, outside the handler ---- */
+/* ---- faults: a kernel's access to memory that is no one's ends the block, and the device is
+   lost as a GPU's context is (CUDA_ERROR_ILLEGAL_ADDRESS), the process going on. Under
+   CUDALUA_CPU_CHECK an access past an allocation's end (cpu_mem.c puts a guard page there) or
+   a fiber's stack overflow is a launch failure named afterwards, outside the handler, with the
+   source line ---- */
 static struct sigaction prev_segv;
 static uintptr_t kern_lo, kern_hi;   /* the running kernel's library, in memory */
 static pthread_once_t segv_once = PTHREAD_ONCE_INIT;
@@ -606,6 +608,14 @@ static void source_line(cpu_launch *l, uintptr_t pc, char *out, size_t n) {
 static void fault_report(worker *w) {
   cl_cpu_thread *t = &w->ctx[w->fiber_mode && w->cur >= 0 ? w->cur : 0];
   uintptr_t a = (uintptr_t)w->fault_addr;
+  if (!check_on) {   /* a GPU's illegal address: the device lost (CUDALUA_CPU_CHECK=1 says more) */
+    cpu_lose(CUDA_ERROR_ILLEGAL_ADDRESS, "the CPU device: an illegal memory access at 0x%lx, in block (%u, %u, %u) "
+             "thread (%u, %u, %u) (CUDALUA_CPU_CHECK=1 names the source line)", (unsigned long)a,
+             t->bid.x, t->bid.y, t->bid.z, t->tid.x, t->tid.y, t->tid.z);
+    w->failed = 1;
+    __atomic_store_n(&stop, 1, __ATOMIC_RELAXED);
+    return;
+  }
   char where[520], what[800];
   source_line(w->l, w->fault_pc, where, sizeof where);
   cpu_block b;
@@ -689,7 +699,7 @@ static void run_block(worker *w, cpu_launch *l, uint64_t b) {
   /* a trap (1) or, under the check, a fault (2): the block ends there */
   w->fault_pc = 0;
   if (sigsetjmp(w->jb, 0)) { w->armed = 0; if (w->fault_pc) fault_report(w); return; }
-  w->armed = check_on;
+  w->armed = 1;   /* a fault in the kernel ends the block, the check on or not */
   if (w->fiber_mode) run_fibers(w);
   else run_loop(w, l);
   w->armed = 0;
@@ -698,7 +708,7 @@ static void run_block(worker *w, cpu_launch *l, uint64_t b) {
 /* ---- the pool: every thread takes blocks until none are left ---- */
 static uint64_t chunk;   /* blocks taken at once: fewer trips to the shared counter */
 static void take_blocks(worker *w, cpu_launch *l) {
-  if (check_on) fault_arm(w);
+  fault_arm(w);
   for (;;) {
     if (__atomic_load_n(&stop, __ATOMIC_RELAXED)) break;
     uint64_t b = __atomic_fetch_add(&next_block, chunk, __ATOMIC_RELAXED);
@@ -749,7 +759,7 @@ void cpu_launch_run(cpu_launch *l) {
   current = l, next_block = 0, nblocks_total = n, stop = 0;
   chunk = n / ((uint64_t)cpu_threads() * 64) + 1;   /* (a few dozen rounds each: the load still evens out) */
   if (sched_on) block_order(n);
-  if (check_on) kernel_range(l);
+  kernel_range(l);
   int helpers = n > 1 ? npool : 0;
   if (helpers) { running = helpers; generation++; pthread_cond_broadcast(&go); }
   pthread_mutex_unlock(&pool_lock);

@@ -19,6 +19,7 @@ static cpu_op *head, *tail;
 static uint64_t given, done;
 static int started;
 static CUresult failed;
+static CUresult lost;   /* a kernel's illegal address: every later wait and queuing fails with it */
 static char failed_text[512];
 static pthread_t worker;
 #define QUEUE_DEPTH 1024
@@ -68,15 +69,37 @@ CUresult cpu_enqueue(CUstream s, cpu_op *op) {
   if (tail) tail->next = op; else head = op;
   tail = op;
   pthread_cond_signal(&more);
+  r = lost;
   pthread_mutex_unlock(&lock);
-  return CUDA_SUCCESS;
+  return r;
 }
 
 CUresult cpu_wait_seq(uint64_t seq) {
   pthread_mutex_lock(&lock);
   while (done < seq) pthread_cond_wait(&progress, &lock);
-  CUresult r = failed;
+  CUresult r = lost ? lost : failed;
   failed = CUDA_SUCCESS;
+  pthread_mutex_unlock(&lock);
+  return r;
+}
+
+/* a kernel touched memory that is no one's: as a GPU's context, the device is lost for the
+   process (every later wait, queuing and free says so; the work still queued runs) */
+void cpu_lose(CUresult r, const char *fmt, ...) {
+  pthread_mutex_lock(&lock);
+  if (!lost) {
+    lost = failed = r;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(failed_text, sizeof failed_text, fmt, ap);
+    va_end(ap);
+  }
+  pthread_mutex_unlock(&lock);
+}
+
+CUresult cpu_lost(void) {
+  pthread_mutex_lock(&lock);
+  CUresult r = lost;
   pthread_mutex_unlock(&lock);
   return r;
 }
