@@ -3,8 +3,8 @@
 -- Rows (one "name value" per line; times are the best of BENCH_REPS, default 5):
 --   saxpy_cpu_ms          saxpy over 2^24 floats on the CPU device (no __syncthreads)
 --   saxpy_c1_ms           the same loop in C (cc -O2), one thread
---   saxpy_cN_ms           the same loop in C, on as many threads as the CPU device's pool
---   saxpy_ratio           saxpy_cpu_ms / saxpy_cN_ms (target: <= 2)
+--   saxpy_cn_ms           the same loop in C, on as many threads as the CPU device's pool
+--   saxpy_ratio           saxpy_cpu_ms / saxpy_cn_ms (target: <= 2)
 --   reduce_melem_s        a shared-memory block reduction (256 threads, __syncthreads tree,
 --                         then __shfl_down_sync in the last warp): M elements/s
 --   reduce_melem_s_core   the same per pool thread (target: >= 6.5)
@@ -88,7 +88,8 @@ if os.execute(("cc -O2 -pthread -o %s %s"):format(exe, src)) then
   end
   local c1, cn = c_ms(1), c_ms(n)
   out("saxpy_c1_ms", c1)
-  out("saxpy_c" .. n .. "_ms", cn)
+  out("saxpy_cn_ms", cn)
+  io.write(("info_cpu_threads %d\n"):format(n))
   out("saxpy_ratio", t * 1000 / cn)
 else
   note("no C compiler (cc): the C loop's rows left out")

@@ -2,7 +2,8 @@
 # bench/run.sh LUA: builds bench/raw.c, bench/raw_helpers.c and bench/rawloop.c, runs the raw
 # CUDA baselines, bench/core.lua, bench/helpers.lua, bench/cuda_cpp.lua and bench/multigpu.lua
 # (cudalua, with raw loops in the same process), bench/compare.py (CuPy, Numba; its helper part
-# as a second run) and bench/nccl_torch.py, then prints one table and checks cudalua's targets.
+# as a second run) and bench/nccl_torch.py, bench/cpu_device.lua (on the CPU device, with its C
+# loop) and bench/numba_sim.py, then prints one table and checks cudalua's targets.
 # Run from the repository root (make bench). Needs a GPU. Outputs go to bench/out/.
 # Env: CUDA_DIR (/usr/local/cuda), LUA_INCDIR (/usr/include/lua5.4), PYTHON (python3), BENCH_LAUNCHES, BENCH_REPS,
 #      BENCH_REPORT_ONLY=1 (only print the table from the files already in bench/out/).
@@ -34,7 +35,7 @@ if [ -z "$BENCH_REPORT_ONLY" ]; then
   fi
   rm -f "$OUT/raw.txt" "$OUT/core.txt" "$OUT/compare.txt" "$OUT/raw_helpers.txt" \
         "$OUT/helpers.txt" "$OUT/compare_helpers.txt" "$OUT/raw_b.txt" "$OUT/core_b.txt" "$OUT/cuda_cpp.txt" \
-        "$OUT/multigpu.txt" "$OUT/nccl_torch.txt"
+        "$OUT/multigpu.txt" "$OUT/nccl_torch.txt" "$OUT/cpu_device.txt" "$OUT/numba_sim.txt"
   for prog in raw raw_helpers; do
     if gcc -O2 -std=gnu11 -Wall -I"$CUDA_DIR/include" bench/$prog.c -o "$OUT/$prog" \
          -L"$CUDA_DIR/lib64" -L"$CUDA_DIR/lib64/stubs" -Wl,-rpath,"$CUDA_DIR/lib64" -lcuda -lnvrtc -lm ||
@@ -62,6 +63,10 @@ if [ -z "$BENCH_REPORT_ONLY" ]; then
   CUDALUA_PCH_MAX=16 CUDALUA_CACHE_DIR=$PWD/$OUT/cache step cuda_cpp 300 "$LUA" bench/cuda_cpp.lua
   rm -rf "$OUT/cache"
   CUDALUA_CACHE_DIR=$PWD/$OUT/cache step multigpu 180 "$LUA" bench/multigpu.lua
+  # the CPU device (issue 29) on this machine's CPU, and Numba's simulator beside it
+  rm -rf "$OUT/cache"
+  CUDALUA_DEVICE=cpu CUDALUA_CACHE_DIR=$PWD/$OUT/cache step cpu_device 300 "$LUA" bench/cpu_device.lua
+  PYTHONUNBUFFERED=1 step numba_sim 120 "$PY" bench/numba_sim.py
   PYTHONUNBUFFERED=1 step nccl_torch 180 "$PY" bench/nccl_torch.py
   rm -rf "$OUT/cache"
   PYTHONUNBUFFERED=1 step compare 60 "$PY" bench/compare.py
@@ -75,9 +80,12 @@ if [ -z "$BENCH_REPORT_ONLY" ]; then
   echo "== all parts ran in $(( $(date +%s) - start )) s" >&2
 fi
 
-for f in raw core compare raw_helpers helpers compare_helpers raw_b core_b cuda_cpp multigpu nccl_torch; do touch "$OUT/$f.txt"; done
+for f in raw core compare raw_helpers helpers compare_helpers raw_b core_b cuda_cpp multigpu nccl_torch cpu_device numba_sim; do
+  touch "$OUT/$f.txt"
+done
 grep -h '^info_\|^#' "$OUT/raw.txt" "$OUT/core.txt" "$OUT/compare.txt" "$OUT/raw_helpers.txt" \
-  "$OUT/helpers.txt" "$OUT/compare_helpers.txt" "$OUT/cuda_cpp.txt" "$OUT/multigpu.txt" "$OUT/nccl_torch.txt"
+  "$OUT/helpers.txt" "$OUT/compare_helpers.txt" "$OUT/cuda_cpp.txt" "$OUT/multigpu.txt" "$OUT/nccl_torch.txt" \
+  "$OUT/cpu_device.txt" "$OUT/numba_sim.txt"
 
 # the rows (bench/rows.txt), and the multi-GPU ones where there were two GPUs to measure
 rows=$OUT/rows.txt
@@ -123,6 +131,7 @@ BEGIN {
   load(out "/raw_b.txt", "r:"); load(out "/core_b.txt", "l:")
   load(out "/raw_helpers.txt", "r:"); load(out "/helpers.txt", "l:"); load(out "/compare_helpers.txt", "p:")
   load(out "/cuda_cpp.txt", "l:"); load(out "/multigpu.txt", "l:"); load(out "/nccl_torch.txt", "p:")
+  load(out "/cpu_device.txt", "l:"); load(out "/numba_sim.txt", "p:")
   printf "\n| %-54s | %10s | %9s | %8s | %9s | %9s |\n", "measurement", "raw C/base", "cudalua", "ratio", "CuPy", "Numba"
   printf "|%s|%s|%s|%s|%s|%s|\n", "--------------------------------------------------------", "------------", "-----------", "----------", "-----------", "-----------"
 }
