@@ -251,4 +251,83 @@ describe("the CPU device", function()
     assert.not_equal("63,63,63,63,63,63,63,63", a)
     assert.not_equal("63,63,63,63,63,63,63,63", b)
   end)
+
+  -- (the review of issue 29: lanes that returned, widths, counts over the threads that arrived)
+  cpu("warp votes leave out lanes that returned; xor shuffles of a width read earlier segments; __syncthreads_and counts the threads there", function()
+    local last = on_cpu([[
+      local m = cuda.compile([=[
+      struct Twice { __device__ int operator()(int v) const { return 2 * v; } };
+      __device__ int block_total(int v, int *s) {   // called from an operator(): its kernel syncs
+        s[threadIdx.x] = v;
+        __syncthreads();
+        int t = 0;
+        for (int i = 0; i < blockDim.x; i++) t += s[i];
+        __syncthreads();
+        return t;
+      }
+      struct Summed { int *s; __device__ int operator()(int v) const { return block_total(v, s); } };
+      template <class Op> __global__ void apply(const int *x, int *y, Op op) { y[threadIdx.x] = op(x[threadIdx.x]); }
+      template __global__ void apply<Summed>(const int *, int *, Summed);
+      extern "C" __global__ void votes(const int *x, unsigned *out, int live, int w, int lm) {
+        unsigned lane = threadIdx.x;
+        if ((int)lane >= live) return;
+        unsigned b = __ballot_sync(0xffffffffu, x[lane] > 0);
+        int sx = __shfl_xor_sync(0xffffffffu, x[lane], lm, w);
+        int all = __syncthreads_and(x[lane] != 0);
+        out[lane * 3] = b; out[lane * 3 + 1] = (unsigned)sx; out[lane * 3 + 2] = all;
+      }]=], { name_expressions = { "apply<Summed>" } })
+      local live, w = math.random(1, 32), ({ 2, 4, 8, 16, 32 })[math.random(1, 5)]
+      local lm = math.random(1, 31)
+      local xs = {}
+      for i = 1, 32 do xs[i] = math.random(-50, 50) end
+      xs[math.random(live + 1 > 32 and 32 or live + 1, 32)] = 0   -- a zero among the lanes that return
+      local out = cuda.zeros(96, "uint32")
+      m.votes[{ 1, 32 }](cuda.to_device(cuda.array(xs, "int32")), out, live, w, lm)
+      local h, bad = out:copy_to_host(), 0
+      local want_b, want_all = 0, 1
+      for l = 0, live - 1 do
+        if xs[l + 1] > 0 then want_b = want_b | (1 << l) end
+        if xs[l + 1] == 0 then want_all = 0 end
+      end
+      for l = 0, live - 1 do
+        local j = l ~ lm   -- PTX's butterfly: a partner past my segment's end gives my own value
+        local from = (j <= (l | (w - 1)) and j < live) and j or (j <= (l | (w - 1)) and -1 or l)
+        if h[l * 3 + 1] ~= want_b or h[l * 3 + 3] ~= want_all then bad = bad + 1 end
+        if from >= 0 and h[l * 3 + 2] ~= (xs[from + 1] & 0xffffffff) then bad = bad + 1 end
+      end
+      local n = math.random(2, 256)
+      local ys = {}
+      for i = 1, n do ys[i] = math.random(-1000, 1000) end
+      local total = 0
+      for i = 1, n do total = total + ys[i] end
+      local y = cuda.zeros(n, "int32")
+      local k = m:get("apply<Summed>")
+      local s = cuda.device_array(n, "int32")
+      k[{ 1, n }](cuda.to_device(cuda.array(ys, "int32")), y, string.pack("<I8", s:ptr()))   -- Summed{s}
+      for _, v in ipairs(y:copy_to_host():totable()) do if v ~= total then bad = bad + 1 end end
+      print("wrong", bad)
+    ]])
+    assert.equal("wrong\t0", last)
+  end)
+
+  cpu("a kernel's bad access in a library call is an illegal address, and launch bounds past 1024 are refused", function()
+    local last, out = on_cpu([[
+      local m = cuda.compile([=[
+      #include <cstring>
+      extern "C" __global__ void __launch_bounds__(2048) wide(int *x) { x[threadIdx.x] = 1; }
+      extern "C" __global__ void cpy(char *dst, long long at, int n) { memset(dst + at, 1, n); }]=])
+      local x = cuda.device_array(1, "int32")
+      print(pcall(function() m.wide[{ 1, 2048 }](x) end))
+      m.cpy[{ 1, 1 }](cuda.device_array(16, "uint8"), 1 << 40, 4096)
+      print(pcall(cuda.synchronize))
+      print(pcall(cuda.synchronize))
+      print(select(2, pcall(function() return cuda.stream():query() end)) ~= nil)
+      print("alive")
+    ]])
+    assert.equal("alive", last)
+    assert.matches("false\tcudalua: kernel 'wide'[^\n]*CUDA_ERROR_INVALID_VALUE", out)
+    assert.matches("false\tcudalua: cuda.synchronize: CUDA_ERROR_ILLEGAL_ADDRESS (the CPU device: an illegal memory access", out, 1, true)
+    local _, n = out:gsub("CUDA_ERROR_ILLEGAL_ADDRESS", "")
+    assert.is_true(n >= 2, out)   -- the device stays lost, as a GPU's context
+  end)
 end)

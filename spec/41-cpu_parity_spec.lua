@@ -26,7 +26,8 @@ end
 local function ordered(hex, fmt)
   local bytes = hex:gsub("%x%x", function(b) return string.char(tonumber(b, 16)) end)
   local i = string.unpack(fmt == "<f" and "<i4" or "<i8", bytes)
-  if i < 0 then i = math.mininteger - i end   -- negative floats count down from zero
+  -- negative floats count down from zero (-0.0 and +0.0 both 0)
+  if i < 0 then i = (fmt == "<f" and -(1 << 31) or math.mininteger) - i end
   return i
 end
 

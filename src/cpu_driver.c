@@ -268,7 +268,7 @@ static CUresult c_StreamCreateWithPriority(CUstream *s, unsigned f, int prio) {
 static CUresult c_StreamCreate(CUstream *s, unsigned f) { return c_StreamCreateWithPriority(s, f, 0); }
 static uint64_t last_of(CUstream s) { return (uintptr_t)s > 2 ? ((cpu_stream *)s)->last : cpu_enqueued(); }
 static CUresult c_StreamSynchronize(CUstream s) { return cpu_wait_seq(last_of(s)); }
-static CUresult c_StreamQuery(CUstream s) { return cpu_done(last_of(s)) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY; }
+static CUresult c_StreamQuery(CUstream s) { return cpu_done(last_of(s)) ? cpu_lost() : CUDA_ERROR_NOT_READY; }
 static CUresult c_StreamGetPriority(CUstream s, int *p) { *p = (uintptr_t)s > 2 ? ((cpu_stream *)s)->priority : 0; return CUDA_SUCCESS; }
 
 static CUresult c_EventCreate(CUevent *e, unsigned f) {
@@ -288,7 +288,7 @@ CUresult cpu_event_record(CUevent e, CUstream s) {
   ((cpu_event *)e)->seq = cpu_enqueued();
   return r;
 }
-static CUresult c_EventQuery(CUevent e) { return cpu_done(((cpu_event *)e)->seq) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY; }
+static CUresult c_EventQuery(CUevent e) { return cpu_done(((cpu_event *)e)->seq) ? cpu_lost() : CUDA_ERROR_NOT_READY; }
 static CUresult c_EventSynchronize(CUevent e) { return cpu_wait_seq(((cpu_event *)e)->seq); }
 static CUresult c_EventElapsedTime(float *ms, CUevent a, CUevent b) {
   cpu_event *x = (cpu_event *)a, *y = (cpu_event *)b;
@@ -404,7 +404,7 @@ static CUresult c_ModuleLoadData(CUmodule *m, const void *image) {
   while (mod->entries[nk].fn) nk++;
   mod->funcs = calloc((size_t)nk + 1, sizeof *mod->funcs);
   if (!mod->funcs) { free(mod); dlclose(lib); close(fd); return CUDA_ERROR_OUT_OF_MEMORY; }
-  for (int i = 0; i < nk; i++) mod->funcs[i] = (cpu_func){mod, &mod->entries[i], 48 * 1024, -1, bounds && bounds[i] > 0 ? bounds[i] : 1024};
+  for (int i = 0; i < nk; i++) mod->funcs[i] = (cpu_func){mod, &mod->entries[i], 48 * 1024, -1, bounds && bounds[i] > 0 && bounds[i] < 1024 ? bounds[i] : 1024};
   mod->nfuncs = nk;
   bind(&cpu_rt);
   *m = (CUmodule)mod;

@@ -66,7 +66,7 @@ typedef struct worker {
   int *ready, *bar;     /* the fibers that can run (a ring); those at __syncthreads, in order */
   unsigned *order;      /* a no-sync block's thread order, under a seeded schedule */
   unsigned rhead, rcount;
-  int nbar, bar_count, bar_result;
+  int nbar, bar_count, bar_result, bar_arrived;   /* arrived: those the last release let go */
   unsigned walive[32], wwait[32], wneed[32];   /* per warp: live lanes, lanes waiting, their masks */
   unsigned char *dyn;
   size_t ndyn;
@@ -417,7 +417,7 @@ static void stuck(worker *w) {
 /* ---- barriers: called by the kernel library (cpu_rt) on a thread of the block ---- */
 /* everyone at __syncthreads goes on (but self, which is running) */
 static void release_block(worker *w, int self) {
-  w->bar_result = w->bar_count, w->bar_count = 0;
+  w->bar_result = w->bar_count, w->bar_count = 0, w->bar_arrived = w->nbar;
   for (int i = 0; i < w->nbar; i++) if (w->bar[i] != self) push_ready(w, w->bar[i]);
   w->nbar = 0;
 }
@@ -455,7 +455,8 @@ static int rt_sync(cl_cpu_thread *t, int op, int pred) {
   else wait_here(w, f);
   hb_acquire(w->bar);
   int r = w->bar_result;
-  return op == 0 ? 0 : op == 1 ? r : op == 2 ? r == w->T : r > 0;
+  /* (and: over the threads that arrived: exited ones count for nothing, as on a GPU) */
+  return op == 0 ? 0 : op == 1 ? r : op == 2 ? r == w->bar_arrived : r > 0;
 }
 
 static void rt_warp_sync(cl_cpu_thread *t, unsigned mask) {
@@ -539,7 +540,7 @@ static uintptr_t fault_pc(void *uc) {
 static void on_segv(int sig, siginfo_t *si, void *uc) {
   worker *w = me_w;
   uintptr_t pc = fault_pc(uc);
-  if (w && w->armed && ((pc >= kern_lo && pc < kern_hi) || cpu_on_guard(si->si_addr))) {
+  if (w && w->armed) {   /* the kernel's, or a library function it called (memcpy, printf) */
     w->armed = 0, w->fault_addr = si->si_addr, w->fault_pc = pc;
     siglongjmp(w->jb, 2);
   }
@@ -608,10 +609,19 @@ static void source_line(cpu_launch *l, uintptr_t pc, char *out, size_t n) {
 static void fault_report(worker *w) {
   cl_cpu_thread *t = &w->ctx[w->fiber_mode && w->cur >= 0 ? w->cur : 0];
   uintptr_t a = (uintptr_t)w->fault_addr;
-  if (!check_on) {   /* a GPU's illegal address: the device lost (CUDALUA_CPU_CHECK=1 says more) */
-    cpu_lose(CUDA_ERROR_ILLEGAL_ADDRESS, "the CPU device: an illegal memory access at 0x%lx, in block (%u, %u, %u) "
-             "thread (%u, %u, %u) (CUDALUA_CPU_CHECK=1 names the source line)", (unsigned long)a,
-             t->bid.x, t->bid.y, t->bid.z, t->tid.x, t->tid.y, t->tid.z);
+  if (!check_on && cpu_on_guard(w->fault_addr)) {   /* (a stack overflow: nothing else was touched) */
+    fail_here(w, t, "a thread's stack overflowed (CUDALUA_CPU_CHECK=1 names the source line)");
+    return;
+  }
+  if (!check_on) {
+    /* a GPU's illegal address: the device lost. The thread is the block's first in a kernel run
+       as a loop (its threads' coordinates are stepped in registers there); what the kernel wrote
+       before may have hit the process's own memory */
+    char who[64] = "";
+    if (w->fiber_mode) snprintf(who, sizeof who, " thread (%u, %u, %u)", t->tid.x, t->tid.y, t->tid.z);
+    cpu_lose(CUDA_ERROR_ILLEGAL_ADDRESS, "the CPU device: an illegal memory access at 0x%lx, in block (%u, %u, %u)%s "
+             "(memory it wrote before may be damaged; CUDALUA_CPU_CHECK=1 stops at the first access past an "
+             "array, naming the thread and the line)", (unsigned long)a, t->bid.x, t->bid.y, t->bid.z, who);
     w->failed = 1;
     __atomic_store_n(&stop, 1, __ATOMIC_RELAXED);
     return;

@@ -286,10 +286,15 @@ local function sync_names(texts)
       end
     end
   end
-  -- at file scope a syncing function named other than in a declaration or call: kept somewhere
+  -- at file scope a syncing function named other than in a declaration: kept somewhere, or
+  -- called from a body the scan does not follow (an operator(), a lambda): then all may sync. A
+  -- declaration has a type (or its class's name) before the name; a call does not
   for _, rest in ipairs(outside) do
     for at, w, after in rest:gmatch("()([%a_][%w_]*)%s*(.?)") do
-      if names[w] == true and after ~= "(" and rest:sub(at - 1, at - 1) ~= "." then return true end
+      if names[w] == true and rest:sub(at - 1, at - 1) ~= "." then
+        local before = rest:sub(1, at - 1):match("(%S)%s*$")
+        if after ~= "(" or not (before and before:match("[%w_%*&:>]")) then return true end
+      end
     end
   end
   return names
@@ -403,14 +408,18 @@ function M.compile(src, name, flags, headers, exprs)
   for _, h in ipairs(headers) do
     if not h[1]:match("^cudalua/cpu/") then texts[#texts + 1] = h[2] end
   end
-  local tables, owner = footer(exprs, sync_names(texts), launch_bounds(src))
+  -- (headers found through include folders are not read here: with any, every kernel may sync)
+  local folders = false
+  for _, fl in ipairs(flags) do folders = folders or fl:match("^%-I") ~= nil end
+  local tables, owner = footer(exprs, folders or sync_names(texts), launch_bounds(src))
   local text = ('#line 1 "%s"\n'):format(name) .. dynamic_shared(src) .. tables
   local cxx = find_compiler()
   -- -Bsymbolic: the library's own names are its own (a kernel named raw took ncurses' raw(),
   -- loaded by the interpreter before it: the table held that function's address)
   local args = { cxx, "-std=c++17", "-O2", "-fPIC", "-fno-semantic-interposition", "-shared", "-fno-ipa-icf",
                  "-fno-gnu-unique", "-pthread", "-include", "cudalua/cpu/cuda_cpu.h", "-Wl,-Bsymbolic", "-x", "c++" }
-  if cxx:match("clang") then args[7], args[8] = "-fno-common", "-fno-common" end   -- (gcc's flags)
+  local _, id = find_compiler()
+  if id:match("clang") then args[7], args[8] = "-fno-common", "-fno-common" end   -- (gcc's flags)
   if host_fma() then args[#args + 1], args[#args + 2] = "-mfma", "-ffp-contract=fast" end
   for _, f in ipairs(flags) do args[#args + 1] = f end
   local image, log, lowered = core.cxx_compile(text, name, args, headers, exprs)

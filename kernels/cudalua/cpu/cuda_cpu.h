@@ -128,7 +128,8 @@ template <class T> inline T __shfl_down_sync(unsigned m, T v, unsigned d, int w 
   return __cl_exchange(m, v, [=](int l) { int s = (l & (w - 1)) + (int)d; return s >= w ? l : l + (int)d; }, __cl_file, __cl_line);
 }
 template <class T> inline T __shfl_xor_sync(unsigned m, T v, int x, int w = 32, __CL_AT) {
-  return __cl_exchange(m, v, [=](int l) { int s = l ^ x; return (s & ~(w - 1)) == (l & ~(w - 1)) ? s : l; }, __cl_file, __cl_line);
+  /* PTX's butterfly: a partner past the end of my segment gives my own value (one before it is read) */
+  return __cl_exchange(m, v, [=](int l) { int s = l ^ x; return s <= (l | (w - 1)) ? s : l; }, __cl_file, __cl_line);
 }
 /* the predicate of every lane of mask, as bits */
 inline unsigned __ballot_sync(unsigned mask, int p, __CL_AT) {
@@ -136,9 +137,9 @@ inline unsigned __ballot_sync(unsigned mask, int p, __CL_AT) {
   __CL_HERE(me);
   me->slot[0] = p != 0;
   __cl_rt->warp_sync(me, mask);
-  unsigned r = 0;
+  unsigned r = 0, live = mask & __cl_rt->active(me);   /* (a lane that returned votes nothing) */
   for (unsigned l = 0; l < 32; l++) {
-    cl_cpu_thread *o = (mask >> l) & 1 ? __cl_rt->lane(me, l) : nullptr;
+    cl_cpu_thread *o = (live >> l) & 1 ? __cl_rt->lane(me, l) : nullptr;
     if (o && o->slot[0]) r |= 1u << l;
   }
   __cl_rt->warp_sync(me, mask);
@@ -152,9 +153,9 @@ template <class T> inline unsigned __match_any_sync(unsigned mask, T v, __CL_AT)
   __CL_HERE(me);
   std::memcpy(me->slot, &v, sizeof(T));
   __cl_rt->warp_sync(me, mask);
-  unsigned r = 0;
+  unsigned r = 0, live = mask & __cl_rt->active(me);
   for (unsigned l = 0; l < 32; l++) {
-    cl_cpu_thread *o = (mask >> l) & 1 ? __cl_rt->lane(me, l) : nullptr;
+    cl_cpu_thread *o = (live >> l) & 1 ? __cl_rt->lane(me, l) : nullptr;
     if (o && std::memcmp(o->slot, &v, sizeof(T)) == 0) r |= 1u << l;
   }
   __cl_rt->warp_sync(me, mask);
