@@ -404,9 +404,18 @@ end
 -- of the expressions the log blames, or nil)
 function M.compile(src, name, flags, headers, exprs)
   refuse_gpu_only(src, name)
-  local texts = { src }
+  -- the texts the source includes, itself first (every header given would take the kernels
+  -- of a source that includes none of cudalua's own for syncing ones: reduce.cuh syncs)
+  local by_name, texts, seen = {}, { src }, {}
   for _, h in ipairs(headers) do
-    if not h[1]:match("^cudalua/cpu/") then texts[#texts + 1] = h[2] end
+    if not h[1]:match("^cudalua/cpu/") then by_name[h[1]] = h[2] end
+  end
+  local i = 1
+  while texts[i] do
+    for inc in texts[i]:gmatch('#%s*include%s*[<"]([^>"]+)[>"]') do
+      if by_name[inc] and not seen[inc] then seen[inc] = true; texts[#texts + 1] = by_name[inc] end
+    end
+    i = i + 1
   end
   -- (headers found through include folders are not read here: with any, every kernel may sync)
   local folders = false
