@@ -255,6 +255,10 @@ local function functions(code)
   return found
 end
 
+-- words that come before a call, not a declaration's type
+local CALLERS = { ["return"] = true, ["else"] = true, ["do"] = true, ["case"] = true, ["throw"] = true,
+                  ["co_return"] = true, ["co_await"] = true, ["sizeof"] = true, ["decltype"] = true }
+
 -- sync_names(texts) -> {name = true: may synchronise, false: never}, true (all may) or false
 -- (none)
 local function sync_names(texts)
@@ -290,10 +294,13 @@ local function sync_names(texts)
   -- called from a body the scan does not follow (an operator(), a lambda): then all may sync. A
   -- declaration has a type (or its class's name) before the name; a call does not
   for _, rest in ipairs(outside) do
-    for at, w, after in rest:gmatch("()([%a_][%w_]*)%s*(.?)") do
+    for at, w in rest:gmatch("()([%a_][%w_]*)") do   -- (what follows read, not taken: it may be a name)
+      local after = rest:match("^%s*(.?)", at + #w)
       if names[w] == true and rest:sub(at - 1, at - 1) ~= "." then
-        local before = rest:sub(1, at - 1):match("(%S)%s*$")
-        if after ~= "(" or not (before and before:match("[%w_%*&:>]")) then return true end
+        local head = rest:sub(math.max(1, at - 64), at - 1)
+        local before, word = head:match("(%S)%s*$"), head:match("([%a_][%w_]*)%s*$")
+        local typed = before and before:match("[%w_%*&:>]") and not CALLERS[word]
+        if after ~= "(" or not typed then return true end
       end
     end
   end
