@@ -114,8 +114,10 @@ print("kernel", ok)
 ]]
   it("moves a process that found no GPU to the CPU device, where kernels run", function()
     local out = H.child("print(cuda.is_available())\nprint(cuda.use_cpu(), cuda.is_available(), cuda.devices()[1].kind)\n"
-      .. KERNEL .. "print(cuda.use_cpu())", { CUDALUA_LIBCUDA = "/nonexistent/libcuda.so.1", CUDALUA_DEVICE = "" })
-    assert.equal("false\ntrue\ttrue\tcpu\nkernel\ttrue\ntrue\n", out)
+      .. KERNEL .. "print(cuda.use_cpu())\nprint(require('cudalua.nccl').is_available())",
+      { CUDALUA_LIBCUDA = "/nonexistent/libcuda.so.1", CUDALUA_DEVICE = "" })
+    assert.equal("false\ntrue\ttrue\tcpu\nkernel\ttrue\ntrue\nfalse\tcudalua.nccl: cudalua's CPU device "
+      .. "(CUDALUA_DEVICE=cpu) has no GPUs for NCCL\n", out)
   end)
 
   it("raises once the GPU's driver is in use, naming the way to choose the CPU device", function()

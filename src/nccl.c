@@ -135,6 +135,11 @@ static lcomm *push_comm(lua_State *L, ncclComm_t h, CUcontext ctx) {
 /* ---- library functions ---- */
 
 static int l_available(lua_State *L) {
+  if (cl_cpu_symbol(NULL)) {   /* (chosen, not loaded: the driver is not loaded to ask) */
+    lua_pushboolean(L, 0);
+    lua_pushstring(L, "cudalua.nccl: cudalua's CPU device (CUDALUA_DEVICE=cpu) has no GPUs for NCCL");
+    return 2;
+  }
   int ok = cl_lib_load(&nccl);
   lua_pushboolean(L, ok);
   if (ok) return 1;
