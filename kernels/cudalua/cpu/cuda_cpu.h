@@ -131,8 +131,9 @@ template <class T> inline T __shfl_xor_sync(unsigned m, T v, int x, int w = 32, 
   /* PTX's butterfly: a partner past the end of my segment gives my own value (one before it is read) */
   return __cl_exchange(m, v, [=](int l) { int s = l ^ x; return s <= (l | (w - 1)) ? s : l; }, __cl_file, __cl_line);
 }
-/* the predicate of every lane of mask, as bits */
-inline unsigned __ballot_sync(unsigned mask, int p, __CL_AT) {
+/* the predicate of every lane of mask, as bits; *alive: the lanes of mask that voted (read
+   while they all wait here: once they go on, lanes may return before this one reads) */
+inline unsigned __cl_vote(unsigned mask, int p, unsigned *alive, const char *__cl_file, int __cl_line) {
   cl_cpu_thread *me = __CL_CUR;
   __CL_HERE(me);
   me->slot[0] = p != 0;
@@ -142,13 +143,19 @@ inline unsigned __ballot_sync(unsigned mask, int p, __CL_AT) {
     cl_cpu_thread *o = (live >> l) & 1 ? __cl_rt->lane(me, l) : nullptr;
     if (o && o->slot[0]) r |= 1u << l;
   }
+  *alive = live;
   __cl_rt->warp_sync(me, mask);
   __CL_SET_CUR(me);
   return r;
 }
-inline int __any_sync(unsigned m, int p, __CL_AT) { return __ballot_sync(m, p, __cl_file, __cl_line) != 0; }
-inline int __all_sync(unsigned m, int p, __CL_AT) { return __ballot_sync(m, p, __cl_file, __cl_line) == (m & __activemask()); }
-template <class T> inline unsigned __match_any_sync(unsigned mask, T v, __CL_AT) {
+inline unsigned __ballot_sync(unsigned m, int p, __CL_AT) { unsigned a; return __cl_vote(m, p, &a, __cl_file, __cl_line); }
+inline int __any_sync(unsigned m, int p, __CL_AT) { unsigned a; return __cl_vote(m, p, &a, __cl_file, __cl_line) != 0; }
+inline int __all_sync(unsigned m, int p, __CL_AT) {
+  unsigned a, r = __cl_vote(m, p, &a, __cl_file, __cl_line);
+  return r == a;
+}
+/* the lanes of mask holding my value; *alive as __cl_vote's */
+template <class T> inline unsigned __cl_match(unsigned mask, T v, unsigned *alive, const char *__cl_file, int __cl_line) {
   cl_cpu_thread *me = __CL_CUR;
   __CL_HERE(me);
   std::memcpy(me->slot, &v, sizeof(T));
@@ -158,13 +165,17 @@ template <class T> inline unsigned __match_any_sync(unsigned mask, T v, __CL_AT)
     cl_cpu_thread *o = (live >> l) & 1 ? __cl_rt->lane(me, l) : nullptr;
     if (o && std::memcmp(o->slot, &v, sizeof(T)) == 0) r |= 1u << l;
   }
+  *alive = live;
   __cl_rt->warp_sync(me, mask);
   __CL_SET_CUR(me);
   return r;
 }
+template <class T> inline unsigned __match_any_sync(unsigned mask, T v, __CL_AT) {
+  unsigned a;
+  return __cl_match(mask, v, &a, __cl_file, __cl_line);
+}
 template <class T> inline unsigned __match_all_sync(unsigned mask, T v, int *pred, __CL_AT) {
-  unsigned same = __match_any_sync(mask, v, __cl_file, __cl_line);
-  unsigned all = mask & __activemask();
+  unsigned all, same = __cl_match(mask, v, &all, __cl_file, __cl_line);
   *pred = same == all;
   return same == all ? all : 0;
 }
