@@ -13,7 +13,6 @@
    threads and fibers in an order drawn from the seed, to shake out races. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
-#include <link.h>
 #include <signal.h>
 #include <ucontext.h>
 #include <pthread.h>
@@ -516,7 +515,6 @@ static void thread_done(worker *w, int t) {
    a fiber's stack overflow is a launch failure named afterwards, outside the handler, with the
    source line ---- */
 static struct sigaction prev_segv;
-static uintptr_t kern_lo, kern_hi;   /* the running kernel's library, in memory */
 static pthread_once_t segv_once = PTHREAD_ONCE_INIT;
 
 /* a fault that is not a kernel's: to the handler there was before */
@@ -566,33 +564,14 @@ static void fault_arm(worker *w) {
   if (st.ss_sp) sigaltstack(&st, NULL);
 }
 
-static int phdr_range(struct dl_phdr_info *info, size_t n, void *data) {
-  (void)n;
-  uintptr_t *r = data;
-  if (info->dlpi_addr != r[0]) return 0;
-  for (int i = 0; i < info->dlpi_phnum; i++) {
-    const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
-    uintptr_t end = info->dlpi_addr + ph->p_vaddr + ph->p_memsz;
-    if (ph->p_type == PT_LOAD && end > r[1]) r[1] = end;
-  }
-  return 1;
-}
-
-/* where the launch's kernel library lies in memory: its faults are the kernel's */
-static void kernel_range(cpu_launch *l) {
-  Dl_info info;
-  uintptr_t r[2] = {0, 0};
-  if (dladdr(l->f->e->fn, &info)) r[0] = (uintptr_t)info.dli_fbase, dl_iterate_phdr(phdr_range, r);
-  kern_lo = r[0], kern_hi = r[1];
-}
-
 /* the kernel's source line of pc (the library is built with -g under the check): addr2line on
    the library's file */
 static void source_line(cpu_launch *l, uintptr_t pc, char *out, size_t n) {
-  Dl_info info;
+  Dl_info info, kern;
   char cmd[160], line[512] = "";
   snprintf(out, n, "no source line known");
-  if (!dladdr((void *)pc, &info) || (uintptr_t)info.dli_fbase != kern_lo) return;
+  /* (a pc in another library, a libc function the kernel called: no line of the kernel's) */
+  if (!dladdr((void *)pc, &info) || !dladdr(l->f->e->fn, &kern) || info.dli_fbase != kern.dli_fbase) return;
   snprintf(cmd, sizeof cmd, "addr2line -e /proc/%d/fd/%d 0x%lx 2>/dev/null", (int)getpid(), l->f->mod->fd,
            (unsigned long)(pc - (uintptr_t)info.dli_fbase));
   FILE *p = popen(cmd, "r");
@@ -769,7 +748,6 @@ void cpu_launch_run(cpu_launch *l) {
   current = l, next_block = 0, nblocks_total = n, stop = 0;
   chunk = n / ((uint64_t)cpu_threads() * 64) + 1;   /* (a few dozen rounds each: the load still evens out) */
   if (sched_on) block_order(n);
-  kernel_range(l);
   int helpers = n > 1 ? npool : 0;
   if (helpers) { running = helpers; generation++; pthread_cond_broadcast(&go); }
   pthread_mutex_unlock(&pool_lock);
