@@ -310,6 +310,18 @@ describe("the CPU device", function()
     assert.equal("wrong\t0", last)
   end)
 
+  cpu("a launch's failure is said by the next synchronize even when an event's destruction waited for it first", function()
+    local last = on_cpu([[
+      local k = cuda.kernel('extern "C" __global__ void k(int *x, int bad) { x[threadIdx.x] = 1; assert(!bad); }', "k")
+      local x = cuda.device_array(32, "int32")
+      k[{ 1, 32 }](x, 1)
+      local e = cuda.event()
+      e:close()   -- (it waits for the launch)
+      print(pcall(cuda.synchronize))
+    ]])
+    assert.matches("^false\tcudalua: cuda.synchronize: CUDA_ERROR_LAUNCH_FAILED", last)
+  end)
+
   cpu("a kernel's bad access in a library call is an illegal address, and launch bounds past 1024 are refused", function()
     local last, out = on_cpu([[
       local m = cuda.compile([=[

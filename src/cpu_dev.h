@@ -60,6 +60,7 @@ CUresult cpu_enqueue(CUstream s, cpu_op *op);        /* op: malloc'd; the queue 
 /* while streams capture (cpu_graph.c sets it): 1 when it took op instead of the queue (*r) */
 extern int (*cpu_capture_hook)(CUstream s, cpu_op *op, CUresult *r);
 CUresult cpu_wait_seq(uint64_t seq);                 /* until work up to seq is done */
+void cpu_drain(uint64_t seq);                        /* the same, leaving a failure to be said */
 uint64_t cpu_enqueued(void);                         /* the last sequence number given */
 int cpu_done(uint64_t seq);
 void cpu_fail(CUresult r, const char *fmt, ...);     /* a launch failed: the next sync says so */

@@ -154,7 +154,7 @@ static CUresult c_CtxGetLimit(size_t *v, CUlimit l) {
 static CUresult c_CtxGetStreamPriorityRange(int *least, int *greatest) { *least = 0; *greatest = -5; return CUDA_SUCCESS; }
 
 /* ---- memory: freeing waits for the queued work (as cuMemFree does), an async free is queued ---- */
-static CUresult drain(void) { cpu_wait_seq(cpu_enqueued()); return CUDA_SUCCESS; }
+static CUresult drain(void) { cpu_drain(cpu_enqueued()); return CUDA_SUCCESS; }
 static CUresult c_MemAlloc(CUdeviceptr *p, size_t n) {
   void *m;
   CUresult r = n > cpu_device_free() ? CUDA_ERROR_OUT_OF_MEMORY : cpu_alloc(&m, n, CU_MEMORYTYPE_DEVICE);

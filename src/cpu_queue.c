@@ -104,6 +104,14 @@ CUresult cpu_lost(void) {
   return r;
 }
 
+/* until work up to seq is done, a launch's failure left for the next wait that reports: a free,
+   an event's destruction or a module's unload is no place to hear of it (it was lost there) */
+void cpu_drain(uint64_t seq) {
+  pthread_mutex_lock(&lock);
+  while (done < seq) pthread_cond_wait(&progress, &lock);
+  pthread_mutex_unlock(&lock);
+}
+
 uint64_t cpu_enqueued(void) {
   pthread_mutex_lock(&lock);
   uint64_t g = given;
