@@ -83,14 +83,19 @@ typedef struct cpu_launch {
   cpu_func *f;
   cl_cpu_dim grid, block;
   size_t shared;
-  void **args;          /* pointers into vals */
-  unsigned char *vals;
-  size_t size;          /* the allocation's, args and vals in it (a graph node copies it) */
+  void **args;          /* pointers to the values, which follow them */
+  size_t size;          /* the allocation's, args and values in it (a graph node copies it) */
 } cpu_launch;
 void cpu_launch_run(cpu_launch *l);     /* on the queue's worker: every block, then returns */
 int cpu_threads(void);                  /* the pool's size ("multiprocessors") */
 int cpu_on_guard(const void *p);        /* p is on a guard page of this thread's fibers' stacks */
 extern const cl_cpu_rt cpu_rt;
+
+/* an entry point's table row (cpu_driver.c, cpu_graph.c): the implementation must have the entry
+   point's type (the conditional says so at compile time) */
+#define CPU_STR(f) #f
+#define CPU_XSTR(f) CPU_STR(f)
+#define IMPL(f, impl) {CPU_XSTR(f), (void *)(1 ? (impl) : (__typeof__(&f))0)}
 
 /* ---- cpu_driver.c: the ops' runners and makers, which graph nodes reuse ---- */
 size_t cpu_device_free(void);   /* what the device's memory has left (CUDALUA_CPU_MEMORY) */

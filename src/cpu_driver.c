@@ -535,7 +535,6 @@ cpu_launch *cpu_launch_new(cpu_func *cf, cl_cpu_dim g, cl_cpu_dim b, size_t shar
     l->args[i] = v;
     v += (e->size[i] + 15u) / 16 * 16;
   }
-  l->vals = (unsigned char *)(l->args + e->nparams);
   return l;
 }
 static CUresult launch(cpu_func *cf, cl_cpu_dim g, cl_cpu_dim b, size_t shared, CUstream s, void **params) {
@@ -581,10 +580,6 @@ static CUresult unsupported(void) { return CUDA_ERROR_NOT_SUPPORTED; }
 static CUresult profiler_noop(void) { return CUDA_SUCCESS; }
 
 /* ---- the entry points by the names the loader asks for (cuda.h's: cuMemAlloc_v2, ...) ---- */
-#define CPU_STR(f) #f
-#define CPU_XSTR(f) CPU_STR(f)
-/* the implementation must have the entry point's type (the conditional says so at compile time) */
-#define IMPL(f, impl) {CPU_XSTR(f), (void *)(1 ? (impl) : (__typeof__(&f))0)}
 static const struct { const char *name; void *fn; } impls[] = {
   IMPL(cuInit, c_Init), IMPL(cuDriverGetVersion, c_DriverGetVersion), IMPL(cuGetErrorName, c_GetErrorName),
   IMPL(cuGetErrorString, c_GetErrorString), IMPL(cuDeviceGet, c_DeviceGet), IMPL(cuDeviceGetCount, c_DeviceGetCount),

@@ -185,7 +185,6 @@ static int node_copy_into(cpu_node *d, const cpu_node *s, int keep) {
     memcpy(c, l, l->size);
     c->args = (void **)((char *)c + ((const char *)l->args - (const char *)l));
     for (int i = 0; i < l->f->e->nparams; i++) c->args[i] = (char *)c + ((const char *)l->args[i] - (const char *)l);
-    c->vals = (unsigned char *)c + (l->vals - (const unsigned char *)l);
     d->op.u.launch.l = c;
   }
   if (s->type == CU_GRAPH_NODE_TYPE_BATCH_MEM_OP && cpu_batch_copy(s->op.u.batch.v, s->op.u.batch.n, &d->op.u.batch.v))
@@ -1211,9 +1210,6 @@ static CUresult c_GraphDebugDotPrint(CUgraph g, const char *path, unsigned flags
 
 /* ---- the entry points, found before cpu_driver.c's (those of streams and events here are
    the capture-aware ones) ---- */
-#define CPU_STR(f) #f
-#define CPU_XSTR(f) CPU_STR(f)
-#define IMPL(f, impl) {CPU_XSTR(f), (void *)(1 ? (impl) : (__typeof__(&f))0)}
 static const struct { const char *name; void *fn; } impls[] = {
   IMPL(cuGraphCreate, c_GraphCreate), IMPL(cuGraphDestroy, c_GraphDestroy), IMPL(cuGraphAddKernelNode, c_GraphAddKernelNode),
   IMPL(cuGraphAddMemcpyNode, c_GraphAddMemcpyNode), IMPL(cuGraphAddMemsetNode, c_GraphAddMemsetNode),

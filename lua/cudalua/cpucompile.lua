@@ -429,12 +429,11 @@ function M.compile(src, name, flags, headers, exprs)
   for _, fl in ipairs(flags) do folders = folders or fl:match("^%-I") ~= nil end
   local tables, owner = footer(exprs, folders or sync_names(texts), launch_bounds(src))
   local text = ('#line 1 "%s"\n'):format(name) .. dynamic_shared(src) .. tables
-  local cxx = find_compiler()
+  local cxx, id = find_compiler()
   -- -Bsymbolic: the library's own names are its own (a kernel named raw took ncurses' raw(),
   -- loaded by the interpreter before it: the table held that function's address)
   local args = { cxx, "-std=c++17", "-O2", "-fPIC", "-fno-semantic-interposition", "-shared", "-fno-ipa-icf",
                  "-fno-gnu-unique", "-pthread", "-include", "cudalua/cpu/cuda_cpu.h", "-Wl,-Bsymbolic", "-x", "c++" }
-  local _, id = find_compiler()
   if id:match("clang") then args[7], args[8] = "-fno-common", "-fno-common" end   -- (gcc's flags)
   if host_fma() then args[#args + 1], args[#args + 2] = "-mfma", "-ffp-contract=fast" end
   for _, f in ipairs(flags) do args[#args + 1] = f end
