@@ -1,5 +1,6 @@
 # cudalua: make (build), make test, make examples, make bench (GPU machine), make install;
-# make docs, make asan and make fuzz (CI), make sanitize (GPU machine).
+# make docs, make asan and make fuzz (CI), make sanitize (GPU machine). build/cudalua-run: the
+# job launcher (tools/cudalua-run.c), installed into bin/.
 # Builds against the CUDA toolkit's headers only: libcuda and NVRTC are opened at run time.
 LUA        ?= lua5.4
 LUA_INCDIR ?= /usr/include/lua5.4
@@ -21,6 +22,7 @@ HEADERS = $(wildcard kernels/cudalua/*.cuh kernels/cudalua/nvrtc/*.h kernels/cud
 PREFIX     ?= /usr/local
 INST_LIBDIR ?= $(PREFIX)/lib/lua/5.4
 INST_INCDIR ?= $(PREFIX)/include
+INST_BINDIR ?= $(PREFIX)/bin
 
 # the Lua library a host program links (the packed Lua of the GPU machine has no -dev symlink)
 LUA_LIB ?= $(firstword $(wildcard $(LUA_INCDIR)/../lib/liblua5.4.so.0) -llua5.4)
@@ -29,7 +31,7 @@ LUA_LIB ?= $(firstword $(wildcard $(LUA_INCDIR)/../lib/liblua5.4.so.0) -llua5.4)
 BUSTED = $(LUA) -e "package.path='./?.lua;'..package.path; package.cpath='./?.so;'..package.cpath; require 'busted.runner'({standalone=false})" /dev/null
 
 .PHONY: all test test-cpu examples bench install clean libs asan fuzz sanitize docs stress layers lengths
-all: cudalua.so libs
+all: cudalua.so libs build/cudalua-run
 
 # the C embedding API (src/cudalua.h) as a static and a shared library
 libs: libcudalua.a libcudalua.so
@@ -58,6 +60,10 @@ build:
 cudalua.so: $(OBJS)
 	$(CC) $(LIBFLAG) -o $@ $(OBJS) $(LIBS)
 
+# the job launcher: a program of its own (POSIX processes, pipes and signals; no Lua linked)
+build/cudalua-run: tools/cudalua-run.c | build
+	$(CC) $(CFLAGS) $(WARN) -std=gnu11 -o $@ $<
+
 # every C file calls only downward: the layers listed at the top of src/cl.h, checked
 # against what the object files define and use (tools/layers.lua; CI runs it)
 layers: cudalua.so
@@ -65,7 +71,7 @@ layers: cudalua.so
 
 # no function over 80 lines without a comment saying why (tools/lengths.lua; CI runs it)
 lengths:
-	@$(LUA) tools/lengths.lua src/*.c lua/cudalua/*.lua
+	@$(LUA) tools/lengths.lua src/*.c lua/cudalua/*.lua tools/cudalua-run.c
 
 # the specs get a compile cache of their own, emptied first. With a GPU, the specs of the
 # driver-less behaviour (#nogpu) run in a second pass with the driver hidden. Without one, the
@@ -78,7 +84,7 @@ TEST_ENV = CUDALUA_CACHE_DIR=$(CURDIR)/build/test-cache CUDALUA_SPEC_TALLY=$(CUR
 CPU_ENV = CUDALUA_DEVICE=cpu CUDALUA_CPU_MEMORY=1G
 CPU_PASS ?= 1
 TALLY = awk '{p += $$1; f += $$2; s += $$3} END {printf "%d passed, %d failed, %d skipped\n", p, f, s}' build/spec-tally
-test: cudalua.so
+test: cudalua.so build/cudalua-run
 	@rm -rf build/test-cache build/spec-tally
 	@if $(HAS_GPU) 2>/dev/null; then \
 	  $(TEST_ENV) $(BUSTED) -o spec/output.lua --exclude-tags=nogpu spec; st=$$?; \
@@ -159,11 +165,12 @@ asan:
 	$(SAN_ENV) $(MAKE) -s fuzz LUA=$(CURDIR)/build/sanlua
 	$(MAKE) -s clean
 
-install: cudalua.so libs
-	mkdir -p $(INST_LIBDIR) $(INST_INCDIR)
+install: cudalua.so libs build/cudalua-run
+	mkdir -p $(INST_LIBDIR) $(INST_INCDIR) $(INST_BINDIR)
 	cp cudalua.so $(INST_LIBDIR)/
 	cp src/cudalua.h $(INST_INCDIR)/
 	cp libcudalua.a libcudalua.so $(INST_LIBDIR)/
+	cp build/cudalua-run $(INST_BINDIR)/
 
 clean:
 	rm -rf build cudalua.so libcudalua.a libcudalua.so

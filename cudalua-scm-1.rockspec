@@ -30,6 +30,7 @@ build = {
   install_variables = {
     INST_LIBDIR = "$(LIBDIR)",
     INST_INCDIR = "$(PREFIX)/include",
+    INST_BINDIR = "$(BINDIR)",
   },
 }
 test = {

@@ -34,6 +34,9 @@ build = {
   install_variables = {
     INST_LIBDIR = "$(LIBDIR)",
     INST_INCDIR = "$(PREFIX)/include",
+    -- the job launcher's folder (a Makefile after 0.2.0 installs build/cudalua-run there; CI packs
+    -- this rockspec with the sources of HEAD, and without it the launcher went to /usr/local/bin)
+    INST_BINDIR = "$(BINDIR)",
   },
 }
 test = {

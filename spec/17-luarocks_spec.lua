@@ -58,6 +58,15 @@ describe("luarocks make", function()
     assert.matches("/libcudalua%.a\n", out)
   end)
 
+  with_luarocks("installs the job launcher into the tree's bin/, where it runs", function()
+    local t = install()
+    H.write(t .. "/hello.lua", 'print("hello from " .. os.getenv("RANK") .. " of " .. os.getenv("WORLD_SIZE"))')
+    local ok, out = run(("cd / && timeout 60 %s -n 2 --lua %s %s"):format(q(t .. "/bin/cudalua-run"), q(LUA), q(t .. "/hello.lua")))
+    assert(ok, out)
+    assert.matches("[rank 0] hello from 0 of 2\n", out, 1, true)
+    assert.matches("[rank 1] hello from 1 of 2\n", out, 1, true)
+  end)
+
   with_luarocks("lets a fresh process require it and compile a kernel using its headers", function()
     local ok, out = fresh([[
 local cuda = require "cudalua"
