@@ -1,6 +1,7 @@
 #!/bin/sh
 # bench/run.sh LUA: builds bench/raw.c, bench/raw_helpers.c and bench/rawloop.c, runs the raw
-# CUDA baselines, bench/core.lua, bench/helpers.lua, bench/cuda_cpp.lua and bench/multigpu.lua
+# CUDA baselines, bench/core.lua, bench/helpers.lua, bench/cuda_cpp.lua, bench/multigpu.lua and
+# bench/nccl_jobs.lua
 # (cudalua, with raw loops in the same process), bench/compare.py (CuPy, Numba; its helper part
 # as a second run) and bench/nccl_torch.py, bench/cpu_device.lua (on the CPU device, with its C
 # loop) and bench/numba_sim.py, then prints one table and checks cudalua's targets.
@@ -35,7 +36,7 @@ if [ -z "$BENCH_REPORT_ONLY" ]; then
   fi
   rm -f "$OUT/raw.txt" "$OUT/core.txt" "$OUT/compare.txt" "$OUT/raw_helpers.txt" \
         "$OUT/helpers.txt" "$OUT/compare_helpers.txt" "$OUT/raw_b.txt" "$OUT/core_b.txt" "$OUT/cuda_cpp.txt" \
-        "$OUT/multigpu.txt" "$OUT/nccl_torch.txt" "$OUT/cpu_device.txt" "$OUT/numba_sim.txt"
+        "$OUT/multigpu.txt" "$OUT/nccl_torch.txt" "$OUT/cpu_device.txt" "$OUT/numba_sim.txt" "$OUT/nccl_jobs.txt"
   for prog in raw raw_helpers; do
     if gcc -O2 -std=gnu11 -Wall -I"$CUDA_DIR/include" bench/$prog.c -o "$OUT/$prog" \
          -L"$CUDA_DIR/lib64" -L"$CUDA_DIR/lib64/stubs" -Wl,-rpath,"$CUDA_DIR/lib64" -lcuda -lnvrtc -lm ||
@@ -69,6 +70,8 @@ if [ -z "$BENCH_REPORT_ONLY" ]; then
   PYTHONUNBUFFERED=1 step numba_sim 120 "$PY" bench/numba_sim.py
   PYTHONUNBUFFERED=1 step nccl_torch 180 "$PY" bench/nccl_torch.py
   rm -rf "$OUT/cache"
+  CUDALUA_CACHE_DIR=$PWD/$OUT/cache step nccl_jobs 300 "$LUA" bench/nccl_jobs.lua
+  rm -rf "$OUT/cache"
   PYTHONUNBUFFERED=1 step compare 60 "$PY" bench/compare.py
   PYTHONUNBUFFERED=1 step compare_helpers 120 "$PY" bench/compare.py cupy_helpers numba_helpers
   # a second round of the raw and cudalua basics, minutes later: launch costs on this machine
@@ -80,12 +83,12 @@ if [ -z "$BENCH_REPORT_ONLY" ]; then
   echo "== all parts ran in $(( $(date +%s) - start )) s" >&2
 fi
 
-for f in raw core compare raw_helpers helpers compare_helpers raw_b core_b cuda_cpp multigpu nccl_torch cpu_device numba_sim; do
+for f in raw core compare raw_helpers helpers compare_helpers raw_b core_b cuda_cpp multigpu nccl_torch cpu_device numba_sim nccl_jobs; do
   touch "$OUT/$f.txt"
 done
 grep -h '^info_\|^#' "$OUT/raw.txt" "$OUT/core.txt" "$OUT/compare.txt" "$OUT/raw_helpers.txt" \
   "$OUT/helpers.txt" "$OUT/compare_helpers.txt" "$OUT/cuda_cpp.txt" "$OUT/multigpu.txt" "$OUT/nccl_torch.txt" \
-  "$OUT/cpu_device.txt" "$OUT/numba_sim.txt"
+  "$OUT/cpu_device.txt" "$OUT/numba_sim.txt" "$OUT/nccl_jobs.txt"
 
 # the rows (bench/rows.txt), and the multi-GPU ones where there were two GPUs to measure
 rows=$OUT/rows.txt
@@ -131,7 +134,7 @@ BEGIN {
   load(out "/raw_b.txt", "r:"); load(out "/core_b.txt", "l:")
   load(out "/raw_helpers.txt", "r:"); load(out "/helpers.txt", "l:"); load(out "/compare_helpers.txt", "p:")
   load(out "/cuda_cpp.txt", "l:"); load(out "/multigpu.txt", "l:"); load(out "/nccl_torch.txt", "p:")
-  load(out "/cpu_device.txt", "l:"); load(out "/numba_sim.txt", "p:")
+  load(out "/cpu_device.txt", "l:"); load(out "/numba_sim.txt", "p:"); load(out "/nccl_jobs.txt", "l:")
   printf "\n| %-54s | %10s | %9s | %8s | %9s | %9s |\n", "measurement", "raw C/base", "cudalua", "ratio", "CuPy", "Numba"
   printf "|%s|%s|%s|%s|%s|%s|\n", "--------------------------------------------------------", "------------", "-----------", "----------", "-----------", "-----------"
 }

@@ -967,8 +967,25 @@ function nccl.version() end
 --- A unique id (256 hex characters) every rank passes to `nccl.comm_init_rank`.
 function nccl.unique_id() end
 
---- A communicator on the selected device; blocks until every rank has joined.
-function nccl.comm_init_rank(nranks, id, rank) end
+--- A communicator on the selected device, once every rank has joined. Non-blocking unless
+-- opts.blocking: NCCL's calls and each collective on the GPU are waited for with opts.timeout
+-- (seconds; CUDALUA_NCCL_TIMEOUT, else 600); past it, or when NCCL reports a lost peer, the
+-- communicator is aborted and a Lua error names the operation, the rank, the time waited and
+-- NCCL's last warning.
+function nccl.comm_init_rank(nranks, id, rank, opts) end
+
+--- The same, the ranks meeting at "host:port" (rank 0 listens there; NCCL 2.22 or newer).
+function nccl.comm_init_at(nranks, addr, rank, opts) end
+
+--- A communicator of the job, started the way cluster launchers start one: rank, size and local
+-- rank from opts or from RANK/WORLD_SIZE/LOCAL_RANK (cudalua-run, torchrun), OMPI_COMM_WORLD_*,
+-- PMI_* or SLURM_*; the GPU local_rank modulo the GPUs (selected); the ranks meet at opts.addr,
+-- MASTER_ADDR:MASTER_PORT, or through opts.file (CUDALUA_NCCL_ID_FILE). Options: rank, size,
+-- local_rank, device, addr, file, timeout, blocking.
+function nccl.init(opts) end
+
+--- {rank, size, local_rank, launcher} from a launcher's variables, or nil (getenv: os.getenv).
+function nccl.launch_info(getenv) end
 
 --- One communicator per device of the list (default: every GPU); `comms:close()` ends them.
 function nccl.comm_init_all(devices) end
@@ -1013,8 +1030,25 @@ function Comm:device() end
 --- The ncclComm_t handle (an integer).
 function Comm:handle() end
 
---- An error NCCL found asynchronously, or nil.
+--- An error NCCL found asynchronously (or why it was aborted), or nil.
 function Comm:async_error() end
+
+--- Its timeout in seconds.
+function Comm:timeout() end
+
+--- Sets its timeout (seconds > 0).
+function Comm:set_timeout(seconds) end
+
+--- How many of its collectives the GPU has not finished (it does not wait).
+function Comm:pending() end
+
+--- The communicator of the ranks that gave this color, ranked by key; nil for color nil.
+-- Every rank calls it.
+function Comm:split(color, key, opts) end
+
+--- A communicator of the ranks not in the list (NCCL 2.27 or newer); every rank that stays
+-- calls it. opts.abort: abandon the work in flight first (by default when NCCL reports an error).
+function Comm:shrink(ranks, opts) end
 
 --- Aborts the communicator (after an error).
 function Comm:abort() end

@@ -389,6 +389,8 @@ enum { CL_WAIT_STREAM, CL_WAIT_EVENT, CL_WAIT_CTX, CL_WAIT_HOSTFNS };   /* HOSTF
 CUresult cl_wait_raw(lua_State *L, int kind, void *h);
 void cl_wait_check(lua_State *L);   /* raises where no wait may be (in a running host function) */
 void cl_wait(lua_State *L, int kind, void *h, const char *what);  /* raises */
+/* called by cl_wait before (after 0) and after (1) the wait; may raise (nccl.c sets it) */
+extern void (*cl_wait_hook)(lua_State *L, const char *what, int after);
 void cl_wait_result(lua_State *L, CUresult r, const char *what);  /* raises a wait's failure */
 void cl_host_drain(lua_State *L);   /* before a driver call that waits for the whole device */
 /* device-wide waits (cuCtxSynchronize) and captures exclude each other: a claim is held around

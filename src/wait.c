@@ -129,10 +129,16 @@ void cl_wait_result(lua_State *L, CUresult r, const char *what) {
   cl_check(L, r, what);
 }
 
+/* set by a layer above (nccl.c) that must see every wait of the user's: before it (a refusal),
+   and after it (a failure found meanwhile on another thread, told to its state) */
+void (*cl_wait_hook)(lua_State *L, const char *what, int after);
+
 void cl_wait(lua_State *L, int kind, void *h, const char *what) {
+  if (cl_wait_hook) cl_wait_hook(L, what, 0);
   CUresult r = cl_wait_raw(L, kind, h);
   cl_wait_result(L, r, what);
   cl_host_raise(L);
+  if (cl_wait_hook) cl_wait_hook(L, what, 1);
 }
 
 /* before a driver call that waits for the whole device by itself (frees of host-visible
