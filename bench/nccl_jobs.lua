@@ -12,7 +12,10 @@ package.cpath = "./?.so;" .. package.cpath
 package.path = "./?.lua;" .. package.path
 local cuda = require "cudalua"
 local nccl = require "cudalua.nccl"
-local ROUNDS, M = tonumber(os.getenv("BENCH_REPS")) or 7, 500
+-- rounds of M collectives: 2 ranks on one GPU take turns on it (time slices of milliseconds),
+-- so the socket rows' collectives take ms; 1 rank's take us (rounds of about 0.2 s each)
+local ROUNDS = tonumber(os.getenv("BENCH_REPS")) or 7
+local M = { nccl_socket = 100, nccl_single = 20000 }
 local function out(k, v) io.write(("%s %.4f\n"):format(k, v)); io.flush() end
 local function note(s) io.write("# " .. s .. "\n"); io.flush() end
 local SOCKET = "NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_IB_DISABLE=1 NCCL_NET=Socket NCCL_SOCKET_IFNAME=lo"
@@ -32,8 +35,8 @@ local function rank_main(prefix, port)
     for _, mode in ipairs(order) do
       local c = comms[mode]
       local t0 = cuda.time()
-      for _ = 1, M do c:all_reduce(x, y, "sum", s); s:synchronize() end
-      best[mode] = math.min(best[mode], (cuda.time() - t0) / M * 1e6)
+      for _ = 1, M[prefix] do c:all_reduce(x, y, "sum", s); s:synchronize() end
+      best[mode] = math.min(best[mode], (cuda.time() - t0) / M[prefix] * 1e6)
     end
   end
   if b:rank() == 0 then
@@ -49,14 +52,14 @@ local function job(prefix, n)
   local procs = {}
   for r = 0, n - 1 do
     local env = n > 1 and ("%s NCCL_HOSTID=host%d"):format(SOCKET, r) or ""
-    procs[r] = io.popen(("env %s RANK=%d WORLD_SIZE=%d timeout 120 %s bench/nccl_jobs.lua rank %s %d 2>&1")
+    procs[r] = io.popen(("env %s RANK=%d WORLD_SIZE=%d timeout 200 %s bench/nccl_jobs.lua rank %s %d 2>&1")
       :format(env, r, n, lua, prefix, port))
   end
   for r = 0, n - 1 do
     local o = procs[r]:read("a")
-    local ok = procs[r]:close()
+    local ok, _, status = procs[r]:close()
     if r == 0 or not ok then io.write(o) end
-    if not ok then note(("nccl_jobs.lua: rank %d of the %s job failed"):format(r, prefix)) end
+    if not ok then note(("nccl_jobs.lua: rank %d of the %s job failed (status %s)"):format(r, prefix, tostring(status))) end
   end
 end
 
@@ -99,7 +102,7 @@ if arg[1] == "rank" then rank_main(arg[2], tonumber(arg[3])); os.exit(0) end
 if arg[1] == "job4" then job4_main(); os.exit(0) end
 local ok, why = nccl.is_available()
 if not ok or not cuda.is_available() then note("nccl_jobs.lua: no NCCL or no GPU: " .. tostring(why or cuda.driver_error())); os.exit(0) end
-note(("nccl_jobs.lua: NCCL %d, %d rounds of %d"):format(nccl.version(), ROUNDS, M))
+note(("nccl_jobs.lua: NCCL %d, %d rounds of %d (sockets) and %d (1 rank)"):format(nccl.version(), ROUNDS, M.nccl_socket, M.nccl_single))
 job("nccl_socket", 2)
 job("nccl_single", 1)
 run4()

@@ -29,8 +29,10 @@ describe("nccl.launch_info and nccl.init's checks (no GPU needed)", function()
   end)
 
   it("misuse: bad variables, bad options, no rank, no meeting place, a bad address", function()
-    C.raises("nccl.init: RANK=x is not a whole number >= 0", nccl.launch_info, env_of { RANK = "x", WORLD_SIZE = "2" })
-    C.raises("nccl.init: RANK=4 and WORLD_SIZE=4: the rank must be below the size", nccl.launch_info, env_of { RANK = "4", WORLD_SIZE = "4" })
+    C.raises("nccl.launch_info: RANK=x is not a whole number >= 0", nccl.launch_info, env_of { RANK = "x", WORLD_SIZE = "2" })
+    C.raises("nccl.launch_info: RANK=4 and WORLD_SIZE=4: the rank must be below the size", nccl.launch_info, env_of { RANK = "4", WORLD_SIZE = "4" })
+    C.raises("nccl.launch_info: expected a function like os.getenv, got table", nccl.launch_info, {})
+    C.raises("nccl.launch_info: PMI_RANK=true is not a whole number >= 0", nccl.launch_info, env_of { PMI_RANK = true, PMI_SIZE = "2" })
     C.raises("nccl.init: unknown option 'ranks'", nccl.init, { ranks = 2 })
     C.raises("nccl.init: expected a table of options, got string", nccl.init, "x")
     local out = H.child([[local nccl = require "cudalua.nccl"

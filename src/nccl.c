@@ -282,10 +282,13 @@ static void nccl_told(lua_State *L, const char *what) {
 /* ---- waiting for NCCL on the Lua thread ---- */
 
 /* between polls: the state's host functions that fired run (the stream work behind them goes
-   on), then a short pause growing with the time waited */
+   on), then a pause growing with the time waited: none for the first 50 us (a collective NCCL
+   launches on its own thread is queued within microseconds: a yield would cost more than the
+   wait), a yield up to 0.1 ms, then sleeps */
 static void pause_poll(lua_State *L, double waited) {
   cl_hostq *q = cl_in_hostfn ? NULL : cl_host_queue(L);
   if (q && cl_host_q_armed(q)) cl_host_service_q(L, q);
+  if (waited < 5e-5) return;
   if (waited < 1e-4) { sched_yield(); return; }
   struct timespec ts = {0, waited < 0.01 ? 50000L : 1000000L};
   nanosleep(&ts, NULL);

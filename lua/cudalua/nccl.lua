@@ -45,28 +45,34 @@ local LAUNCHERS = {
   { "Slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID" },
 }
 
-local function int_var(getenv, name)
+local function int_var(getenv, name, where)
   local v = getenv(name)
   if v == nil or v == "" then return nil end   -- (set empty: unset, as shells see it)
-  local n = math.tointeger(tonumber(v))
-  if not n or n < 0 then check.error("nccl.init", 3, "%s=%s is not a whole number >= 0", name, v) end
+  local n = type(v) == "string" and math.tointeger(tonumber(v)) or nil
+  if not n or n < 0 then check.error(where, 4, "%s=%s is not a whole number >= 0", name, tostring(v)) end
   return n
+end
+
+local function launch_info(getenv, where)
+  for _, l in ipairs(LAUNCHERS) do
+    local rank, size = int_var(getenv, l[2], where), int_var(getenv, l[3], where)
+    if rank and size then
+      if size < 1 or rank >= size then
+        check.error(where, 3, "%s=%d and %s=%d: the rank must be below the size", l[2], rank, l[3], size)
+      end
+      return { rank = rank, size = size, local_rank = int_var(getenv, l[4], where), launcher = l[1] }
+    end
+  end
+  return nil
 end
 
 -- nccl.launch_info([getenv]) -> {rank =, size =, local_rank =, launcher =} from the launcher's
 -- variables (nil: none set). getenv: os.getenv, or a function standing in for it (tests).
 function M.launch_info(getenv)
-  getenv = getenv or os.getenv
-  for _, l in ipairs(LAUNCHERS) do
-    local rank, size = int_var(getenv, l[2]), int_var(getenv, l[3])
-    if rank and size then
-      if size < 1 or rank >= size then
-        check.error("nccl.init", 3, "%s=%d and %s=%d: the rank must be below the size", l[2], rank, l[3], size)
-      end
-      return { rank = rank, size = size, local_rank = int_var(getenv, l[4]), launcher = l[1] }
-    end
+  if getenv ~= nil and type(getenv) ~= "function" then
+    check.error("nccl.launch_info", 2, "expected a function like os.getenv, got %s", type(getenv))
   end
-  return nil
+  return launch_info(getenv or os.getenv, "nccl.launch_info")
 end
 
 -- rank 0 writes the id to path (whole: written aside, then renamed); the others wait for it
@@ -105,7 +111,7 @@ function M.init(opts)
   for k in pairs(opts) do
     if not INIT_OPTIONS[k] then check.error("nccl.init", 2, "unknown option '%s'", tostring(k)) end
   end
-  local info = M.launch_info() or {}
+  local info = launch_info(os.getenv, "nccl.init") or {}
   local rank, size = opts.rank or info.rank, opts.size or info.size
   if not rank or not size then
     check.error("nccl.init", 2, "no rank and size: give {rank =, size =}, or start the job with a launcher "
