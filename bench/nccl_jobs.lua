@@ -15,7 +15,7 @@ local nccl = require "cudalua.nccl"
 -- rounds of M collectives: 2 ranks on one GPU take turns on it (time slices of milliseconds),
 -- so the socket rows' collectives take ms; 1 rank's take us (rounds of about 0.2 s each)
 local ROUNDS = tonumber(os.getenv("BENCH_REPS")) or 7
-local M = { nccl_socket = 100, nccl_single = 20000 }
+local M = { nccl_socket = 50, nccl_single = 20000 }
 local function out(k, v) io.write(("%s %.4f\n"):format(k, v)); io.flush() end
 local function note(s) io.write("# " .. s .. "\n"); io.flush() end
 local SOCKET = "NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_IB_DISABLE=1 NCCL_NET=Socket NCCL_SOCKET_IFNAME=lo"
@@ -29,14 +29,19 @@ local function rank_main(prefix, port)
   local x, y = cuda.device_array(2, "float32"), cuda.device_array(2, "float32")
   local best = { blocking = math.huge, nonblocking = math.huge }
   local comms = { blocking = b, nonblocking = nb }
-  for _, c in pairs(comms) do for _ = 1, 50 do c:all_reduce(x, y, "sum", s); s:synchronize() end end
+  -- (in the same order on every rank: each waits for the others' same collective)
+  for _, mode in ipairs { "blocking", "nonblocking" } do
+    for _ = 1, 5 do comms[mode]:all_reduce(x, y, "sum", s); s:synchronize() end
+  end
   for round = 1, ROUNDS do
     local order = round % 2 == 1 and { "blocking", "nonblocking" } or { "nonblocking", "blocking" }
     for _, mode in ipairs(order) do
       local c = comms[mode]
       local t0 = cuda.time()
       for _ = 1, M[prefix] do c:all_reduce(x, y, "sum", s); s:synchronize() end
-      best[mode] = math.min(best[mode], (cuda.time() - t0) / M[prefix] * 1e6)
+      local us = (cuda.time() - t0) / M[prefix] * 1e6
+      best[mode] = math.min(best[mode], us)
+      if b:rank() == 0 then note(("%s round %d %s: %.1f us"):format(prefix, round, mode, us)) end
     end
   end
   if b:rank() == 0 then
