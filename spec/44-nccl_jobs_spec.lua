@@ -87,6 +87,16 @@ describe("NCCL jobs of several ranks, each a machine of its own on one GPU #nccl
     end
   end)
 
+  job("nccl.init meets through a file rank 0 writes, when given one", function()
+    local dir = H.tmpdir()
+    local res = ranks.run("file", 3, { timeout = 30, seed = 18, env = "IDFILE=" .. dir .. "/id" })
+    for r = 1, 3 do
+      assert.equal(0, res[r].status, res[r].out)
+      assert.equal("file sum 6", res[r].ok, res[r].out)
+    end
+    H.rmrf(dir)
+  end)
+
   job("a rank that never joins: the others' init raises after the timeout", function()
     local res = ranks.run("never_join", 3, { victim = 2, timeout = TIMEOUT, seed = 11 })
     assert.equal(3, res[3].status)

@@ -40,7 +40,7 @@ end
 
 local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 
--- run(case, n, {victim =, timeout =, delay =, seed =, limit =, lua =}) -> a list (rank + 1) of
+-- run(case, n, {victim =, timeout =, delay =, seed =, limit =, lua =, env = "K=V ..."}) -> a list (rank + 1) of
 -- {status =, out =, lines =, ok =, failed = {op, after, msg}, usable =, reinit =}, and the
 -- wall time of the whole job
 function M.run(case, n, o)
@@ -52,8 +52,8 @@ function M.run(case, n, o)
   local start = M.now()
   for r = 0, n - 1 do
     local env = ("%s NCCL_HOSTID=host%d RANK=%d WORLD_SIZE=%d LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=%d "
-      .. "VICTIM=%d TIMEOUT=%s DELAY=%s SEED=%d"):format(M.socket_env, r, r, n, port, o.victim or -1,
-      o.timeout or 5, o.delay or 0.2, o.seed or 1)
+      .. "VICTIM=%d TIMEOUT=%s DELAY=%s SEED=%d %s"):format(M.socket_env, r, r, n, port, o.victim or -1,
+      o.timeout or 5, o.delay or 0.2, o.seed or 1, o.env or "")
     local cmd = ("env %s timeout -s KILL %d %s spec/support/nccl_worker.lua %s 2>&1; echo \"EXIT $?\"")
       :format(env, limit, q(lua), q(case))
     procs[r + 1] = io.popen(cmd)

@@ -149,6 +149,16 @@ if case == "collectives" then
   os.exit(0)
 end
 
+if case == "file" then   -- meeting through a file rank 0 writes (no address)
+  comm = nccl.init { file = os.getenv("IDFILE"), timeout = timeout }
+  local x = cuda.to_device(cuda.array({ rank + 1 }, "int64"))
+  local y = cuda.device_array(1, "int64")
+  comm:all_reduce(x, y, "sum")
+  say("OK file sum %d", y:copy_to_host()[1])
+  comm:close()
+  os.exit(0)
+end
+
 if case == "never_join" then
   if rank == victim then os.exit(3) end
   if step("init", init) then survive() end
