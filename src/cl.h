@@ -909,6 +909,7 @@ void cl_open_nvtx(lua_State *L);   /* core.nvtx, profile_start/stop */
 
 /* ---- from nccl.c: NCCL communicators ---- */
 int luaopen_cudalua_nccl_core(lua_State *L);   /* the NCCL functions (core.nccl) */
+void cl_nccl_shutdown(void);   /* the last state closed: the watchdog thread ends (joined) */
 
 /* ---- from device.c: devices and the system ---- */
 void cl_open_device(lua_State *L); /* the system functions, into the table on top */

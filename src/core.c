@@ -49,6 +49,7 @@ static int state_closed(lua_State *L) {
     cl_idle_devices();      /* the helper thread releases closed states' host functions meanwhile */
     cl_hostfn_shutdown();   /* before the contexts its memory was allocated in go */
     cl_gexec_shutdown();    /* the conditional lanes, likewise */
+    cl_nccl_shutdown();     /* the watchdog: its code goes when the library is unloaded */
     cl_release_contexts();
   }
   pthread_mutex_unlock(&states_mu);

@@ -69,9 +69,12 @@ typedef struct {
   X(ncclRecv, ncclResult_t, (void *, size_t, int, int, ncclComm_t, CUstream)) \
   X(ncclGroupStart, ncclResult_t, (void)) \
   X(ncclGroupEnd, ncclResult_t, (void))
-/* newer: the last warning (2.13), finalizing before destroy and non-blocking communicators
-   (2.14), splitting (2.18), shrinking (2.27) */
+/* a stand-in NCCL for tests without a GPU (spec/support/nccl_stand_in.c: the waits, timeouts
+   and the watchdog on the CPU device) says so; newer NCCLs have the last warning (2.13),
+   finalizing before destroy and non-blocking communicators (2.14), splitting (2.18),
+   shrinking (2.27) */
 #define NCCL_OPTIONAL(X) \
+  X(cudalua_nccl_stand_in, int, (void)) \
   X(ncclGetLastError, const char *, (ncclComm_t)) \
   X(ncclCommFinalize, ncclResult_t, (ncclComm_t)) \
   X(ncclCommInitRankConfig, ncclResult_t, (ncclComm_t *, int, ncclUniqueId, int, ncclConfig_t *)) \
@@ -104,9 +107,12 @@ static cl_lib nccl = {
 
 static void need(lua_State *L) { cl_lib_need(L, &nccl); }
 
+/* a stand-in NCCL (tests) drives no GPU */
+static int stand_in(void) { return cl_lib_load(&nccl) && nc.cudalua_nccl_stand_in && nc.cudalua_nccl_stand_in(); }
+
 /* a communicator drives GPUs through NCCL's own CUDA runtime: the CPU device has none to give */
 static void need_gpu(lua_State *L, const char *where) {
-  if (cl_driver_load() && cl_cpu_symbol(NULL))
+  if (cl_driver_load() && cl_cpu_symbol(NULL) && !stand_in())
     cl_error(L, where, "cudalua's CPU device (CUDALUA_DEVICE=cpu) cannot run NCCL communicators: NCCL needs NVIDIA GPUs");
 }
 
@@ -144,7 +150,8 @@ typedef struct { ncomm *k; } lcomm;   /* the Lua object: the record is freed at 
 static pthread_mutex_t wd_lock = PTHREAD_MUTEX_INITIALIZER;   /* the list; taken before a record's lock */
 static pthread_cond_t wd_cond = PTHREAD_COND_INITIALIZER;
 static ncomm *wd_list;
-static int wd_started;
+static int wd_started, wd_stop;
+static pthread_t wd_thread;
 static int untold;   /* communicators aborted by the watchdog whose state has not been told (atomic) */
 
 static const void *state_id(lua_State *L) {
@@ -209,7 +216,8 @@ static void watch_one(ncomm *k, double now) {
     ncclResult_t e = 0;
     const char *op = k->n ? k->pend[k->head].op : "its idle time";
     if (nc.ncclCommGetAsyncError(k->c, &e) == 0 && e != 0 && e != NCCL_IN_PROGRESS)
-      abort_comm(k, 2, op, "NCCL reported %s (%s)", cl_result_name(&nccl, e), nc.ncclGetErrorString(e));
+      abort_comm(k, 2, op, "NCCL reported %s (%s) %.1f s after it was queued", cl_result_name(&nccl, e),
+                 nc.ncclGetErrorString(e), k->n ? now - k->pend[k->head].t0 : 0.0);
     else if (!retire(k, now))
       abort_comm(k, 2, op, "did not finish on the GPU within the timeout (%.1f s, waited %.1f s): aborted",
                  k->timeout, now - k->pend[k->head].t0);
@@ -220,8 +228,8 @@ static void watch_one(ncomm *k, double now) {
 static void *watchdog(void *arg) {
   (void)arg;
   pthread_mutex_lock(&wd_lock);
-  for (;;) {
-    while (!wd_list) pthread_cond_wait(&wd_cond, &wd_lock);
+  while (!wd_stop) {
+    if (!wd_list) { pthread_cond_wait(&wd_cond, &wd_lock); continue; }
     double now = now_s();
     for (ncomm *k = wd_list; k; k = k->next) watch_one(k, now);
     struct timespec until;
@@ -230,20 +238,29 @@ static void *watchdog(void *arg) {
     if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
     pthread_cond_timedwait(&wd_cond, &wd_lock, &until);
   }
+  pthread_mutex_unlock(&wd_lock);
   return NULL;
+}
+
+/* the last state has closed (core.c): the watchdog ends before the library can be unloaded
+   (lua_close unloads it: a thread left in its code would crash the process at exit; the
+   stand-in NCCL's spec found it) */
+void cl_nccl_shutdown(void) {
+  pthread_mutex_lock(&wd_lock);
+  int started = wd_started;
+  wd_stop = 1;
+  pthread_cond_broadcast(&wd_cond);
+  pthread_mutex_unlock(&wd_lock);
+  if (started) pthread_join(wd_thread, NULL);
+  pthread_mutex_lock(&wd_lock);
+  wd_started = wd_stop = 0;   /* a state opened later starts it again */
+  pthread_mutex_unlock(&wd_lock);
 }
 
 /* k joins the watchdog's list (the thread starts with the first) */
 static void watch(ncomm *k) {
   pthread_mutex_lock(&wd_lock);
-  if (!wd_started) {
-    pthread_t t;
-    pthread_attr_t a;
-    pthread_attr_init(&a);
-    pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
-    wd_started = pthread_create(&t, &a, watchdog, NULL) == 0;
-    pthread_attr_destroy(&a);
-  }
+  if (!wd_started) wd_started = pthread_create(&wd_thread, NULL, watchdog, NULL) == 0;
   k->next = wd_list, wd_list = k, k->listed = 1;
   pthread_cond_signal(&wd_cond);
   pthread_mutex_unlock(&wd_lock);
@@ -525,7 +542,7 @@ static void joined(lua_State *L, ncomm *k, ncclComm_t h, ncclResult_t r, double 
 /* ---- library functions ---- */
 
 static int l_available(lua_State *L) {
-  if (cl_cpu_symbol(NULL)) {   /* (chosen, not loaded: the driver is not loaded to ask) */
+  if (cl_cpu_symbol(NULL) && !stand_in()) {   /* (chosen, not loaded: the driver is not loaded to ask) */
     lua_pushboolean(L, 0);
     lua_pushstring(L, "cudalua.nccl: cudalua's CPU device (CUDALUA_DEVICE=cpu) has no GPUs for NCCL");
     return 2;
