@@ -115,14 +115,18 @@ describe("NCCL's waits and the watchdog, with a stand-in NCCL on the CPU device"
   end)
 
   -- the Lua thread and the watchdog meet on each communicator: random sequences of
-  -- collectives, groups, waits, sleeps, closes and collections while the stand-in's errors come
-  -- at random times; every error must be cudalua's, and the child must end (a time limit
-  -- kills a hang: its status is then not 0)
+  -- collectives, groups, waits, sleeps, closes (inside groups too), aborts (from host functions
+  -- too) and collections while the stand-in's errors come at random times; every error must be
+  -- cudalua's, and the child must end (a time limit kills a hang: its status is then not 0).
+  -- It found two deadlocks of the CPU device (destroying an event waits for the stream's work:
+  -- the watchdog did so holding wd_lock, and comm:abort before running the state's host
+  -- functions) and, with review, the others this file checks.
   cc("seeded stress: collectives, groups, waits, closes and collections against the watchdog's aborts", function()
-    for seed = 1, 4 do
-      local out = run("remote_error", ([[
+    for seed = 1, 5 do   -- (the last: every collective stays in progress, each call waits out its timeout)
+      local out = run(seed < 5 and "remote_error" or "call_hang", ([[
         math.randomseed(%d)
         local comms, x, y = {}, cuda.device_array(64, "float32"), cuda.device_array(64, "float32")
+        local s = cuda.stream()
         local clean, done = 0, 0
         for step = 1, 300 do
           local k = math.random(4)
@@ -137,6 +141,15 @@ describe("NCCL's waits and the watchdog, with a stand-in NCCL on the CPU device"
             elseif r == 7 then cuda.sleep(math.random() * 0.02)
             elseif r == 8 then comms[k]:pending(); comms[k]:async_error()
             elseif r == 9 then comms[k] = nil; collectgarbage()
+            elseif math.random(3) == 1 then   -- closed inside its group
+              local c = comms[k]
+              comms[k] = nil
+              nccl.group(function() c:all_reduce(x, y); c:close() end)
+            elseif math.random(2) == 1 then   -- aborted by a host function while a call waits
+              local c = comms[k]
+              comms[k] = nil
+              s:launch_host_func(function() c:abort() end)
+              c:all_reduce(x, y)
             else comms[k]:abort() end
           end)
           if ok then done = done + 1
@@ -146,6 +159,38 @@ describe("NCCL's waits and the watchdog, with a stand-in NCCL on the CPU device"
         io.write("stress done ", done, " clean ", clean, "\n")]]):format(seed), { STAND_IN_AFTER = tostring(0.05 * seed) })
       assert.matches("^stress done %d+ clean %d+\n$", out)
     end
+  end)
+
+  -- found by review: a method that locked the communicator inside the group that held it
+  -- deadlocked; an abort from a host function run while a call waited freed the record under
+  -- it (ASan in CI sees a use after free); a close inside a group waited for the timeout
+  cc("inside a group and inside a wait's host functions: looks, closes and aborts neither deadlock nor free under it", function()
+    local out, calls = run("call_hang", [[
+      local c = nccl.comm_init_rank(2, nccl.unique_id(), 1, { timeout = 0.3 })
+      local x, y = cuda.device_array(4, "float32"), cuda.device_array(4, "float32")
+      local ok, e = pcall(nccl.group, function()
+        c:all_reduce(x, y)
+        io.write("in the group: pending ", c:pending(), " timeout ", c:timeout(), "\n")
+        c:set_timeout(0.2)
+        local ok2, e2 = pcall(c.abort, c)
+        io.write(e2, "\n")
+        local ok3, e3 = pcall(nccl.comm_init_rank, 2, nccl.unique_id(), 0)
+        io.write(e3, "\n")
+      end)
+      io.write("group: ", e, "\n")
+      local c2 = nccl.comm_init_rank(2, nccl.unique_id(), 0, { timeout = 0.3 })
+      local s = cuda.stream()
+      s:launch_host_func(function() c2:abort(); io.write("aborted in a host function\n") end)
+      ok, e = pcall(c2.all_reduce, c2, x, y)
+      io.write("after: ", e, "\n")
+      io.write("usable ", cuda.device_array(8, "int32"):fill(5) and "yes" or "", "\n")]])
+    assert.matches("in the group: pending 0 timeout 0.3\n", out, 1, true)
+    assert.matches("comm:abort: not inside the nccl.group that queued its collectives", out, 1, true)
+    assert.matches("nccl.comm_init_rank: not inside nccl.group", out, 1, true)
+    assert.matches("group: cudalua: nccl.group: rank 1 of 2: timed out after 0.2 s", out, 1, true)
+    assert.matches("aborted in a host function\n", out, 1, true)
+    assert.matches("usable yes\n", out, 1, true)
+    assert.matches("init\ncollective\nabort\ninit\ncollective\nabort\n", calls, 1, true)
   end)
 
   cc("no wait inside a group that queued collectives; the timeout and pending count", function()

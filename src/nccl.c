@@ -140,6 +140,8 @@ typedef struct ncomm {
   const char *why_op;           /* why it was aborted: the operation, and "rank R of N: what: last warning" */
   char why[768];
   const void *owner;            /* the state that made it (its main thread): told at its next wait */
+  int busy;                     /* a wait on the Lua thread has let its lock go (host functions run):
+                                   a close or abort from one of them is put off (the record stays) */
   struct ncomm *next;           /* the watchdog's list */
   int listed;
 } ncomm;
@@ -190,7 +192,9 @@ static void abort_comm(ncomm *k, int how, const char *op, const char *fmt, ...) 
   if (how == 2) __atomic_add_fetch(&untold, 1, __ATOMIC_SEQ_CST);
   nc.ncclCommAbort(k->c);
   k->c = NULL;
-  drop_events(k);
+  /* (its events stay until it is closed, on its state's thread: destroying one may wait for
+     the stream's work, as on the CPU device, and that work may be a host function the state's
+     thread must run, while it waits for wd_lock, which the watchdog holds here) */
 }
 
 /* the collectives at the ring's head that have finished give their events back; 0 when the
@@ -316,13 +320,16 @@ static void pause_poll(lua_State *L, double waited) {
    meanwhile). -1: the timeout passed; -2: the watchdog aborted k meanwhile. */
 static ncclResult_t settle(lua_State *L, ncomm *k, ncclComm_t c, ncclResult_t r, double t0) {
   while (r == NCCL_IN_PROGRESS) {
-    if (nc.ncclCommGetAsyncError(c, &r) != 0) return r ? r : 3;
+    ncclResult_t g = nc.ncclCommGetAsyncError(c, &r);
+    if (g != 0) return g;
     if (r != NCCL_IN_PROGRESS) break;
     double waited = now_s() - t0;
     if (waited > k->timeout) return -1;
+    k->busy++;
     pthread_mutex_unlock(&k->lock);
     pause_poll(L, waited);
     pthread_mutex_lock(&k->lock);
+    k->busy--;
     if (!k->c) return -2;
   }
   return r;
@@ -372,8 +379,14 @@ static void enter(lua_State *L, ncomm *k, const char *op) {
 
 /* a collective has been queued on h: an event after it, for the watchdog (not in a capture:
    the work runs when the graph is launched) */
+static void track_in(ncomm *k, CUstream h, const char *op, double t0);
 static void track(ncomm *k, CUstream h, const char *op, double t0) {
   if (!k->nonblocking || !k->c) return;
+  CUcontext prev = cl_ctx_swap(k->ctx);   /* (another device may be current: its event, its stream) */
+  track_in(k, h, op, t0);
+  cl_ctx_swap(prev);
+}
+static void track_in(ncomm *k, CUstream h, const char *op, double t0) {
   CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
   if (cl_capturing && CU0(cuStreamIsCapturing, h, &cs) == CUDA_SUCCESS && cs != CU_STREAM_CAPTURE_STATUS_NONE) return;
   if (k->n == PEND) {   /* full: the newest's event moves behind this one */
@@ -535,6 +548,8 @@ static void joined(lua_State *L, ncomm *k, ncclComm_t h, ncclResult_t r, double 
     cl_error(L, where, "rank %d of %d: %s (%s)%s%s", k->rank, k->size, cl_result_name(&nccl, r), nc.ncclGetErrorString(r),
              last && *last ? ": " : "", last && *last ? last : "");
   }
+  int rank = -1, size = 0;   /* (a split's or shrink's: its own, read before the watchdog may abort it) */
+  if (nc.ncclCommUserRank(h, &rank) == 0 && nc.ncclCommCount(h, &size) == 0 && rank >= 0) k->rank = rank, k->size = size;
   pthread_mutex_unlock(&k->lock);
   if (k->nonblocking) watch(k);
 }
@@ -578,7 +593,8 @@ static int l_unique_id(lua_State *L) {
 
 /* NCCL_COMM_ID while id and the init are made: NCCL then takes addr for its bootstrap's root,
    which rank 0 opens there (ncclCommInitRankDev reads it before the init goes on on a thread
-   of its own); put back after */
+   of its own); put back after. (setenv while another thread reads the environment is a known
+   hazard of glibc: NCCL's threads read it at their start, not during an init of this thread.) */
 static char *comm_id_set(const char *addr) {
   const char *old = getenv("NCCL_COMM_ID");
   char *keep = old ? strdup(old) : NULL;
@@ -594,6 +610,7 @@ static void comm_id_back(const char *addr, char *keep) {
 
 /* joins n ranks as rank (checked) with id, or at addr (id made there); options at optidx */
 static int init_rank(lua_State *L, int n, ncclUniqueId *id, const char *addr, int rank, int optidx, const char *where) {
+  if (group_depth) cl_error(L, where, "not inside nccl.group (NCCL would queue the init until the group ends)");
   copts o = comm_options(L, optidx, where, 0);
   need_gpu(L, where);
   need(L);
@@ -667,6 +684,7 @@ static int l_comm_init_all(lua_State *L) {
   cl_checktype(L, 1, LUA_TTABLE);
   int n = (int)lua_rawlen(L, 1);
   if (n < 1 || n > 64) return cl_error(L, where, "expected a list of 1 to 64 device ids, got %d", (int)n);
+  if (group_depth) cl_error(L, where, "not inside nccl.group (NCCL would queue the init until the group ends)");
   need_gpu(L, where);
   int devs[64];
   for (int i = 0; i < n; i++) {
@@ -709,7 +727,7 @@ static int l_comm_init_all(lua_State *L) {
 /* the group's end returned r: each communicator of it waited for (its lock held since its
    first collective), its collectives watched, its lock let go. The first failure is raised
    once every lock is let go (the others' failures abort them: their reasons are kept). */
-static void group_settle(lua_State *L, ncclResult_t r, double t0) {
+static void group_settle(lua_State *L, ncclResult_t r, double t0, int quiet) {
   ncomm **ks = held;
   int nk = nheld;
   ncomm *bad = NULL;
@@ -728,8 +746,13 @@ static void group_settle(lua_State *L, ncclResult_t r, double t0) {
     pthread_mutex_unlock(&k->lock);
   }
   nheld = 0, ngrouped = 0;
+  if (bad && quiet) {   /* fn's error goes up: this one's communicator aborted as fail would */
+    if ((badr == -1 || breaks(badr)) && bad->c) abort_comm(bad, 1, "nccl.group", "failed while the group's function raised: aborted");
+    pthread_mutex_unlock(&bad->lock);
+    return;
+  }
   if (bad) fail(L, bad, badr, t0, "nccl.group", 0);
-  if (r != 0 && r != NCCL_IN_PROGRESS) cl_error(L, "nccl.group", "%s (%s)", cl_result_name(&nccl, r), nc.ncclGetErrorString(r));
+  if (r != 0 && r != NCCL_IN_PROGRESS && !quiet) cl_error(L, "nccl.group", "%s (%s)", cl_result_name(&nccl, r), nc.ncclGetErrorString(r));
 }
 
 /* group(fn, ...) -> fn's results: fn's collectives queued as one group; the group ends when
@@ -747,7 +770,8 @@ static int l_group(lua_State *L) {
   r = CL_PARKED(L, CL_PARK_ENQUEUE, nc.ncclGroupEnd());
   if (group_depth == 0) {
     release_group(L);
-    group_settle(L, r, t0);
+    group_settle(L, r, t0, st != LUA_OK);
+    cl_flush_deferred(L);   /* communicators closed inside it */
   } else if (r != 0 && r != NCCL_IN_PROGRESS && st == LUA_OK) {
     cl_error(L, "nccl.group", "%s (%s)", cl_result_name(&nccl, r), nc.ncclGetErrorString(r));
   }
@@ -807,7 +831,7 @@ static CUstream prepare(lua_State *L, ncomm *k, int sidx, cl_stream **ps, const 
   if (k->in_set && group_depth == 0)
     cl_error(L, where, "this communicator is one of several this process drives "
                "(comm_init_all): queue their collectives inside nccl.group(function() ... end)");
-  keep_in_group(L, 2, 3);
+  keep_in_group(L, 1, 3);   /* (the communicator too: its record's lock is the group's) */
   CL_BEFORE_ENQUEUE(L, where);
   *ps = s;   /* NCCL selects the communicator's device itself */
   return s ? s->h : NULL;
@@ -940,23 +964,30 @@ static int c_handle(lua_State *L) { lua_pushinteger(L, (lua_Integer)(uintptr_t)c
 
 /* comm:timeout() -> seconds; comm:set_timeout(seconds) (NCCL's calls and each collective) */
 static int c_timeout(lua_State *L) { lua_pushnumber(L, checkcomm(L, 1)->k->timeout); return 1; }
+/* k's lock for a look (not when this thread's group holds it already): 1 when taken */
+static int look(ncomm *k) {
+  if (group_depth && holds(k)) return 0;
+  pthread_mutex_lock(&k->lock);
+  return 1;
+}
+
 static int c_set_timeout(lua_State *L) {
   ncomm *k = checkcomm(L, 1)->k;
   lua_Number t = cl_checknumber(L, 2);
   cl_argcheck(L, t > 0 && t <= 1e9, 2, "seconds must be > 0");
-  pthread_mutex_lock(&k->lock);
+  int locked = look(k);
   k->timeout = (double)t;
-  pthread_mutex_unlock(&k->lock);
+  if (locked) pthread_mutex_unlock(&k->lock);
   return 0;
 }
 
 /* comm:pending() -> how many of its collectives the GPU has not finished (polls; Lua goes on) */
 static int c_pending(lua_State *L) {
   ncomm *k = checkcomm(L, 1)->k;
-  pthread_mutex_lock(&k->lock);
+  int locked = look(k);
   if (k->c) retire(k, now_s());
   int n = (int)k->n;
-  pthread_mutex_unlock(&k->lock);
+  if (locked) pthread_mutex_unlock(&k->lock);
   lua_pushinteger(L, n);
   return 1;
 }
@@ -964,13 +995,13 @@ static int c_pending(lua_State *L) {
 /* the communicator's asynchronous error, if any: nil when there is none (or aborted: why) */
 static int c_async_error(lua_State *L) {
   ncomm *k = checkcomm(L, 1)->k;
-  pthread_mutex_lock(&k->lock);
-  ncclResult_t e = 0, r = k->c ? nc.ncclCommGetAsyncError(k->c, &e) : 0;
+  int locked = look(k);
+  ncclResult_t e = 0, r = k->c && locked ? nc.ncclCommGetAsyncError(k->c, &e) : 0;   /* (in its group: not yet queued) */
   if (!k->c && k->aborted) lua_pushfstring(L, "aborted during %s: %s", k->why_op, k->why);
   else if (r == 0 && e != 0) lua_pushfstring(L, "%s (%s)", cl_result_name(&nccl, e), nc.ncclGetErrorString(e));
   else if (r != 0) lua_pushfstring(L, "%s (%s)", cl_result_name(&nccl, r), nc.ncclGetErrorString(r));
   else lua_pushnil(L);
-  pthread_mutex_unlock(&k->lock);
+  if (locked) pthread_mutex_unlock(&k->lock);
   return 1;
 }
 
@@ -993,10 +1024,6 @@ static int derived(lua_State *L, ncomm *k, ncclComm_t h, ncclResult_t r, double 
   fill_info(n, parent_rank, parent_size, k->dev);   /* (its messages until it is made) */
   pthread_mutex_lock(&n->lock);
   joined(L, n, h, r, t0, where);
-  int rank = -1, size = 0;
-  nc.ncclCommUserRank(h, &rank);
-  nc.ncclCommCount(h, &size);
-  fill_info(n, rank, size, k->dev);
   return 1;
 }
 
@@ -1082,13 +1109,13 @@ static int finalize(lua_State *L, ncomm *k) {
 /* closes the communicators cs (a list of comm_init_all, or one): out of the watchdog's sight
    first; a broken one is aborted; healthy ones are finalized (together, in a group: one thread
    drives them all), then destroyed, and their records freed. Never raises: it runs from __gc. */
-static void close_comms(lua_State *L, ncomm **cs, int n) {
+static void close_comms(lua_State *L, ncomm **cs, int n, int broken) {
   cl_host_drain(L);   /* finalizing waits for the device: L's host functions run first */
   CUcontext cur = NULL;
   CU0(cuCtxGetCurrent, &cur);
   for (int i = 0; i < n; i++) unwatch(cs[i]);
-  /* one broken communicator of a list: finalizing the others would wait for it forever */
-  int broken = 0;
+  /* one broken communicator of a list (or an abort asked for): finalizing the others would
+     wait for it forever */
   for (int i = 0; i < n; i++) {
     ncclResult_t e = 0;
     CU0(cuCtxSetCurrent, cs[i]->ctx);
@@ -1115,13 +1142,32 @@ static void close_comms(lua_State *L, ncomm **cs, int n) {
   CU0(cuCtxSetCurrent, cur);
 }
 
-/* communicators dropped inside a host function or a capture: finalizing and destroying them
-   waits for the device, so they are closed later (cl_defer) */
-typedef struct { cl_deferred later; int n; ncomm *c[]; } closing;
+/* communicators dropped inside a host function or a capture (finalizing and destroying wait
+   for the device), inside nccl.group (NCCL would queue the finalize until the group's end), or
+   while a wait of this thread has let go of their lock (it goes on with the record): closed
+   later (cl_defer; nccl.group flushes at its end); abort: aborted then */
+typedef struct { cl_deferred later; int n, abort; ncomm *c[]; } closing;
 static void close_later(lua_State *L, cl_deferred *d) {
   closing *k = CL_DEFERRED_OWNER(d, closing, later);
-  close_comms(L, k->c, k->n);
+  close_comms(L, k->c, k->n, k->abort);
   free(k);
+}
+
+/* whether closing cs now must wait (see closing) */
+static int must_defer(lua_State *L, ncomm **cs, int n) {
+  int busy = 0;
+  for (int i = 0; i < n; i++) busy |= cs[i]->busy;
+  return busy || group_depth || cl_must_defer(L);
+}
+
+/* closes cs now or later; raises nothing */
+static void close_or_defer(lua_State *L, ncomm **cs, int n, int abort) {
+  closing *k = must_defer(L, cs, n) ? malloc(sizeof *k + n * sizeof(ncomm *)) : NULL;
+  if (!k) { close_comms(L, cs, n, abort); return; }
+  k->later.fn = close_later;
+  k->n = n, k->abort = abort;
+  memcpy(k->c, cs, n * sizeof(ncomm *));
+  cl_defer(L, &k->later);
 }
 
 /* comm:close(): a communicator of comm_init_all closes with all the others of its list */
@@ -1139,25 +1185,21 @@ static int c_close(lua_State *L) {
     }
   } else if (c->k) { cs[n++] = c->k; c->k = NULL; }
   lua_pop(L, 1);
-  if (!n) return 0;
-  closing *k = cl_must_defer(L) ? malloc(sizeof *k + n * sizeof(ncomm *)) : NULL;
-  if (k) {
-    k->later.fn = close_later;
-    k->n = n;
-    memcpy(k->c, cs, n * sizeof(ncomm *));
-    cl_defer(L, &k->later);
-  } else {
-    close_comms(L, cs, n);
-  }
+  if (n) close_or_defer(L, cs, n, 0);
   return 0;
 }
 
-/* comm:abort(): ends the communicator now, whatever is queued (after an error) */
+/* comm:abort(): ends the communicator now, whatever is queued (after an error); inside a host
+   function that runs while this thread waits for it, once that wait has let go */
 static int c_abort(lua_State *L) {
   lcomm *c = cl_checkudata(L, 1, COMM_MT);
   ncomm *k = c->k;
   if (!k) return 0;
+  if (group_depth && holds(k))
+    cl_error(L, "comm:abort", "not inside the nccl.group that queued its collectives (abort it after the group)");
   c->k = NULL;
+  if (k->busy || cl_must_defer(L)) { close_or_defer(L, &k, 1, 1); return 0; }
+  cl_host_drain(L);   /* (destroying its events may wait for the device: L's host functions run first) */
   unwatch(k);
   pthread_mutex_lock(&k->lock);
   if (k->c) { CU0(cuCtxSetCurrent, k->ctx); nc.ncclCommAbort(k->c); k->c = NULL; }

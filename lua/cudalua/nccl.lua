@@ -124,6 +124,8 @@ function M.init(opts)
   local addr, file = opts.addr, opts.file
   local function var(name) local v = os.getenv(name); return v ~= "" and v or nil end
   local host, port = var("MASTER_ADDR"), var("MASTER_PORT")
+  -- torchrun's own store listens on MASTER_PORT: NCCL's root takes the next port
+  if port and var("TORCHELASTIC_RUN_ID") and math.tointeger(tonumber(port)) then port = tostring(math.tointeger(tonumber(port)) + 1) end
   if not addr and not file and host and port then addr = host .. ":" .. port end
   file = file or var("CUDALUA_NCCL_ID_FILE")
   if not addr and not file then
@@ -135,7 +137,11 @@ function M.init(opts)
   core.select_device(opts.device or (opts.local_rank or info.local_rank or rank) % ngpu)
   if addr then return C.comm_init_at(size, addr, rank, comm_opts) end
   local timeout = opts.timeout or tonumber(os.getenv("CUDALUA_NCCL_TIMEOUT")) or 600
-  return C.comm_init_rank(size, id_by_file(file, rank, timeout), rank, comm_opts)
+  local comm = C.comm_init_rank(size, id_by_file(file, rank, timeout), rank, comm_opts)
+  -- every rank has read the id once the communicator is made: rank 0 removes the file, so
+  -- that the next job's ranks cannot read this one's
+  if rank == 0 then os.remove(file) end
+  return comm
 end
 
 local Comms = {}
