@@ -114,6 +114,33 @@ describe("cudalua-run", function()
     end
   end)
 
+  -- ported from PyTorch's launcher tests (test/distributed/launcher/run_test.py,
+  -- test_launch_user_script_python and the failing variant, with bin/test_script.py): every
+  -- worker touches a file named by its global RANK and the folder then holds exactly 0..world-1;
+  -- a variable the parent set (TEST_SENTINEL_PARENT=FOOBAR) reaches every worker; with
+  -- --fail every worker raises and the launch fails
+  it("ported from torchrun's tests: each of 4 workers touches its RANK; the parent's environment reaches them; --fail fails the job", function()
+    local touched = dir .. "/touched"
+    os.execute("mkdir -p " .. q(touched))
+    local script = file("touch.lua", [[
+      assert(os.getenv("TEST_SENTINEL_PARENT") == "FOOBAR", "the parent's variable is missing")
+      for _, k in ipairs { "LOCAL_RANK", "RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT" } do
+        assert(os.getenv(k), k .. " is not set")
+      end
+      if arg[1] == "--fail" then error("raising since --fail was given") end
+      assert(io.open(arg[2] .. "/" .. os.getenv("RANK"), "w")):close()]])
+    local st, _, err = launch("-n 4 " .. q(script) .. " --touch " .. q(touched), { env = "TEST_SENTINEL_PARENT=FOOBAR" })
+    assert.equal(0, st, err)
+    local names = {}
+    for name in H.run("ls " .. q(touched)):gmatch("%S+") do names[#names + 1] = name end
+    table.sort(names)
+    assert.same({ "0", "1", "2", "3" }, names)
+    st, _, err = launch("-n 4 " .. q(script) .. " --fail " .. q(touched), { env = "TEST_SENTINEL_PARENT=FOOBAR" })
+    assert.is_true(st ~= 0, "the job succeeded although every worker raised")
+    assert.matches("raising since --fail was given", err, 1, true)
+    assert.matches("cudalua%-run: rank %d exited with status 1\n", err)
+  end)
+
   it("passes the script's arguments as they are (spaces, quotes, empty, options of its own)", function()
     local script = file("args.lua", 'local t = {} for i = 1, #arg do t[i] = "<" .. arg[i] .. ">" end print(#arg, table.concat(t))')
     local st, out, err = launch("-n 2 " .. q(script) .. " 'a b' \"it's\" '' -n --grace")
