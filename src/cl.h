@@ -387,6 +387,10 @@ int cl_capture_in_body(lua_State *L, cl_stream *s);
 /* ---- from wait.c: waits that run host functions, device-wide claims ---- */
 enum { CL_WAIT_STREAM, CL_WAIT_EVENT, CL_WAIT_CTX, CL_WAIT_HOSTFNS };   /* HOSTFNS: until L's have run */
 CUresult cl_wait_raw(lua_State *L, int kind, void *h);
+double cl_now_us(void);   /* a monotonic clock, microseconds */
+/* one pause of a loop polling on L's thread: its fired host functions run (*since, cl_now_us
+   of the last activity, then reset), then a spin, yield or sleep growing with the idle time */
+void cl_poll_pause(lua_State *L, double *since);
 void cl_wait_check(lua_State *L);   /* raises where no wait may be (in a running host function) */
 void cl_wait(lua_State *L, int kind, void *h, const char *what);  /* raises */
 /* called by cl_wait before (after 0) and after (1) the wait; may raise (nccl.c sets it) */
@@ -409,6 +413,8 @@ void cl_host_after_enqueue(lua_State *L, CUstream h, const char *what);   /* lau
 void cl_open_wait(lua_State *L);   /* cuda.sleep, into the table on top */
 
 /* ---- from memory.c: the memory blocks behind arrays ---- */
+/* the state L belongs to (its main thread), as an identity; NULL for NULL */
+const void *cl_state_id(lua_State *L);
 enum { CL_HOST, CL_PINNED, CL_MAPPED, CL_MANAGED, CL_DEVICE, CL_FOREIGN,   /* kinds */
        CL_HANDLE };   /* a driver object (CUDA array, texture, surface): cl_mem_handle_try */
 /* cl_mem.spread: where the queued work that uses a block is (with used). Each covers the ones

@@ -168,7 +168,7 @@ static pthread_mutex_t cache_mu = PTHREAD_MUTEX_INITIALIZER;
 
 /* the state L belongs to (its main thread): the owner of the blocks it caches. NULL (no state:
    the last one is closing) owns every block */
-static const void *state_id(lua_State *L) {
+const void *cl_state_id(lua_State *L) {
   if (!L) return NULL;
   lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
   const void *id = lua_topointer(L, -1);
@@ -208,7 +208,7 @@ static void free_blocks(lua_State *L, block *v, int n) {
    left once this state's own older blocks are gone) */
 static int cache_put(lua_State *L, CUdeviceptr p, size_t bytes, CUcontext ctx, cl_stream *s) {
   if (!L || bytes > cache_limit / 8 || cl_capturing || (s && !s->owned)) return 0;
-  const void *me = state_id(L);
+  const void *me = cl_state_id(L);
   block out[SLOTS];
   int n = 0;
   pthread_mutex_lock(&cache_mu);
@@ -251,7 +251,7 @@ static CUdeviceptr cache_get(size_t bytes, CUcontext ctx, cl_stream *s) {
    state (all of them with L NULL); with a limit, the oldest of them until at most limit bytes
    are cached */
 static void cache_drop(lua_State *L, cl_stream *s, size_t limit) {
-  const void *me = s ? NULL : state_id(L);
+  const void *me = s ? NULL : cl_state_id(L);
   block out[SLOTS];
   int n = 0;
   pthread_mutex_lock(&cache_mu);

@@ -18,7 +18,6 @@
 #include <dlfcn.h>
 #include <limits.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -107,6 +106,14 @@ static cl_lib nccl = {
 
 static void need(lua_State *L) { cl_lib_need(L, &nccl); }
 
+/* a result as messages give it, for "%s (%s)": its name and NCCL's text */
+#define RESULT(r) cl_result_name(&nccl, (r)), nc.ncclGetErrorString(r)
+
+/* raises "where: ncclX (NCCL's text)" unless r is ncclSuccess */
+static void check(lua_State *L, ncclResult_t r, const char *where) {
+  if (r != 0) cl_error(L, where, "%s (%s)", RESULT(r));
+}
+
 /* a stand-in NCCL (tests) drives no GPU */
 static int stand_in(void) { return cl_lib_load(&nccl) && nc.cudalua_nccl_stand_in && nc.cudalua_nccl_stand_in(); }
 
@@ -116,11 +123,7 @@ static void need_gpu(lua_State *L, const char *where) {
     cl_error(L, where, "cudalua's CPU device (CUDALUA_DEVICE=cpu) cannot run NCCL communicators: NCCL needs NVIDIA GPUs");
 }
 
-static double now_s(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + t.tv_nsec * 1e-9;
-}
+static double now_s(void) { return cl_now_us() * 1e-6; }
 
 /* ---- communicators: a record the Lua object and the watchdog share ---- */
 #define PEND 1024   /* collectives watched at once per communicator (more: the newest's event moves on) */
@@ -155,13 +158,6 @@ static ncomm *wd_list;
 static int wd_started, wd_stop;
 static pthread_t wd_thread;
 static int untold;   /* communicators aborted by the watchdog whose state has not been told (atomic) */
-
-static const void *state_id(lua_State *L) {
-  lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
-  const void *id = lua_topointer(L, -1);
-  lua_pop(L, 1);
-  return id;
-}
 
 /* "rank R of N: <what>: <NCCL's last warning>" into k->why, read before the abort */
 static void describe(ncomm *k, const char *op, const char *fmt, va_list ap) {
@@ -220,8 +216,7 @@ static void watch_one(ncomm *k, double now) {
     ncclResult_t e = 0;
     const char *op = k->n ? k->pend[k->head].op : "its idle time";
     if (nc.ncclCommGetAsyncError(k->c, &e) == 0 && e != 0 && e != NCCL_IN_PROGRESS)
-      abort_comm(k, 2, op, "NCCL reported %s (%s) %.1f s after it was queued", cl_result_name(&nccl, e),
-                 nc.ncclGetErrorString(e), k->n ? now - k->pend[k->head].t0 : 0.0);
+      abort_comm(k, 2, op, "NCCL reported %s (%s) %.1f s after it was queued", RESULT(e), k->n ? now - k->pend[k->head].t0 : 0.0);
     else if (!retire(k, now))
       abort_comm(k, 2, op, "did not finish on the GPU within the timeout (%.1f s, waited %.1f s): aborted",
                  k->timeout, now - k->pend[k->head].t0);
@@ -284,7 +279,7 @@ static void unwatch(ncomm *k) {
    aborted is raised, once (the wait returned because the abort ended NCCL's kernels) */
 static void nccl_told(lua_State *L, const char *what) {
   if (!__atomic_load_n(&untold, __ATOMIC_SEQ_CST)) return;
-  const void *me = state_id(L);
+  const void *me = cl_state_id(L);
   char why[sizeof ((ncomm *)0)->why];
   const char *op = NULL;
   why[0] = 0;
@@ -302,23 +297,11 @@ static void nccl_told(lua_State *L, const char *what) {
 
 /* ---- waiting for NCCL on the Lua thread ---- */
 
-/* between polls: the state's host functions that fired run (the stream work behind them goes
-   on), then a pause growing with the time waited: none for the first 50 us (a collective NCCL
-   launches on its own thread is queued within microseconds: a yield would cost more than the
-   wait), a yield up to 0.1 ms, then sleeps */
-static void pause_poll(lua_State *L, double waited) {
-  cl_hostq *q = cl_in_hostfn ? NULL : cl_host_queue(L);
-  if (q && cl_host_q_armed(q)) cl_host_service_q(L, q);
-  if (waited < 5e-5) return;
-  if (waited < 1e-4) { sched_yield(); return; }
-  struct timespec ts = {0, waited < 0.01 ? 50000L : 1000000L};
-  nanosleep(&ts, NULL);
-}
-
 /* what k's last call began (r: its result, ncclInProgress on a non-blocking communicator) has
    ended: its result. k's lock is held, and let go between polls (the watchdog looks
    meanwhile). -1: the timeout passed; -2: the watchdog aborted k meanwhile. */
 static ncclResult_t settle(lua_State *L, ncomm *k, ncclComm_t c, ncclResult_t r, double t0) {
+  double since = cl_now_us();   /* (the pauses between polls: cudalua's waits' own) */
   while (r == NCCL_IN_PROGRESS) {
     ncclResult_t g = nc.ncclCommGetAsyncError(c, &r);
     if (g != 0) return g;
@@ -327,7 +310,7 @@ static ncclResult_t settle(lua_State *L, ncomm *k, ncclComm_t c, ncclResult_t r,
     if (waited > k->timeout) return -1;
     k->busy++;
     pthread_mutex_unlock(&k->lock);
-    pause_poll(L, waited);
+    cl_poll_pause(L, &since);
     pthread_mutex_lock(&k->lock);
     k->busy--;
     if (!k->c) return -2;
@@ -348,12 +331,11 @@ static int fail(lua_State *L, ncomm *k, ncclResult_t r, double t0, const char *o
     abort_comm(k, 1, op, "timed out after %.1f s (the communicator's timeout is %.1f s; "
                "a peer may have died or never joined): aborted", waited, k->timeout);
   } else if ((breaks(r) || whole) && k->c) {
-    abort_comm(k, 1, op, "failed after %.1f s: %s (%s): aborted", waited, cl_result_name(&nccl, r), nc.ncclGetErrorString(r));
+    abort_comm(k, 1, op, "failed after %.1f s: %s (%s): aborted", waited, RESULT(r));
   } else {
     const char *last = k->c && nc.ncclGetLastError ? nc.ncclGetLastError(k->c) : NULL;
     pthread_mutex_unlock(&k->lock);
-    return cl_error(L, op, "rank %d of %d: %s (%s)%s%s", k->rank, k->size, cl_result_name(&nccl, r),
-                    nc.ncclGetErrorString(r), last && *last ? ": " : "", last && *last ? last : "");
+    return cl_error(L, op, "rank %d of %d: %s (%s)%s%s", k->rank, k->size, RESULT(r), last && *last ? ": " : "", last && *last ? last : "");
   }
   char why[sizeof k->why];
   memcpy(why, k->why, sizeof why);
@@ -465,7 +447,7 @@ static ncomm *op_begin(lua_State *L, lcomm *c, const char *op) {
 /* the collective's call returned r: waited for (outside a group), then watched; raises */
 static void op_end(lua_State *L, ncomm *k, ncclResult_t r, CUstream h, double t0, const char *op) {
   if (group_depth) {   /* queued at the group's end: waited for and watched there */
-    if (r != 0 && r != NCCL_IN_PROGRESS) cl_error(L, op, "%s (%s)", cl_result_name(&nccl, r), nc.ncclGetErrorString(r));
+    if (r != NCCL_IN_PROGRESS) check(L, r, op);
     group_note(k, h, op);
     return;
   }
@@ -494,7 +476,7 @@ static ncomm *push_comm(lua_State *L, CUcontext ctx, double timeout, int nonbloc
   ncomm *k = calloc(1, sizeof *k);
   if (!k) cl_error(L, NULL, "out of host memory");
   pthread_mutex_init(&k->lock, NULL);
-  k->ctx = ctx, k->timeout = timeout, k->nonblocking = nonblocking, k->owner = state_id(L);
+  k->ctx = ctx, k->timeout = timeout, k->nonblocking = nonblocking, k->owner = cl_state_id(L);
   c->k = k;
   return k;
 }
@@ -545,7 +527,7 @@ static void joined(lua_State *L, ncomm *k, ncclComm_t h, ncclResult_t r, double 
     if (k->c) fail(L, k, r, t0, where, 1);
     pthread_mutex_unlock(&k->lock);
     const char *last = nc.ncclGetLastError ? nc.ncclGetLastError(NULL) : NULL;   /* (NCCL's, process-wide) */
-    cl_error(L, where, "rank %d of %d: %s (%s)%s%s", k->rank, k->size, cl_result_name(&nccl, r), nc.ncclGetErrorString(r),
+    cl_error(L, where, "rank %d of %d: %s (%s)%s%s", k->rank, k->size, RESULT(r),
              last && *last ? ": " : "", last && *last ? last : "");
   }
   int rank = -1, size = 0;   /* (a split's or shrink's: its own, read before the watchdog may abort it) */
@@ -573,7 +555,7 @@ static int l_version(lua_State *L) {
   need(L);
   int v = 0;
   ncclResult_t r = nc.ncclGetVersion(&v);
-  if (r) cl_error(L, "nccl.version", "%s (%s)", cl_result_name(&nccl, r), nc.ncclGetErrorString(r));
+  check(L, r, "nccl.version");
   lua_pushinteger(L, v);
   return 1;
 }
@@ -583,7 +565,7 @@ static int l_unique_id(lua_State *L) {
   need(L);
   ncclUniqueId id;
   ncclResult_t r = nc.ncclGetUniqueId(&id);
-  if (r) cl_error(L, "nccl.unique_id", "%s (%s)", cl_result_name(&nccl, r), nc.ncclGetErrorString(r));
+  check(L, r, "nccl.unique_id");
   luaL_Buffer b;
   luaL_buffinit(L, &b);
   cl_add_hex(&b, id.internal, sizeof id.internal);
@@ -715,7 +697,7 @@ static int l_comm_init_all(lua_State *L) {
   CU0(cuCtxGetCurrent, &cur);
   ncclResult_t r = nc.ncclCommInitAll(h, n, devs);
   CU0(cuCtxSetCurrent, cur);
-  if (r) cl_error(L, where, "%s (%s)", cl_result_name(&nccl, r), nc.ncclGetErrorString(r));
+  check(L, r, where);
   for (int i = 0; i < n; i++) {
     lua_rawgeti(L, list, i + 1);
     ((lcomm *)lua_touserdata(L, -1))->k->c = h[i];
@@ -752,7 +734,7 @@ static void group_settle(lua_State *L, ncclResult_t r, double t0, int quiet) {
     return;
   }
   if (bad) fail(L, bad, badr, t0, "nccl.group", 0);
-  if (r != 0 && r != NCCL_IN_PROGRESS && !quiet) cl_error(L, "nccl.group", "%s (%s)", cl_result_name(&nccl, r), nc.ncclGetErrorString(r));
+  if (r != NCCL_IN_PROGRESS && !quiet) check(L, r, "nccl.group");
 }
 
 /* group(fn, ...) -> fn's results: fn's collectives queued as one group; the group ends when
@@ -762,7 +744,7 @@ static int l_group(lua_State *L) {
   need(L);
   int base = lua_gettop(L) - 1;   /* below fn */
   ncclResult_t r = nc.ncclGroupStart();
-  if (r) cl_error(L, "nccl.group", "%s (%s)", cl_result_name(&nccl, r), nc.ncclGetErrorString(r));
+  check(L, r, "nccl.group");
   if (group_depth++ == 0) nheld = 0, ngrouped = 0;
   int st = lua_pcall(L, base, LUA_MULTRET, 0);
   group_depth--;
@@ -772,8 +754,8 @@ static int l_group(lua_State *L) {
     release_group(L);
     group_settle(L, r, t0, st != LUA_OK);
     cl_flush_deferred(L);   /* communicators closed inside it */
-  } else if (r != 0 && r != NCCL_IN_PROGRESS && st == LUA_OK) {
-    cl_error(L, "nccl.group", "%s (%s)", cl_result_name(&nccl, r), nc.ncclGetErrorString(r));
+  } else if (r != NCCL_IN_PROGRESS && st == LUA_OK) {
+    check(L, r, "nccl.group");
   }
   if (st != LUA_OK) { lua_settop(L, 1); return lua_error(L); }
   return lua_gettop(L);
@@ -998,8 +980,8 @@ static int c_async_error(lua_State *L) {
   int locked = look(k);
   ncclResult_t e = 0, r = k->c && locked ? nc.ncclCommGetAsyncError(k->c, &e) : 0;   /* (in its group: not yet queued) */
   if (!k->c && k->aborted) lua_pushfstring(L, "aborted during %s: %s", k->why_op, k->why);
-  else if (r == 0 && e != 0) lua_pushfstring(L, "%s (%s)", cl_result_name(&nccl, e), nc.ncclGetErrorString(e));
-  else if (r != 0) lua_pushfstring(L, "%s (%s)", cl_result_name(&nccl, r), nc.ncclGetErrorString(r));
+  else if (r == 0 && e != 0) lua_pushfstring(L, "%s (%s)", RESULT(e));
+  else if (r != 0) lua_pushfstring(L, "%s (%s)", RESULT(r));
   else lua_pushnil(L);
   if (locked) pthread_mutex_unlock(&k->lock);
   return 1;
@@ -1018,7 +1000,7 @@ static ncclResult_t made(lua_State *L, ncomm *k, ncclResult_t r, double t0) {
 static int derived(lua_State *L, ncomm *k, ncclComm_t h, ncclResult_t r, double t0, double timeout, const char *where) {
   int parent_rank = k->rank, parent_size = k->size;
   pthread_mutex_unlock(&k->lock);
-  if (!h && r != 0) cl_error(L, where, "rank %d of %d: %s (%s)", parent_rank, parent_size, cl_result_name(&nccl, r), nc.ncclGetErrorString(r));
+  if (!h && r != 0) cl_error(L, where, "rank %d of %d: %s (%s)", parent_rank, parent_size, RESULT(r));
   if (!h) { lua_pushnil(L); return 1; }
   ncomm *n = push_comm(L, k->ctx, timeout, k->nonblocking);
   fill_info(n, parent_rank, parent_size, k->dev);   /* (its messages until it is made) */

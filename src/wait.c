@@ -17,18 +17,26 @@ void cl_wait_check(lua_State *L) {
    the first 50 us (a host function's round trip through the GPU is a few microseconds, and a
    chain of them keeps coming at that pace), yield up to 0.5 ms, then sleep (a 20 us request
    sleeps about 70 us on Linux), 100 us after 5 ms */
-static double now_us(void) {
+double cl_now_us(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return ts.tv_sec * 1e6 + ts.tv_nsec * 1e-3;
 }
 
 static void backoff(double since) {
-  double idle = now_us() - since;
+  double idle = cl_now_us() - since;
   if (idle < 50) return;
   if (idle < 500) { sched_yield(); return; }
   struct timespec ts = {0, (idle < 5000 ? 20 : 100) * 1000L};
   nanosleep(&ts, NULL);
+}
+
+/* one pause of a loop that polls on L's thread: L's host functions that fired run (*since is
+   then reset), then the backoff (never inside a host function: none run there) */
+void cl_poll_pause(lua_State *L, double *since) {
+  cl_hostq *q = cl_in_hostfn ? NULL : cl_host_queue(L);
+  if (q && cl_host_q_armed(q) && cl_host_service_q(L, q)) *since = cl_now_us();
+  backoff(*since);
 }
 
 /* ---- device-wide waits and captures ----
@@ -63,7 +71,7 @@ void cl_ctx_unclaim(void) {
 int cl_ctx_claim_or_defer(lua_State *L, cl_deferred *d) {
   if (cl_ctx_claim()) return 1;
   if (cl_defer_if_open(L, d)) return 0;
-  double since = now_us();
+  double since = cl_now_us();
   while (!cl_ctx_claim()) backoff(since);
   return 1;
 }
@@ -76,12 +84,12 @@ int cl_ctx_claim_or_defer(lua_State *L, cl_deferred *d) {
    until cuStreamBeginCapture fails. */
 void cl_capture_enter(lua_State *L) {
   cl_hostq *q = cl_host_queue(L);
-  double since = now_us();
+  double since = cl_now_us();
   for (;;) {
     __atomic_add_fetch(&capture_intents, 1, __ATOMIC_SEQ_CST);
     if (!__atomic_load_n(&ctx_claims, __ATOMIC_SEQ_CST)) break;
     __atomic_sub_fetch(&capture_intents, 1, __ATOMIC_SEQ_CST);
-    if (q && cl_host_q_armed(q) && cl_host_service_q(L, q)) since = now_us();
+    if (q && cl_host_q_armed(q) && cl_host_service_q(L, q)) since = cl_now_us();
     backoff(since);
   }
   __atomic_add_fetch(&cl_capturing, 1, __ATOMIC_SEQ_CST);
@@ -107,10 +115,10 @@ static CUresult plain_wait(int kind, void *h) {
    wait polls until none is pending (the legacy stream's query tells a failed context). */
 static CUresult wait_q(lua_State *L, cl_hostq *q, int kind, void *h) {
   cl_wait_check(L);
-  double since = now_us();
+  double since = cl_now_us();
   for (unsigned i = 0;; i++) {
     if (!q || !cl_host_q_armed(q)) return plain_wait(kind, h);
-    if (cl_host_service_q(L, q)) since = now_us();
+    if (cl_host_service_q(L, q)) since = cl_now_us();
     CUresult r = kind == CL_WAIT_STREAM ? CU(cuStreamQuery, (CUstream)h)
                : kind == CL_WAIT_EVENT ? CU(cuEventQuery, (CUevent)h)
                : (i & 15) == 15 ? CU(cuStreamQuery, CU_STREAM_LEGACY) : CUDA_ERROR_NOT_READY;
@@ -200,11 +208,11 @@ CUresult cl_sync_all_devices(lua_State *L) {
 static int l_sleep(lua_State *L) {
   lua_Number sec = cl_checknumber(L, 1);
   cl_argcheck(L, sec >= 0 && sec < 1e9, 1, "seconds must be >= 0 and < 1e9");
-  double end = now_us() + sec * 1e6;
+  double end = cl_now_us() + sec * 1e6;
   cl_hostq *q = cl_in_hostfn ? NULL : cl_host_queue(L);
   for (;;) {
     if (q && cl_host_q_armed(q)) cl_host_service_q(L, q);
-    double left = end - now_us();
+    double left = end - cl_now_us();
     if (left <= 0) break;
     if (q && cl_host_q_armed(q) && left > 50) left = 50;   /* polls for the next firing */
     long long ns = (long long)(left * 1e3);
