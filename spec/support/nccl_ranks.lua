@@ -7,6 +7,7 @@
 --   local ranks = require "spec.support.nccl_ranks"
 --   local res = ranks.run("collective_kill", 3, { victim = 2, timeout = 3, seed = 7 })
 --   res[r].status (137: killed), res[r].lines, res[r].failed = {op =, after =, msg =}, ...
+local H = require "spec.helper"
 local M = {}
 
 M.socket_env = "NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_IB_DISABLE=1 NCCL_NET=Socket NCCL_SOCKET_IFNAME=lo"
@@ -22,30 +23,14 @@ function M.port(seed)
   return 20000 + ((seed or 0) * 7919 + pid * 31 + draws * 104729 + os.time()) % 12000
 end
 
--- seconds, as a wall clock (cudalua is not loaded here: this runs without a GPU's library)
-function M.now()
-  local p = io.popen("date +%s.%N")
-  local t = p:read("n")
-  p:close()
-  return t
-end
-
--- the Lua interpreter running this (under busted's runner, arg[-1] is the -e chunk: the lowest
--- index is the program)
-local function interpreter()
-  local i = 0
-  while arg and arg[i - 1] do i = i - 1 end
-  return i < 0 and arg[i] or "lua5.4"
-end
-
-local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+M.now = H.cuda.time   -- seconds, a wall clock
 
 -- run(case, n, {victim =, timeout =, delay =, seed =, limit =, lua =, env = "K=V ..."}) -> a list (rank + 1) of
 -- {status =, out =, lines =, ok =, failed = {op, after, msg}, usable =, reinit =}, and the
 -- wall time of the whole job
 function M.run(case, n, o)
   o = o or {}
-  local lua = o.lua or interpreter()
+  local lua = o.lua or H.LUA
   local port = o.port or M.port(o.seed)
   local limit = o.limit or 120
   local procs = {}
@@ -55,7 +40,7 @@ function M.run(case, n, o)
       .. "VICTIM=%d TIMEOUT=%s DELAY=%s SEED=%d %s"):format(M.socket_env, r, r, n, port, o.victim or -1,
       o.timeout or 5, o.delay or 0.2, o.seed or 1, o.env or "")
     local cmd = ("env %s timeout -s KILL %d %s spec/support/nccl_worker.lua %s 2>&1; echo \"EXIT $?\"")
-      :format(env, limit, q(lua), q(case))
+      :format(env, limit, H.q(lua), H.q(case))
     procs[r + 1] = io.popen(cmd)
   end
   local res = {}
