@@ -603,7 +603,8 @@ function Kernel:max_blocks_per_sm(block, shared) end
 
 --- Function attributes: every CU_FUNC_ATTRIBUTE_* the driver reports (registers, local,
 -- shared and constant memory, max threads, PTX and binary versions, cache_mode_ca, the shared
--- memory and cluster settings) and `cache_config`.
+-- memory and cluster settings) and `cache_config`; on the CPU device also `cpu_threads`: how a
+-- block's threads run ("loop", "coroutines" or "fibers").
 function Kernel:attributes() end
 
 --- Sets a writable attribute: "max_dynamic_shared_size_bytes",

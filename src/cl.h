@@ -129,6 +129,9 @@ const char *cl_result_name(cl_lib *l, int r);   /* a result code's name, as the 
 
 /* ---- from cpu_driver.c: the CPU device's entry points other than graphs ---- */
 void cl_cpu_choose(void);               /* chosen from Lua (cuda.use_cpu), as by CUDALUA_DEVICE=cpu */
+/* a function attribute only the CPU device answers: how a block's threads run (CL_CPU_RUN_*) */
+#define CL_CPU_FUNC_THREADS ((CUfunction_attribute)0x7c1)
+enum { CL_CPU_RUN_LOOP, CL_CPU_RUN_FIBERS, CL_CPU_RUN_COROUTINES };
 
 /* ---- from cpu_graph.c: the CPU device, built in where libcuda would be loaded ---- */
 /* (CUDALUA_DEVICE=cpu; cpu_graph.c is its top, its graphs and captures; cpu_driver.c the rest

@@ -88,6 +88,7 @@ typedef struct cpu_launch {
 } cpu_launch;
 void cpu_launch_run(cpu_launch *l);     /* on the queue's worker: every block, then returns */
 int cpu_threads(void);                  /* the pool's size ("multiprocessors") */
+int cpu_runs_co(const cl_cpu_entry *e);   /* its blocks' threads run as coroutines (of more than one) */
 int cpu_on_guard(const void *p);        /* p is on a guard page of this thread's fibers' stacks */
 extern const cl_cpu_rt cpu_rt;
 

@@ -450,6 +450,10 @@ static CUresult c_ModuleGetGlobal(CUdeviceptr *p, size_t *n, CUmodule m, const c
 }
 static CUresult c_FuncGetAttribute(int *v, CUfunction_attribute a, CUfunction f) {
   cpu_func *cf = (cpu_func *)f;
+  if (a == CL_CPU_FUNC_THREADS) {
+    *v = !cf->e->sync ? CL_CPU_RUN_LOOP : cpu_runs_co(cf->e) ? CL_CPU_RUN_COROUTINES : CL_CPU_RUN_FIBERS;
+    return CUDA_SUCCESS;
+  }
   switch (a) {
   case CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *v = cf->max_threads; break;
   case CU_FUNC_ATTRIBUTE_NUM_REGS: *v = 1; break;   /* (none as such: the host's registers) */

@@ -2,7 +2,8 @@
    threads (the device's "multiprocessors"); the threads of a block run on the OS thread that
    took the block: as one loop (the kernel library's block function, the kernel inlined into it)
    when the kernel can never reach a barrier or a warp operation, else each as a fiber of its
-   own. Fibers switch by saving the callee-saved registers and the stack pointer (x86-64), or
+   own (or, where the library has a coroutine twin of the kernel, as a C++ coroutine of its
+   own: a barrier's switch is then the library's call and return). Fibers switch by saving the callee-saved registers and the stack pointer (x86-64), or
    with ucontext elsewhere, straight from the one that waits to the next that can run: a
    barrier counts its arrivals and a warp its waiting lanes, so a switch costs the same
    whatever the block's size. A barrier not every live thread of the block can reach, an
@@ -70,6 +71,10 @@ typedef struct worker {
   unsigned char *dyn;
   size_t ndyn;
   int live, T, failed, fiber_mode;
+  int co;               /* the block's threads are coroutines (fiber_mode is set too) */
+  int co_ops;           /* a coroutine at the barrier wants its count, and, or (op 1-3) */
+  char *frames;         /* their frames, fsize bytes each, kept for the next blocks */
+  size_t nframes, fsize;
   uint64_t rng;         /* the block's, under CUDALUA_CPU_SCHEDULE */
   fib *from;            /* the fiber that switched to the one now running */
   int cur;              /* the fiber running (-1: the runner) */
@@ -88,6 +93,7 @@ static __thread worker *me_w;
 static int check_on;                 /* CUDALUA_CPU_CHECK */
 static size_t page_size;
 static int sched_on;                 /* CUDALUA_CPU_SCHEDULE given */
+static int co_off;                   /* CUDALUA_CPU_COROUTINES=0, or ThreadSanitizer (it sees fibers only) */
 static uint64_t sched_seed;
 /* the sanitizers' fiber calls, when a sanitizer runtime is in the process */
 static struct {
@@ -108,6 +114,8 @@ static void read_settings(void) {
   const char *s = getenv("CUDALUA_CPU_SCHEDULE");
   check_on = cpu_check_on();
   if (s && *s) sched_on = 1, sched_seed = strtoull(s, NULL, 0);
+  const char *co = getenv("CUDALUA_CPU_COROUTINES");
+  co_off = co && strcmp(co, "0") == 0;
   *(void **)&san.start = dlsym(RTLD_DEFAULT, "__sanitizer_start_switch_fiber");
   *(void **)&san.finish = dlsym(RTLD_DEFAULT, "__sanitizer_finish_switch_fiber");
   *(void **)&san.unpoison = dlsym(RTLD_DEFAULT, "__asan_unpoison_memory_region");
@@ -120,6 +128,7 @@ static void read_settings(void) {
   *(void **)&san.tsan_release = dlsym(RTLD_DEFAULT, "__tsan_release");
   if (!san.tsan_current || !san.tsan_create || !san.tsan_destroy || !san.tsan_switch || !san.tsan_acquire || !san.tsan_release)
     san.tsan_switch = NULL;
+  if (san.tsan_switch) co_off = 1;   /* (a block's coroutines are one thread to TSan: no races seen) */
   /* the failed look-ups left a message this thread would keep (LSan: a leak): read, then freed */
   dlerror();
   dlerror();
@@ -301,8 +310,8 @@ static void fail_here(worker *w, cl_cpu_thread *t, const char *what) {
 
 /* a thread that cannot go on: back to the block's runner for good */
 static _Noreturn void abandon(worker *w, cl_cpu_thread *t) {
-  if (w->fiber_mode) fib_switch(w, &w->fibs[t->rank], &w->main, 1);
-  siglongjmp(w->jb, 1);
+  if (w->fiber_mode && !w->co) fib_switch(w, &w->fibs[t->rank], &w->main, 1);
+  siglongjmp(w->jb, 1);   /* (a coroutine's resume is a call on the runner's stack: jumped over) */
 }
 
 static void rt_trap(cl_cpu_thread *t, const char *what, const char *file, int line) {
@@ -417,11 +426,19 @@ static void stuck(worker *w) {
 /* everyone at __syncthreads goes on (but self, which is running) */
 static void release_block(worker *w, int self) {
   w->bar_result = w->bar_count, w->bar_count = 0, w->bar_arrived = w->nbar;
+  for (int i = 0; w->co_ops && i < w->nbar; i++) {   /* (a coroutine reads its result from its record) */
+    cl_cpu_thread *t = &w->ctx[w->bar[i]];
+    int op = t->warg, r = w->bar_result;
+    t->res[0] = (unsigned long long)(op == 0 ? 0 : op == 1 ? r : op == 2 ? r == w->bar_arrived : r > 0);
+  }
+  w->co_ops = 0;
   for (int i = 0; i < w->nbar; i++) if (w->bar[i] != self) push_ready(w, w->bar[i]);
   w->nbar = 0;
 }
 
+static void warp_results(worker *w, unsigned wi);
 static void release_warp(worker *w, unsigned wi, int self) {
+  if (w->co) warp_results(w, wi);
   for (unsigned m = w->wwait[wi]; m; m &= m - 1) {
     int r = (int)(wi * 32 + (unsigned)__builtin_ctz(m));
     if (r != self) push_ready(w, r);
@@ -436,9 +453,19 @@ static void go_on(worker *w, int self) {
   if (sched_on) { push_ready(w, self); wait_here(w, &w->fibs[self]); }
 }
 
+/* a barrier or warp operation called as a plain function in a block of coroutines: one in a
+   function the kernel calls, which cudalua's reading of the source should have seen */
+static void not_co(worker *w, cl_cpu_thread *t) {
+  if (!w->co) return;
+  fail_here(w, t, "a barrier or warp operation outside the kernel's own body, in a kernel cudalua runs as "
+            "coroutines (its reading of the source missed it; CUDALUA_CPU_COROUTINES=0 runs it as fibers)");
+  abandon(w, t);
+}
+
 static int rt_sync(cl_cpu_thread *t, int op, int pred) {
   worker *w = t->block;
   if (w->T == 1) return pred;   /* a block of one: nothing to wait for */
+  not_co(w, t);
   if (!w->fiber_mode) {
     fail_here(w, t, "__syncthreads in a kernel whose source cudalua read as never synchronising");
     abandon(w, t);
@@ -461,6 +488,7 @@ static int rt_sync(cl_cpu_thread *t, int op, int pred) {
 static void rt_warp_sync(cl_cpu_thread *t, unsigned mask) {
   worker *w = t->block;
   if (w->T == 1) return;
+  not_co(w, t);
   if (!w->fiber_mode) {
     fail_here(w, t, "a warp operation in a kernel whose source cudalua read as never synchronising");
     abandon(w, t);
@@ -490,10 +518,9 @@ static unsigned rt_active(cl_cpu_thread *t) {
   return n >= 32 ? ~0u : (1u << n) - 1;
 }
 
-const cl_cpu_rt cpu_rt = {CL_CPU_ABI, rt_sync, rt_warp_sync, rt_lane, rt_active, rt_trap};
 
-/* a fiber's thread has returned: what waited for it may go on; then the next fiber runs */
-static void thread_done(worker *w, int t) {
+/* thread t has returned: what waited for it may go on; the thread to run next (-1: none) */
+static int thread_exit(worker *w, int t) {
   fib *f = &w->fibs[t];
   unsigned wi = (unsigned)t / 32;
   f->state = DONE;
@@ -505,9 +532,108 @@ static void thread_done(worker *w, int t) {
     if (w->nbar && w->nbar == w->live) release_block(w, -1);
     if (w->wwait[wi] && !(w->wneed[wi] & w->walive[wi] & ~w->wwait[wi])) release_warp(w, wi, -1);
   }
-  int n = w->failed ? -1 : pop_ready(w);
-  fib_switch(w, f, n < 0 ? &w->main : &w->fibs[n], 1);
+  return w->failed ? -1 : pop_ready(w);
 }
+
+/* a fiber's thread has returned: the next fiber runs */
+static void thread_done(worker *w, int t) {
+  int n = thread_exit(w, t);
+  fib_switch(w, &w->fibs[t], n < 0 ? &w->main : &w->fibs[n], 1);
+}
+
+/* ---- coroutines: the same counts as the fibers', the switch left to the library ---- */
+/* the coroutine of thread n (NULL: back to the block's runner) */
+static void *co_of(worker *w, int n) {
+  w->cur = n;
+  return n < 0 ? NULL : w->ctx[n].co;
+}
+
+/* thread self released what it waited at: it goes on (under a seeded schedule, whichever
+   ready thread the draw picks) */
+static void *co_go_on(worker *w, int self) {
+  w->fibs[self].state = READY;
+  if (sched_on) { push_ready(w, self); return co_of(w, pop_ready(w)); }
+  return co_of(w, self);
+}
+
+/* the block's frames, all of one size (one coroutine function), made in rank order: the
+   first makes room for every one */
+static void *co_frame(cl_cpu_thread *t, unsigned long n) {
+  worker *w = t->block;
+  size_t size = ((size_t)n + 63) & ~(size_t)63;
+  if (t->rank == 0) {
+    if (size * (size_t)w->T > w->nframes) {
+      free(w->frames);
+      w->frames = aligned_alloc(64, size * (size_t)w->T);
+      w->nframes = w->frames ? size * (size_t)w->T : 0;
+    }
+    w->fsize = size;
+  }
+  if (!w->frames || size > w->fsize) return NULL;
+  return w->frames + (size_t)t->rank * w->fsize;
+}
+
+static void *co_sync(cl_cpu_thread *t, int op, int pred) {
+  worker *w = t->block;
+  int self = (int)t->rank;
+  if (check_on && !check_bar(w, t)) abandon(w, t);
+  t->warg = op, w->co_ops |= op;
+  w->fibs[self].state = BAR;
+  w->bar[w->nbar++] = self;
+  w->bar_count += pred;
+  if (w->nbar == w->live) { release_block(w, self); return co_go_on(w, self); }
+  return co_of(w, pop_ready(w));
+}
+
+static void *co_warp(cl_cpu_thread *t, unsigned mask) {
+  worker *w = t->block;
+  int self = (int)t->rank;
+  unsigned wi = t->warp;
+  if (check_on && !check_warp(w, t, mask)) abandon(w, t);
+  w->fibs[self].state = WARP, w->fibs[self].mask = mask;
+  w->wwait[wi] |= 1u << t->lane, w->wneed[wi] |= mask;
+  if (!(w->wneed[wi] & w->walive[wi] & ~w->wwait[wi])) { release_warp(w, wi, self); return co_go_on(w, self); }
+  return co_of(w, pop_ready(w));
+}
+
+static void *co_done(cl_cpu_thread *t) {
+  worker *w = t->block;
+  return co_of(w, thread_exit(w, (int)t->rank));
+}
+
+/* the lane whose value lane l reads in a shuffle of t's (l itself when none is) */
+static int shfl_from(const cl_cpu_thread *t, int l) {
+  int wd = t->wwidth, a = t->warg, s;
+  switch (t->wop) {
+  case CL_CPU_WIDX: return (l & ~(wd - 1)) + (a & (wd - 1));
+  case CL_CPU_WUP: s = (l & (wd - 1)) - a; return s < 0 ? l : l - a;
+  case CL_CPU_WDOWN: s = (l & (wd - 1)) + a; return s >= wd ? l : l + a;
+  default: s = l ^ a; return s <= (l | (wd - 1)) ? s : l;   /* (xor: a partner past my segment's end gives mine) */
+  }
+}
+
+/* the warp meets: every waiting lane's result, from the values all of them left (as the
+   fibers' two meetings give: a lane that exited votes nothing) */
+static void warp_results(worker *w, unsigned wi) {
+  for (unsigned m = w->wwait[wi]; m; m &= m - 1) {
+    int l = __builtin_ctz(m), r = (int)wi * 32 + l;
+    cl_cpu_thread *t = &w->ctx[r];
+    unsigned live = w->fibs[r].mask & w->walive[wi], votes = 0;
+    if (t->wop == CL_CPU_WSYNC) continue;
+    if (t->wop <= CL_CPU_WXOR) {
+      int from = shfl_from(t, l);
+      const cl_cpu_thread *o = from >= 0 && from < 32 && (int)wi * 32 + from < w->T ? &w->ctx[(int)wi * 32 + from] : t;
+      memcpy(t->res, o->slot, (size_t)t->wsize);
+      continue;
+    }
+    for (unsigned k = live; k; k &= k - 1)
+      if (w->ctx[(int)wi * 32 + __builtin_ctz(k)].slot[0]) votes |= 1u << __builtin_ctz(k);
+    t->res[0] = t->wop == CL_CPU_WBALLOT ? votes : t->wop == CL_CPU_WANY ? votes != 0 : votes == live;
+  }
+}
+
+const cl_cpu_rt cpu_rt = {CL_CPU_ABI, rt_sync, rt_warp_sync, rt_lane, rt_active, rt_trap,
+                         co_frame, co_sync, co_warp, co_done};
 
 /* ---- faults: a kernel's access to memory that is no one's ends the block, and the device is
    lost as a GPU's context is (CUDA_ERROR_ILLEGAL_ADDRESS), the process going on. Under
@@ -644,6 +770,31 @@ static void run_fibers(worker *w) {
   if (w->live && san.unpoison) san.unpoison(w->stacks, (size_t)w->nstacks * STACK);
 }
 
+/* a block of coroutines: each made, suspended before its first line, then the first resumed:
+   they hand over to each other until none can run */
+static void run_coros(worker *w) {
+  int T = w->T;
+  const cl_cpu_entry *e = w->l->f->e;
+  w->rhead = w->rcount = 0, w->nbar = w->bar_count = 0, w->live = T, w->co_ops = 0;
+  for (int i = 0; i * 32 < T; i++) {
+    w->walive[i] = T - i * 32 >= 32 ? ~0u : (1u << (T - i * 32)) - 1;
+    w->wwait[i] = w->wneed[i] = 0;
+  }
+  for (int t = 0; t < T; t++) {
+    e->co_start(&w->ctx[t], w->l->args);
+    if (!w->ctx[t].co) {
+      cpu_fail(CUDA_ERROR_OUT_OF_MEMORY, "the CPU device: no memory for a block of %d threads", T);
+      w->failed = 1;
+      __atomic_store_n(&stop, 1, __ATOMIC_RELAXED);
+      return;
+    }
+    push_ready(w, t);
+  }
+  void *first = co_of(w, pop_ready(w));
+  e->co_resume(first);
+  if (!w->failed && w->live) stuck(w);
+}
+
 /* a kernel that never synchronises: the library's loop over the block's threads, on one
    record (in a drawn order under a seeded schedule) */
 static void run_loop(worker *w, cpu_launch *l) {
@@ -677,7 +828,8 @@ static void run_block(worker *w, cpu_launch *l, uint64_t b) {
   int T = (int)(d.x * d.y * d.z);
   w->T = T, w->l = l, w->failed = 0;
   w->fiber_mode = l->f->e->sync && T > 1;
-  if (!room(w, T, l->shared) || (w->fiber_mode && !stacks(w, T))) {
+  w->co = w->fiber_mode && l->f->e->co_start && !co_off;
+  if (!room(w, T, l->shared) || (w->fiber_mode && !w->co && !stacks(w, T))) {
     cpu_fail(CUDA_ERROR_OUT_OF_MEMORY, "the CPU device: no memory for a block of %d threads", T);
     __atomic_store_n(&stop, 1, __ATOMIC_RELAXED);
     return;
@@ -689,7 +841,8 @@ static void run_block(worker *w, cpu_launch *l, uint64_t b) {
   w->fault_pc = 0;
   if (sigsetjmp(w->jb, 0)) { w->armed = 0; if (w->fault_pc) fault_report(w); return; }
   w->armed = 1;   /* a fault in the kernel ends the block, the check on or not */
-  if (w->fiber_mode) run_fibers(w);
+  if (w->co) run_coros(w);
+  else if (w->fiber_mode) run_fibers(w);
   else run_loop(w, l);
   w->armed = 0;
 }
@@ -723,6 +876,11 @@ static void *pool_main(void *arg) {
     if (--running == 0) pthread_cond_signal(&finished);
   }
   return NULL;
+}
+
+int cpu_runs_co(const cl_cpu_entry *e) {
+  pthread_once(&settings_once, read_settings);
+  return e->sync && e->co_start && !co_off;
 }
 
 static uint64_t gcd(uint64_t a, uint64_t b) { while (b) { uint64_t t = a % b; a = b, b = t; } return a; }

@@ -227,6 +227,12 @@ static int k_attributes(lua_State *L) {
   }
   lua_pushstring(L, cache_configs[k->cache_config]);
   lua_setfield(L, -2, "cache_config");
+  int how = 0;   /* the CPU device: how a block's threads run (a loop, fibers or coroutines) */
+  static const char *const hows[] = {"loop", "fibers", "coroutines"};
+  if (cl_cpu_symbol(NULL) && CU(cuFuncGetAttribute, &how, CL_CPU_FUNC_THREADS, k->fn) == CUDA_SUCCESS && how >= 0 && how < 3) {
+    lua_pushstring(L, hows[how]);
+    lua_setfield(L, -2, "cpu_threads");
+  }
   return 1;
 }
 

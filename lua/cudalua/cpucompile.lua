@@ -308,6 +308,88 @@ local function sync_names(texts)
 end
 M.sync_names = sync_names
 
+-- Coroutine twins (cuda_cpu.h, co_on.h): a kernel at file scope whose barriers and warp
+-- operations are all calls, in its own body, of the ones co_on.h turns into co_await gets a
+-- copy of itself as a coroutine, __cl_co_<name>, written after it; the device then runs each of
+-- its threads as a coroutine rather than a fiber (a switch costs a call and a return). Not for
+-- a body the reading cannot be sure of: a lambda or a local class in it (their bodies cannot
+-- co_await), a function it names that syncs, a sync it takes other than as a call.
+local CO_CALLS = { __syncthreads = true, __syncthreads_count = true, __syncthreads_and = true,
+  __syncthreads_or = true, __syncwarp = true, __shfl_sync = true, __shfl_up_sync = true, __shfl_down_sync = true,
+  __shfl_xor_sync = true, __ballot_sync = true, __any_sync = true, __all_sync = true }
+local CO_NOT = { class = true, struct = true, union = true, co_await = true, co_return = true, co_yield = true,
+  __cl_me = true }
+
+local function co_ready(body, names, self)
+  if body:find("%.%s*sync%s*%(") or body:find("%[[^%]]*%]%s*[%(%{]") or body:find("%]%s*mutable") then return false end
+  local calls = 0
+  for at, w in body:gmatch("()([%a_][%w_]*)") do
+    if CO_NOT[w] then return false end
+    if CO_CALLS[w] then
+      if not body:find("^%s*%(", at + #w) then return false end
+      calls = calls + 1
+    elseif w:find("_sync$") or (w ~= self and names[w] == true) then
+      return false
+    end
+  end
+  return calls > 0
+end
+
+-- the span of the parameter list (inside the parentheses) of the function whose body opens at `at`
+local function params_span(code, at)
+  local close = code:sub(1, at - 1):find("%)%s*$")
+  if not close then return nil end
+  local depth = 0
+  for i = close, 1, -1 do
+    local c = code:sub(i, i)
+    if c == ")" then depth = depth + 1 elseif c == "(" then depth = depth - 1; if depth == 0 then return i + 1, close - 1 end end
+  end
+end
+
+-- co_twins(text, name, exprs, names) -> the text with the twins written in, {expression = true}
+-- for the kernels that have one
+local function co_twins(text, name, exprs, names)
+  if type(names) ~= "table" or os.getenv("CUDALUA_CPU_COROUTINES") == "0" then return text, {} end
+  local code = code_only(text)
+  local fns, count = functions(code), {}
+  for _, f in ipairs(fns) do count[f.name] = (count[f.name] or 0) + 1 end
+  local want = {}
+  for _, e in ipairs(exprs) do
+    local k = e:match("^__cudalua_sig<decltype%(([%a_][%w_]*)%)>$")
+    if k and names[k] and count[k] == 1 then want[k] = true end
+  end
+  local inserts, twins = {}, {}
+  for _, f in ipairs(fns) do
+    local body = code:sub(f.from, f.to)
+    local open, shut = params_span(code, f.from)
+    local _, opens = code:sub(1, f.from - 1):gsub("{", "")
+    local _, shuts = code:sub(1, f.from - 1):gsub("}", "")
+    if want[f.name] and open and opens == shuts and co_ready(body, names, f.name) then
+      local params = text:sub(open, shut)
+      if params:match("^%s*void%s*$") or params:match("^%s*$") then params = "" else params = ", " .. params end
+      -- the body as written, its returns the coroutine's (found in the code, so none in a string)
+      local parts, last = {}, f.from
+      for at in body:gmatch("()%f[%w_]return%f[^%w_]") do
+        parts[#parts + 1] = text:sub(last, f.from + at - 2) .. "co_return"
+        last = f.from + at - 1 + #"return"
+      end
+      parts[#parts + 1] = text:sub(last, f.to)
+      local _, l1 = text:sub(1, f.from):gsub("\n", "")
+      local _, l2 = text:sub(1, f.to):gsub("\n", "")
+      inserts[#inserts + 1] = { at = f.to, text = ('\n#include "cudalua/cpu/co_on.h"\n'
+        .. 'static __cl_co_task __cl_co_%s(cl_cpu_thread *__cl_me%s)\n'
+        .. '#line %d "%s"\n%s\n#include "cudalua/cpu/co_off.h"\n#line %d "%s"\n'):format(f.name, params, l1 + 1, name,
+        table.concat(parts), l2 + 1, name) }
+      twins["__cudalua_sig<decltype(" .. f.name .. ")>"] = true
+    end
+  end
+  for i = #inserts, 1, -1 do
+    local ins = inserts[i]
+    text = text:sub(1, ins.at) .. ins.text .. text:sub(ins.at + 1)
+  end
+  return text, twins
+end
+
 -- does the kernel of name expression e ("k", "ns::k<int>") synchronise
 local function kernel_syncs(names, e)
   if names == true or names == false then return names end
@@ -332,7 +414,7 @@ local function launch_bounds(src)
   return b
 end
 
-local function footer(exprs, names, bounds)
+local function footer(exprs, names, bounds, twins)
   local is_probe = {}
   for _, e in ipairs(exprs) do
     local k = e:match("^__cudalua_sig<decltype%((.*)%)>$")
@@ -343,7 +425,11 @@ local function footer(exprs, names, bounds)
   -- (lines[3] is the footer's line 1: #line says so)
   local function add(text, e) lines[#lines + 1] = text; owner[#lines - 2] = e end
   for _, e in ipairs(exprs) do
-    if is_probe[e] then add(("  __cl_entry<&%s>(%d),"):format(e, kernel_syncs(names, e) and 1 or 0), e) end
+    if is_probe[e] and twins["__cudalua_sig<decltype(" .. e .. ")>"] then
+      add(("  __cl_entry_co<&%s, &__cl_co_%s>(),"):format(e, e), e)
+    elseif is_probe[e] then
+      add(("  __cl_entry<&%s>(%d),"):format(e, kernel_syncs(names, e) and 1 or 0), e)
+    end
   end
   add("  {}};")
   -- each kernel's bound, in the table's order (0: none); a kernel by its name without its
@@ -427,18 +513,28 @@ function M.compile(src, name, flags, headers, exprs)
   -- (headers found through include folders are not read here: with any, every kernel may sync)
   local folders = false
   for _, fl in ipairs(flags) do folders = folders or fl:match("^%-I") ~= nil end
-  local tables, owner = footer(exprs, folders or sync_names(texts), launch_bounds(src))
-  local text = ('#line 1 "%s"\n'):format(name) .. dynamic_shared(src) .. tables
+  local names = folders or sync_names(texts)
+  local body, twins = co_twins(dynamic_shared(src), name, exprs, names)
+  local tables, owner = footer(exprs, names, launch_bounds(src), twins)
+  local text = ('#line 1 "%s"\n'):format(name) .. body .. tables
   local cxx, id = find_compiler()
   -- -Bsymbolic: the library's own names are its own (a kernel named raw took ncurses' raw(),
   -- loaded by the interpreter before it: the table held that function's address)
-  local args = { cxx, "-std=c++17", "-O2", "-fPIC", "-fno-semantic-interposition", "-shared", "-fno-ipa-icf",
-                 "-fno-gnu-unique", "-pthread", "-include", "cudalua/cpu/cuda_cpu.h", "-Wl,-Bsymbolic", "-x", "c++" }
+  local args = { cxx, next(twins) and "-std=c++20" or "-std=c++17", "-O2", "-fPIC", "-fno-semantic-interposition",
+                 "-shared", "-fno-ipa-icf", "-fno-gnu-unique", "-pthread", "-include", "cudalua/cpu/cuda_cpu.h",
+                 "-Wl,-Bsymbolic", "-x", "c++" }
   if id:match("clang") then args[7], args[8] = "-fno-common", "-fno-common" end   -- (gcc's flags)
   if host_fma() then args[#args + 1], args[#args + 2] = "-mfma", "-ffp-contract=fast" end
   for _, f in ipairs(flags) do args[#args + 1] = f end
   local image, log, lowered = core.cxx_compile(text, name, args, headers, exprs)
   if image then return image, log, lowered end
+  if next(twins) then   -- (a compiler without coroutines, or a body a twin cannot take: the fibers')
+    args[2] = "-std=c++17"
+    tables, owner = footer(exprs, names, launch_bounds(src), {})
+    image, log, lowered = core.cxx_compile(('#line 1 "%s"\n'):format(name) .. dynamic_shared(src) .. tables, name, args,
+      headers, exprs)
+    if image then return image, log, lowered end
+  end
   return nil, log, lowered, rejected(log, owner)
 end
 

@@ -7,10 +7,13 @@
      const int __cudalua_cpu_abi                        CL_CPU_ABI, as the library was built
    An entry whose kernel can never reach a barrier or a warp operation (sync 0) runs a block as
    one call of its block function: the loop over the threads is the library's, so the compiler
-   inlines the kernel into it; the others run each thread as a fiber (run). */
+   inlines the kernel into it; the others run each thread as a fiber (run), or, where the
+   library has a coroutine twin of the kernel (co_start), each thread as a C++ coroutine whose
+   barriers and warp operations are co_await: a switch is then a call and a return on the OS
+   thread's own stack, a fraction of a fiber's. */
 #ifndef CUDALUA_CPU_ABI_H
 #define CUDALUA_CPU_ABI_H
-#define CL_CPU_ABI 2
+#define CL_CPU_ABI 3
 
 typedef struct { unsigned x, y, z; } cl_cpu_dim;
 
@@ -23,7 +26,15 @@ typedef struct cl_cpu_thread {
   unsigned long long slot[2]; /* this lane's value in a warp operation (16 bytes at most) */
   const char *file;           /* where its last barrier or warp operation is (checks' messages) */
   int line;
+  /* a coroutine's (co_start): its handle; its warp operation (CL_CPU_W*, the lane, delta or
+     xor mask, width and the value's size) whose result the device writes in res when the warp
+     meets, as it writes a barrier's count there (a coroutine suspends once per operation) */
+  void *co;
+  int wop, warg, wwidth, wsize;
+  unsigned long long res[2];
 } cl_cpu_thread;
+
+enum { CL_CPU_WSYNC, CL_CPU_WIDX, CL_CPU_WUP, CL_CPU_WDOWN, CL_CPU_WXOR, CL_CPU_WBALLOT, CL_CPU_WANY, CL_CPU_WALL };
 
 typedef struct cl_cpu_rt {
   int abi;
@@ -37,6 +48,13 @@ typedef struct cl_cpu_rt {
   unsigned (*active)(cl_cpu_thread *me);
   /* assert / __trap: the launch fails with this message; does not return */
   void (*trap)(cl_cpu_thread *me, const char *what, const char *file, int line);
+  /* coroutines: the memory of my frame (NULL: none); at a barrier, a warp operation or my end
+     (after it I never run again), the coroutine to run next (NULL: back to the block's runner,
+     which called co_resume) */
+  void *(*co_frame)(cl_cpu_thread *me, unsigned long size);
+  void *(*co_sync)(cl_cpu_thread *me, int op, int pred);
+  void *(*co_warp)(cl_cpu_thread *me, unsigned mask);
+  void *(*co_done)(cl_cpu_thread *me);
 } cl_cpu_rt;
 
 typedef struct cl_cpu_entry {
@@ -48,5 +66,9 @@ typedef struct cl_cpu_entry {
   int nparams;
   const unsigned short *size, *align;     /* each parameter's */
   int sync;                               /* 1: it may reach a barrier or a warp operation */
+  /* the kernel's coroutine twin (NULL: none): makes thread t's coroutine (in t->co, NULL when no
+     memory), suspended before its first line; and resumes one */
+  void (*co_start)(cl_cpu_thread *t, void **args);
+  void (*co_resume)(void *co);
 } cl_cpu_entry;
 #endif

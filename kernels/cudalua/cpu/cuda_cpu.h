@@ -20,6 +20,9 @@
 #include <tuple>
 #include <algorithm>
 #include "cudalua/cpu/abi.h"
+#if defined(__cpp_impl_coroutine)
+#include <coroutine>
+#endif
 
 #define __CUDACC__ 1
 #define __CUDA_ARCH__ 0   /* device code (no GPU architecture: feature tests see the oldest) */
@@ -320,6 +323,96 @@ extern "C" inline void cudaGraphSetConditional(cudaGraphConditionalHandle h, uns
 #define __trap() __cl_trap("__trap()", __FILE__, __LINE__)
 #define __brkpt() ((void)0)
 
+/* ---- coroutine twins: cudalua.cpucompile writes one of a kernel whose barriers and warp
+   operations are all in its own body, as __cl_co_<name>(thread, parameters) with those calls
+   made co_await of the awaiters below (macros around the twin) and its returns co_return.
+   Each thread is then a coroutine: its frame from the device (co_frame: the block's frames
+   are reused block after block), and a barrier hands over straight to the next thread that can
+   run (await_suspend returns it), a call and a return instead of a fiber's stack switch. ---- */
+#if defined(__cpp_impl_coroutine)
+inline std::coroutine_handle<> __cl_co_next(void *h) {
+  return h ? std::coroutine_handle<>::from_address(h) : std::noop_coroutine();
+}
+struct __cl_co_task {
+  void *h;
+  struct promise_type {
+    cl_cpu_thread *me;
+    template <class... A> promise_type(cl_cpu_thread *m, A &...) noexcept : me(m) {}
+    template <class... A> static void *operator new(std::size_t n, cl_cpu_thread *m, A &...) noexcept {
+      return __cl_rt->co_frame(m, n);
+    }
+    static void operator delete(void *) noexcept {}   /* (the device's memory) */
+    static __cl_co_task get_return_object_on_allocation_failure() noexcept { return {nullptr}; }
+    __cl_co_task get_return_object() noexcept {
+      return {std::coroutine_handle<promise_type>::from_promise(*this).address()};
+    }
+    /* suspended before the first line; the thread's record current when it starts */
+    struct start {
+      cl_cpu_thread *me;
+      bool await_ready() noexcept { return false; }
+      void await_suspend(std::coroutine_handle<>) noexcept {}
+      void await_resume() noexcept { __CL_SET_CUR(me); }
+    };
+    start initial_suspend() noexcept { return {me}; }
+    struct end {
+      cl_cpu_thread *me;
+      bool await_ready() noexcept { return false; }
+      std::coroutine_handle<> await_suspend(std::coroutine_handle<>) noexcept { return __cl_co_next(__cl_rt->co_done(me)); }
+      void await_resume() noexcept {}
+    };
+    end final_suspend() noexcept { return {me}; }
+    void return_void() noexcept {}
+    void unhandled_exception() noexcept { std::abort(); }
+  };
+};
+/* a barrier or warp operation: the device counts me in and says who runs next (me, when I
+   was the last to come); my result is in my record when I run again */
+template <class T> struct __cl_co_wait {
+  cl_cpu_thread *me;
+  int op, pred;
+  unsigned mask;
+  bool await_ready() noexcept { return false; }
+  std::coroutine_handle<> await_suspend(std::coroutine_handle<>) noexcept {
+    return __cl_co_next(op >= 0 ? __cl_rt->co_sync(me, op, pred) : __cl_rt->co_warp(me, mask));
+  }
+  T await_resume() noexcept {
+    __CL_SET_CUR(me);
+    T r;
+    std::memcpy(&r, me->res, sizeof r);
+    return r;
+  }
+};
+template <> inline void __cl_co_wait<void>::await_resume() noexcept { __CL_SET_CUR(me); }
+inline __cl_co_wait<int> __cl_co_bar(cl_cpu_thread *me, const char *file, int line, int op, int p = 0) {
+  me->file = file, me->line = line;
+  return {me, op, p != 0, 0};
+}
+inline __cl_co_wait<void> __cl_co_syncwarp(cl_cpu_thread *me, const char *file, int line, unsigned mask = 0xffffffffu) {
+  me->file = file, me->line = line, me->wop = CL_CPU_WSYNC;
+  return {me, -1, 0, mask};
+}
+template <int K, class T> inline __cl_co_wait<T> __cl_co_shfl(cl_cpu_thread *me, const char *file, int line, unsigned mask, T v, int arg, int w = 32) {
+  static_assert(sizeof(T) <= 16, "a warp operation's value is at most 16 bytes");
+  me->file = file, me->line = line, me->wop = K, me->warg = arg, me->wwidth = w, me->wsize = (int)sizeof(T);
+  std::memcpy(me->slot, &v, sizeof(T));
+  return {me, -1, 0, mask};
+}
+template <int K, class R> inline __cl_co_wait<R> __cl_co_vote(cl_cpu_thread *me, const char *file, int line, unsigned mask, int p) {
+  me->file = file, me->line = line, me->wop = K, me->slot[0] = p != 0;
+  return {me, -1, 0, mask};
+}
+/* an entry's twin: the arguments unpacked into a new coroutine for thread t */
+template <auto C, class... A, std::size_t... I>
+inline void __cl_co_start_with(__cl_co_task (*)(cl_cpu_thread *, A...), cl_cpu_thread *t, void **args, std::index_sequence<I...>) {
+  t->co = C(t, *static_cast<std::remove_reference_t<A> *>(args[I])...).h;
+}
+template <auto C, class... A> inline void __cl_co_start_of(__cl_co_task (*c)(cl_cpu_thread *, A...), cl_cpu_thread *t, void **args) {
+  __cl_co_start_with<C>(c, t, args, std::index_sequence_for<A...>{});
+}
+template <auto C> inline void __cl_co_start(cl_cpu_thread *t, void **args) { __cl_co_start_of<C>(C, t, args); }
+inline void __cl_co_resume(void *h) { std::coroutine_handle<>::from_address(h).resume(); }
+#endif
+
 /* ---- what cudalua's device needs of the library ---- */
 /* an entry: the kernel's address and a caller that unpacks the launch's argument pointers */
 template <class... A, std::size_t... I>
@@ -373,11 +466,20 @@ template <auto F> inline void __cl_block(cl_cpu_thread *t, void **args, const un
 }
 template <auto F, class... A> inline constexpr cl_cpu_entry __cl_entry_of(void (*f)(A...), int sync) {
   return {reinterpret_cast<void *>(f), &__cl_call<A...>, &__cl_block<F>, (int)sizeof...(A), __cl_sizes<A...>::size,
-          __cl_sizes<A...>::align, sync};
+          __cl_sizes<A...>::align, sync, nullptr, nullptr};
 }
 template <auto F> inline constexpr cl_cpu_entry __cl_entry(int sync) {
   return __cl_entry_of<F>(F, sync);
 }
+#if defined(__cpp_impl_coroutine)
+/* a kernel with a coroutine twin C */
+template <auto F, auto C> inline constexpr cl_cpu_entry __cl_entry_co() {
+  cl_cpu_entry e = __cl_entry_of<F>(F, 1);
+  e.co_start = &__cl_co_start<C>;
+  e.co_resume = &__cl_co_resume;
+  return e;
+}
+#endif
 extern "C" {
 __attribute__((visibility("default"))) extern const int __cudalua_cpu_abi = CL_CPU_ABI;
 __attribute__((visibility("default"))) void __cudalua_cpu_bind(const cl_cpu_rt *rt) { __cl_rt = rt; }
