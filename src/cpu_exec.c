@@ -73,6 +73,9 @@ typedef struct worker {
   int live, T, failed, fiber_mode;
   int co;               /* the block's threads are coroutines (fiber_mode is set too) */
   int co_ops;           /* a coroutine at the barrier wants its count, and, or (op 1-3) */
+  unsigned long rec_seq;   /* the launch whose thread records ctx holds, for rec_n threads and rec_dyn */
+  int rec_n;
+  void *rec_dyn;
   char *frames;         /* their frames, fsize bytes each, kept for the next blocks */
   size_t nframes, fsize;
   uint64_t rng;         /* the block's, under CUDALUA_CPU_SCHEDULE */
@@ -156,6 +159,7 @@ static unsigned long generation;
 static cpu_launch *current;
 static uint64_t next_block, nblocks_total, perm_a, perm_c;   /* perm: the seeded block order */
 static int stop;
+static unsigned long launch_seq;   /* one more for each launch (pool_lock) */
 
 int cpu_threads(void) {
   static int n;
@@ -432,7 +436,15 @@ static void release_block(worker *w, int self) {
     t->res[0] = (unsigned long long)(op == 0 ? 0 : op == 1 ? r : op == 2 ? r == w->bar_arrived : r > 0);
   }
   w->co_ops = 0;
-  for (int i = 0; i < w->nbar; i++) if (w->bar[i] != self) push_ready(w, w->bar[i]);
+  if (w->co && !w->rcount && (self < 0 || w->bar[w->nbar - 1] == self)) {
+    /* (coroutines: the list of arrivals, self the last, is the ready ring at once; their state
+       is next looked at once they have run again) */
+    int *r = w->ready;
+    w->ready = w->bar, w->bar = r;
+    w->rhead = 0, w->rcount = (unsigned)(self < 0 ? w->nbar : w->nbar - 1);
+  } else {
+    for (int i = 0; i < w->nbar; i++) if (w->bar[i] != self) push_ready(w, w->bar[i]);
+  }
   w->nbar = 0;
 }
 
@@ -812,6 +824,13 @@ static void run_loop(worker *w, cpu_launch *l) {
 }
 
 static void thread_records(worker *w, cpu_launch *l, cl_cpu_dim bid, int n) {
+  if (n > 1 && w->rec_seq == launch_seq && w->rec_n == n && w->rec_dyn == w->dyn) {
+    /* (the launch's last block on this thread: only the block is another; a block of one runs
+       as a loop that steps its record: written whole) */
+    for (int r = 0; r < n; r++) w->ctx[r].bid = bid, w->ctx[r].file = NULL, w->ctx[r].line = 0;
+    return;
+  }
+  w->rec_seq = launch_seq, w->rec_n = n, w->rec_dyn = w->dyn;
   cl_cpu_dim d = l->block;
   for (int r = 0; r < n; r++) {
     cl_cpu_thread *c = &w->ctx[r];
@@ -903,7 +922,7 @@ void cpu_launch_run(cpu_launch *l) {
     pthread_detach(t);
     npool++;
   }
-  current = l, next_block = 0, nblocks_total = n, stop = 0;
+  current = l, next_block = 0, nblocks_total = n, stop = 0, launch_seq++;
   chunk = n / ((uint64_t)cpu_threads() * 64) + 1;   /* (a few dozen rounds each: the load still evens out) */
   if (sched_on) block_order(n);
   int helpers = n > 1 ? npool : 0;
