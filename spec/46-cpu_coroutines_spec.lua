@@ -176,8 +176,10 @@ describe("the CPU device's coroutines", function()
         struct S { static int go(int v) { return v + __shfl_xor_sync(0xffffffffu, v, 1); } };
         out[threadIdx.x] = S::go(x[threadIdx.x]);
       }
-      extern "C" __global__ void plain(const int *x, int *out) { out[threadIdx.x] = x[threadIdx.x] + 1; }]=])
-      for _, k in ipairs{"helper", "lambda", "local_class", "plain"} do print("mode " .. k .. " " .. m[k]:attributes().cpu_threads) end
+      extern "C" __global__ void plain(const int *x, int *out) { out[threadIdx.x] = x[threadIdx.x] + 1; }
+      /* (a kernel calling itself as a function: the CPU device's own case, spec 40's stack overflow) */
+      extern "C" __global__ void rec(const int *x, int *out) { if (x[0] > 0) rec(x + 1, out); __syncthreads(); out[0] += 1; }]=])
+      for _, k in ipairs{"helper", "lambda", "local_class", "plain", "rec"} do print("mode " .. k .. " " .. m[k]:attributes().cpu_threads) end
       local t, s = {}, 0
       for i = 1, 32 do t[i] = math.random(-1000, 1000); s = s + t[i] end
       local x, out = cuda.to_device(cuda.array(t, "int32")), cuda.device_array(32, "int32")
@@ -189,8 +191,14 @@ describe("the CPU device's coroutines", function()
       m.local_class[{ 1, 32 }](x, out)
       local h = out:copy_to_host()
       for i = 1, 32 do if h[i] ~= t[i] + t[((i - 1) ~ 1) + 1] then bad = bad + 1 end end
+      local depth = math.random(0, 5)
+      local steps = {}
+      for i = 1, depth + 1 do steps[i] = depth + 1 - i end
+      out:fill(0)
+      m.rec[{ 1, 2 }](cuda.to_device(cuda.array(steps, "int32")), out)   -- (two threads: barriers between them)
+      if out:copy_to_host()[1] ~= 2 * (depth + 1) then bad = bad + 1 end
       print("wrong " .. bad)
-    ]], { helper = "fibers", lambda = "fibers", local_class = "fibers", plain = "loop" })
+    ]], { helper = "fibers", lambda = "fibers", local_class = "fibers", plain = "loop", rec = "fibers" })
     assert.equal("wrong 0", last)
   end)
 

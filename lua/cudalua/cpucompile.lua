@@ -313,7 +313,8 @@ M.sync_names = sync_names
 -- copy of itself as a coroutine, __cl_co_<name>, written after it; the device then runs each of
 -- its threads as a coroutine rather than a fiber (a switch costs a call and a return). Not for
 -- a body the reading cannot be sure of: a lambda or a local class in it (their bodies cannot
--- co_await), a function it names that syncs, a sync it takes other than as a call.
+-- co_await), a function it names that syncs (itself: a recursive call), a sync it takes other
+-- than as a call.
 local CO_CALLS = { __syncthreads = true, __syncthreads_count = true, __syncthreads_and = true,
   __syncthreads_or = true, __syncwarp = true, __shfl_sync = true, __shfl_up_sync = true, __shfl_down_sync = true,
   __shfl_xor_sync = true, __ballot_sync = true, __any_sync = true, __all_sync = true }
@@ -328,7 +329,7 @@ local function co_ready(body, names, self)
     if CO_CALLS[w] then
       if not body:find("^%s*%(", at + #w) then return false end
       calls = calls + 1
-    elseif w:find("_sync$") or (w ~= self and names[w] == true) then
+    elseif w:find("_sync$") or names[w] == true then   -- (itself too: a call from the twin is the original's)
       return false
     end
   end
