@@ -321,7 +321,7 @@ local CO_CALLS = { __syncthreads = true, __syncthreads_count = true, __syncthrea
 local CO_NOT = { class = true, struct = true, union = true, co_await = true, co_return = true, co_yield = true,
   __cl_me = true }
 
-local function co_ready(body, names, self)
+local function co_ready(body, names)
   if body:find("%.%s*sync%s*%(") or body:find("%[[^%]]*%]%s*[%(%{]") or body:find("%]%s*mutable") then return false end
   local calls = 0
   for at, w in body:gmatch("()([%a_][%w_]*)") do
@@ -365,7 +365,7 @@ local function co_twins(text, name, exprs, names)
     local open, shut = params_span(code, f.from)
     local _, opens = code:sub(1, f.from - 1):gsub("{", "")
     local _, shuts = code:sub(1, f.from - 1):gsub("}", "")
-    if want[f.name] and open and opens == shuts and co_ready(body, names, f.name) then
+    if want[f.name] and open and opens == shuts and co_ready(body, names) then
       local params = text:sub(open, shut)
       if params:match("^%s*void%s*$") or params:match("^%s*$") then params = "" else params = ", " .. params end
       -- the body as written, its returns the coroutine's (found in the code, so none in a string)
