@@ -202,6 +202,23 @@ describe("the CPU device's coroutines", function()
     assert.equal("wrong 0", last)
   end)
 
+  -- Numba's test_lanemask_lt (numba-cuda, test_warp_ops.py: lane i reads 2^i - 1); a block run
+  -- as a loop steps each thread's rank only, and the lane comes from it
+  cpu("a block run as a loop: Numba's lanemask_lt over a block of two dimensions", function()
+    local last = on_cpu([[
+      local m = cuda.compile([=[
+      extern "C" __global__ void masks(unsigned *lt) { lt[threadIdx.x + threadIdx.y * blockDim.x] = __lanemask_lt(); }]=])
+      local X, Y = math.random(1, 16), math.random(2, 8)
+      local T = X * Y
+      local lt = cuda.device_array(T, "uint32")
+      m.masks[{ 1, { X, Y } }](lt)
+      local hl, bad = lt:copy_to_host(), 0
+      for r = 0, T - 1 do if hl[r + 1] ~= (1 << (r % 32)) - 1 then bad = bad + 1 end end
+      print(m.masks:attributes().cpu_threads, "wrong " .. bad)
+    ]])
+    assert.equal("loop\twrong 0", last)
+  end)
+
   cpu("keep the checks: an assert, threads at different barriers, and a warp operation no lane can join are errors naming the line", function()
     local last, out = on_cpu([[
       local m = cuda.compile('extern "C" __global__ void chk(const int *x) {\n  __syncthreads();\n  assert(x[threadIdx.x] < 5);\n}\n'

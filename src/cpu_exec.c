@@ -526,7 +526,7 @@ static cl_cpu_thread *rt_lane(cl_cpu_thread *t, unsigned lane) {
 static unsigned rt_active(cl_cpu_thread *t) {
   worker *w = t->block;
   if (w->fiber_mode) return w->walive[t->warp];
-  int n = w->T - (int)t->warp * 32;
+  int n = w->T - (int)(t->rank / 32);   /* (a loop steps the rank only) */
   return n >= 32 ? ~0u : (1u << n) - 1;
 }
 

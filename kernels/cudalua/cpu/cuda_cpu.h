@@ -182,7 +182,7 @@ template <class T> inline unsigned __match_all_sync(unsigned mask, T v, int *pre
   *pred = same == all;
   return same == all ? all : 0;
 }
-inline unsigned __lanemask_lt() { return (1u << __CL_CUR->lane) - 1; }
+inline unsigned __lanemask_lt() { return (1u << (__CL_CUR->rank & 31)) - 1; }
 
 /* ---- atomics (blocks run at once on several OS threads) ---- */
 #define __CL_ATOMIC_INT(T) \
@@ -445,21 +445,26 @@ __attribute__((flatten)) inline void __cl_block_with(void (*)(A...), cl_cpu_thre
     for (unsigned i = 0, n = nx * ny * nz; i < n; i++) {
       unsigned r = order[i];
       t->tid = {r % nx, r / nx % ny, r / (nx * ny)};
-      t->rank = r, t->lane = r & 31, t->warp = r >> 5;
+      t->rank = r;
       __CL_STEPPED();
       F(std::get<I>(a)...);
     }
     return;
   }
+  /* (per thread only its x and rank are stored: lane and warp are the rank's, and what reads
+     them in a block run as a loop, __activemask and __lanemask_lt, takes them from the rank) */
   unsigned r = 0;
-  for (unsigned z = 0; z < nz; z++)
-    for (unsigned y = 0; y < ny; y++)
+  for (unsigned z = 0; z < nz; z++) {
+    t->tid.z = z;
+    for (unsigned y = 0; y < ny; y++) {
+      t->tid.y = y;
       for (unsigned x = 0; x < nx; x++, r++) {
-        t->tid = {x, y, z};
-        t->rank = r, t->lane = r & 31, t->warp = r >> 5;
+        t->tid.x = x, t->rank = r;
         __CL_STEPPED();
         F(std::get<I>(a)...);
       }
+    }
+  }
 }
 template <auto F> inline void __cl_block(cl_cpu_thread *t, void **args, const unsigned *order) {
   __cl_block_with<F>(F, t, args, order, std::make_index_sequence<__cl_nparams(F)>{});
