@@ -17,20 +17,26 @@
 
 typedef struct { unsigned x, y, z; } cl_cpu_dim;
 
-/* one CUDA thread: its coordinates, and the exchange slot of warp operations */
+/* one CUDA thread: its coordinates, and the exchange slot of warp operations. What a block of
+   coroutines touches at each barrier comes first, in one cache line: a block of 256 threads
+   switches among 256 records, more than a core's first-level cache holds */
 typedef struct cl_cpu_thread {
-  cl_cpu_dim tid, bid, bdim, gdim;
-  void *dyn_shared;           /* the block's dynamic shared memory */
-  unsigned lane, warp, rank;  /* rank: x + y * bdim.x + z * bdim.x * bdim.y */
-  void *block;                /* the device's */
-  unsigned long long slot[2]; /* this lane's value in a warp operation (16 bytes at most) */
+  cl_cpu_dim tid;
+  unsigned rank;              /* x + y * bdim.x + z * bdim.x * bdim.y */
   const char *file;           /* where its last barrier or warp operation is (checks' messages) */
   int line;
   /* a coroutine's (co_start): its handle; its warp operation (CL_CPU_W*, the lane, delta or
      xor mask, width and the value's size) whose result the device writes in res when the warp
-     meets, as it writes a barrier's count there (a coroutine suspends once per operation) */
+     meets, as it writes a barrier's count there (warg: the barrier's op; a coroutine suspends
+     once per operation) */
+  int warg;
   void *co;
-  int wop, warg, wwidth, wsize;
+  void *block;                /* the device's */
+  unsigned lane, warp;
+  int wop, wwidth, wsize;
+  cl_cpu_dim bid, bdim, gdim;
+  void *dyn_shared;           /* the block's dynamic shared memory */
+  unsigned long long slot[2]; /* this lane's value in a warp operation (16 bytes at most) */
   unsigned long long res[2];
 } cl_cpu_thread;
 
