@@ -219,6 +219,83 @@ describe("the CPU device's coroutines", function()
     assert.equal("loop\twrong 0", last)
   end)
 
+  -- (found by a review: each of these gave a wrong answer, a crash or a lost device before)
+  cpu("agree with the fibers where C++ evaluates around a co_await: two in one expression, a function reading the thread, a barrier the preprocessor drops", function()
+    local last = both([[
+      local m = cuda.compile([=[
+      __device__ unsigned tid() { return threadIdx.x; }
+      extern "C" __global__ void two(int *a, const int *x) {
+        int i = threadIdx.x, r = x[i] & 1;
+        a[4 * i] = __shfl_down_sync(~0u, i, 1) + 1000 * __shfl_xor_sync(~0u, i + 100, 2);
+        a[4 * i + 1] = __syncthreads_count(x[i] > 0) * 1000 + __syncthreads_count(x[i] > 50);
+        a[4 * i + 2] = r ? __shfl_xor_sync(~0u, x[i], 1) : __shfl_xor_sync(~0u, x[i], 2) * 3;
+        a[4 * i + 3] = tid() + 100 * __syncthreads_count(1);
+      }
+      extern "C" __global__ void compact(const int *x, int *pos) {
+        int i = threadIdx.x;
+        pos[i] = __popc(__lanemask_lt() & __ballot_sync(~0u, x[i] > 0));
+      }
+      extern "C" __global__ void dropped(int *a) {
+      #if __CUDA_ARCH__ >= 9000
+        __syncwarp();
+      #endif
+        a[threadIdx.x] = threadIdx.x + 1;
+      }]=])
+      for _, k in ipairs{"two", "compact", "dropped"} do print("mode " .. k .. " " .. m[k]:attributes().cpu_threads) end
+      local T = 32 * math.random(1, 4)
+      local t = {}
+      for i = 1, T do t[i] = math.random(-100, 100) end
+      local x, a = cuda.to_device(cuda.array(t, "int32")), cuda.device_array(4 * T, "int32")
+      m.two[{ 1, T }](a, x)
+      local pos, d = cuda.device_array(T, "int32"), cuda.device_array(T, "int32")
+      m.compact[{ 1, T }](x, pos)
+      m.dropped[{ 1, T }](d)
+      local h, hp, hd, bad = a:copy_to_host(), pos:copy_to_host(), d:copy_to_host(), 0
+      local pos_cnt, big = 0, 0
+      for i = 1, T do if t[i] > 0 then pos_cnt = pos_cnt + 1 end; if t[i] > 50 then big = big + 1 end end
+      for i = 0, T - 1 do
+        local lane, w0 = i % 32, i - i % 32
+        local down = lane + 1 < 32 and i + 1 or i
+        local want1 = down + 1000 * ((i ~ 2) + 100)
+        local odd = t[i + 1] & 1 == 1
+        local want3 = odd and t[(i ~ 1) + 1] or t[(i ~ 2) + 1] * 3
+        local before = 0
+        for j = w0, i - 1 do if t[j + 1] > 0 then before = before + 1 end end
+        if h[4 * i + 1] ~= want1 or h[4 * i + 2] ~= pos_cnt * 1000 + big or h[4 * i + 3] ~= want3
+          or h[4 * i + 4] ~= i + 100 * T or hp[i + 1] ~= before or hd[i + 1] ~= i + 1 then bad = bad + 1 end
+      end
+      print("wrong " .. bad)
+    ]], { two = "coroutines", compact = "coroutines", dropped = "coroutines" })
+    assert.equal("wrong 0", last)
+  end)
+
+  cpu("are left to fibers when a header the reading has not read is included, and say a stack overflow as the fibers do", function()
+    local dir = os.tmpname()
+    os.remove(dir)
+    assert(os.execute("mkdir -p " .. dir))
+    local f = assert(io.open(dir .. "/red.h", "w"))
+    f:write("__device__ int warp_sum(int v) { for (int o = 16; o > 0; o /= 2) v += __shfl_down_sync(~0u, v, o); return v; }\n")
+    f:close()
+    local last, out = on_cpu(([[
+      local m = cuda.compile('#include "%s/red.h"\nextern "C" __global__ void k(const int *x, int *out) {\n'
+        .. '  __syncthreads();\n  int v = warp_sum(x[threadIdx.x]);\n  if (threadIdx.x == 0) *out = v;\n}', { name = "hdr.cu" })
+      local o = cuda.compile('__device__ int deep(int d) { volatile char buf[4096]; buf[0] = d; return d > 0 ? deep(d - 1) + buf[0] : 0; }\n'
+        .. 'extern "C" __global__ void over(int *x, int d) {\n  __syncthreads();\n  x[threadIdx.x] = deep(d);\n}', { name = "deep.cu" })
+      local t, s = {}, 0
+      for i = 1, 32 do t[i] = math.random(-50, 50); s = s + t[i] end
+      local out = cuda.device_array(1, "int32")
+      m.k[{ 1, 32 }](cuda.to_device(cuda.array(t, "int32")), out)
+      print("mode k " .. m.k:attributes().cpu_threads, "mode over " .. o.over:attributes().cpu_threads)
+      print(select(2, pcall(function() o.over[{ 1, 32 }](cuda.device_array(32, "int32"), 100000); cuda.synchronize() end)))
+      m.k[{ 1, 32 }](cuda.to_device(cuda.array(t, "int32")), out)
+      print(out:copy_to_host()[1] == s and "sum ok" or "sum wrong")
+    ]]):format(dir))
+    os.execute("rm -rf " .. dir)
+    assert.equal("sum ok", last, out)
+    assert.matches("mode k fibers\tmode over coroutines", out, 1, true)
+    assert.matches("a thread's stack overflowed", out, 1, true)
+  end)
+
   cpu("keep the checks: an assert, threads at different barriers, and a warp operation no lane can join are errors naming the line", function()
     local last, out = on_cpu([[
       local m = cuda.compile('extern "C" __global__ void chk(const int *x) {\n  __syncthreads();\n  assert(x[threadIdx.x] < 5);\n}\n'

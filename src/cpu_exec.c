@@ -88,6 +88,7 @@ typedef struct worker {
   void *fault_addr;
   uintptr_t fault_pc;
   void *altstack;
+  char *os_stack;       /* the lowest byte of this OS thread's stack (coroutines run on it) */
 } worker;
 
 static __thread worker *me_w;
@@ -274,9 +275,11 @@ static int stacks(worker *w, int T) {
   return 1;
 }
 
-/* is p on a fiber's guard page (a stack overflow) */
+/* is p on a fiber's guard page, or (a block of coroutines) just under this OS thread's stack:
+   a stack overflow */
 int cpu_on_guard(const void *p) {
   worker *w = me_w;
+  if (w && w->co && w->os_stack && (const char *)p < w->os_stack && (const char *)p >= w->os_stack - 65536) return 1;
   if (!w || !w->stacks || (const char *)p < w->stacks || (const char *)p >= w->stacks + (size_t)w->nstacks * STACK) return 0;
   return (size_t)((const char *)p - w->stacks) % STACK < page_size;
 }
@@ -433,7 +436,8 @@ static void release_block(worker *w, int self) {
   for (int i = 0; w->co_ops && i < w->nbar; i++) {   /* (a coroutine reads its result from its record) */
     cl_cpu_thread *t = &w->ctx[w->bar[i]];
     int op = t->warg, r = w->bar_result;
-    t->res[0] = (unsigned long long)(op == 0 ? 0 : op == 1 ? r : op == 2 ? r == w->bar_arrived : r > 0);
+    unsigned long long v = (unsigned long long)(op == 0 ? 0 : op == 1 ? r : op == 2 ? r == w->bar_arrived : r > 0);
+    memcpy(t->resp, &v, sizeof v);
   }
   w->co_ops = 0;
   if (w->co && !w->rcount && (self < 0 || w->bar[w->nbar - 1] == self)) {
@@ -526,7 +530,7 @@ static cl_cpu_thread *rt_lane(cl_cpu_thread *t, unsigned lane) {
 static unsigned rt_active(cl_cpu_thread *t) {
   worker *w = t->block;
   if (w->fiber_mode) return w->walive[t->warp];
-  int n = w->T - (int)(t->rank / 32);   /* (a loop steps the rank only) */
+  int n = w->T - (int)(t->rank & ~31u);   /* (a loop steps the rank only: its warp's first) */
   return n >= 32 ? ~0u : (1u << n) - 1;
 }
 
@@ -554,15 +558,15 @@ static void thread_done(worker *w, int t) {
 }
 
 /* ---- coroutines: the same counts as the fibers', the switch left to the library ---- */
-/* the coroutine of thread n (NULL: back to the block's runner) */
-static void *co_of(worker *w, int n) {
+/* thread n, whose coroutine runs next (NULL: back to the block's runner) */
+static cl_cpu_thread *co_of(worker *w, int n) {
   w->cur = n;
-  return n < 0 ? NULL : w->ctx[n].co;
+  return n < 0 ? NULL : &w->ctx[n];
 }
 
 /* thread self released what it waited at: it goes on (under a seeded schedule, whichever
    ready thread the draw picks) */
-static void *co_go_on(worker *w, int self) {
+static cl_cpu_thread *co_go_on(worker *w, int self) {
   w->fibs[self].state = READY;
   if (sched_on) { push_ready(w, self); return co_of(w, pop_ready(w)); }
   return co_of(w, self);
@@ -585,7 +589,7 @@ static void *co_frame(cl_cpu_thread *t, unsigned long n) {
   return w->frames + (size_t)t->rank * w->fsize;
 }
 
-static void *co_sync(cl_cpu_thread *t, int op, int pred) {
+static cl_cpu_thread *co_sync(cl_cpu_thread *t, int op, int pred) {
   worker *w = t->block;
   int self = (int)t->rank;
   if (check_on && !check_bar(w, t)) abandon(w, t);
@@ -597,7 +601,7 @@ static void *co_sync(cl_cpu_thread *t, int op, int pred) {
   return co_of(w, pop_ready(w));
 }
 
-static void *co_warp(cl_cpu_thread *t, unsigned mask) {
+static cl_cpu_thread *co_warp(cl_cpu_thread *t, unsigned mask) {
   worker *w = t->block;
   int self = (int)t->rank;
   unsigned wi = t->warp;
@@ -608,7 +612,7 @@ static void *co_warp(cl_cpu_thread *t, unsigned mask) {
   return co_of(w, pop_ready(w));
 }
 
-static void *co_done(cl_cpu_thread *t) {
+static cl_cpu_thread *co_done(cl_cpu_thread *t) {
   worker *w = t->block;
   return co_of(w, thread_exit(w, (int)t->rank));
 }
@@ -635,12 +639,13 @@ static void warp_results(worker *w, unsigned wi) {
     if (t->wop <= CL_CPU_WXOR) {
       int from = shfl_from(t, l);
       const cl_cpu_thread *o = from >= 0 && from < 32 && (int)wi * 32 + from < w->T ? &w->ctx[(int)wi * 32 + from] : t;
-      memcpy(t->res, o->slot, (size_t)t->wsize);
+      memcpy(t->resp, o->slot, (size_t)t->wsize);
       continue;
     }
     for (unsigned k = live; k; k &= k - 1)
       if (w->ctx[(int)wi * 32 + __builtin_ctz(k)].slot[0]) votes |= 1u << __builtin_ctz(k);
-    t->res[0] = t->wop == CL_CPU_WBALLOT ? votes : t->wop == CL_CPU_WANY ? votes != 0 : votes == live;
+    unsigned long long v = t->wop == CL_CPU_WBALLOT ? votes : t->wop == CL_CPU_WANY ? votes != 0 : votes == live;
+    memcpy(t->resp, &v, sizeof v);
   }
 }
 
@@ -697,6 +702,13 @@ static void install_segv(void) {
 static void fault_arm(worker *w) {
   pthread_once(&segv_once, install_segv);
   if (w->altstack) return;
+  pthread_attr_t a;
+  void *lo = NULL;
+  size_t size = 0;
+  if (pthread_getattr_np(pthread_self(), &a) == 0) {
+    if (pthread_attr_getstack(&a, &lo, &size) == 0) w->os_stack = lo;
+    pthread_attr_destroy(&a);
+  }
   stack_t st = {.ss_size = 64 * 1024};
   st.ss_sp = w->altstack = malloc(st.ss_size);
   if (st.ss_sp) sigaltstack(&st, NULL);
@@ -747,7 +759,8 @@ static void fault_report(worker *w) {
   source_line(w->l, w->fault_pc, where, sizeof where);
   cpu_block b;
   if (cpu_on_guard(w->fault_addr))
-    snprintf(what, sizeof what, "CUDALUA_CPU_CHECK: the thread's stack (%d KB) overflowed (%s)", STACK / 1024, where);
+    snprintf(what, sizeof what, w->co ? "CUDALUA_CPU_CHECK: the thread's stack (its OS thread's, as a coroutine's) overflowed (%s)"
+             : "CUDALUA_CPU_CHECK: the thread's stack (64 KB) overflowed (%s)", where);
   else if (cpu_find_past(a, &b))
     snprintf(what, sizeof what, "CUDALUA_CPU_CHECK: an access past the end of an allocation of %zu bytes (its byte %zu, "
              "the allocation at 0x%lx) (%s)", b.size, (size_t)(a - b.base), (unsigned long)b.base, where);
@@ -802,8 +815,7 @@ static void run_coros(worker *w) {
     }
     push_ready(w, t);
   }
-  void *first = co_of(w, pop_ready(w));
-  e->co_resume(first);
+  e->co_resume(co_of(w, pop_ready(w)));
   if (!w->failed && w->live) stuck(w);
 }
 

@@ -347,10 +347,24 @@ local function params_span(code, at)
   end
 end
 
+-- whether twins may be written: not where the reading cannot see every function (a header it
+-- has not read), nor in builds where GCC does not make a coroutine's hand-over a tail call (the
+-- OS thread's stack would grow with every switch: -O0, -Og, the sanitizers)
+local function twins_allowed(names, unread, flags)
+  if type(names) ~= "table" or unread or os.getenv("CUDALUA_CPU_COROUTINES") == "0" then return false end
+  for _, v in ipairs { "CUDALUA_CPU_DEBUG", "CUDALUA_CPU_SANITIZE" } do
+    local e = os.getenv(v)
+    if e and e ~= "" and e ~= "0" then return false end
+  end
+  for _, f in ipairs(flags) do
+    if f == "-O0" or f == "-Og" or f:match("^%-fsanitize") then return false end
+  end
+  return true
+end
+
 -- co_twins(text, name, exprs, names) -> the text with the twins written in, {expression = true}
 -- for the kernels that have one
 local function co_twins(text, name, exprs, names)
-  if type(names) ~= "table" or os.getenv("CUDALUA_CPU_COROUTINES") == "0" then return text, {} end
   local code = code_only(text)
   local fns, count = functions(code), {}
   for _, f in ipairs(fns) do count[f.name] = (count[f.name] or 0) + 1 end
@@ -361,11 +375,13 @@ local function co_twins(text, name, exprs, names)
   end
   local inserts, twins = {}, {}
   for _, f in ipairs(fns) do
-    local body = code:sub(f.from, f.to)
-    local open, shut = params_span(code, f.from)
-    local _, opens = code:sub(1, f.from - 1):gsub("{", "")
-    local _, shuts = code:sub(1, f.from - 1):gsub("}", "")
-    if want[f.name] and open and opens == shuts and co_ready(body, names) then
+    local body = want[f.name] and code:sub(f.from, f.to)
+    local open, shut, opens, shuts
+    if body and co_ready(body, names) then
+      open, shut = params_span(code, f.from)
+      opens, shuts = select(2, code:sub(1, f.from - 1):gsub("{", "")), select(2, code:sub(1, f.from - 1):gsub("}", ""))
+    end
+    if open and opens == shuts then
       local params = text:sub(open, shut)
       if params:match("^%s*void%s*$") or params:match("^%s*$") then params = "" else params = ", " .. params end
       -- the body as written, its returns the coroutine's (found in the code, so none in a string)
@@ -374,7 +390,8 @@ local function co_twins(text, name, exprs, names)
         parts[#parts + 1] = text:sub(last, f.from + at - 2) .. "co_return"
         last = f.from + at - 1 + #"return"
       end
-      parts[#parts + 1] = text:sub(last, f.to)
+      -- (and a co_return last: a body whose barriers the preprocessor drops is a coroutine still)
+      parts[#parts + 1] = text:sub(last, f.to - 1) .. " co_return; }"
       local _, l1 = text:sub(1, f.from):gsub("\n", "")
       local _, l2 = text:sub(1, f.to):gsub("\n", "")
       inserts[#inserts + 1] = { at = f.to, text = ('\n#include "cudalua/cpu/co_on.h"\n'
@@ -504,10 +521,11 @@ function M.compile(src, name, flags, headers, exprs)
   for _, h in ipairs(headers) do
     if not h[1]:match("^cudalua/cpu/") then by_name[h[1]] = h[2] end
   end
-  local i = 1
+  local i, unread = 1, false   -- unread: a header in quotes this reading does not have (a path)
   while texts[i] do
-    for inc in texts[i]:gmatch('#%s*include%s*[<"]([^>"]+)[>"]') do
+    for q, inc in texts[i]:gmatch('#%s*include%s*([<"])([^>"]+)[>"]') do
       if by_name[inc] and not seen[inc] then seen[inc] = true; texts[#texts + 1] = by_name[inc] end
+      unread = unread or (q == '"' and not by_name[inc])
     end
     i = i + 1
   end
@@ -515,7 +533,8 @@ function M.compile(src, name, flags, headers, exprs)
   local folders = false
   for _, fl in ipairs(flags) do folders = folders or fl:match("^%-I") ~= nil end
   local names = folders or sync_names(texts)
-  local body, twins = co_twins(dynamic_shared(src), name, exprs, names)
+  local body, twins = dynamic_shared(src), {}
+  if twins_allowed(names, unread, flags) then body, twins = co_twins(body, name, exprs, names) end
   local tables, owner = footer(exprs, names, launch_bounds(src), twins)
   local text = ('#line 1 "%s"\n'):format(name) .. body .. tables
   local cxx, id = find_compiler()

@@ -26,7 +26,7 @@ typedef struct cl_cpu_thread {
   const char *file;           /* where its last barrier or warp operation is (checks' messages) */
   int line;
   /* a coroutine's (co_start): its handle; its warp operation (CL_CPU_W*, the lane, delta or
-     xor mask, width and the value's size) whose result the device writes in res when the warp
+     xor mask, width and the value's size) whose result the device writes at resp when the warp
      meets, as it writes a barrier's count there (warg: the barrier's op; a coroutine suspends
      once per operation) */
   int warg;
@@ -37,7 +37,7 @@ typedef struct cl_cpu_thread {
   cl_cpu_dim bid, bdim, gdim;
   void *dyn_shared;           /* the block's dynamic shared memory */
   unsigned long long slot[2]; /* this lane's value in a warp operation (16 bytes at most) */
-  unsigned long long res[2];
+  void *resp;                 /* where a coroutine wants its result (16 bytes: its awaiter's) */
 } cl_cpu_thread;
 
 enum { CL_CPU_WSYNC, CL_CPU_WIDX, CL_CPU_WUP, CL_CPU_WDOWN, CL_CPU_WXOR, CL_CPU_WBALLOT, CL_CPU_WANY, CL_CPU_WALL };
@@ -55,12 +55,12 @@ typedef struct cl_cpu_rt {
   /* assert / __trap: the launch fails with this message; does not return */
   void (*trap)(cl_cpu_thread *me, const char *what, const char *file, int line);
   /* coroutines: the memory of my frame (NULL: none); at a barrier, a warp operation or my end
-     (after it I never run again), the coroutine to run next (NULL: back to the block's runner,
-     which called co_resume) */
+     (after it I never run again), the thread whose coroutine runs next (NULL: back to the
+     block's runner, which called co_resume) */
   void *(*co_frame)(cl_cpu_thread *me, unsigned long size);
-  void *(*co_sync)(cl_cpu_thread *me, int op, int pred);
-  void *(*co_warp)(cl_cpu_thread *me, unsigned mask);
-  void *(*co_done)(cl_cpu_thread *me);
+  cl_cpu_thread *(*co_sync)(cl_cpu_thread *me, int op, int pred);
+  cl_cpu_thread *(*co_warp)(cl_cpu_thread *me, unsigned mask);
+  cl_cpu_thread *(*co_done)(cl_cpu_thread *me);
 } cl_cpu_rt;
 
 typedef struct cl_cpu_entry {
@@ -75,6 +75,6 @@ typedef struct cl_cpu_entry {
   /* the kernel's coroutine twin (NULL: none): makes thread t's coroutine (in t->co, NULL when no
      memory), suspended before its first line; and resumes one */
   void (*co_start)(cl_cpu_thread *t, void **args);
-  void (*co_resume)(void *co);
+  void (*co_resume)(cl_cpu_thread *t);
 } cl_cpu_entry;
 #endif

@@ -14,10 +14,9 @@
 #define __ballot_sync(...) (co_await __cl_co_vote<CL_CPU_WBALLOT, unsigned>(__cl_me, __FILE__, __LINE__, __VA_ARGS__))
 #define __any_sync(...) (co_await __cl_co_vote<CL_CPU_WANY, int>(__cl_me, __FILE__, __LINE__, __VA_ARGS__))
 #define __all_sync(...) (co_await __cl_co_vote<CL_CPU_WALL, int>(__cl_me, __FILE__, __LINE__, __VA_ARGS__))
-/* the twin's body reads its thread's coordinates from its own parameter, not from the OS
-   thread's __cl_cur: that one is set again at each resume (for the functions the body calls),
-   but GCC's coroutines were seen to read it in the body across a co_await as it was before
-   (a[threadIdx.x] = __ballot_sync(...) wrote one lane's element twice) */
+/* the twin's body reads its thread's coordinates from its own parameter rather than from the
+   OS thread's __cl_cur (which the device sets before each resume, for the functions the body
+   calls): no load of it can be moved across a co_await */
 #pragma push_macro("__CL_CUR")
 #undef __CL_CUR
 #define __CL_CUR (__cl_me)

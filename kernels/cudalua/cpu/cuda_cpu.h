@@ -330,8 +330,13 @@ extern "C" inline void cudaGraphSetConditional(cudaGraphConditionalHandle h, uns
    are reused block after block), and a barrier hands over straight to the next thread that can
    run (await_suspend returns it), a call and a return instead of a fiber's stack switch. ---- */
 #if defined(__cpp_impl_coroutine)
-inline std::coroutine_handle<> __cl_co_next(void *h) {
-  return h ? std::coroutine_handle<>::from_address(h) : std::noop_coroutine();
+/* the thread the device says runs next (NULL: back to the block's runner): the OS thread's
+   current record is set to it before it resumes, as what it evaluates after its co_await and
+   before the awaiter's await_resume (the rest of its expression) may read it */
+inline std::coroutine_handle<> __cl_co_next(cl_cpu_thread *t) {
+  if (!t) return std::noop_coroutine();
+  __CL_SET_CUR(t);
+  return std::coroutine_handle<>::from_address(t->co);
 }
 struct __cl_co_task {
   void *h;
@@ -346,14 +351,7 @@ struct __cl_co_task {
     __cl_co_task get_return_object() noexcept {
       return {std::coroutine_handle<promise_type>::from_promise(*this).address()};
     }
-    /* suspended before the first line; the thread's record current when it starts */
-    struct start {
-      cl_cpu_thread *me;
-      bool await_ready() noexcept { return false; }
-      void await_suspend(std::coroutine_handle<>) noexcept {}
-      void await_resume() noexcept { __CL_SET_CUR(me); }
-    };
-    start initial_suspend() noexcept { return {me}; }
+    std::suspend_always initial_suspend() noexcept { return {}; }   /* (resumed by __cl_co_resume) */
     struct end {
       cl_cpu_thread *me;
       bool await_ready() noexcept { return false; }
@@ -365,41 +363,61 @@ struct __cl_co_task {
     void unhandled_exception() noexcept { std::abort(); }
   };
 };
-/* a barrier or warp operation: the device counts me in and says who runs next (me, when I
-   was the last to come); my result is in my record when I run again */
+/* a warp operation. Everything it hands the device is its own until it suspends
+   (two in one expression are both made before either suspends): the record is written in
+   await_suspend, and the device writes the result into this awaiter (res), which may be read
+   after another suspension of the same expression */
 template <class T> struct __cl_co_wait {
   cl_cpu_thread *me;
-  int op, pred;
+  const char *file;
+  int line, wop, warg, wwidth, wsize;
   unsigned mask;
+  unsigned long long val[2], res[2];
   bool await_ready() noexcept { return false; }
   std::coroutine_handle<> await_suspend(std::coroutine_handle<>) noexcept {
-    return __cl_co_next(op >= 0 ? __cl_rt->co_sync(me, op, pred) : __cl_rt->co_warp(me, mask));
+    me->file = file, me->line = line, me->resp = res;
+    me->wop = wop, me->warg = warg, me->wwidth = wwidth, me->wsize = wsize;
+    std::memcpy(me->slot, val, sizeof val);
+    return __cl_co_next(__cl_rt->co_warp(me, mask));
   }
   T await_resume() noexcept {
     __CL_SET_CUR(me);
     T r;
-    std::memcpy(&r, me->res, sizeof r);
+    std::memcpy(&r, res, sizeof r);
     return r;
   }
 };
 template <> inline void __cl_co_wait<void>::await_resume() noexcept { __CL_SET_CUR(me); }
-inline __cl_co_wait<int> __cl_co_bar(cl_cpu_thread *me, const char *file, int line, int op, int p = 0) {
-  me->file = file, me->line = line;
-  return {me, op, p != 0, 0};
+/* a barrier's: the same, smaller (most kernels' only switches) */
+struct __cl_co_bar_wait {
+  cl_cpu_thread *me;
+  const char *file;
+  int line, op, pred;
+  unsigned long long res;
+  bool await_ready() noexcept { return false; }
+  std::coroutine_handle<> await_suspend(std::coroutine_handle<>) noexcept {
+    me->file = file, me->line = line, me->resp = &res;
+    return __cl_co_next(__cl_rt->co_sync(me, op, pred));
+  }
+  int await_resume() noexcept {
+    __CL_SET_CUR(me);
+    return (int)res;
+  }
+};
+inline __cl_co_bar_wait __cl_co_bar(cl_cpu_thread *me, const char *file, int line, int op, int p = 0) {
+  return {me, file, line, op, p != 0, 0};
 }
 inline __cl_co_wait<void> __cl_co_syncwarp(cl_cpu_thread *me, const char *file, int line, unsigned mask = 0xffffffffu) {
-  me->file = file, me->line = line, me->wop = CL_CPU_WSYNC;
-  return {me, -1, 0, mask};
+  return {me, file, line, CL_CPU_WSYNC, 0, 32, 0, mask, {0, 0}, {0, 0}};
 }
 template <int K, class T> inline __cl_co_wait<T> __cl_co_shfl(cl_cpu_thread *me, const char *file, int line, unsigned mask, T v, int arg, int w = 32) {
   static_assert(sizeof(T) <= 16, "a warp operation's value is at most 16 bytes");
-  me->file = file, me->line = line, me->wop = K, me->warg = arg, me->wwidth = w, me->wsize = (int)sizeof(T);
-  std::memcpy(me->slot, &v, sizeof(T));
-  return {me, -1, 0, mask};
+  __cl_co_wait<T> a = {me, file, line, K, arg, w, (int)sizeof(T), mask, {0, 0}, {0, 0}};
+  std::memcpy(a.val, &v, sizeof(T));
+  return a;
 }
 template <int K, class R> inline __cl_co_wait<R> __cl_co_vote(cl_cpu_thread *me, const char *file, int line, unsigned mask, int p) {
-  me->file = file, me->line = line, me->wop = K, me->slot[0] = p != 0;
-  return {me, -1, 0, mask};
+  return {me, file, line, K, 0, 32, 0, mask, {(unsigned long long)(p != 0), 0}, {0, 0}};
 }
 /* an entry's twin: the arguments unpacked into a new coroutine for thread t */
 template <auto C, class... A, std::size_t... I>
@@ -410,7 +428,10 @@ template <auto C, class... A> inline void __cl_co_start_of(__cl_co_task (*c)(cl_
   __cl_co_start_with<C>(c, t, args, std::index_sequence_for<A...>{});
 }
 template <auto C> inline void __cl_co_start(cl_cpu_thread *t, void **args) { __cl_co_start_of<C>(C, t, args); }
-inline void __cl_co_resume(void *h) { std::coroutine_handle<>::from_address(h).resume(); }
+inline void __cl_co_resume(cl_cpu_thread *t) {
+  __CL_SET_CUR(t);
+  std::coroutine_handle<>::from_address(t->co).resume();
+}
 #endif
 
 /* ---- what cudalua's device needs of the library ---- */
