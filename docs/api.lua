@@ -115,6 +115,19 @@ function cuda.block_cache(max_bytes) end
 --- Frees the device blocks this state cached now (the limit stays).
 function cuda.empty_cache() end
 
+--- Numba's defer_cleanup: frees and destroys (arrays, streams, events, modules, graphs) asked
+-- for while fn runs are put off until it returns or raises, so that a loop of short-lived
+-- arrays is not held up by the waits a free implies. Scopes nest; the last to end runs what
+-- was put off. Without arguments it returns a guard whose scope ends with its block
+-- (`local _ <close> = cuda.defer_cleanup()`) or at guard:close().
+-- @return fn's results
+function cuda.defer_cleanup(fn, ...) end
+
+--- The releases this state has put off now (by cuda.defer_cleanup scopes, a capture, or a host
+-- function), and the defer_cleanup scopes open.
+-- @return pending, open
+function cuda.pending_cleanup() end
+
 --- Element types
 -- @section dtypes
 

@@ -307,14 +307,22 @@ typedef struct cl_deferred {
   void (*fn)(lua_State *L, struct cl_deferred *d);
   struct cl_deferred *next;
   int capturing_too;   /* it ends a capture: it runs at the next flush even while one runs */
+  int urgent;          /* it runs at the next flush even inside a cuda.defer_cleanup scope */
 } cl_deferred;
-int cl_must_defer(lua_State *L);
+int cl_must_defer(lua_State *L);       /* a capture, a host function, or a cuda.defer_cleanup scope */
+/* the same but for defer_cleanup's scopes: for what must not wait for one (NCCL's closes and
+   aborts, which other ranks wait for) */
+int cl_must_defer_now(lua_State *L);
 void cl_defer(lua_State *L, cl_deferred *d);
+void cl_defer_urgent(lua_State *L, cl_deferred *d);   /* not held by defer_cleanup's scopes */
 /* the common case: fn(L, a, b) later (0: no memory for it, the caller does it now) */
 int cl_defer_call(lua_State *L, int ends_capture, void (*fn)(lua_State *L, void *a, void *b), void *a, void *b);
 /* the record a deferred node is the member `member` of */
 #define CL_DEFERRED_OWNER(d, type, member) ((type *)(void *)((char *)(d) - offsetof(type, member)))
 void cl_flush_deferred(lua_State *L);
+/* cuda.defer_cleanup's scopes: delta 1 opens one, -1 closes one (the last runs the releases
+   put off); the scopes open after it, and in *pending the releases put off now */
+int cl_cleanup_pause(lua_State *L, int delta, int *pending);
 int cl_host_service(lua_State *L);   /* runs L's fired host functions */
 int cl_host_service_q(lua_State *L, cl_hostq *q);
 cl_hostq *cl_host_queue(lua_State *L);   /* NULL once the state closes */

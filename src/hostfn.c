@@ -128,6 +128,7 @@ struct cl_hostq {
   int servicing;               /* service() runs on it (by the thread that owns it now) */
   cl_deferred *later;          /* releases put off (only the state's thread, or the helper
                                   while it has the state borrowed, touches it) */
+  int paused;                  /* cuda.defer_cleanup scopes open: every release is put off */
   struct cl_hostq *next;       /* every queue, for the helper */
 };
 enum { PARK_NONE, PARK_HELD, PARK_BORROWED };
@@ -469,21 +470,33 @@ static unsigned deferred_count;   /* in every state: the common case (none) is o
 
 static __thread int releasing;   /* q_gc runs the state's last releases: none is put off again */
 
-int cl_must_defer(lua_State *L) {
+int cl_must_defer_now(lua_State *L) {
   (void)L;
   return !releasing && (cl_capturing || cl_in_hostfn);
+}
+
+int cl_must_defer(lua_State *L) {
+  if (cl_must_defer_now(L)) return 1;
+  cl_hostq *q = L && !releasing ? queue_of(L) : NULL;
+  return q && q->paused;
 }
 
 static void defer(lua_State *L, cl_deferred *d, int capturing_too) {
   cl_hostq *q = L ? queue_of(L) : running_q;
   if (!q) { d->fn(L, d); return; }   /* the state is closing: now */
   d->capturing_too = capturing_too;
+  d->urgent = 0;
   d->next = q->later;
   q->later = d;
   __atomic_add_fetch(&deferred_count, 1, __ATOMIC_RELAXED);
 }
 
 void cl_defer(lua_State *L, cl_deferred *d) { defer(L, d, 0); }
+
+void cl_defer_urgent(lua_State *L, cl_deferred *d) {
+  defer(L, d, 0);
+  d->urgent = 1;
+}
 
 /* puts d off to the state's next flush, unless the state is closing (its releases run now,
    and none is put off again): 0 then */
@@ -514,7 +527,7 @@ int cl_defer_call(lua_State *L, int ends_capture, void (*fn)(lua_State *, void *
 static void flush_queue(lua_State *L, cl_hostq *q) {
   for (cl_deferred **p = &q->later; *p;) {
     cl_deferred *d = *p;
-    if (cl_capturing && !d->capturing_too) { p = &d->next; continue; }
+    if ((cl_capturing && !d->capturing_too) || (q->paused && !d->urgent)) { p = &d->next; continue; }
     *p = d->next;
     __atomic_sub_fetch(&deferred_count, 1, __ATOMIC_RELAXED);
     d->fn(L, d);
@@ -526,6 +539,19 @@ void cl_flush_deferred(lua_State *L) {
   if (!__atomic_load_n(&deferred_count, __ATOMIC_RELAXED) || cl_in_hostfn) return;
   cl_hostq *q = queue_of(L);
   if (q) flush_queue(L, q);
+}
+
+/* cuda.defer_cleanup: a scope opens (1) or closes (-1); the last to close runs what was put
+   off. The scopes open, and the releases put off now */
+int cl_cleanup_pause(lua_State *L, int delta, int *pending) {
+  cl_hostq *q = queue_of(L);
+  if (!q) return 0;
+  if (delta > 0) q->paused++;
+  else if (delta < 0 && q->paused > 0 && --q->paused == 0) cl_flush_deferred(L);
+  int n = 0;
+  for (cl_deferred *d = q->later; d; d = d->next) n++;
+  *pending = n;
+  return q->paused;
 }
 
 /* ---- stream:launch_host_func and graph host nodes ---- */

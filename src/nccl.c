@@ -1139,7 +1139,7 @@ static void close_later(lua_State *L, cl_deferred *d) {
 static int must_defer(lua_State *L, ncomm **cs, int n) {
   int busy = 0;
   for (int i = 0; i < n; i++) busy |= cs[i]->busy;
-  return busy || group_depth || cl_must_defer(L);
+  return busy || group_depth || cl_must_defer_now(L);   /* (never for cuda.defer_cleanup: other ranks wait) */
 }
 
 /* closes cs now or later; raises nothing */
@@ -1149,7 +1149,7 @@ static void close_or_defer(lua_State *L, ncomm **cs, int n, int abort) {
   k->later.fn = close_later;
   k->n = n, k->abort = abort;
   memcpy(k->c, cs, n * sizeof(ncomm *));
-  cl_defer(L, &k->later);
+  cl_defer_urgent(L, &k->later);   /* (other ranks may wait for it: never held by cuda.defer_cleanup) */
 }
 
 /* comm:close(): a communicator of comm_init_all closes with all the others of its list */
@@ -1180,7 +1180,7 @@ static int c_abort(lua_State *L) {
   if (group_depth && holds(k))
     cl_error(L, "comm:abort", "not inside the nccl.group that queued its collectives (abort it after the group)");
   c->k = NULL;
-  if (k->busy || cl_must_defer(L)) { close_or_defer(L, &k, 1, 1); return 0; }
+  if (k->busy || cl_must_defer_now(L)) { close_or_defer(L, &k, 1, 1); return 0; }
   cl_host_drain(L);   /* (destroying its events may wait for the device: L's host functions run first) */
   unwatch(k);
   pthread_mutex_lock(&k->lock);

@@ -223,7 +223,17 @@ static int l_sleep(lua_State *L) {
   return 0;
 }
 
+/* core.cleanup_pause(delta) -> scopes open, releases put off (cuda.defer_cleanup) */
+static int l_cleanup_pause(lua_State *L) {
+  int pending = 0, open = cl_cleanup_pause(L, (int)luaL_checkinteger(L, 1), &pending);
+  lua_pushinteger(L, open);
+  lua_pushinteger(L, pending);
+  return 2;
+}
+
 void cl_open_wait(lua_State *L) {
+  lua_pushcfunction(L, l_cleanup_pause);
+  lua_setfield(L, -2, "cleanup_pause");
   lua_pushcfunction(L, l_sleep);
   lua_setfield(L, -2, "sleep");
 }

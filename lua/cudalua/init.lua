@@ -127,4 +127,36 @@ function nvtx.scope(name)
   return setmetatable({}, Scope)
 end
 
+-- Numba's cuda.defer_cleanup: frees and destroys (arrays, streams, events, modules, graphs)
+-- asked for inside are put off until the scope ends, so that a loop of short-lived arrays is
+-- not held up by the waits a free implies. Scopes nest; the last to end runs what was put off.
+--   cuda.defer_cleanup(fn, ...) -> fn's results (the scope ends when fn raises too)
+--   local _ <close> = cuda.defer_cleanup()   (a guard: the scope ends with the block, or :close())
+--   cuda.pending_cleanup() -> the releases put off now, the scopes open
+local Guard = { __name = "cudalua.cleanup_guard" }
+Guard.__close = function(g)
+  if not g.done then g.done = true; core.cleanup_pause(-1) end
+end
+Guard.__gc = Guard.__close   -- (a guard never closed ends its scope when it is collected)
+Guard.__index = { close = Guard.__close }
+function cuda.defer_cleanup(fn, ...)
+  if fn == nil and select("#", ...) == 0 then
+    core.cleanup_pause(1)
+    return setmetatable({}, Guard)
+  end
+  if type(fn) ~= "function" then
+    check.error("cuda.defer_cleanup", 2, "expected a function (or nothing, for a <close> guard), got %s", type(fn))
+  end
+  core.cleanup_pause(1)
+  local r = table.pack(pcall(fn, ...))
+  core.cleanup_pause(-1)
+  if not r[1] then error(r[2], 0) end
+  return table.unpack(r, 2, r.n)
+end
+
+function cuda.pending_cleanup()
+  local open, pending = core.cleanup_pause(0)
+  return pending, open
+end
+
 return cuda
