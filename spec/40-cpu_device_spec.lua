@@ -108,6 +108,23 @@ describe("the CPU device", function()
       .. want, out, 1, true)
   end)
 
+  cpu("the lines after an extern __shared__ declaration keep their numbers in messages, in coroutines and fibers", function()
+    for _, fibers in ipairs { false, true } do
+      local last = on_cpu([[
+        local m = cuda.compile('extern "C" __global__ void k(int *x) {\n  extern __shared__ int s[];\n'
+          .. '  s[threadIdx.x] = x[threadIdx.x];\n  __syncthreads();\n  assert(s[threadIdx.x] < 5);\n}\n', { name = "lines.cu" })
+        local t = {}
+        for i = 1, 32 do t[i] = 0 end
+        local k = math.random(1, 32)
+        t[k] = 9
+        local _, e = pcall(function() m.k[{ 1, 32, shared = 128 }](cuda.to_device(cuda.array(t, "int32"))); cuda.synchronize() end)
+        print(e, k - 1)
+      ]], { CUDALUA_CPU_COROUTINES = fibers and "0" or nil })
+      local e, k = last:match("^(.*)\t(%d+)$")
+      assert.matches("assertion failed: s[threadIdx.x] < 5 (lines.cu:5), in block (0, 0, 0) thread (" .. k .. ", 0, 0)", e, 1, true)
+    end
+  end)
+
   cpu("a warp operation that lanes waiting at __syncthreads can never join is an error, not a hang", function()
     local last = on_cpu([[
       local m = cuda.compile('extern "C" __global__ void bad(int *x) {\n'

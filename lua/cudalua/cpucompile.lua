@@ -161,9 +161,13 @@ end
 -- after __shared__ put before it (C++ wants attributes ahead of `static thread_local`)
 local function dynamic_shared(src)
   src = src:gsub("__shared__%s+(alignas%s*%b())", "%1 __shared__"):gsub("__shared__%s+(__align__%s*%b())", "%1 __shared__")
-  return (src:gsub("extern%s+__shared__%s+([^;%[]-)%s*([%a_][%w_]*)%s*%[%s*%]%s*;", function(decl, name)
+  -- (the text after the declaration keeps its line: #line says it, for the compiler's and the
+  -- checks' messages)
+  return (src:gsub("()(extern%s+__shared__%s+([^;%[]-)%s*([%a_][%w_]*)%s*%[%s*%]%s*;)", function(at, whole, decl, name)
     local t = decl:gsub("__align__%s*%b()", ""):gsub("alignas%s*%b()", ""):gsub("^%s+", ""):gsub("%s+$", "")
-    return ("\n#define %s ((%s *)__CL_CUR->dyn_shared)\n"):format(name, t)
+    local _, before = src:sub(1, at - 1):gsub("\n", "")
+    local _, inside = whole:gsub("\n", "")
+    return ("\n#define %s ((%s *)__CL_CUR->dyn_shared)\n#line %d\n"):format(name, t, before + inside + 1)
   end))
 end
 
