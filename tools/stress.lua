@@ -468,6 +468,22 @@ function op.drop(cx, l)
   collectgarbage("step")
 end
 
+-- cuda.defer_cleanup around a few of the other operations (issue 31): frees and destroys put
+-- off while host functions fire and other states capture and free; every scope ends, and the
+-- sequence's values stay the model's
+local DEFERRED = { "add", "drop", "host", "sync", "event", "copy", "tick" }
+function op.deferred(cx, l)
+  beat("defer_cleanup")
+  cuda.defer_cleanup(function()
+    for _ = 1, cx.rng(1, 4) do
+      local name = DEFERRED[cx.rng(1, #DEFERRED)]
+      op[skipped[name] and "add" or name](cx, l)
+    end
+  end)
+  local _, open = cuda.pending_cleanup()
+  if open ~= 0 then cx.wrong(("%s: cuda.defer_cleanup left %d scopes open"):format(cx.where, open)) end
+end
+
 -- ---- CUDA arrays, textures, surfaces and module variables (issue 27) ----
 local SENTINEL = -999999   -- what fresh arrays hold first: no lane's value comes near it
 local OUT = { "pinned_array", "mapped_array", "array", "device_array" }
@@ -692,7 +708,7 @@ end
 -- the operation of each number rng(1, #ORDER) draws; "graph" is a WHILE node's or a host node's
 local ORDER = { "add", "add", "add", "tick", "host", "host", "copy", "capture", "graph", "burst", "sync", "query",
   "event", "element", "device_sync", "drop", "two_stream", "stream_closed", "pool", "cuarray", "texture", "surface",
-  "global", "compile" }
+  "global", "compile", "deferred" }
 
 local function pick(cx, l, n)
   local name = ORDER[n]
