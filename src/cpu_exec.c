@@ -3,8 +3,8 @@
    took the block: as one loop (the kernel library's block function, the kernel inlined into it)
    when the kernel can never reach a barrier or a warp operation, else each as a fiber of its
    own (or, where the library has a coroutine twin of the kernel, as a C++ coroutine of its
-   own: a barrier's switch is then the library's call and return). Fibers switch by saving the callee-saved registers and the stack pointer (x86-64), or
-   with ucontext elsewhere, straight from the one that waits to the next that can run: a
+   own: a barrier's switch is then the library's call and return). Fibers switch by saving
+   the callee-saved registers and the stack pointer (x86-64), or with ucontext elsewhere, straight from the one that waits to the next that can run: a
    barrier counts its arrivals and a warp its waiting lanes, so a switch costs the same
    whatever the block's size. A barrier not every live thread of the block can reach, an
    assert, or __trap ends the block and fails the launch with the block's and thread's
@@ -73,9 +73,8 @@ typedef struct worker {
   int live, T, failed, fiber_mode;
   int co;               /* the block's threads are coroutines (fiber_mode is set too) */
   int co_ops;           /* a coroutine at the barrier wants its count, and, or (op 1-3) */
-  unsigned long rec_seq;   /* the launch whose thread records ctx holds, for rec_n threads and rec_dyn */
+  unsigned long rec_seq;   /* the launch whose thread records ctx holds, for rec_n threads */
   int rec_n;
-  void *rec_dyn;
   char *frames;         /* their frames, fsize bytes each, kept for the next blocks */
   size_t nframes, fsize;
   uint64_t rng;         /* the block's, under CUDALUA_CPU_SCHEDULE */
@@ -770,13 +769,19 @@ static void fault_report(worker *w) {
 }
 
 /* ---- a block ---- */
-static void run_fibers(worker *w) {
+/* a block's counts before its first thread runs: none ready, at a barrier or waiting in a warp */
+static void block_counts(worker *w) {
   int T = w->T;
-  w->rhead = w->rcount = 0, w->nbar = w->bar_count = 0, w->live = T;
+  w->rhead = w->rcount = 0, w->nbar = w->bar_count = 0, w->live = T, w->co_ops = 0;
   for (int i = 0; i * 32 < T; i++) {
     w->walive[i] = T - i * 32 >= 32 ? ~0u : (1u << (T - i * 32)) - 1;
     w->wwait[i] = w->wneed[i] = 0;
   }
+}
+
+static void run_fibers(worker *w) {
+  int T = w->T;
+  block_counts(w);
   for (int t = 0; t < T; t++) { fiber_init(w, t); push_ready(w, t); }
   if (san.tsan_switch) {
     /* the library's thread-local block is made at its first use on this OS thread: made here
@@ -800,11 +805,7 @@ static void run_fibers(worker *w) {
 static void run_coros(worker *w) {
   int T = w->T;
   const cl_cpu_entry *e = w->l->f->e;
-  w->rhead = w->rcount = 0, w->nbar = w->bar_count = 0, w->live = T, w->co_ops = 0;
-  for (int i = 0; i * 32 < T; i++) {
-    w->walive[i] = T - i * 32 >= 32 ? ~0u : (1u << (T - i * 32)) - 1;
-    w->wwait[i] = w->wneed[i] = 0;
-  }
+  block_counts(w);
   for (int t = 0; t < T; t++) {
     e->co_start(&w->ctx[t], w->l->args);
     if (!w->ctx[t].co) {
@@ -836,13 +837,13 @@ static void run_loop(worker *w, cpu_launch *l) {
 }
 
 static void thread_records(worker *w, cpu_launch *l, cl_cpu_dim bid, int n) {
-  if (n > 1 && w->rec_seq == launch_seq && w->rec_n == n && w->rec_dyn == w->dyn) {
+  if (n > 1 && w->rec_seq == launch_seq && w->rec_n == n) {   /* (dyn is the launch's: room() made it at its first block) */
     /* (the launch's last block on this thread: only the block is another; a block of one runs
        as a loop that steps its record: written whole) */
     for (int r = 0; r < n; r++) w->ctx[r].bid = bid, w->ctx[r].file = NULL, w->ctx[r].line = 0;
     return;
   }
-  w->rec_seq = launch_seq, w->rec_n = n, w->rec_dyn = w->dyn;
+  w->rec_seq = launch_seq, w->rec_n = n;
   cl_cpu_dim d = l->block;
   for (int r = 0; r < n; r++) {
     cl_cpu_thread *c = &w->ctx[r];
@@ -853,13 +854,16 @@ static void thread_records(worker *w, cpu_launch *l, cl_cpu_dim bid, int n) {
   }
 }
 
+/* its threads run as coroutines (settings read) */
+static int runs_co(const cl_cpu_entry *e) { return e->sync && e->co_start && !co_off; }
+
 static void run_block(worker *w, cpu_launch *l, uint64_t b) {
   cl_cpu_dim g = l->grid, d = l->block;
   cl_cpu_dim bid = {(unsigned)(b % g.x), (unsigned)(b / g.x % g.y), (unsigned)(b / ((uint64_t)g.x * g.y))};
   int T = (int)(d.x * d.y * d.z);
   w->T = T, w->l = l, w->failed = 0;
   w->fiber_mode = l->f->e->sync && T > 1;
-  w->co = w->fiber_mode && l->f->e->co_start && !co_off;
+  w->co = w->fiber_mode && runs_co(l->f->e);
   if (!room(w, T, l->shared) || (w->fiber_mode && !w->co && !stacks(w, T))) {
     cpu_fail(CUDA_ERROR_OUT_OF_MEMORY, "the CPU device: no memory for a block of %d threads", T);
     __atomic_store_n(&stop, 1, __ATOMIC_RELAXED);
@@ -911,7 +915,7 @@ static void *pool_main(void *arg) {
 
 int cpu_runs_co(const cl_cpu_entry *e) {
   pthread_once(&settings_once, read_settings);
-  return e->sync && e->co_start && !co_off;
+  return runs_co(e);
 }
 
 static uint64_t gcd(uint64_t a, uint64_t b) { while (b) { uint64_t t = a % b; a = b, b = t; } return a; }

@@ -475,8 +475,12 @@ int cl_must_defer_now(lua_State *L) {
   return !releasing && (cl_capturing || cl_in_hostfn);
 }
 
+static int paused_states;   /* states with a defer_cleanup scope open (atomic): a release asks its
+                               state's queue only then */
+
 int cl_must_defer(lua_State *L) {
   if (cl_must_defer_now(L)) return 1;
+  if (!__atomic_load_n(&paused_states, __ATOMIC_RELAXED)) return 0;
   cl_hostq *q = L && !releasing ? queue_of(L) : NULL;
   return q && q->paused;
 }
@@ -546,8 +550,11 @@ void cl_flush_deferred(lua_State *L) {
 int cl_cleanup_pause(lua_State *L, int delta, int *pending) {
   cl_hostq *q = queue_of(L);
   if (!q) return 0;
-  if (delta > 0) q->paused++;
-  else if (delta < 0 && q->paused > 0 && --q->paused == 0) cl_flush_deferred(L);
+  if (delta > 0 && q->paused++ == 0) __atomic_add_fetch(&paused_states, 1, __ATOMIC_RELAXED);
+  else if (delta < 0 && q->paused > 0 && --q->paused == 0) {
+    __atomic_sub_fetch(&paused_states, 1, __ATOMIC_RELAXED);
+    cl_flush_deferred(L);
+  }
   int n = 0;
   for (cl_deferred *d = q->later; d; d = d->next) n++;
   *pending = n;
@@ -696,6 +703,7 @@ static int q_gc(lua_State *L) {
   *pq = NULL;   /* finalizers after this one find no queue: no host function runs any more */
   cl_deferred *d = q->later;   /* taken before the helper may free the queue */
   q->later = NULL;
+  if (q->paused) __atomic_sub_fetch(&paused_states, 1, __ATOMIC_RELAXED), q->paused = 0;   /* (a scope left open) */
   /* the graph launches' order events go here, on the state's thread: the helper, which frees
      the queue once nothing is pending, must never call the driver. A driver call there waited
      for the lock of another thread's cuMemFreeHost, which waited for the device, which waited
