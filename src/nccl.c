@@ -137,7 +137,9 @@ typedef struct ncomm {
   double timeout;               /* seconds */
   struct { CUevent ev; double t0; const char *op; } pend[PEND];   /* a ring, oldest at head */
   unsigned head, n;
-  CUevent pool[64];             /* events of finished collectives, for the next ones */
+  CUevent pool[PEND];           /* events of finished collectives, for the next ones (an event is
+                                   made only when none is pooled and fewer than PEND are pending:
+                                   n + npool <= PEND, so every finished one is kept) */
   int npool;
   int aborted;                  /* 1: raised where it happened; 2: by the watchdog, not told yet; 3: told */
   const char *why_op;           /* why it was aborted: the operation, and "rank R of N: what: last warning" */
@@ -199,8 +201,7 @@ static int retire(ncomm *k, double now) {
   while (k->n) {
     CUresult r = CU0(cuEventQuery, k->pend[k->head].ev);
     if (r == CUDA_ERROR_NOT_READY) return now - k->pend[k->head].t0 <= k->timeout;
-    if (k->npool < 64) k->pool[k->npool++] = k->pend[k->head].ev;
-    else CU0(cuEventDestroy, k->pend[k->head].ev);
+    k->pool[k->npool++] = k->pend[k->head].ev;
     k->head = (k->head + 1) % PEND, k->n--;
   }
   return 1;
@@ -997,15 +998,14 @@ static ncclResult_t made(lua_State *L, ncomm *k, ncclResult_t r, double t0) {
 
 /* a communicator made from k (split, shrink): h and r as NCCL gave them (k's lock held: let
    go); waited for with the timeout. NULL h with r 0: none for this rank (pushes nil) */
-static int derived(lua_State *L, ncomm *k, ncclComm_t h, ncclResult_t r, double t0, double timeout, const char *where) {
+static int derived(lua_State *L, ncomm *k, ncclComm_t h, double t0, double timeout, const char *where) {
   int parent_rank = k->rank, parent_size = k->size;
   pthread_mutex_unlock(&k->lock);
-  if (!h && r != 0) cl_error(L, where, "rank %d of %d: %s (%s)", parent_rank, parent_size, RESULT(r));
   if (!h) { lua_pushnil(L); return 1; }
   ncomm *n = push_comm(L, k->ctx, timeout, k->nonblocking);
   fill_info(n, parent_rank, parent_size, k->dev);   /* (its messages until it is made) */
   pthread_mutex_lock(&n->lock);
-  joined(L, n, h, r, t0, where);
+  joined(L, n, h, 0, t0, where);   /* (its caller raised for a failed split or shrink) */
   return 1;
 }
 
@@ -1029,7 +1029,7 @@ static int c_split(lua_State *L) {
   ncclResult_t r = CL_PARKED(L, CL_PARK_ENQUEUE, nc.ncclCommSplit(k->c, color, key, &h, &cfg));
   r = made(L, k, r, t0);
   if (r != 0) fail(L, k, r, t0, where, 0);
-  return derived(L, k, h, r, t0, o.timeout, where);
+  return derived(L, k, h, t0, o.timeout, where);
 }
 
 /* the ranks of the list at idx: 0..size-1, each once, not all */
@@ -1074,7 +1074,7 @@ static int c_shrink(lua_State *L) {
   ncclResult_t r = CL_PARKED(L, CL_PARK_ENQUEUE, nc.ncclCommShrink(k->c, drop, n, &h, &cfg, flags));
   r = made(L, k, r, t0);
   if (r != 0) fail(L, k, r, t0, where, 0);
-  return derived(L, k, h, r, t0, o.timeout, where);
+  return derived(L, k, h, t0, o.timeout, where);
 }
 
 /* ---- closing ---- */
