@@ -126,6 +126,17 @@ print("kernel", ok)
     assert.matches("false\tcudalua: cuda.use_cpu: the GPU's driver is in use already: call it before the first use "
       .. "of a device (or set CUDALUA_DEVICE=cpu)\ngpu\n", out, 1, true)
   end)
+
+  -- CI once saw such a child die of a segmentation fault at exit: the device's threads were
+  -- left asleep in cudalua's code as Lua unloaded it (now joined as the last state closes)
+  it("lets processes exit cleanly right after a launch, with work still queued", function()
+    local code = KERNEL .. "k[{ 64, 128 }](x, 1000)\nk[{ 64, 128 }](x, 1000)\n"
+    for i = 1, 16 do
+      local out, ok = H.child(code, { CUDALUA_DEVICE = "cpu" })
+      assert.equal("kernel\ttrue\n", out, "child " .. i)
+      assert.is_true(ok, "child " .. i .. ": " .. out)
+    end
+  end)
 end)
 
 describe("cuda.devices", function()

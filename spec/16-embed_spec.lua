@@ -173,6 +173,29 @@ check(keep[1] == 3)
 ]]))
   end)
 
+  -- the CPU device's queue worker and pool threads end with the last state (joined): left
+  -- asleep in cudalua's code, they outlived it once Lua unloaded the library, and a child that
+  -- exited right after a launch now and then died of a segmentation fault in CI
+  it("ends the CPU device's threads with the last state, and starts them again in the next", function()
+    if not H.sh("test -d /proc/self/task") then return pending("it counts threads in /proc/self/task") end
+    local src = PRELUDE .. [[
+local function threads() local p = io.popen("ls /proc/" .. c_pid() .. "/task | wc -l"); local n = tonumber(p:read("a")); p:close(); return n end
+check(threads() == 1, "threads at the start:", threads())
+local k = cuda.kernel('extern "C" __global__ void k(int *x, int n, int s) { int i = blockIdx.x * blockDim.x'
+  .. ' + threadIdx.x; __shared__ int t[64]; t[threadIdx.x] = i; __syncthreads(); if (i < n) x[i] = s * t[63 - threadIdx.x]; }', 'k')
+local seed = math.random(1, 1000)
+local x = cuda.device_array(4096, 'int32')
+k[{ 64, 64 }](x, 4096, seed)
+local h = x:copy_to_host()
+for i = 0, 4095 do local b = i // 64 * 64; check(h[i + 1] == seed * (b + 63 - (i - b)), "element", i) end
+check(threads() > 1, "no worker thread ran the launch")
+k[{ 64, 64 }](x, 4096, seed + 1) -- left queued: the close waits for it
+]]
+    local exe = build()
+    H.write(workdir .. "/threads.lua", src)
+    expect_ok(run("env CUDALUA_DEVICE=cpu " .. q(exe) .. " " .. q(workdir .. "/threads.lua") .. " 4"))
+  end)
+
   it("cudalua_push_device_array rejects bad dtypes and shapes", function()
     expect_ok(script(PRELUDE .. [[
 raises("cudalua_push_device_array: ndim must be 1..8", c_push_device_array, 4096, "float32", 0)

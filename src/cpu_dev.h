@@ -60,6 +60,7 @@ CUresult cpu_enqueue(CUstream s, cpu_op *op);        /* op: malloc'd; the queue 
 /* while streams capture (cpu_graph.c sets it): 1 when it took op instead of the queue (*r) */
 extern int (*cpu_capture_hook)(CUstream s, cpu_op *op, CUresult *r);
 CUresult cpu_wait_seq(uint64_t seq);                 /* until work up to seq is done */
+int cpu_queue_shutdown(void);   /* the worker ends once the queue is empty (1: it did; 0: called on it) */
 void cpu_drain(uint64_t seq);                        /* the same, leaving a failure to be said */
 uint64_t cpu_enqueued(void);                         /* the last sequence number given */
 int cpu_done(uint64_t seq);
@@ -87,6 +88,7 @@ typedef struct cpu_launch {
   size_t size;          /* the allocation's, args and values in it (a graph node copies it) */
 } cpu_launch;
 void cpu_launch_run(cpu_launch *l);     /* on the queue's worker: every block, then returns */
+void cpu_pool_shutdown(void);           /* the pool's threads end (the queue's worker has ended) */
 int cpu_threads(void);                  /* the pool's size ("multiprocessors") */
 int cpu_runs_co(const cl_cpu_entry *e);   /* its blocks' threads run as coroutines (of more than one) */
 int cpu_on_guard(const void *p);        /* p is on a guard page of this thread's fibers' stacks */

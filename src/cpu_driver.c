@@ -137,7 +137,12 @@ static CUresult c_DeviceGetAttribute(int *v, CUdevice_attribute a, CUdevice d) {
 
 /* ---- the context: a token, current per thread ---- */
 static CUresult c_PrimaryCtxRetain(CUcontext *c, CUdevice d) { (void)d; *c = (CUcontext)&ctx_token; return CUDA_SUCCESS; }
-static CUresult c_PrimaryCtxRelease(CUdevice d) { (void)d; return CUDA_SUCCESS; }
+/* released only as the last Lua state closes (cl_release_contexts): the device's threads end */
+static CUresult c_PrimaryCtxRelease(CUdevice d) {
+  (void)d;
+  if (cpu_queue_shutdown()) cpu_pool_shutdown();
+  return CUDA_SUCCESS;
+}
 static CUresult c_CtxSetCurrent(CUcontext c) { cur_ctx = c; return CUDA_SUCCESS; }
 static CUresult c_CtxGetCurrent(CUcontext *c) { *c = cur_ctx; return CUDA_SUCCESS; }
 static CUresult c_CtxGetDevice(CUdevice *d) { *d = 0; return CUDA_SUCCESS; }

@@ -154,7 +154,10 @@ static uint64_t mix(uint64_t *s) {
 /* ---- the pool ---- */
 static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t go = PTHREAD_COND_INITIALIZER, finished = PTHREAD_COND_INITIALIZER;
-static int npool, running;
+#define MAX_POOL 1024
+static int npool, running, quitting;
+static pthread_t pool_ids[MAX_POOL];
+static worker *launcher_w;   /* the queue worker's: launches run there, the pool helping */
 static unsigned long generation;
 static cpu_launch *current;
 static uint64_t next_block, nblocks_total, perm_a, perm_c;   /* perm: the seeded block order */
@@ -657,7 +660,8 @@ const cl_cpu_rt cpu_rt = {CL_CPU_ABI, rt_sync, rt_warp_sync, rt_lane, rt_active,
    a fiber's stack overflow is a launch failure named afterwards, outside the handler, with the
    source line ---- */
 static struct sigaction prev_segv;
-static pthread_once_t segv_once = PTHREAD_ONCE_INIT;
+static pthread_mutex_t segv_lock = PTHREAD_MUTEX_INITIALIZER;
+static int segv_on;   /* on_segv installed (segv_lock; read without it by fault_arm) */
 
 /* a fault that is not a kernel's: to the handler there was before */
 static void chain(int sig, siginfo_t *si, void *uc) {
@@ -688,18 +692,22 @@ static void on_segv(int sig, siginfo_t *si, void *uc) {
 }
 
 static void install_segv(void) {
+  pthread_mutex_lock(&segv_lock);
+  if (segv_on) { pthread_mutex_unlock(&segv_lock); return; }
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
   sa.sa_sigaction = on_segv;
   sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_NODEFER;
   sigemptyset(&sa.sa_mask);
   sigaction(SIGSEGV, &sa, &prev_segv);
+  __atomic_store_n(&segv_on, 1, __ATOMIC_RELEASE);
+  pthread_mutex_unlock(&segv_lock);
 }
 
 /* this pool thread takes faults: the handler, and a stack of its own for it (a fiber's
    overflow leaves no stack to run it on) */
 static void fault_arm(worker *w) {
-  pthread_once(&segv_once, install_segv);
+  if (!__atomic_load_n(&segv_on, __ATOMIC_ACQUIRE)) install_segv();
   if (w->altstack) return;
   pthread_attr_t a;
   void *lo = NULL;
@@ -896,13 +904,29 @@ static void take_blocks(worker *w, cpu_launch *l) {
   }
 }
 
+/* a pool thread's worker and what it holds, as the thread ends (the signal stack off first:
+   the kernel would otherwise deliver onto freed memory) */
+static void worker_free(worker *w, int own) {
+  if (!w) return;
+  if (own && w->altstack) {
+    stack_t off = {.ss_flags = SS_DISABLE};
+    sigaltstack(&off, NULL);
+  }
+  free(w->altstack);
+  if (w->stacks) munmap(w->stacks, (size_t)w->nstacks * STACK);
+  for (int t = 0; san.tsan_switch && t < w->nstacks; t++) san.tsan_destroy(w->fibs[t].tsan);
+  free(w->fibs), free(w->ctx), free(w->ready), free(w->bar), free(w->order), free(w->dyn), free(w->frames);
+  free(w);
+}
+
 static void *pool_main(void *arg) {
   (void)arg;
   me_w = calloc(1, sizeof *me_w);
   unsigned long seen = 0;
   pthread_mutex_lock(&pool_lock);
   for (;;) {
-    while (generation == seen) pthread_cond_wait(&go, &pool_lock);
+    while (generation == seen && !quitting) pthread_cond_wait(&go, &pool_lock);
+    if (quitting) break;
     seen = generation;
     cpu_launch *l = current;
     pthread_mutex_unlock(&pool_lock);
@@ -910,7 +934,31 @@ static void *pool_main(void *arg) {
     pthread_mutex_lock(&pool_lock);
     if (--running == 0) pthread_cond_signal(&finished);
   }
+  pthread_mutex_unlock(&pool_lock);
+  worker_free(me_w, 1);
+  me_w = NULL;
   return NULL;
+}
+
+/* the last state closed, the queue's worker ended (cpu_queue_shutdown): the pool's threads end,
+   joined, so that none is left asleep in this library's code once Lua unloads it; the fault
+   handler goes back to the one before it for the same reason. The next launch starts them
+   again. */
+void cpu_pool_shutdown(void) {
+  worker_free(launcher_w, 0);   /* the queue worker's (that thread is gone) */
+  launcher_w = NULL;
+  pthread_mutex_lock(&pool_lock);
+  int n = npool;
+  quitting = 1;
+  pthread_cond_broadcast(&go);
+  pthread_mutex_unlock(&pool_lock);
+  for (int i = 0; i < n; i++) pthread_join(pool_ids[i], NULL);
+  pthread_mutex_lock(&pool_lock);
+  npool = 0, quitting = 0;
+  pthread_mutex_unlock(&pool_lock);
+  pthread_mutex_lock(&segv_lock);
+  if (segv_on) sigaction(SIGSEGV, &prev_segv, NULL), __atomic_store_n(&segv_on, 0, __ATOMIC_RELEASE);
+  pthread_mutex_unlock(&segv_lock);
 }
 
 int cpu_runs_co(const cl_cpu_entry *e) {
@@ -929,13 +977,11 @@ static void block_order(uint64_t n) {
 
 void cpu_launch_run(cpu_launch *l) {
   pthread_once(&settings_once, read_settings);
-  if (!me_w) me_w = calloc(1, sizeof *me_w);
+  if (!me_w) me_w = launcher_w = calloc(1, sizeof *me_w);
   uint64_t n = (uint64_t)l->grid.x * l->grid.y * l->grid.z;
   pthread_mutex_lock(&pool_lock);
-  while (npool < cpu_threads() - 1 && n > 1) {   /* the queue's worker is one of the pool */
-    pthread_t t;
-    if (pthread_create(&t, NULL, pool_main, NULL)) break;
-    pthread_detach(t);
+  while (npool < cpu_threads() - 1 && npool < MAX_POOL && n > 1) {   /* the queue's worker is one of the pool */
+    if (pthread_create(&pool_ids[npool], NULL, pool_main, NULL)) break;
     npool++;
   }
   current = l, next_block = 0, nblocks_total = n, stop = 0, launch_seq++;

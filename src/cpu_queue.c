@@ -30,11 +30,14 @@ double cpu_now(void) {
   return t.tv_sec * 1e3 + t.tv_nsec * 1e-6;
 }
 
+static int quitting;
+
 static void *work(void *arg) {
   (void)arg;
   pthread_mutex_lock(&lock);
   for (;;) {
-    while (!head) pthread_cond_wait(&more, &lock);
+    while (!head && !quitting) pthread_cond_wait(&more, &lock);
+    if (!head) break;
     cpu_op *op = head;
     head = op->next;
     if (!head) tail = NULL;
@@ -46,7 +49,26 @@ static void *work(void *arg) {
     done = seq;
     pthread_cond_broadcast(&progress);
   }
+  pthread_mutex_unlock(&lock);
   return NULL;
+}
+
+/* the last state closed: the worker does what is queued, then ends, joined (asleep in this
+   library's code, it would outlive the library once Lua unloads it). The next queuing starts
+   another. Not from the worker itself (a host function closing the last state): it is left
+   to end with the process. 1: no worker is left. */
+int cpu_queue_shutdown(void) {
+  pthread_mutex_lock(&lock);
+  if (started && pthread_equal(pthread_self(), worker)) { pthread_mutex_unlock(&lock); return 0; }
+  if (!started) { pthread_mutex_unlock(&lock); return 1; }
+  quitting = 1;
+  pthread_cond_signal(&more);
+  pthread_mutex_unlock(&lock);
+  pthread_join(worker, NULL);
+  pthread_mutex_lock(&lock);
+  started = quitting = 0;
+  pthread_mutex_unlock(&lock);
+  return 1;
 }
 
 int (*cpu_capture_hook)(CUstream s, cpu_op *op, CUresult *r);
@@ -58,7 +80,6 @@ CUresult cpu_enqueue(CUstream s, cpu_op *op) {
   pthread_mutex_lock(&lock);
   if (!started) {
     if (pthread_create(&worker, NULL, work, NULL)) { pthread_mutex_unlock(&lock); free(op); return CUDA_ERROR_OUT_OF_MEMORY; }
-    pthread_detach(worker);
     started = 1;
   }
   /* full: wait for room (not on the worker itself, which would wait for itself) */

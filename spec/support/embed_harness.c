@@ -13,6 +13,7 @@
  *   c_other_state(code)                -> runs code in a second state of its own, returns its
  *                                         result as a string (or raises its error)
  *   c_thread_state(code)               -> the same on a thread of its own, which then ends
+ *   c_pid()                            -> the process's id (its threads: /proc/PID/task)
  * After the script, the state is closed; "active contexts N" (with a driver: how many devices'
  * primary contexts are still active, cudalua having released its references) and "released N"
  * are printed. */
@@ -21,6 +22,7 @@
 #include <string.h>
 #include <dlfcn.h>
 #include <pthread.h>
+#include <unistd.h>
 #include <lua.h>
 #include <lauxlib.h>
 #include <lualib.h>
@@ -129,6 +131,11 @@ static void *thread_main(void *arg) {
   return NULL;
 }
 
+static int c_pid(lua_State *L) {
+  lua_pushinteger(L, (lua_Integer)getpid());
+  return 1;
+}
+
 static int c_thread_state(lua_State *L) {
   job j = {luaL_checkstring(L, 1), NULL, 0};
   pthread_t t;
@@ -150,6 +157,7 @@ static int run_script(const char *path) {
   lua_register(L, "c_push_stream", c_push_stream);
   lua_register(L, "c_other_state", c_other_state);
   lua_register(L, "c_thread_state", c_thread_state);
+  lua_register(L, "c_pid", c_pid);
   int status = luaL_dofile(L, path);
   if (status != LUA_OK) fprintf(stderr, "script error: %s\n", lua_tostring(L, -1));
   lua_close(L);
