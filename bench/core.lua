@@ -218,6 +218,10 @@ section("alloc", function()
     collectgarbage()
   end)))
   collectgarbage("incremental")
+  -- issue 31's statistics: a table of 15 counts, 4 of them the driver pool's attributes
+  out("memory_stats_us", (per_item(function(m)
+    for _ = 1, m do cuda.memory_stats() end
+  end)))
 end)
 collectgarbage()
 

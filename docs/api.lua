@@ -115,6 +115,39 @@ function cuda.block_cache(max_bytes) end
 --- Frees the device blocks this state cached now (the limit stays).
 function cuda.empty_cache() end
 
+--- What cudalua holds on a device (default: the current one), as CuPy's MemoryPool and
+-- cuda.core's memory resources say it. Counts are the process's (the states share the devices
+-- and the block cache), each read atomically.
+-- Fields: `used_bytes` (device arrays in use: cudalua's allocations, not another library's
+-- memory, IPC-opened memory or a capture's allocations, which are the graph's), `cached_bytes`
+-- (blocks the block cache keeps for reuse), `total_bytes` (the two: CuPy's total_bytes),
+-- `peak_used_bytes`, `pinned_bytes` (pinned and mapped host arrays made in the device's
+-- context), `managed_bytes`, `allocations` (live), `allocations_total` and `cache_hits` (since
+-- the last reset), `limit` (0: none), and the driver's stream-ordered pool's own counts
+-- (`cuMemPoolGetAttribute`): `reserved_bytes`, `peak_reserved_bytes`, `pool_used_bytes`,
+-- `peak_pool_used_bytes` (every device array and cached block is in the pool, so
+-- pool_used_bytes >= total_bytes). About 0.4 us a call.
+-- @param device an id
+-- @return a table
+function cuda.memory_stats(device) end
+
+--- The peaks (cudalua's and the driver pool's) become what is in use now; allocations_total and
+-- cache_hits count again from here.
+-- @param device an id (default: the current one)
+function cuda.reset_memory_stats(device) end
+
+--- Limits the device memory cudalua holds on a device (arrays in use and cached blocks), as
+-- CuPy's MemoryPool.set_limit: `bytes`, or `{fraction = f}` of the device's memory (0 to 1);
+-- 0 or nil removes the limit. A device array that would pass it first has unreachable arrays
+-- collected and this state's cached blocks freed; if it still would, the call raises naming
+-- the limit, what is in use and what is cached. Host, pinned and managed memory are not
+-- limited. The check is made at each allocation: states on other threads allocating at the
+-- same moment may pass it together by one allocation each.
+-- @param bytes the limit
+-- @param device an id (default: the current one)
+-- @return the limit before (0: none)
+function cuda.set_memory_limit(bytes, device) end
+
 --- Numba's defer_cleanup: frees and destroys (arrays, streams, events, modules, graphs) asked
 -- for while fn runs are put off until it returns or raises, so that a loop of short-lived
 -- arrays is not held up by the waits a free implies. Scopes nest; the last to end runs what

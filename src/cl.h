@@ -178,7 +178,7 @@ void *cl_cpu_symbol(const char *name);  /* NULL name: non-NULL when the CPU devi
   X(cuGraphAddEventRecordNode) X(cuGraphAddEventWaitNode) X(cuGraphNodeSetEnabled) X(cuGraphClone) \
   X(cuGraphNodeFindInClone) X(cuGraphExecBatchMemOpNodeSetParams) X(cuGraphExecChildGraphNodeSetParams) \
   X(cuGraphExecEventRecordNodeSetEvent) X(cuGraphExecEventWaitNodeSetEvent) X(cuEventRecordWithFlags) \
-  X(cuCtxSetLimit) X(cuCtxGetLimit)
+  X(cuCtxSetLimit) X(cuCtxGetLimit) X(cuMemPoolGetAttribute)
 
 /* entry points of newer drivers: NULL when missing (cuFuncGetParamInfo 12.4, the module
    function listing 12.4, cuFuncGetName 12.3, conditional graph nodes and captures into them
@@ -464,6 +464,7 @@ typedef struct cl_mem {
   int gmem;            /* a graph's allocation (CL_GMEM_*): its address exists only while that
                           graph runs, the graph frees it, and nothing outside it may use it
                           (here: beside the fields every launch reads, in a hole of the struct) */
+  int counted;         /* cudalua allocated it: its device + 1, in cuda.memory_stats until freed or cached */
   void (*release)(void *ud, CUdeviceptr p);  /* foreign memory */
   void *ud;
   uint64_t graph;      /* the graph (cl_graph_id) or capture (its id) that allocates it */

@@ -197,7 +197,24 @@ static CUresult c_MemHostRegister(void *p, size_t n, unsigned f) { (void)p; (voi
 static CUresult c_MemHostUnregister(void *p) { (void)p; return CUDA_SUCCESS; }
 static CUresult c_MemAdvise(CUdeviceptr p, size_t n, CUmem_advise a, CUmemLocation l) { (void)p; (void)n; (void)a; (void)l; return CUDA_SUCCESS; }
 static CUresult c_DeviceGetDefaultMemPool(CUmemoryPool *p, CUdevice d) { (void)d; *p = (CUmemoryPool)&ctx_token; return CUDA_SUCCESS; }
-static CUresult c_MemPoolSetAttribute(CUmemoryPool p, CUmemPool_attribute a, void *v) { (void)p; (void)a; (void)v; return CUDA_SUCCESS; }
+/* the pool: the device's memory (every allocation is the pool's); its high mark as seen by
+   the reads, and reset to the current use by a set of either mark */
+static size_t pool_high;
+static CUresult c_MemPoolSetAttribute(CUmemoryPool p, CUmemPool_attribute a, void *v) {
+  (void)p; (void)v;
+  if (a == CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH || a == CU_MEMPOOL_ATTR_USED_MEM_HIGH)
+    __atomic_store_n(&pool_high, cpu_mem_used(), __ATOMIC_RELAXED);
+  return CUDA_SUCCESS;
+}
+static CUresult c_MemPoolGetAttribute(CUmemoryPool p, CUmemPool_attribute a, void *v) {
+  (void)p;
+  size_t u = cpu_mem_used(), h = __atomic_load_n(&pool_high, __ATOMIC_RELAXED);
+  while (u > h && !__atomic_compare_exchange_n(&pool_high, &h, u, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
+  if (a == CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT || a == CU_MEMPOOL_ATTR_USED_MEM_CURRENT) *(cuuint64_t *)v = u;
+  else if (a == CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH || a == CU_MEMPOOL_ATTR_USED_MEM_HIGH) *(cuuint64_t *)v = u > h ? u : h;
+  else return CUDA_ERROR_NOT_SUPPORTED;
+  return CUDA_SUCCESS;
+}
 static CUresult c_MemPoolTrimTo(CUmemoryPool p, size_t n) { (void)p; (void)n; return CUDA_SUCCESS; }
 
 static CUresult c_PointerGetAttribute(void *out, CUpointer_attribute a, CUdeviceptr p) {
@@ -599,6 +616,7 @@ static const struct { const char *name; void *fn; } impls[] = {
   IMPL(cuMemGetInfo, c_MemGetInfo), IMPL(cuMemAlloc, c_MemAlloc), IMPL(cuMemFree, c_MemFree),
  IMPL(cuMemFreeAsync, c_MemFreeAsync),
   IMPL(cuDeviceGetDefaultMemPool, c_DeviceGetDefaultMemPool), IMPL(cuMemPoolSetAttribute, c_MemPoolSetAttribute),
+  IMPL(cuMemPoolGetAttribute, c_MemPoolGetAttribute),
   IMPL(cuMemPoolTrimTo, c_MemPoolTrimTo), IMPL(cuMemHostAlloc, c_MemHostAlloc), IMPL(cuMemFreeHost, c_MemFreeHost),
   IMPL(cuMemHostGetDevicePointer, c_MemHostGetDevicePointer), IMPL(cuMemAllocManaged, c_MemAllocManaged),
   IMPL(cuMemHostRegister, c_MemHostRegister), IMPL(cuMemHostUnregister, c_MemHostUnregister),

@@ -125,6 +125,45 @@ static void pressure_sub(size_t bytes) {
   while (!__atomic_compare_exchange_n(&pressure, &p, p > bytes ? p - bytes : 0, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
 }
 
+/* ---- statistics and limits (cuda.memory_stats, cuda.set_memory_limit), a device each: the
+   process's, as the states share the devices and the block cache. Changed atomically; a
+   reader sees each count as it was at some moment, not all of them at one. ---- */
+typedef struct {
+  size_t used, peak;         /* device arrays' bytes (cudalua's allocations), and the highest */
+  size_t pinned, managed;    /* pinned and mapped host memory, managed memory, made in its context */
+  size_t allocs, total, hits;   /* live allocations, all since the last reset, those the cache served */
+  size_t limit;              /* device bytes held (in use and cached) allowed; 0: none */
+} mem_stats;
+static mem_stats stats[CL_MAXDEV];
+
+static size_t *stat_field(cl_mem *m, mem_stats *st) {
+  return m->kind == CL_DEVICE ? &st->used : m->kind == CL_MANAGED ? &st->managed : &st->pinned;
+}
+
+/* m was allocated (or taken from the cache) */
+static void stat_add(cl_mem *m, int hit) {
+  int d = cl_device_of(m->ctx);
+  if (d < 0 || m->counted) return;
+  mem_stats *st = &stats[d];
+  size_t now = __atomic_add_fetch(stat_field(m, st), m->bytes, __ATOMIC_RELAXED);
+  size_t peak = __atomic_load_n(&st->peak, __ATOMIC_RELAXED);
+  while (m->kind == CL_DEVICE && now > peak &&
+         !__atomic_compare_exchange_n(&st->peak, &peak, now, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
+  __atomic_add_fetch(&st->allocs, 1, __ATOMIC_RELAXED);
+  __atomic_add_fetch(&st->total, 1, __ATOMIC_RELAXED);
+  if (hit) __atomic_add_fetch(&st->hits, 1, __ATOMIC_RELAXED);
+  m->counted = d + 1;
+}
+
+/* m is freed, or goes to the cache */
+static void stat_sub(cl_mem *m) {
+  if (!m->counted) return;
+  mem_stats *st = &stats[m->counted - 1];
+  __atomic_sub_fetch(stat_field(m, st), m->bytes, __ATOMIC_RELAXED);
+  __atomic_sub_fetch(&st->allocs, 1, __ATOMIC_RELAXED);
+  m->counted = 0;
+}
+
 /* ---- stream handles: memory last used on a stream keeps it (freed in its order after the
    Lua object is gone); the last reference destroys it ---- */
 
@@ -303,9 +342,136 @@ static int l_empty_cache(lua_State *L) {
   return 0;
 }
 
+/* bytes the block cache holds on device d */
+static size_t cached_on(int d) {
+  size_t n = 0;
+  pthread_mutex_lock(&cache_mu);
+  for (int i = 0; i < ncache; i++)
+    if (cl_device_of(cache[i].ctx) == d) n += cache[i].bytes;
+  pthread_mutex_unlock(&cache_mu);
+  return n;
+}
+
+/* a device block of m's size would pass its device's limit (in use and cached) */
+#define CL_OVER_LIMIT ((CUresult)0x7ffffff0)
+static int over_limit(const cl_mem *m) {
+  int d = cl_device_of(m->ctx);
+  size_t lim = d < 0 ? 0 : __atomic_load_n(&stats[d].limit, __ATOMIC_RELAXED);
+  return lim && __atomic_load_n(&stats[d].used, __ATOMIC_RELAXED) + cached_on(d) + m->bytes > lim;
+}
+
+static void over_limit_error(lua_State *L, size_t bytes, int d, const char *what) {
+  cl_error(L, what, "%I more bytes would pass device %d's memory limit of %I bytes (cuda.set_memory_limit): "
+           "%I bytes are in use by arrays and %I cached", (lua_Integer)bytes, d, (lua_Integer)stats[d].limit,
+           (lua_Integer)stats[d].used, (lua_Integer)cached_on(d));
+}
+
+/* [device]: an id, else the current device's */
+static int stats_device(lua_State *L, int idx, const char *where) {
+  cl_need_driver(L);
+  int n = cl_ndevices();
+  if (lua_isnoneornil(L, idx)) return cl_current_device();
+  int isint = 0;
+  lua_Integer d = lua_type(L, idx) == LUA_TNUMBER ? lua_tointegerx(L, idx, &isint) : 0;
+  if (!isint) return cl_error(L, where, "argument %d: expected a device id, got %s", idx, luaL_typename(L, idx));
+  if (d < 0 || d >= n) return cl_error(L, where, "device id %d out of range (0..%d)", (int)d, n - 1);
+  return (int)d;
+}
+
+/* the driver's pool on device d: attribute a, 0 where it cannot say */
+static lua_Integer pool_attr(int d, CUmemPool_attribute a) {
+  CUdevice dev;
+  CUmemoryPool pool;
+  cuuint64_t v = 0;
+  if (CU0(cuDeviceGet, &dev, d) != CUDA_SUCCESS || CU0(cuDeviceGetDefaultMemPool, &pool, dev) != CUDA_SUCCESS ||
+      CU0(cuMemPoolGetAttribute, pool, a, &v) != CUDA_SUCCESS) return 0;
+  return (lua_Integer)v;
+}
+
+static void set_int(lua_State *L, const char *k, size_t v) { lua_pushinteger(L, (lua_Integer)v); lua_setfield(L, -2, k); }
+
+/* cuda.memory_stats([device]) -> a table of the device's counts */
+static int l_memory_stats(lua_State *L) {
+  int d = stats_device(L, 1, "cuda.memory_stats");
+  mem_stats *st = &stats[d];
+  size_t used = __atomic_load_n(&st->used, __ATOMIC_RELAXED), cached = cached_on(d);
+  lua_createtable(L, 0, 16);
+  set_int(L, "device", (size_t)d);
+  set_int(L, "used_bytes", used);
+  set_int(L, "cached_bytes", cached);
+  set_int(L, "total_bytes", used + cached);
+  set_int(L, "peak_used_bytes", __atomic_load_n(&st->peak, __ATOMIC_RELAXED));
+  set_int(L, "pinned_bytes", __atomic_load_n(&st->pinned, __ATOMIC_RELAXED));
+  set_int(L, "managed_bytes", __atomic_load_n(&st->managed, __ATOMIC_RELAXED));
+  set_int(L, "allocations", __atomic_load_n(&st->allocs, __ATOMIC_RELAXED));
+  set_int(L, "allocations_total", __atomic_load_n(&st->total, __ATOMIC_RELAXED));
+  set_int(L, "cache_hits", __atomic_load_n(&st->hits, __ATOMIC_RELAXED));
+  set_int(L, "limit", __atomic_load_n(&st->limit, __ATOMIC_RELAXED));
+  set_int(L, "reserved_bytes", (size_t)pool_attr(d, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT));
+  set_int(L, "peak_reserved_bytes", (size_t)pool_attr(d, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH));
+  set_int(L, "pool_used_bytes", (size_t)pool_attr(d, CU_MEMPOOL_ATTR_USED_MEM_CURRENT));
+  set_int(L, "peak_pool_used_bytes", (size_t)pool_attr(d, CU_MEMPOOL_ATTR_USED_MEM_HIGH));
+  return 1;
+}
+
+/* cuda.reset_memory_stats([device]): the peaks become what is used now (the driver's pool's
+   too), the counts since the last reset start again */
+static int l_reset_memory_stats(lua_State *L) {
+  int d = stats_device(L, 1, "cuda.reset_memory_stats");
+  mem_stats *st = &stats[d];
+  __atomic_store_n(&st->peak, __atomic_load_n(&st->used, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
+  __atomic_store_n(&st->total, __atomic_load_n(&st->allocs, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
+  __atomic_store_n(&st->hits, 0, __ATOMIC_RELAXED);
+  CUdevice dev;
+  CUmemoryPool pool;
+  cuuint64_t zero = 0;   /* (the driver takes 0 only: the mark becomes the current value) */
+  if (CU0(cuDeviceGet, &dev, d) == CUDA_SUCCESS && CU0(cuDeviceGetDefaultMemPool, &pool, dev) == CUDA_SUCCESS) {
+    CU0(cuMemPoolSetAttribute, pool, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, &zero);
+    CU0(cuMemPoolSetAttribute, pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH, &zero);
+  }
+  return 0;
+}
+
+/* {fraction = f}: that part of device d's memory, as CuPy's set_limit(fraction=) */
+static lua_Integer limit_fraction(lua_State *L, int d) {
+  const char *where = "cuda.set_memory_limit";
+  cl_check_options(L, 1, where, (const char *const[]){"fraction", NULL});
+  lua_getfield(L, 1, "fraction");
+  int isnum;
+  lua_Number f = lua_tonumberx(L, -1, &isnum);
+  if (!isnum || !(f >= 0 && f <= 1)) cl_error(L, where, "fraction must be a number from 0 to 1, got %s", luaL_tolstring(L, -1, NULL));
+  CUdevice dev;
+  size_t total = 0;
+  if (CU0(cuDeviceGet, &dev, d) != CUDA_SUCCESS || CU0(cuDeviceTotalMem, &total, dev) != CUDA_SUCCESS)
+    cl_error(L, where, "the device's memory size is unknown");
+  lua_pop(L, 1);
+  return (lua_Integer)(f * (lua_Number)total);
+}
+
+/* cuda.set_memory_limit(bytes | {fraction = f} [, device]) -> the limit before (0: none); 0 or
+   nil: no limit */
+static int l_set_memory_limit(lua_State *L) {
+  lua_Integer v = 0;
+  int d = stats_device(L, 2, "cuda.set_memory_limit");
+  if (lua_istable(L, 1)) {
+    v = limit_fraction(L, d);
+  } else if (!lua_isnoneornil(L, 1)) {
+    int isint;
+    v = lua_tointegerx(L, 1, &isint);
+    if (!isint || v < 0)
+      return cl_error(L, "cuda.set_memory_limit", "bytes must be an integer >= 0 (0 or nil: no limit) or {fraction = f}, got %s",
+                      luaL_tolstring(L, 1, NULL));
+  }
+  lua_pushinteger(L, (lua_Integer)__atomic_exchange_n(&stats[d].limit, (size_t)v, __ATOMIC_RELAXED));
+  return 1;
+}
+
 void cl_open_memory(lua_State *L) {
   lua_pushcfunction(L, l_block_cache); lua_setfield(L, -2, "block_cache");
   lua_pushcfunction(L, l_empty_cache); lua_setfield(L, -2, "empty_cache");
+  lua_pushcfunction(L, l_memory_stats); lua_setfield(L, -2, "memory_stats");
+  lua_pushcfunction(L, l_reset_memory_stats); lua_setfield(L, -2, "reset_memory_stats");
+  lua_pushcfunction(L, l_set_memory_limit); lua_setfield(L, -2, "set_memory_limit");
 }
 
 /* on out-of-memory: collect, let queued frees finish, give the pool's spare memory back */
@@ -323,6 +489,7 @@ void cl_mem_reclaim(lua_State *L) {
 
 static CUresult alloc_gpu(lua_State *L, cl_mem *m, cl_stream *s, int zero) {
   CUresult r = CUDA_SUCCESS;
+  int hit = 0;
   size_t b = m->bytes ? m->bytes : 1;
   if (m->ipc == CL_IPC_EXPORTABLE) {   /* the stream-ordered pool's memory cannot be shared */
     r = CU(cuMemAlloc, &m->dptr, b);
@@ -341,12 +508,14 @@ static CUresult alloc_gpu(lua_State *L, cl_mem *m, cl_stream *s, int zero) {
     if (r == CUDA_SUCCESS && zero) memset(m->host, 0, b);
   } else if (m->bytes) {   /* CL_DEVICE */
     m->dptr = ncache ? cache_get(m->bytes, m->ctx, s) : 0;
-    if (!m->dptr) r = CU(cuMemAllocAsync, &m->dptr, m->bytes, s ? s->h : NULL);
+    hit = m->dptr != 0;
+    if (!m->dptr) r = over_limit(m) ? CL_OVER_LIMIT : CU(cuMemAllocAsync, &m->dptr, m->bytes, s ? s->h : NULL);
     if (r == CUDA_SUCCESS) cl_mem_use(L, m, s, m->ctx);
     if (r == CUDA_SUCCESS && cl_capturing && s) cl_mem_captured(L, m, s);
   }
   if (r != CUDA_SUCCESS && m->host && m->kind != CL_MANAGED) CU(cuMemFreeHost, m->host);
   if (r != CUDA_SUCCESS) { m->host = NULL; m->dptr = 0; }
+  if (r == CUDA_SUCCESS && !m->gmem) stat_add(m, hit);   /* (a capture's: the graph's memory, not an array's) */
   return r;
 }
 
@@ -430,13 +599,15 @@ cl_mem *cl_mem_new(lua_State *L, int kind, size_t bytes, cl_stream *s, int flags
   const char *what = kind == CL_PINNED ? "cuda.pinned_array" : kind == CL_MAPPED ? "cuda.mapped_array"
                    : kind == CL_MANAGED ? "cuda.managed_array" : "cuda.device_array";
   CUresult r = alloc_gpu(L, m, s, zero);
-  if (r == CUDA_ERROR_OUT_OF_MEMORY) {
+  if (r == CUDA_ERROR_OUT_OF_MEMORY || r == CL_OVER_LIMIT) {   /* unreachable arrays and the cache go first */
     cl_mem_reclaim(L);
     r = alloc_gpu(L, m, s, zero);
   }
   if (r != CUDA_SUCCESS) {
     cl_stream_unref(L, m->stream);
+    int d = cl_device_of(m->ctx);
     mem_free(m);
+    if (r == CL_OVER_LIMIT) over_limit_error(L, bytes, d, what);
     char buf[160];
     snprintf(buf, sizeof buf, "%s of %zu bytes", what, bytes);
     cl_wait_result(L, r, buf);   /* (a managed array's zeroing waits for the device) */
@@ -725,6 +896,7 @@ static void release(lua_State *L, cl_mem *m) {
   }
   /* freed memory no longer counts toward the next collection */
   pressure_sub(m->bytes);
+  stat_sub(m);
   /* used on one stream (or on blocking ones, which the legacy stream orders): kept for reuse */
   if (m->kind == CL_DEVICE && m->dptr && m->spread < CL_ANY_STREAMS && m->ipc == CL_IPC_NONE &&
       cache_put(L, m->dptr, m->bytes, m->ctx, m->spread == CL_ONE_STREAM ? m->stream : NULL)) {

@@ -456,6 +456,17 @@ function op.pool(cx, l)
     a:fill(v, on(l))
     local got = a[at]
     if got ~= v then cx.wrong(("%s: a pool block read %d, filled with %d"):format(cx.where, got, v)) end
+    -- cuda.memory_stats (issue 31) while every state allocates and frees: this state's live
+    -- arrays are counted, and no count went below 0 (a block counted off twice would)
+    local st, mine = cuda.memory_stats(), 0
+    for _, k in ipairs(kept) do mine = mine + k.nbytes end
+    for name, n in pairs(st) do
+      if n < 0 then cx.wrong(("%s: memory_stats().%s is %d"):format(cx.where, name, n)) end
+    end
+    if st.used_bytes < mine or st.allocations < #kept + #ring then
+      cx.wrong(("%s: memory_stats() says %d bytes in %d arrays, this state alone holds %d in %d"):format(
+        cx.where, st.used_bytes, st.allocations, mine, #kept + #ring))
+    end
     if pick == 1 then collectgarbage() elseif pick == 2 then cuda.empty_cache() end
   end)
 end

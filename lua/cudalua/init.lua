@@ -11,7 +11,8 @@ for _, name in ipairs {
   "uint16", "uint32", "uint64", "bool", "float16", "bfloat16", "complex64", "complex128", "array", "zeros", "pinned_array",
   "mapped_array", "managed_array", "device_array", "device_array_like", "to_device", "stream",
   "cuda_array", "texture", "surface",
-  "default_stream", "stream_priority_range", "event", "event_elapsed_time", "block_cache", "empty_cache", "copy",
+  "default_stream", "stream_priority_range", "event", "event_elapsed_time", "block_cache", "empty_cache", "memory_stats",
+  "reset_memory_stats", "set_memory_limit", "copy",
   "can_access_peer", "enable_peer_access", "disable_peer_access", "open_ipc_array",
   "open_ipc_event", "set_limit", "get_limit" } do
   cuda[name] = assert(core[name], name)
