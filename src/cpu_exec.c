@@ -87,6 +87,7 @@ typedef struct worker {
   void *fault_addr;
   uintptr_t fault_pc;
   void *altstack;
+  stack_t old_alt;      /* the thread's alternate signal stack before ours (a sanitizer's) */
   char *os_stack;       /* the lowest byte of this OS thread's stack (coroutines run on it) */
 } worker;
 
@@ -157,7 +158,6 @@ static pthread_cond_t go = PTHREAD_COND_INITIALIZER, finished = PTHREAD_COND_INI
 #define MAX_POOL 1024
 static int npool, running, quitting;
 static pthread_t pool_ids[MAX_POOL];
-static worker *launcher_w;   /* the queue worker's: launches run there, the pool helping */
 static unsigned long generation;
 static cpu_launch *current;
 static uint64_t next_block, nblocks_total, perm_a, perm_c;   /* perm: the seeded block order */
@@ -718,7 +718,7 @@ static void fault_arm(worker *w) {
   }
   stack_t st = {.ss_size = 64 * 1024};
   st.ss_sp = w->altstack = malloc(st.ss_size);
-  if (st.ss_sp) sigaltstack(&st, NULL);
+  if (st.ss_sp && sigaltstack(&st, &w->old_alt) != 0) { free(w->altstack); w->altstack = NULL; }
 }
 
 /* the kernel's source line of pc (the library is built with -g under the check): addr2line on
@@ -904,24 +904,37 @@ static void take_blocks(worker *w, cpu_launch *l) {
   }
 }
 
-/* a pool thread's worker and what it holds, as the thread ends (the signal stack off first:
-   the kernel would otherwise deliver onto freed memory) */
-static void worker_free(worker *w, int own) {
-  if (!w) return;
-  if (own && w->altstack) {
-    stack_t off = {.ss_flags = SS_DISABLE};
-    sigaltstack(&off, NULL);
+/* a thread's worker and what it holds, freed on that thread as it ends (a thread-specific
+   value's destructor: the pool's threads and the queue's worker alike). The alternate signal
+   stack before ours goes back first: a sanitizer unmaps the one it finds at the thread's end,
+   and ASan's check failed on ours (heap memory) */
+static void worker_free(void *p) {
+  worker *w = p;
+  if (w->altstack) {
+    sigaltstack(&w->old_alt, NULL);
+    free(w->altstack);
   }
-  free(w->altstack);
   if (w->stacks) munmap(w->stacks, (size_t)w->nstacks * STACK);
   for (int t = 0; san.tsan_switch && t < w->nstacks; t++) san.tsan_destroy(w->fibs[t].tsan);
   free(w->fibs), free(w->ctx), free(w->ready), free(w->bar), free(w->order), free(w->dyn), free(w->frames);
   free(w);
 }
 
+static pthread_key_t worker_key;
+static pthread_once_t worker_key_once = PTHREAD_ONCE_INIT;
+static void make_worker_key(void) { pthread_key_create(&worker_key, worker_free); }
+
+/* this thread's worker, made on its first launch */
+static worker *worker_new(void) {
+  pthread_once(&worker_key_once, make_worker_key);
+  worker *w = calloc(1, sizeof *w);
+  if (w && pthread_setspecific(worker_key, w) != 0) { free(w); w = NULL; }
+  return w;
+}
+
 static void *pool_main(void *arg) {
   (void)arg;
-  me_w = calloc(1, sizeof *me_w);
+  me_w = worker_new();
   unsigned long seen = 0;
   pthread_mutex_lock(&pool_lock);
   for (;;) {
@@ -935,9 +948,7 @@ static void *pool_main(void *arg) {
     if (--running == 0) pthread_cond_signal(&finished);
   }
   pthread_mutex_unlock(&pool_lock);
-  worker_free(me_w, 1);
-  me_w = NULL;
-  return NULL;
+  return NULL;   /* (its worker goes with it: worker_free) */
 }
 
 /* the last state closed, the queue's worker ended (cpu_queue_shutdown): the pool's threads end,
@@ -945,8 +956,6 @@ static void *pool_main(void *arg) {
    handler goes back to the one before it for the same reason. The next launch starts them
    again. */
 void cpu_pool_shutdown(void) {
-  worker_free(launcher_w, 0);   /* the queue worker's (that thread is gone) */
-  launcher_w = NULL;
   pthread_mutex_lock(&pool_lock);
   int n = npool;
   quitting = 1;
@@ -977,7 +986,7 @@ static void block_order(uint64_t n) {
 
 void cpu_launch_run(cpu_launch *l) {
   pthread_once(&settings_once, read_settings);
-  if (!me_w) me_w = launcher_w = calloc(1, sizeof *me_w);
+  if (!me_w) me_w = worker_new();
   uint64_t n = (uint64_t)l->grid.x * l->grid.y * l->grid.z;
   pthread_mutex_lock(&pool_lock);
   while (npool < cpu_threads() - 1 && npool < MAX_POOL && n > 1) {   /* the queue's worker is one of the pool */
