@@ -126,13 +126,15 @@ function cuda.empty_cache() end
 -- the last reset), `limit` (0: none), and the driver's stream-ordered pool's own counts
 -- (`cuMemPoolGetAttribute`): `reserved_bytes`, `peak_reserved_bytes`, `pool_used_bytes`,
 -- `peak_pool_used_bytes` (every device array and cached block is in the pool, so
--- pool_used_bytes >= total_bytes). About 0.4 us a call.
+-- pool_used_bytes >= total_bytes). While a stream captures anywhere in the process those four
+-- are left out (nil): the driver's query would end a capture begun in global mode.
+-- About 0.4 us a call.
 -- @param device an id
 -- @return a table
 function cuda.memory_stats(device) end
 
 --- The peaks (cudalua's and the driver pool's) become what is in use now; allocations_total and
--- cache_hits count again from here.
+-- cache_hits count again from here. While a stream captures, the pool's marks stay.
 -- @param device an id (default: the current one)
 function cuda.reset_memory_stats(device) end
 

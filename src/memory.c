@@ -407,10 +407,15 @@ static int l_memory_stats(lua_State *L) {
   set_int(L, "allocations_total", __atomic_load_n(&st->total, __ATOMIC_RELAXED));
   set_int(L, "cache_hits", __atomic_load_n(&st->hits, __ATOMIC_RELAXED));
   set_int(L, "limit", __atomic_load_n(&st->limit, __ATOMIC_RELAXED));
-  set_int(L, "reserved_bytes", (size_t)pool_attr(d, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT));
-  set_int(L, "peak_reserved_bytes", (size_t)pool_attr(d, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH));
-  set_int(L, "pool_used_bytes", (size_t)pool_attr(d, CU_MEMPOOL_ATTR_USED_MEM_CURRENT));
-  set_int(L, "peak_pool_used_bytes", (size_t)pool_attr(d, CU_MEMPOOL_ATTR_USED_MEM_HIGH));
+  /* the pool's query ends a stream capture begun in global mode (anywhere in the process: an
+     H100 said CUDA_ERROR_STREAM_CAPTURE_INVALIDATED): asked only while none can begin */
+  if (cl_ctx_claim()) {
+    set_int(L, "reserved_bytes", (size_t)pool_attr(d, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT));
+    set_int(L, "peak_reserved_bytes", (size_t)pool_attr(d, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH));
+    set_int(L, "pool_used_bytes", (size_t)pool_attr(d, CU_MEMPOOL_ATTR_USED_MEM_CURRENT));
+    set_int(L, "peak_pool_used_bytes", (size_t)pool_attr(d, CU_MEMPOOL_ATTR_USED_MEM_HIGH));
+    cl_ctx_unclaim();
+  }
   return 1;
 }
 
@@ -425,10 +430,12 @@ static int l_reset_memory_stats(lua_State *L) {
   CUdevice dev;
   CUmemoryPool pool;
   cuuint64_t zero = 0;   /* (the driver takes 0 only: the mark becomes the current value) */
+  if (!cl_ctx_claim()) return 0;   /* (a capture runs: as memory_stats, the pool is left alone) */
   if (CU0(cuDeviceGet, &dev, d) == CUDA_SUCCESS && CU0(cuDeviceGetDefaultMemPool, &pool, dev) == CUDA_SUCCESS) {
     CU0(cuMemPoolSetAttribute, pool, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, &zero);
     CU0(cuMemPoolSetAttribute, pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH, &zero);
   }
+  cl_ctx_unclaim();
   return 0;
 }
 
