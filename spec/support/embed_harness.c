@@ -170,6 +170,7 @@ int main(int argc, char **argv) {
   for (int i = 0; i < times && status == LUA_OK; i++) status = run_script(argv[1]);
   /* the driver as this program sees it, cudalua's state gone (dlopen: no link to libcuda) */
   void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!cuda) { dlerror(); dlerror(); }   /* the message read, then freed (LSan: a leak at exit) */
   int (*count)(int *) = cuda ? (int (*)(int *))dlsym(cuda, "cuDeviceGetCount") : NULL;
   int (*state)(int, unsigned *, int *) = cuda ? (int (*)(int, unsigned *, int *))dlsym(cuda, "cuDevicePrimaryCtxGetState") : NULL;
   int n = 0, active = 0;
