@@ -579,8 +579,12 @@ function cuda.load_module(path_or_bytes, opts) end
 -- parent's results). Launches not yet finished count against
 -- `cuda.set_limit("dev_runtime_pending_launch_count", n)` (2048 by default; beyond it device
 -- launches fail), and launches nest at most 24 deep. Such kernels work in graphs as kernel
--- nodes (`g:kernel`) like any other. Without a GPU the link works (`arch = "sm_90"`); using a
--- kernel raises the no-driver error.
+-- nodes (`g:kernel`) and in captures. A graph whose last node is such a kernel was not waited
+-- for with the kernel's children (an H100, driver 580: after the stream's sync their output
+-- was missing, and with several replays lost), so once such code is loaded on a device,
+-- cudalua instantiates (and updates) that device's graphs with a 1-byte memset node after
+-- their last nodes: about 2 us a launch; the graph, its nodes and node_count are unchanged.
+-- Without a GPU the link works (`arch = "sm_90"`); using a kernel raises the no-driver error.
 function cuda.link(inputs, opts) end
 
 --- A module: kernels by name (`m.vecadd`) or by `Module:get`.

@@ -64,6 +64,61 @@ static void instantiate_check(lua_State *L, cl_graph *g, const char *where) {
   }
 }
 
+/* Dynamic parallelism: children launched by a kernel node that ends its graph are not waited
+   for by the graph (measured on an H100, driver 580, with spec 36's parent: one replay and a
+   stream sync left most children's elements unwritten, written only by a later
+   cuda.synchronize(); three replays lost them for good, in 32 to 36 of 40 runs; the same parent
+   launched plainly, or followed in its graph by a kernel or memset node, lost none; an empty
+   node after it did not help). So on a device where code using the device runtime is loaded
+   (module.c), the graph is instantiated (and updated) with a 1-byte memset node after its
+   last nodes, added to it for that call only: the graph the user holds, its nodes and their
+   handles (the executable graph's setters take them) stay as they were. The memset's
+   destination is a scratch byte of the device's, freed with the lanes. */
+static pthread_mutex_t lanes_mu = PTHREAD_MUTEX_INITIALIZER;   /* the lanes and the scratch bytes */
+static CUdeviceptr scratch[CL_MAXDEV];
+static CUcontext scratch_ctx[CL_MAXDEV];
+
+static CUdeviceptr scratch_of(CUcontext ctx) {
+  int dev = cl_device_of(ctx);
+  if (dev < 0 || dev >= CL_MAXDEV) return 0;
+  pthread_mutex_lock(&lanes_mu);
+  if (!scratch[dev]) {
+    CUcontext prev = cl_ctx_swap(ctx);
+    if (CU0(cuMemAlloc, &scratch[dev], 4) != CUDA_SUCCESS) scratch[dev] = 0;
+    else scratch_ctx[dev] = ctx;
+    cl_ctx_swap(prev);
+  }
+  CUdeviceptr p = scratch[dev];
+  pthread_mutex_unlock(&lanes_mu);
+  return p;
+}
+
+/* the tail after every node without dependents; NULL where none is needed (or none could be
+   added: the graph is then instantiated as it is) */
+static CUgraphNode add_tail(lua_State *L, cl_graph *g) {
+  if (!cl_module_devrt_loaded(g->ctx)) return NULL;
+  size_t n = 0;
+  if (CU(cuGraphGetNodes, g->g, NULL, &n) != CUDA_SUCCESS || n == 0) return NULL;
+  CUgraphNode *v = malloc(n * sizeof *v);
+  CUdeviceptr dst = scratch_of(g->ctx);
+  CUgraphNode tail = NULL;
+  size_t sinks = 0;
+  if (v && dst && CU(cuGraphGetNodes, g->g, v, &n) == CUDA_SUCCESS) {
+    for (size_t i = 0; i < n; i++) {
+      size_t deps = 0;
+      if (CU(cuGraphNodeGetDependentNodes, v[i], NULL, NULL, &deps) == CUDA_SUCCESS && deps == 0) v[sinks++] = v[i];
+    }
+    CUDA_MEMSET_NODE_PARAMS p = {.dst = dst, .value = 0, .elementSize = 1, .width = 1, .height = 1};
+    if (CU(cuGraphAddMemsetNode, &tail, g->g, v, sinks, &p, g->ctx) != CUDA_SUCCESS) tail = NULL;
+  }
+  free(v);
+  return tail;
+}
+
+static void drop_tail(lua_State *L, CUgraphNode tail) {
+  if (tail) CU(cuGraphDestroyNode, tail);
+}
+
 /* the executable graph of the graph g at 1, pushed; errors name where */
 static lexec *instantiate(lua_State *L, cl_graph *g, const char *where) {
   instantiate_check(L, g, where);
@@ -77,7 +132,10 @@ static lexec *instantiate(lua_State *L, cl_graph *g, const char *where) {
   exec_take_recs(L, e, g);
   cl_hold_merge(L, &e->hold, &g->hold);
   e->conds = g->conds;
-  cl_check(L, CU(cuGraphInstantiate, &e->e, g->g, 0), where);
+  CUgraphNode tail = add_tail(L, g);
+  CUresult r = CU(cuGraphInstantiate, &e->e, g->g, 0);
+  drop_tail(L, tail);
+  cl_check(L, r, where);
   return e;
 }
 
@@ -97,7 +155,6 @@ static int g_instantiate(lua_State *L) {
    a stream capture it is launched into the capture as it is (a child graph there). */
 static CUstream lanes[CL_MAXDEV];
 static CUcontext lane_ctx[CL_MAXDEV];
-static pthread_mutex_t lanes_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static CUresult lane_of(CUcontext ctx, CUstream *out) {
   int dev = cl_device_of(ctx);
@@ -124,6 +181,13 @@ void cl_gexec_shutdown(void) {
     cl_ctx_swap(prev);
     lanes[d] = NULL;
     lane_ctx[d] = NULL;
+  }
+  for (int d = 0; d < CL_MAXDEV; d++) {
+    if (!scratch[d]) continue;
+    CUcontext prev = cl_ctx_swap(scratch_ctx[d]);
+    CU0(cuMemFree, scratch[d]);
+    cl_ctx_swap(prev);
+    scratch[d] = 0;
   }
   pthread_mutex_unlock(&lanes_mu);
 }
@@ -283,7 +347,9 @@ static int e_update(lua_State *L) {
   CUgraphExecUpdateResultInfo info;
   memset(&info, 0, sizeof info);
   cl_use_ctx(L, e->ctx);
+  CUgraphNode tail = add_tail(L, g);
   CUresult r = CU(cuGraphExecUpdate, e->e, g->g, &info);
+  drop_tail(L, tail);
   if (r == CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE) {
     static const char *why[] = {"ok", "error", "topology changed", "node type changed",
       "kernel function changed", "parameters changed unsupportedly", "not supported",
