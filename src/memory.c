@@ -378,14 +378,16 @@ static int stats_device(lua_State *L, int idx, const char *where) {
   return (int)d;
 }
 
-/* the driver's pool on device d: attribute a, 0 where it cannot say */
-static lua_Integer pool_attr(int d, CUmemPool_attribute a) {
+/* device d's stream-ordered pool (the one device arrays come from): 0 when the driver has none */
+static int pool_of(int d, CUmemoryPool *pool) {
   CUdevice dev;
-  CUmemoryPool pool;
+  return CU0(cuDeviceGet, &dev, d) == CUDA_SUCCESS && CU0(cuDeviceGetDefaultMemPool, pool, dev) == CUDA_SUCCESS;
+}
+
+/* the pool's attribute a, 0 where it cannot say */
+static lua_Integer pool_attr(CUmemoryPool pool, CUmemPool_attribute a) {
   cuuint64_t v = 0;
-  if (CU0(cuDeviceGet, &dev, d) != CUDA_SUCCESS || CU0(cuDeviceGetDefaultMemPool, &pool, dev) != CUDA_SUCCESS ||
-      CU0(cuMemPoolGetAttribute, pool, a, &v) != CUDA_SUCCESS) return 0;
-  return (lua_Integer)v;
+  return CU0(cuMemPoolGetAttribute, pool, a, &v) == CUDA_SUCCESS ? (lua_Integer)v : 0;
 }
 
 static void set_int(lua_State *L, const char *k, size_t v) { lua_pushinteger(L, (lua_Integer)v); lua_setfield(L, -2, k); }
@@ -410,10 +412,12 @@ static int l_memory_stats(lua_State *L) {
   /* the pool's query ends a stream capture begun in global mode (anywhere in the process: an
      H100 said CUDA_ERROR_STREAM_CAPTURE_INVALIDATED): asked only while none can begin */
   if (cl_ctx_claim()) {
-    set_int(L, "reserved_bytes", (size_t)pool_attr(d, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT));
-    set_int(L, "peak_reserved_bytes", (size_t)pool_attr(d, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH));
-    set_int(L, "pool_used_bytes", (size_t)pool_attr(d, CU_MEMPOOL_ATTR_USED_MEM_CURRENT));
-    set_int(L, "peak_pool_used_bytes", (size_t)pool_attr(d, CU_MEMPOOL_ATTR_USED_MEM_HIGH));
+    CUmemoryPool pool = NULL;
+    int ok = pool_of(d, &pool);   /* (no pool: every count 0, as before) */
+    set_int(L, "reserved_bytes", ok ? (size_t)pool_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) : 0);
+    set_int(L, "peak_reserved_bytes", ok ? (size_t)pool_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH) : 0);
+    set_int(L, "pool_used_bytes", ok ? (size_t)pool_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT) : 0);
+    set_int(L, "peak_pool_used_bytes", ok ? (size_t)pool_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH) : 0);
     cl_ctx_unclaim();
   }
   return 1;
@@ -427,11 +431,10 @@ static int l_reset_memory_stats(lua_State *L) {
   __atomic_store_n(&st->peak, __atomic_load_n(&st->used, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
   __atomic_store_n(&st->total, __atomic_load_n(&st->allocs, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
   __atomic_store_n(&st->hits, 0, __ATOMIC_RELAXED);
-  CUdevice dev;
   CUmemoryPool pool;
   cuuint64_t zero = 0;   /* (the driver takes 0 only: the mark becomes the current value) */
   if (!cl_ctx_claim()) return 0;   /* (a capture runs: as memory_stats, the pool is left alone) */
-  if (CU0(cuDeviceGet, &dev, d) == CUDA_SUCCESS && CU0(cuDeviceGetDefaultMemPool, &pool, dev) == CUDA_SUCCESS) {
+  if (pool_of(d, &pool)) {
     CU0(cuMemPoolSetAttribute, pool, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, &zero);
     CU0(cuMemPoolSetAttribute, pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH, &zero);
   }
