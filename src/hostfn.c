@@ -485,28 +485,26 @@ int cl_must_defer(lua_State *L) {
   return q && q->paused;
 }
 
-static void defer(lua_State *L, cl_deferred *d, int capturing_too) {
+/* (d may be gone once d->fn ran: its flags are set before, never after) */
+static void defer(lua_State *L, cl_deferred *d, int capturing_too, int urgent) {
   cl_hostq *q = L ? queue_of(L) : running_q;
-  if (!q) { d->fn(L, d); return; }   /* the state is closing: now */
   d->capturing_too = capturing_too;
-  d->urgent = 0;
+  d->urgent = urgent;
+  if (!q) { d->fn(L, d); return; }   /* the state is closing: now */
   d->next = q->later;
   q->later = d;
   __atomic_add_fetch(&deferred_count, 1, __ATOMIC_RELAXED);
 }
 
-void cl_defer(lua_State *L, cl_deferred *d) { defer(L, d, 0); }
+void cl_defer(lua_State *L, cl_deferred *d) { defer(L, d, 0, 0); }
 
-void cl_defer_urgent(lua_State *L, cl_deferred *d) {
-  defer(L, d, 0);
-  d->urgent = 1;
-}
+void cl_defer_urgent(lua_State *L, cl_deferred *d) { defer(L, d, 0, 1); }
 
 /* puts d off to the state's next flush, unless the state is closing (its releases run now,
    and none is put off again): 0 then */
 int cl_defer_if_open(lua_State *L, cl_deferred *d) {
   if (releasing || !L || !queue_of(L)) return 0;
-  defer(L, d, 0);
+  defer(L, d, 0, 0);
   return 1;
 }
 
@@ -522,7 +520,7 @@ int cl_defer_call(lua_State *L, int ends_capture, void (*fn)(lua_State *, void *
   call_later *c = malloc(sizeof *c);
   if (!c) return 0;
   c->later.fn = run_call; c->fn = fn; c->a = a; c->b = b;
-  defer(L, &c->later, ends_capture);
+  defer(L, &c->later, ends_capture, 0);
   return 1;
 }
 
