@@ -322,7 +322,7 @@ int cl_defer_call(lua_State *L, int ends_capture, void (*fn)(lua_State *L, void 
 void cl_flush_deferred(lua_State *L);
 /* cuda.defer_cleanup's scopes: delta 1 opens one, -1 closes one (the last runs the releases
    put off); the scopes open after it, and in *pending the releases put off now */
-int cl_cleanup_pause(lua_State *L, int delta, int *pending);
+int cl_cleanup_pause(lua_State *L, int delta, int *pending);   /* *pending counted for delta 0 only */
 int cl_host_service(lua_State *L);   /* runs L's fired host functions */
 int cl_host_service_q(lua_State *L, cl_hostq *q);
 cl_hostq *cl_host_queue(lua_State *L);   /* NULL once the state closes */

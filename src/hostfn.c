@@ -553,8 +553,10 @@ int cl_cleanup_pause(lua_State *L, int delta, int *pending) {
     __atomic_sub_fetch(&paused_states, 1, __ATOMIC_RELAXED);
     cl_flush_deferred(L);
   }
+  /* counted only when asked (cuda.pending_cleanup: delta 0): a scope's opening and closing
+     need not walk a list that grows with every release the outer scope put off */
   int n = 0;
-  for (cl_deferred *d = q->later; d; d = d->next) n++;
+  for (cl_deferred *d = delta == 0 ? q->later : NULL; d; d = d->next) n++;
   *pending = n;
   return q->paused;
 }
