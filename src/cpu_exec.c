@@ -27,7 +27,6 @@
 #include "cpu_dev.h"
 
 #define STACK (64 * 1024)   /* a CUDA thread's stack, and a guard page under it */
-enum { READY, BAR, WARP, DONE };
 
 #if defined(__x86_64__)
 /* cpu_switch(save, to): saves the callee-saved registers on this stack and its pointer in
@@ -49,7 +48,6 @@ typedef struct fib {
 #if !defined(__x86_64__)
   ucontext_t uc;
 #endif
-  int state;
   unsigned mask;        /* at a warp barrier: the lanes it waits for */
   const void *lo;       /* its stack (the runner's: as ASan tells it at the first switch) */
   size_t size;
@@ -58,19 +56,22 @@ typedef struct fib {
 
 /* one pool thread's state: the block it runs */
 typedef struct worker {
+  /* first, as the kernel library reads it (abi.h): the threads at __syncthreads (bar, in
+     order: b.nbar of them) and the live ones (b.live) */
+  cl_cpu_block b;
   fib *fibs, main;
   char *stacks;         /* STACK bytes per thread, a guard page at the bottom of each */
   int nstacks;
   cl_cpu_thread *ctx;
   int nctx;
-  int *ready, *bar;     /* the fibers that can run (a ring); those at __syncthreads, in order */
-  unsigned *order;      /* a no-sync block's thread order, under a seeded schedule */
+  int *ready;           /* the threads that can run (a ring) */
   unsigned rhead, rcount;
-  int nbar, bar_count, bar_result, bar_arrived;   /* arrived: those the last release let go */
+  unsigned *order;      /* a no-sync block's thread order, under a seeded schedule */
+  int bar_count, bar_result, bar_arrived;   /* arrived: those the last release let go */
   unsigned walive[32], wwait[32], wneed[32];   /* per warp: live lanes, lanes waiting, their masks */
   unsigned char *dyn;
   size_t ndyn;
-  int live, T, failed, fiber_mode;
+  int T, failed, fiber_mode;
   int co;               /* the block's threads are coroutines (fiber_mode is set too) */
   int co_ops;           /* a coroutine at the barrier wants its count, and, or (op 1-3) */
   unsigned long rec_seq;   /* the launch whose thread records ctx holds, for rec_n threads */
@@ -79,7 +80,7 @@ typedef struct worker {
   size_t nframes, fsize;
   uint64_t rng;         /* the block's, under CUDALUA_CPU_SCHEDULE */
   fib *from;            /* the fiber that switched to the one now running */
-  int cur;              /* the fiber running (-1: the runner) */
+  int cur;              /* the thread running (-1: the runner) */
   cpu_launch *l;
   sigjmp_buf jb;
   /* CUDALUA_CPU_CHECK: a fault in the block's code ends the block (cpu_exec's SIGSEGV handler) */
@@ -200,12 +201,12 @@ static void fib_switch(worker *w, fib *from, fib *to, int exiting) {
    a seeded schedule the next is drawn from among them */
 static void push_ready(worker *w, int t) {
   w->ready[(w->rhead + w->rcount++) & 1023] = t;
-  w->fibs[t].state = READY;
 }
 
-static int pop_ready(worker *w) {
+/* (inlined: every switch takes it) */
+static inline __attribute__((always_inline)) int pop_ready(worker *w) {
   if (!w->rcount) return -1;
-  if (sched_on && w->rcount > 1) {
+  if (__builtin_expect(sched_on, 0) && w->rcount > 1) {
     unsigned k = (w->rhead + (unsigned)(mix(&w->rng) % w->rcount)) & 1023;
     int x = w->ready[k];
     w->ready[k] = w->ready[w->rhead], w->ready[w->rhead] = x;
@@ -238,8 +239,8 @@ static void fiber_body(void *arg) {
 /* room for T threads' records, and the block's dynamic shared memory */
 static int room(worker *w, int T, size_t shared) {
   if (!w->ready) {
-    w->ready = malloc(1024 * sizeof *w->ready), w->bar = malloc(1024 * sizeof *w->bar);
-    if (!w->ready || !w->bar) return 0;
+    w->ready = malloc(1024 * sizeof *w->ready), w->b.bar = malloc(1024 * sizeof *w->b.bar);
+    if (!w->ready || !w->b.bar) return 0;
   }
   if (T > w->nctx) {
     cl_cpu_thread *c = realloc(w->ctx, (size_t)T * sizeof *c);
@@ -346,21 +347,26 @@ static void check_fail(worker *w, cl_cpu_thread *t, const char *fmt, ...) {
   fail_here(w, t, buf);
 }
 
+/* a thread's state, from the block's counts (none is kept per thread: a switch writes less):
+   done, its lane no longer live; at a warp operation, its lane waiting */
+static int is_done(const worker *w, int r) { return !(w->walive[r / 32] >> (r & 31) & 1); }
+static int at_warp(const worker *w, int r) { return w->wwait[r / 32] >> (r & 31) & 1; }
+
 static int first_done(worker *w) {
   int d = 0;
-  while (d < w->T && w->fibs[d].state != DONE) d++;
+  while (d < w->T && !is_done(w, d)) d++;
   return d;
 }
 
 /* t at __syncthreads: every thread of the block must come, to this one */
 static int check_bar(worker *w, cl_cpu_thread *t) {
-  if (w->live < w->T) {
+  if (w->b.live < w->T) {
     cl_cpu_thread *d = &w->ctx[first_done(w)];
     check_fail(w, t, "__syncthreads (%s:%d) not reached by every thread of the block (thread (%u, %u, %u) has exited)",
                WHERE(t), TID(d));
     return 0;
   }
-  cl_cpu_thread *o = w->nbar ? &w->ctx[w->bar[0]] : NULL;
+  cl_cpu_thread *o = w->b.nbar ? &w->ctx[w->b.bar[0]] : NULL;
   if (o && (o->line != t->line || strcmp(o->file ? o->file : "", t->file ? t->file : "") != 0)) {
     check_fail(w, t, "threads of the block wait at different __syncthreads (%s:%d, and %s:%d for thread (%u, %u, %u))",
                WHERE(t), WHERE(o), TID(o));
@@ -389,8 +395,8 @@ static int check_warp(worker *w, cl_cpu_thread *t, unsigned mask) {
 /* thread r has exited: none may be waiting for it */
 static void check_exit(worker *w, int r) {
   cl_cpu_thread *t = &w->ctx[r];
-  if (w->nbar) {
-    cl_cpu_thread *o = &w->ctx[w->bar[0]];
+  if (w->b.nbar) {
+    cl_cpu_thread *o = &w->ctx[w->b.bar[0]];
     check_fail(w, o, "__syncthreads (%s:%d) not reached by every thread of the block (thread (%u, %u, %u) has exited)",
                WHERE(o), TID(t));
     return;
@@ -409,7 +415,7 @@ static void check_exit(worker *w, int r) {
 /* no fiber can run and some have not finished: say which barrier cannot be reached */
 static void stuck(worker *w) {
   int t = 0;
-  while (w->fibs[t].state == DONE) t++;
+  while (is_done(w, t)) t++;
   cl_cpu_thread *c = &w->ctx[t];
   if (!check_on) {
     fail_here(w, c, "a barrier or warp operation some live threads of the block can never reach");
@@ -418,14 +424,14 @@ static void stuck(worker *w) {
   for (int r = t; r < w->T; r++) {
     fib *f = &w->fibs[r];
     unsigned wi = (unsigned)r / 32, missing = f->mask & w->walive[wi] & ~w->wwait[wi];
-    if (f->state != WARP || !missing) continue;
+    if (!at_warp(w, r) || !missing) continue;
     cl_cpu_thread *o = &w->ctx[wi * 32 + (unsigned)__builtin_ctz(missing)];
     check_fail(w, &w->ctx[r], "a warp operation (%s:%d) whose mask 0x%08x names lane %u, which never reaches it (it waits at %s:%d)",
                WHERE(&w->ctx[r]), f->mask, o->lane, WHERE(o));
     return;
   }
   int other = t;
-  while (other < w->T && w->fibs[other].state != WARP) other++;
+  while (other < w->T && !at_warp(w, other)) other++;
   cl_cpu_thread *o = &w->ctx[other < w->T ? other : t];
   check_fail(w, c, "__syncthreads (%s:%d) that thread (%u, %u, %u) never reaches (it waits at a warp operation, %s:%d)",
              WHERE(c), TID(o), WHERE(o));
@@ -434,24 +440,23 @@ static void stuck(worker *w) {
 /* ---- barriers: called by the kernel library (cpu_rt) on a thread of the block ---- */
 /* everyone at __syncthreads goes on (but self, which is running) */
 static void release_block(worker *w, int self) {
-  w->bar_result = w->bar_count, w->bar_count = 0, w->bar_arrived = w->nbar;
-  for (int i = 0; w->co_ops && i < w->nbar; i++) {   /* (a coroutine reads its result from its record) */
-    cl_cpu_thread *t = &w->ctx[w->bar[i]];
+  w->bar_result = w->bar_count, w->bar_count = 0, w->bar_arrived = w->b.nbar;
+  for (int i = 0; w->co_ops && i < w->b.nbar; i++) {   /* (a coroutine reads its result from its record) */
+    cl_cpu_thread *t = &w->ctx[w->b.bar[i]];
     int op = t->warg, r = w->bar_result;
     unsigned long long v = (unsigned long long)(op == 0 ? 0 : op == 1 ? r : op == 2 ? r == w->bar_arrived : r > 0);
     memcpy(t->resp, &v, sizeof v);
   }
   w->co_ops = 0;
-  if (w->co && !w->rcount && (self < 0 || w->bar[w->nbar - 1] == self)) {
-    /* (coroutines: the list of arrivals, self the last, is the ready ring at once; their state
-       is next looked at once they have run again) */
+  if (w->co && !w->rcount) {
+    /* (coroutines: the list of arrivals is the ready ring at once) */
     int *r = w->ready;
-    w->ready = w->bar, w->bar = r;
-    w->rhead = 0, w->rcount = (unsigned)(self < 0 ? w->nbar : w->nbar - 1);
+    w->ready = w->b.bar, w->b.bar = r;
+    w->rhead = 0, w->rcount = (unsigned)w->b.nbar;
   } else {
-    for (int i = 0; i < w->nbar; i++) if (w->bar[i] != self) push_ready(w, w->bar[i]);
+    for (int i = 0; i < w->b.nbar; i++) if (w->b.bar[i] != self) push_ready(w, w->b.bar[i]);
   }
-  w->nbar = 0;
+  w->b.nbar = 0;
 }
 
 static void warp_results(worker *w, unsigned wi);
@@ -467,7 +472,6 @@ static void release_warp(worker *w, unsigned wi, int self) {
 /* the running fiber self released a barrier: it goes on (under a seeded schedule, whichever
    ready fiber the draw picks) */
 static void go_on(worker *w, int self) {
-  w->fibs[self].state = READY;
   if (sched_on) { push_ready(w, self); wait_here(w, &w->fibs[self]); }
 }
 
@@ -490,14 +494,13 @@ static int rt_sync(cl_cpu_thread *t, int op, int pred) {
   }
   int self = (int)t->rank;
   fib *f = &w->fibs[self];
-  hb_release(w->bar);
+  hb_release(w->b.bar);
   if (check_on && !check_bar(w, t)) abandon(w, t);
-  f->state = BAR;
-  w->bar[w->nbar++] = self;
+  w->b.bar[w->b.nbar++] = self;
   w->bar_count += pred;
-  if (w->nbar == w->live) { release_block(w, self); go_on(w, self); }
+  if (w->b.nbar == w->b.live) { release_block(w, self); go_on(w, self); }
   else wait_here(w, f);
-  hb_acquire(w->bar);
+  hb_acquire(w->b.bar);
   int r = w->bar_result;
   /* (and: over the threads that arrived: exited ones count for nothing, as on a GPU) */
   return op == 0 ? 0 : op == 1 ? r : op == 2 ? r == w->bar_arrived : r > 0;
@@ -516,7 +519,7 @@ static void rt_warp_sync(cl_cpu_thread *t, unsigned mask) {
   fib *f = &w->fibs[self];
   hb_release(&w->wwait[wi]);
   if (check_on && !check_warp(w, t, mask)) abandon(w, t);
-  f->state = WARP, f->mask = mask;
+  f->mask = mask;
   w->wwait[wi] |= 1u << t->lane, w->wneed[wi] |= mask;
   if (!(w->wneed[wi] & w->walive[wi] & ~w->wwait[wi])) { release_warp(w, wi, self); go_on(w, self); }
   else wait_here(w, f);
@@ -537,42 +540,31 @@ static unsigned rt_active(cl_cpu_thread *t) {
 }
 
 
-/* thread t has returned: what waited for it may go on; the thread to run next (-1: none) */
-static int thread_exit(worker *w, int t) {
-  fib *f = &w->fibs[t];
+/* thread t has returned: what waited for it may go on */
+static void thread_exit(worker *w, int t) {
   unsigned wi = (unsigned)t / 32;
-  f->state = DONE;
-  w->live--;
+  w->b.live--;
   w->walive[wi] &= ~(1u << (t & 31));
   hb_release(w);
   if (check_on) check_exit(w, t);
   if (!w->failed) {
-    if (w->nbar && w->nbar == w->live) release_block(w, -1);
+    if (w->b.nbar && w->b.nbar == w->b.live) release_block(w, -1);
     if (w->wwait[wi] && !(w->wneed[wi] & w->walive[wi] & ~w->wwait[wi])) release_warp(w, wi, -1);
   }
-  return w->failed ? -1 : pop_ready(w);
 }
 
 /* a fiber's thread has returned: the next fiber runs */
 static void thread_done(worker *w, int t) {
-  int n = thread_exit(w, t);
+  thread_exit(w, t);
+  int n = w->failed ? -1 : pop_ready(w);
   fib_switch(w, &w->fibs[t], n < 0 ? &w->main : &w->fibs[n], 1);
 }
 
-/* ---- coroutines: the same counts as the fibers', the switch left to the library ---- */
-/* thread n, whose coroutine runs next (NULL: back to the block's runner) */
-static cl_cpu_thread *co_of(worker *w, int n) {
-  w->cur = n;
-  return n < 0 ? NULL : &w->ctx[n];
-}
-
-/* thread self released what it waited at: it goes on (under a seeded schedule, whichever
-   ready thread the draw picks) */
-static cl_cpu_thread *co_go_on(worker *w, int self) {
-  w->fibs[self].state = READY;
-  if (sched_on) { push_ready(w, self); return co_of(w, pop_ready(w)); }
-  return co_of(w, self);
-}
+/* ---- coroutines: the same counts as the fibers'. A thread's barrier, warp operation or
+   end only counts, and its coroutine returns to the block's runner, which resumes the ready
+   threads one after another (run_coros): a loop of resumes carries no chain of dependent
+   loads from one thread to the next, as threads that handed over to each other did (the
+   next one's record and frame found through the block's ring: 2.5 times slower a switch) ---- */
 
 /* the block's frames, all of one size (one coroutine function), made in rank order: the
    first makes room for every one */
@@ -591,33 +583,25 @@ static void *co_frame(cl_cpu_thread *t, unsigned long n) {
   return w->frames + (size_t)t->rank * w->fsize;
 }
 
-static cl_cpu_thread *co_sync(cl_cpu_thread *t, int op, int pred) {
+static void co_sync(cl_cpu_thread *t, int op, int pred) {
   worker *w = t->block;
-  int self = (int)t->rank;
   if (check_on && !check_bar(w, t)) abandon(w, t);
-  t->warg = op, w->co_ops |= op;
-  w->fibs[self].state = BAR;
-  w->bar[w->nbar++] = self;
+  if (op) t->warg = op, w->co_ops |= op;   /* (a plain barrier's result is never read) */
+  w->b.bar[w->b.nbar++] = (int)t->rank;
   w->bar_count += pred;
-  if (w->nbar == w->live) { release_block(w, self); return co_go_on(w, self); }
-  return co_of(w, pop_ready(w));
+  if (w->b.nbar == w->b.live) release_block(w, -1);
 }
 
-static cl_cpu_thread *co_warp(cl_cpu_thread *t, unsigned mask) {
+static void co_warp(cl_cpu_thread *t, unsigned mask) {
   worker *w = t->block;
-  int self = (int)t->rank;
   unsigned wi = t->warp;
   if (check_on && !check_warp(w, t, mask)) abandon(w, t);
-  w->fibs[self].state = WARP, w->fibs[self].mask = mask;
+  w->fibs[t->rank].mask = mask;
   w->wwait[wi] |= 1u << t->lane, w->wneed[wi] |= mask;
-  if (!(w->wneed[wi] & w->walive[wi] & ~w->wwait[wi])) { release_warp(w, wi, self); return co_go_on(w, self); }
-  return co_of(w, pop_ready(w));
+  if (!(w->wneed[wi] & w->walive[wi] & ~w->wwait[wi])) release_warp(w, wi, -1);
 }
 
-static cl_cpu_thread *co_done(cl_cpu_thread *t) {
-  worker *w = t->block;
-  return co_of(w, thread_exit(w, (int)t->rank));
-}
+static void co_done(cl_cpu_thread *t) { thread_exit(t->block, (int)t->rank); }
 
 /* the lane whose value lane l reads in a shuffle of t's (l itself when none is) */
 static int shfl_from(const cl_cpu_thread *t, int l) {
@@ -641,7 +625,7 @@ static void warp_results(worker *w, unsigned wi) {
     if (t->wop <= CL_CPU_WXOR) {
       int from = shfl_from(t, l);
       const cl_cpu_thread *o = from >= 0 && from < 32 && (int)wi * 32 + from < w->T ? &w->ctx[(int)wi * 32 + from] : t;
-      memcpy(t->resp, o->slot, (size_t)t->wsize);
+      memcpy(t->resp, o->slot, sizeof o->slot);   /* (resp has room for a slot: a copy of fixed size) */
       continue;
     }
     for (unsigned k = live; k; k &= k - 1)
@@ -780,7 +764,7 @@ static void fault_report(worker *w) {
 /* a block's counts before its first thread runs: none ready, at a barrier or waiting in a warp */
 static void block_counts(worker *w) {
   int T = w->T;
-  w->rhead = w->rcount = 0, w->nbar = w->bar_count = 0, w->live = T, w->co_ops = 0;
+  w->rhead = w->rcount = 0, w->b.nbar = w->bar_count = 0, w->b.live = T, w->co_ops = 0, w->b.fast = 0;
   for (int i = 0; i * 32 < T; i++) {
     w->walive[i] = T - i * 32 >= 32 ? ~0u : (1u << (T - i * 32)) - 1;
     w->wwait[i] = w->wneed[i] = 0;
@@ -803,17 +787,18 @@ static void run_fibers(worker *w) {
   hb_release(w);
   fib_switch(w, &w->main, &w->fibs[pop_ready(w)], 0);
   hb_acquire(w);
-  if (!w->failed && w->live) stuck(w);
+  if (!w->failed && w->b.live) stuck(w);
   /* fibers left in the middle keep ASan's marks on their stacks: clean for the next block */
-  if (w->live && san.unpoison) san.unpoison(w->stacks, (size_t)w->nstacks * STACK);
+  if (w->b.live && san.unpoison) san.unpoison(w->stacks, (size_t)w->nstacks * STACK);
 }
 
-/* a block of coroutines: each made, suspended before its first line, then the first resumed:
-   they hand over to each other until none can run */
+/* a block of coroutines: each made, suspended before its first line, then the ready ones
+   resumed in turn until none is left */
 static void run_coros(worker *w) {
   int T = w->T;
   const cl_cpu_entry *e = w->l->f->e;
   block_counts(w);
+  w->b.fast = !check_on;
   for (int t = 0; t < T; t++) {
     e->co_start(&w->ctx[t], w->l->args);
     if (!w->ctx[t].co) {
@@ -824,8 +809,12 @@ static void run_coros(worker *w) {
     }
     push_ready(w, t);
   }
-  e->co_resume(co_of(w, pop_ready(w)));
-  if (!w->failed && w->live) stuck(w);
+  for (int n; !w->failed && (n = pop_ready(w)) >= 0;) {
+    w->cur = n;
+    e->co_resume(&w->ctx[n]);
+  }
+  w->cur = -1;
+  if (!w->failed && w->b.live) stuck(w);
 }
 
 /* a kernel that never synchronises: the library's loop over the block's threads, on one
@@ -916,7 +905,7 @@ static void worker_free(void *p) {
   }
   if (w->stacks) munmap(w->stacks, (size_t)w->nstacks * STACK);
   for (int t = 0; san.tsan_switch && t < w->nstacks; t++) san.tsan_destroy(w->fibs[t].tsan);
-  free(w->fibs), free(w->ctx), free(w->ready), free(w->bar), free(w->order), free(w->dyn), free(w->frames);
+  free(w->fibs), free(w->ctx), free(w->ready), free(w->b.bar), free(w->order), free(w->dyn), free(w->frames);
   free(w);
 }
 

@@ -13,7 +13,7 @@
    thread's own stack, a fraction of a fiber's. */
 #ifndef CUDALUA_CPU_ABI_H
 #define CUDALUA_CPU_ABI_H
-#define CL_CPU_ABI 3
+#define CL_CPU_ABI 4
 
 typedef struct { unsigned x, y, z; } cl_cpu_dim;
 
@@ -42,6 +42,14 @@ typedef struct cl_cpu_thread {
 
 enum { CL_CPU_WSYNC, CL_CPU_WIDX, CL_CPU_WUP, CL_CPU_WDOWN, CL_CPU_WXOR, CL_CPU_WBALLOT, CL_CPU_WANY, CL_CPU_WALL };
 
+/* what a block of coroutines shares with the kernel library, first in the record's block: a
+   thread that reaches a plain __syncthreads and is not the last live one to, while nothing is
+   checked (fast), counts its arrival itself (its rank at the end of bar) without a call */
+typedef struct cl_cpu_block {
+  int *bar;                   /* the ranks at the barrier, in order: nbar of them */
+  int nbar, live, fast;
+} cl_cpu_block;
+
 typedef struct cl_cpu_rt {
   int abi;
   /* __syncthreads; with op 1/2/3: the count / and / or of pred over the block */
@@ -54,13 +62,13 @@ typedef struct cl_cpu_rt {
   unsigned (*active)(cl_cpu_thread *me);
   /* assert / __trap: the launch fails with this message; does not return */
   void (*trap)(cl_cpu_thread *me, const char *what, const char *file, int line);
-  /* coroutines: the memory of my frame (NULL: none); at a barrier, a warp operation or my end
-     (after it I never run again), the thread whose coroutine runs next (NULL: back to the
-     block's runner, which called co_resume) */
+  /* coroutines: the memory of my frame (NULL: none); my arrival at a barrier, a warp operation
+     or my end (after it I never run again), counted before my coroutine suspends and returns to
+     the block's runner (which called co_resume, and resumes the threads that can run) */
   void *(*co_frame)(cl_cpu_thread *me, unsigned long size);
-  cl_cpu_thread *(*co_sync)(cl_cpu_thread *me, int op, int pred);
-  cl_cpu_thread *(*co_warp)(cl_cpu_thread *me, unsigned mask);
-  cl_cpu_thread *(*co_done)(cl_cpu_thread *me);
+  void (*co_sync)(cl_cpu_thread *me, int op, int pred);
+  void (*co_warp)(cl_cpu_thread *me, unsigned mask);
+  void (*co_done)(cl_cpu_thread *me);
 } cl_cpu_rt;
 
 typedef struct cl_cpu_entry {

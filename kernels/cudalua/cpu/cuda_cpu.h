@@ -327,17 +327,11 @@ extern "C" inline void cudaGraphSetConditional(cudaGraphConditionalHandle h, uns
    operations are all in its own body, as __cl_co_<name>(thread, parameters) with those calls
    made co_await of the awaiters below (macros around the twin) and its returns co_return.
    Each thread is then a coroutine: its frame from the device (co_frame: the block's frames
-   are reused block after block), and a barrier hands over straight to the next thread that can
-   run (await_suspend returns it), a call and a return instead of a fiber's stack switch. ---- */
+   are reused block after block); at a barrier it counts its arrival and returns to the block's
+   runner, which resumes the next thread that can run (__cl_co_resume: the OS thread's current
+   record is set first, for the functions the body calls): a call and a return instead of a
+   fiber's stack switch. ---- */
 #if defined(__cpp_impl_coroutine)
-/* the thread the device says runs next (NULL: back to the block's runner): the OS thread's
-   current record is set to it before it resumes, as what it evaluates after its co_await and
-   before the awaiter's await_resume (the rest of its expression) may read it */
-inline std::coroutine_handle<> __cl_co_next(cl_cpu_thread *t) {
-  if (!t) return std::noop_coroutine();
-  __CL_SET_CUR(t);
-  return std::coroutine_handle<>::from_address(t->co);
-}
 struct __cl_co_task {
   void *h;
   struct promise_type {
@@ -355,7 +349,7 @@ struct __cl_co_task {
     struct end {
       cl_cpu_thread *me;
       bool await_ready() noexcept { return false; }
-      std::coroutine_handle<> await_suspend(std::coroutine_handle<>) noexcept { return __cl_co_next(__cl_rt->co_done(me)); }
+      void await_suspend(std::coroutine_handle<>) noexcept { __cl_rt->co_done(me); }
       void await_resume() noexcept {}
     };
     end final_suspend() noexcept { return {me}; }
@@ -374,20 +368,24 @@ template <class T> struct __cl_co_wait {
   unsigned mask;
   unsigned long long val[2], res[2];
   bool await_ready() noexcept { return false; }
-  std::coroutine_handle<> await_suspend(std::coroutine_handle<>) noexcept {
+  void await_suspend(std::coroutine_handle<>) noexcept {
     me->file = file, me->line = line, me->resp = res;
     me->wop = wop, me->warg = warg, me->wwidth = wwidth, me->wsize = wsize;
-    std::memcpy(me->slot, val, sizeof val);
-    return __cl_co_next(__cl_rt->co_warp(me, mask));
+    /* (the value's own bytes, as they were stored: a 16-byte copy of a 4-byte value just
+       stored waits for the store to reach the cache, a third of a shuffle's time) */
+    if constexpr (!std::is_void_v<T>) {
+      if (wop <= CL_CPU_WXOR) std::memcpy(me->slot, val, sizeof(T));
+      else me->slot[0] = val[0];
+    }
+    __cl_rt->co_warp(me, mask);
   }
   T await_resume() noexcept {
-    __CL_SET_CUR(me);
     T r;
     std::memcpy(&r, res, sizeof r);
     return r;
   }
 };
-template <> inline void __cl_co_wait<void>::await_resume() noexcept { __CL_SET_CUR(me); }
+template <> inline void __cl_co_wait<void>::await_resume() noexcept {}
 /* a barrier's: the same, smaller (most kernels' only switches) */
 struct __cl_co_bar_wait {
   cl_cpu_thread *me;
@@ -395,14 +393,13 @@ struct __cl_co_bar_wait {
   int line, op, pred;
   unsigned long long res;
   bool await_ready() noexcept { return false; }
-  std::coroutine_handle<> await_suspend(std::coroutine_handle<>) noexcept {
+  void await_suspend(std::coroutine_handle<>) noexcept {
+    cl_cpu_block *b = static_cast<cl_cpu_block *>(me->block);
+    if (b->fast && !op && b->nbar + 1 < b->live) { b->bar[b->nbar++] = (int)me->rank; return; }   /* (abi.h) */
     me->file = file, me->line = line, me->resp = &res;
-    return __cl_co_next(__cl_rt->co_sync(me, op, pred));
+    __cl_rt->co_sync(me, op, pred);
   }
-  int await_resume() noexcept {
-    __CL_SET_CUR(me);
-    return (int)res;
-  }
+  int await_resume() noexcept { return (int)res; }
 };
 inline __cl_co_bar_wait __cl_co_bar(cl_cpu_thread *me, const char *file, int line, int op, int p = 0) {
   return {me, file, line, op, p != 0, 0};
