@@ -145,6 +145,31 @@ section("copies", function()
     end
     return median(t), median(tclose), median(talloc), median(tfill)
   end
+  -- a 4096 x 4096 block of an 8192 x 8192 float32 matrix (d's 256 MiB) into pinned memory: a
+  -- strided view's copy (one cuMemcpy2DAsync) and the raw call, taking turns
+  section("strided view copy", function()
+    local m = d:reshape(8192, 8192)
+    local blk = m:sub({ 1, 4096 }, { 1, 4096 })
+    local p = cuda.pinned_array({ 4096, 4096 }, "float32")
+    local rawloop = B.rawloop()
+    local mine, raw = {}, {}
+    local bytes = 4096 * 4096 * 4
+    blk:copy_to_host(p)
+    if rawloop then rawloop.copy2d(1, p:ptr(), 4096 * 4, blk:ptr(), 8192 * 4, 4096 * 4, 4096) end
+    for r = 1, REPS do
+      local t0 = now()
+      blk:copy_to_host(p)
+      mine[r] = bytes / (now() - t0) / 1e9
+      if rawloop then
+        t0 = now()
+        rawloop.copy2d(1, p:ptr(), 4096 * 4, blk:ptr(), 8192 * 4, 4096 * 4, 4096)
+        raw[r] = bytes / (now() - t0) / 1e9
+      end
+    end
+    out("d2h_view_2d_gbs", median(mine))
+    if rawloop then out("inproc_d2h_2d_gbs", median(raw)) end
+    p:close()
+  end)
   section("default array first copies", function()
     local bw, tclose, talloc, tfill = first_copy(true)
     out("h2d_default_first_gbs", bw)

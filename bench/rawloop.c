@@ -1,6 +1,6 @@
 /* rawloop.c: the raw side of the in-process comparisons (bench/core.lua, bench/cuda_cpp.lua,
    bench/multigpu.lua): cuLaunchKernel, cuLaunchKernelEx, cuLaunchCooperativeKernel,
-   cuMemAllocAsync/cuMemFreeAsync, cuMemcpyPeerAsync, NCCL all_reduce, texture objects made and
+   cuMemAllocAsync/cuMemFreeAsync, cuMemcpyPeerAsync, cuMemcpy2DAsync, NCCL all_reduce, texture objects made and
    destroyed, module variables found and copied into in C loops, and NVRTC
    compiles, in the same process, context and stream as the cudalua side, so that the two take
    turns within a second: these costs drift by ~15% on the GPU machine between runs minutes
@@ -46,6 +46,24 @@ static int alloc_free(lua_State *L) {
     CUresult r = cuMemAllocAsync(&p, bytes, NULL);
     if (r == CUDA_SUCCESS) r = cuMemFreeAsync(p, NULL);
     if (r != CUDA_SUCCESS) return luaL_error(L, "rawloop: alloc/free failed (%d)", (int)r);
+  }
+  return 0;
+}
+
+/* copy2d(n, dst, dpitch, src, spitch, width, height): n device-to-host cuMemcpy2DAsync of a
+   pitched block into pinned memory, each waited for (the legacy stream) */
+static int copy2d(lua_State *L) {
+  lua_Integer n = luaL_checkinteger(L, 1);
+  CUDA_MEMCPY2D c = {0};
+  c.dstMemoryType = CU_MEMORYTYPE_HOST, c.dstHost = (void *)(uintptr_t)luaL_checkinteger(L, 2);
+  c.dstPitch = (size_t)luaL_checkinteger(L, 3);
+  c.srcMemoryType = CU_MEMORYTYPE_DEVICE, c.srcDevice = (CUdeviceptr)luaL_checkinteger(L, 4);
+  c.srcPitch = (size_t)luaL_checkinteger(L, 5);
+  c.WidthInBytes = (size_t)luaL_checkinteger(L, 6), c.Height = (size_t)luaL_checkinteger(L, 7);
+  for (lua_Integer i = 0; i < n; i++) {
+    CUresult r = cuMemcpy2DAsync(&c, NULL);
+    if (r == CUDA_SUCCESS) r = cuStreamSynchronize(NULL);
+    if (r != CUDA_SUCCESS) return luaL_error(L, "rawloop: copy2d failed (%d)", (int)r);
   }
   return 0;
 }
@@ -240,7 +258,7 @@ int luaopen_rawloop(lua_State *L) {
   static const luaL_Reg f[] = {
     {"launch", launch}, {"alloc_free", alloc_free}, {"compile", compile}, {"launch_ex", launch_ex},
     {"launch_coop", launch_coop}, {"peer_copy", peer_copy}, {"nccl_all_reduce", nccl_all_reduce},
-    {"tex_create_destroy", tex_create_destroy}, {"global_copy", global_copy}, {NULL, NULL}};
+    {"tex_create_destroy", tex_create_destroy}, {"global_copy", global_copy}, {"copy2d", copy2d}, {NULL, NULL}};
   luaL_newlib(L, f);
   return 1;
 }

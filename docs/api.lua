@@ -242,7 +242,10 @@ function cuda.device_array_like(a, stream) end
 function cuda.to_device(a, stream_or_dtype, stream) end
 
 --- Copies src into dst (same dtype and size): host, device and other devices' memory
--- (peer copies), on a stream or ordered after queued work.
+-- (peer copies), on a stream or ordered after queued work. A strided view at either end
+-- (`Array:sub`, `Array:transpose`) needs one shape at both (axes of extent 1 aside); it is
+-- copied as 2-D or 3-D copies (cuMemcpy2DAsync / cuMemcpy3DAsync), not element by element;
+-- between two devices only contiguous arrays are copied.
 function cuda.copy(dst, src, stream) end
 
 
@@ -252,9 +255,15 @@ function cuda.open_ipc_array(handle, shape, dtype) end
 --- An array of any kind. Fields: `Array.shape` (a table), `Array.dtype`, `Array.ndim`,
 -- `Array.size` (elements), `Array.nbytes`, `Array.itemsize`, `Array.kind` ("array",
 -- "pinned_array", "mapped_array", "managed_array", "device_array", "foreign"), `Array.device`,
--- `Array.closed`. `#a` is the number of elements; `a[i]` reads and writes element i in
--- row-major order (device arrays: one slow copy each); `tostring(a)` shows the values.
--- Metafields: `__cuda_array_interface` (v3), `__close` (frees it), `__gc`.
+-- `Array.closed`, `Array.strides` (bytes from one index of each axis to the next, as NumPy's
+-- and the CUDA Array Interface's). `#a` is the number of elements; `a[i]` reads and writes
+-- element i in row-major order (device arrays: one slow copy each); `tostring(a)` shows the values.
+-- Views (`Array:slice`, `Array:sub`, `Array:transpose`, `Array:squeeze`) share their parent's
+-- memory and keep it alive. A kernel given a view gets the address of its first element (the
+-- strides are the kernel's business: pass them as arguments); `cuda.elementwise`,
+-- `cuda.reduce`, `Array:reshape`, textures, NCCL buffers, IPC handles and graph memsets need a
+-- contiguous array and say so, naming the function (`Array:copy` makes one).
+-- Metafields: `__cuda_array_interface` (v3, with the strides), `__close` (frees it), `__gc`.
 -- @type Array
 local Array = {}
 Array.shape = {}
@@ -266,6 +275,7 @@ Array.itemsize = 0
 Array.kind = ""
 Array.device = 0
 Array.closed = false
+Array.strides = {}
 
 --- Element (i, j, ...), one index per dimension.
 function Array:get(...) end
@@ -285,10 +295,33 @@ function Array:copy_to_host(into, stream) end
 --- Copies src (host, device or another device's array) into this array.
 function Array:copy_to_device(src, stream) end
 
---- Elements first..last (1-based, inclusive) of a 1-d array as a view, no copy.
+--- Elements first..last (1-based, inclusive) of the first axis as a view, no copy.
 function Array:slice(first, last) end
 
---- The same memory with another shape (same size).
+--- A view selecting along every axis, one selector per axis (those left out: the whole axis):
+-- `nil` or `true`, the whole axis; an integer i, index i, the axis dropped (NumPy's `a[:, j]`);
+-- `{first, last, step}`, 1-based and inclusive as `string.sub` (negative: from the end; step
+-- >= 1). `d:sub(nil, j)` is column j, `d:sub({1, -1, 2})` every other row.
+function Array:sub(...) end
+
+--- A view with the axes in perm's order (a list of 1-based axes; default: reversed).
+function Array:transpose(perm) end
+
+--- The transpose: the axes reversed (`Array:transpose()`).
+function Array:T() end
+
+--- A view without the axes of extent 1 (or only the given one, which must have extent 1).
+function Array:squeeze(axis) end
+
+--- True when the elements lie one after another in C (row-major) order (NumPy's rule: axes
+-- of extent 1 and empty arrays do not count).
+function Array:is_contiguous() end
+
+--- A new contiguous array of the same kind (a foreign array's: a device array) with the values
+-- (CuPy's `a.copy()`).
+function Array:copy(stream) end
+
+--- The same memory with another shape (same size; a contiguous array).
 function Array:reshape(shape) end
 
 --- The same bytes as another dtype. To another item size the last dimension is rescaled, as

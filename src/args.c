@@ -76,6 +76,8 @@ static void array_arg(lua_State *L, cl_kernel *k, int kidx, int i, int idx, cl_a
   if (a->kind == CL_HOST) {
     if (!allow_pageable)
       arg_error(L, kidx, i, idx, "expected a device, pinned, mapped or managed array (a pageable host array cannot be copied in and out here)");
+    if (!a->contig)
+      arg_error(L, kidx, i, idx, "expected a contiguous pageable host array (it is copied in and out whole; a:copy() makes one)");
     /* pageable memory: copied in before and out after the launch, as Numba does; the
        copies are made once every argument has been checked */
     A->tmp[A->ntmp].a = a; A->tmp[A->ntmp].back = writable; A->tmp[A->ntmp].d = 0;

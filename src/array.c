@@ -89,8 +89,43 @@ cl_array *cl_push_array(lua_State *L, cl_mem *m, size_t offset, int kind, int dt
   a->mem = m; a->offset = offset; a->kind = kind; a->dtype = dt; a->ndim = ndim;
   a->size = 1;
   for (int i = 0; i < ndim; i++) { a->shape[i] = shape[i]; a->size *= (size_t)shape[i]; }
+  cl_set_strides(a, NULL);
   cl_class_set(L, &array_key);
   return a;
+}
+
+/* ---- strides ---- */
+/* contiguous: every axis of more than one index steps by the row-major stride (NumPy's
+   rule: an axis of extent 1 may have any stride, and an empty array is contiguous) */
+void cl_set_strides(cl_array *a, const int64_t *strides) {
+  int64_t step = cl_dtypes[a->dtype].size;
+  a->contig = 1;
+  for (int d = a->ndim - 1; d >= 0; d--) {
+    a->strides[d] = strides ? strides[d] : step;
+    if (a->shape[d] > 1 && a->strides[d] != step) a->contig = 0;
+    step *= a->shape[d] ? a->shape[d] : 1;
+  }
+  if (a->size == 0) a->contig = 1;
+}
+
+size_t cl_elem_offset(const cl_array *a, size_t flat) {
+  if (a->contig) return flat * (size_t)cl_dtypes[a->dtype].size;
+  size_t off = 0;
+  for (int d = a->ndim - 1; d >= 0; d--) {
+    size_t n = (size_t)a->shape[d];
+    off += flat % n * (size_t)a->strides[d];
+    flat /= n;
+  }
+  return off;
+}
+
+void cl_need_contiguous(lua_State *L, const cl_array *a, const char *where, const char *what) {
+  if (a->contig) return;
+  char buf[200] = "";
+  for (int d = 0; d < a->ndim; d++)
+    snprintf(buf + strlen(buf), sizeof buf - strlen(buf), "%s%lld", d ? ", " : "", (long long)a->strides[d]);
+  cl_error(L, where, "%s is a strided view (strides {%s} bytes): this needs a contiguous array "
+           "(a:copy() makes one)", what, buf);
 }
 
 /* each step is checked before it is taken, so nothing overflows on the way */
@@ -271,7 +306,7 @@ static void get_elem(lua_State *L, cl_array *a, size_t i) {
   int isz = cl_dtypes[a->dtype].size;
   if (cl_is_host(a)) {
     cl_host_access(L, a);
-    cl_pushvalue(L, a->dtype, (char *)cl_hostptr(a) + i * isz);
+    cl_pushvalue(L, a->dtype, (char *)cl_hostptr(a) + cl_elem_offset(a, i));
   } else {   /* one element from the device: slow, synchronous */
     char buf[CL_MAXITEM];
     cl_use_ctx(L, a->mem->ctx);
@@ -282,7 +317,7 @@ static void get_elem(lua_State *L, cl_array *a, size_t i) {
     if (a->mem->used) cl_mem_settle(L, a->mem);
     if (cl_host_armed(L)) cl_wait(L, CL_WAIT_HOSTFNS, NULL, "reading a device array element");
     cl_still_open(L, a, "reading a device array element");
-    cl_check(L, CU(cuMemcpyDtoH, buf, cl_devptr(a) + i * isz, isz), "reading a device array element");
+    cl_check(L, CU(cuMemcpyDtoH, buf, cl_devptr(a) + cl_elem_offset(a, i), isz), "reading a device array element");
     cl_pushvalue(L, a->dtype, buf);
   }
 }
@@ -295,7 +330,7 @@ static void set_elem(lua_State *L, cl_array *a, size_t i, int vidx, const char *
   cl_tovalue(L, vidx, a->dtype, buf, where, (lua_Integer)i + 1);
   if (cl_is_host(a)) {
     cl_host_access(L, a);
-    memcpy((char *)cl_hostptr(a) + i * isz, buf, isz);
+    memcpy((char *)cl_hostptr(a) + cl_elem_offset(a, i), buf, isz);
   } else {
     cl_use_ctx(L, a->mem->ctx);
     cl_capture_guard(L, NULL, 1, "writing a device array element");
@@ -303,7 +338,7 @@ static void set_elem(lua_State *L, cl_array *a, size_t i, int vidx, const char *
     if (a->mem->used) cl_mem_settle(L, a->mem);   /* as reads do */
     if (cl_host_armed(L)) cl_wait(L, CL_WAIT_HOSTFNS, NULL, "writing a device array element");
     cl_still_open(L, a, "writing a device array element");
-    cl_check(L, CU(cuMemcpyHtoD, cl_devptr(a) + i * isz, buf, isz), "writing a device array element");
+    cl_check(L, CU(cuMemcpyHtoD, cl_devptr(a) + cl_elem_offset(a, i), buf, isz), "writing a device array element");
   }
 }
 
@@ -342,6 +377,11 @@ static int a_index(lua_State *L) {
     if (!strcmp(k, "kind")) { lua_pushstring(L, cl_kind_names[a->kind]); return 1; }
     if (!strcmp(k, "dtype")) { cl_pushdtype(L, a->dtype); return 1; }
     if (!strcmp(k, "shape")) { cl_push_shape(L, a); return 1; }
+    if (!strcmp(k, "strides")) {   /* in bytes, as NumPy's, CuPy's and the CUDA Array Interface's */
+      lua_createtable(L, a->ndim, 0);
+      for (int i = 0; i < a->ndim; i++) { lua_pushinteger(L, a->strides[i]); lua_rawseti(L, -2, i + 1); }
+      return 1;
+    }
     if (!strcmp(k, "ndim")) { lua_pushinteger(L, a->ndim); return 1; }
     if (!strcmp(k, "size")) { lua_pushinteger(L, (lua_Integer)a->size); return 1; }
     if (!strcmp(k, "nbytes")) { lua_pushinteger(L, (lua_Integer)cl_nbytes(a)); return 1; }
@@ -371,13 +411,16 @@ static int a_len(lua_State *L) {
   return 1;
 }
 
-/* a view of the array a at index 1 (slice, reshape, view): its memory referenced, read-only
-   if a is, and a foreign owner kept alive with it */
-static void push_view(lua_State *L, cl_array *a, size_t offset, int dt, int ndim, const int64_t *shape) {
+/* a view of the array a at index 1 (slice, reshape, view, sub, transpose): its memory
+   referenced, read-only if a is, and a foreign owner kept alive with it; strides NULL: C order */
+static cl_array *push_view(lua_State *L, cl_array *a, size_t offset, int dt, int ndim, const int64_t *shape,
+                           const int64_t *strides) {
   cl_array *v = cl_push_array(L, cl_mem_ref(a->mem), offset, a->kind, dt, ndim, shape);
+  cl_set_strides(v, strides);
   v->readonly = a->readonly;
   lua_getiuservalue(L, 1, 1);
   lua_setiuservalue(L, -2, 1);
+  return v;
 }
 
 static int a_slice(lua_State *L) {
@@ -386,11 +429,10 @@ static int a_slice(lua_State *L) {
   lua_Integer i = cl_checkinteger(L, 2), j = cl_optinteger(L, 3, n);
   if (i < 1 || i > n + 1) return cl_error(L, "array:slice", "start %I out of range (1..%I)", i, n + 1);
   if (j < i - 1 || j > n) return cl_error(L, "array:slice", "stop %I out of range (%I..%I)", j, i - 1, n);
-  size_t row = cl_nbytes(a) / (n ? (size_t)n : 1);
   int64_t shape[CL_MAXDIM];
   memcpy(shape, a->shape, sizeof shape);
   shape[0] = j - i + 1;
-  push_view(L, a, a->offset + (size_t)(i - 1) * row, a->dtype, a->ndim, shape);
+  push_view(L, a, a->offset + (size_t)(i - 1) * (size_t)a->strides[0], a->dtype, a->ndim, shape, a->strides);
   return 1;
 }
 
@@ -410,7 +452,122 @@ static int a_reshape(lua_State *L) {
     return cl_error(L, "array:reshape", "%I elements cannot take that shape (too many elements)", (lua_Integer)a->size);
   if (n != a->size)
     return cl_error(L, "array:reshape", "%I elements cannot take a shape of %I", (lua_Integer)a->size, (lua_Integer)n);
-  push_view(L, a, a->offset, a->dtype, ndim, shape);
+  cl_need_contiguous(L, a, "array:reshape", "the array");
+  push_view(L, a, a->offset, a->dtype, ndim, shape, NULL);
+  return 1;
+}
+
+/* the index of axis d a selector names: first, last (negative: from the end, -1 the last)
+   and step of a:sub; the count of indexes it takes into *n */
+static int64_t selected(lua_State *L, cl_array *a, int idx, int d, int64_t *n, int64_t *step) {
+  int64_t ext = a->shape[d];
+  lua_Integer v[3] = {1, ext, 1};
+  for (int k = 0; k < 3; k++) {
+    if (lua_rawgeti(L, idx, k + 1) != LUA_TNIL) {
+      if (!lua_isinteger(L, -1))
+        cl_error(L, "array:sub", "axis %d: the selector's %s must be an integer, got %s", d + 1,
+                 k == 0 ? "first" : k == 1 ? "last" : "step", luaL_typename(L, -1));
+      v[k] = lua_tointeger(L, -1);
+    }
+    lua_pop(L, 1);
+  }
+  for (int k = 0; k < 2; k++) if (v[k] < 0) v[k] += ext + 1;
+  if (v[2] < 1) cl_error(L, "array:sub", "axis %d: step %I must be >= 1 (views step forwards)", d + 1, v[2]);
+  if (v[0] < 1 || v[0] > ext + 1) cl_error(L, "array:sub", "axis %d: first %I out of range (1..%I)", d + 1, v[0], (lua_Integer)ext + 1);
+  if (v[1] < v[0] - 1 || v[1] > ext)
+    cl_error(L, "array:sub", "axis %d: last %I out of range (%I..%I)", d + 1, v[1], v[0] - 1, (lua_Integer)ext);
+  *n = v[1] < v[0] ? 0 : (v[1] - v[0]) / v[2] + 1;
+  *step = v[2];
+  return v[0] - 1;
+}
+
+/* a:sub(sel1, sel2, ...): a view, one selector per axis (those left out: the whole axis):
+   nil or true, the whole axis; an integer i, index i with the axis dropped (NumPy's a[:, j]);
+   {first [, last [, step]]}, 1-based and inclusive as string.sub (negative: from the end) */
+static int a_sub(lua_State *L) {
+  cl_array *a = cl_checkarray(L, 1);
+  int nsel = lua_gettop(L) - 1;
+  if (nsel > a->ndim)
+    return cl_error(L, "array:sub", "%d selectors for an array of %d dimensions", nsel, a->ndim);
+  int64_t shape[CL_MAXDIM], strides[CL_MAXDIM];
+  size_t off = a->offset;
+  int nd = 0;
+  for (int d = 0; d < a->ndim; d++) {
+    int idx = d + 2, t = d < nsel ? lua_type(L, idx) : LUA_TNIL;
+    if (t == LUA_TNIL || (t == LUA_TBOOLEAN && lua_toboolean(L, idx))) {
+      shape[nd] = a->shape[d], strides[nd++] = a->strides[d];
+    } else if (t == LUA_TNUMBER && lua_isinteger(L, idx)) {
+      lua_Integer i = lua_tointeger(L, idx);
+      if (i < 0) i += a->shape[d] + 1;
+      if (i < 1 || i > a->shape[d])
+        return cl_error(L, "array:sub", "axis %d: index %I out of range (1..%I)", d + 1, lua_tointeger(L, idx),
+                        (lua_Integer)a->shape[d]);
+      off += (size_t)(i - 1) * (size_t)a->strides[d];
+    } else if (t == LUA_TTABLE) {
+      int64_t n, step, first = selected(L, a, idx, d, &n, &step);
+      if (n) off += (size_t)first * (size_t)a->strides[d];
+      shape[nd] = n, strides[nd++] = a->strides[d] * step;
+    } else {
+      return cl_error(L, "array:sub", "axis %d: a selector is nil, true, an integer or {first, last, step}, got %s",
+                      d + 1, luaL_typename(L, idx));
+    }
+  }
+  lua_settop(L, 1);
+  push_view(L, a, off, a->dtype, nd, shape, strides);
+  return 1;
+}
+
+/* a:transpose([perm]): the axes in perm's order (a list of 1-based axes; default reversed);
+   a:T() reverses them */
+static int a_transpose(lua_State *L) {
+  cl_array *a = cl_checkarray(L, 1);
+  int perm[CL_MAXDIM], seen[CL_MAXDIM] = {0};
+  if (lua_isnoneornil(L, 2)) {
+    for (int d = 0; d < a->ndim; d++) perm[d] = a->ndim - 1 - d;
+  } else {
+    luaL_checktype(L, 2, LUA_TTABLE);
+    if ((int)lua_rawlen(L, 2) != a->ndim)
+      return cl_error(L, "array:transpose", "the permutation has %d axes, the array %d", (int)lua_rawlen(L, 2), a->ndim);
+    for (int d = 0; d < a->ndim; d++) {
+      lua_rawgeti(L, 2, d + 1);
+      lua_Integer k = lua_isinteger(L, -1) ? lua_tointeger(L, -1) : 0;
+      lua_pop(L, 1);
+      if (k < 1 || k > a->ndim || seen[k - 1]++)
+        return cl_error(L, "array:transpose", "the permutation must name each axis 1..%d once (entry %d)", a->ndim, d + 1);
+      perm[d] = (int)k - 1;
+    }
+  }
+  int64_t shape[CL_MAXDIM], strides[CL_MAXDIM];
+  for (int d = 0; d < a->ndim; d++) shape[d] = a->shape[perm[d]], strides[d] = a->strides[perm[d]];
+  lua_settop(L, 1);
+  push_view(L, a, a->offset, a->dtype, a->ndim, shape, strides);
+  return 1;
+}
+
+static int a_T(lua_State *L) { lua_settop(L, 1); return a_transpose(L); }
+
+/* a:squeeze([axis]): without the axes of extent 1 (or only the one given, which must be) */
+static int a_squeeze(lua_State *L) {
+  cl_array *a = cl_checkarray(L, 1);
+  int only = -1;
+  if (!lua_isnoneornil(L, 2)) {
+    lua_Integer k = cl_checkinteger(L, 2);
+    if (k < 1 || k > a->ndim) return cl_error(L, "array:squeeze", "axis %I out of range (1..%d)", k, a->ndim);
+    if (a->shape[k - 1] != 1)
+      return cl_error(L, "array:squeeze", "axis %I has extent %I, not 1", k, (lua_Integer)a->shape[k - 1]);
+    only = (int)k - 1;
+  }
+  int64_t shape[CL_MAXDIM], strides[CL_MAXDIM];
+  int nd = 0;
+  for (int d = 0; d < a->ndim; d++)
+    if (!(a->shape[d] == 1 && (only < 0 || only == d))) shape[nd] = a->shape[d], strides[nd++] = a->strides[d];
+  lua_settop(L, 1);
+  push_view(L, a, a->offset, a->dtype, nd, shape, strides);
+  return 1;
+}
+
+static int a_is_contiguous(lua_State *L) {
+  lua_pushboolean(L, cl_checkarray(L, 1)->contig);
   return 1;
 }
 
@@ -425,6 +582,7 @@ static int a_view(lua_State *L) {
   memcpy(shape, a->shape, sizeof shape);
   size_t from = (size_t)cl_dtypes[a->dtype].size, to = (size_t)cl_dtypes[dt].size;
   if (from != to) {
+    cl_need_contiguous(L, a, "array:view", "the array (of another item size)");
     const char *fn = cl_dtypes[a->dtype].name, *tn = cl_dtypes[dt].name;
     if (a->ndim == 0)
       return cl_error(L, "array:view", "a 0-d %s array cannot be viewed as %s (item sizes %d and %d)",
@@ -439,7 +597,8 @@ static int a_view(lua_State *L) {
                         "(%d bytes): copy it first", (lua_Integer)a->offset, tn, (int)to);
     shape[a->ndim - 1] = (int64_t)(last / to);
   }
-  push_view(L, a, a->offset, dt, a->ndim, shape);
+  /* (the same item size: the same strides) */
+  push_view(L, a, a->offset, dt, a->ndim, shape, from == to ? a->strides : NULL);
   return 1;
 }
 
@@ -491,7 +650,6 @@ static int a_tostring(lua_State *L) {
   if (!a->mem) luaL_addstring(&b, " (closed)");
   else if (cl_is_host(a) && (a->kind != CL_MANAGED || cl_concurrent_managed(a->mem->ctx))) {
     const char *p = cl_hostptr(a);
-    int isz = cl_dtypes[a->dtype].size;
     luaL_addstring(&b, " {");
     for (size_t i = 0; i < a->size; i++) {
       if (a->size > 10 && i == 5) { luaL_addstring(&b, ", ..."); i = a->size - 5; }
@@ -499,12 +657,12 @@ static int a_tostring(lua_State *L) {
       if (cl_is_complex(a->dtype)) {   /* "1+2i" */
         double re, im;
         char num[80];
-        cl_complex_parts(a->dtype, p + i * isz, &re, &im);
+        cl_complex_parts(a->dtype, p + cl_elem_offset(a, i), &re, &im);
         snprintf(num, sizeof num, "%.14g%s%.14gi", re, signbit(im) ? "" : "+", im);
         luaL_addstring(&b, num);
         continue;
       }
-      cl_pushvalue(L, a->dtype, p + i * isz);
+      cl_pushvalue(L, a->dtype, p + cl_elem_offset(a, i));
       if (lua_isboolean(L, -1)) { int v = lua_toboolean(L, -1); lua_pop(L, 1); luaL_addstring(&b, v ? "true" : "false"); }
       else if (lua_isinteger(L, -1)) luaL_addvalue(&b);
       else {   /* "%.14g": 5 rather than 5.0, as the tutorials print arrays */
@@ -521,7 +679,7 @@ static int a_tostring(lua_State *L) {
 }
 
 /* array_info(a) -> size, dtype, kind, device address (0 for pageable), device id (-1 for host
-   memory every device reaches): one call for Lua glue */
+   memory every device reaches), C-contiguous: one call for Lua glue */
 static int l_array_info(lua_State *L) {
   cl_array *a = cl_toarray(L, 1);
   if (!a) return 0;
@@ -531,13 +689,15 @@ static int l_array_info(lua_State *L) {
   lua_pushstring(L, cl_kind_names[a->kind]);
   lua_pushinteger(L, a->kind == CL_HOST ? 0 : (lua_Integer)cl_devptr(a));
   lua_pushinteger(L, cl_mem_device(a->mem));
-  return 5;
+  lua_pushboolean(L, a->contig);
+  return 6;
 }
 
 void cl_open_array(lua_State *L) {
   static const luaL_Reg m[] = {
     {"get", a_get}, {"set", a_set},
-    {"slice", a_slice}, {"reshape", a_reshape}, {"view", a_view}, {"advise", a_advise}, {"ptr", a_ptr}, {"close", a_close},
+    {"slice", a_slice}, {"reshape", a_reshape}, {"view", a_view}, {"sub", a_sub}, {"transpose", a_transpose},
+    {"T", a_T}, {"squeeze", a_squeeze}, {"is_contiguous", a_is_contiguous}, {"advise", a_advise}, {"ptr", a_ptr}, {"close", a_close},
     {NULL, NULL}};
   static const luaL_Reg f[] = {
     {"array", cl_l_array}, {"zeros", l_zeros}, {"pinned_array", l_pinned_array},

@@ -166,7 +166,7 @@ void *cl_cpu_symbol(const char *name);  /* NULL name: non-NULL when the CPU devi
   X(cuGraphUpload) X(cuGraphExecKernelNodeSetParams) X(cuGraphExecMemcpyNodeSetParams) \
   X(cuGraphExecMemsetNodeSetParams) X(cuGraphExecUpdate) X(cuGraphDebugDotPrint) \
   X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuStreamIsCapturing) \
-  X(cuArray3DCreate) X(cuArrayDestroy) X(cuMemcpy3DAsync) X(cuTexObjectCreate) \
+  X(cuArray3DCreate) X(cuArrayDestroy) X(cuMemcpy3DAsync) X(cuMemcpy2DAsync) X(cuTexObjectCreate) \
   X(cuTexObjectDestroy) X(cuSurfObjectCreate) X(cuSurfObjectDestroy) \
   X(cuMemcpyPeerAsync) X(cuMemcpyPeer) X(cuDeviceCanAccessPeer) X(cuCtxEnablePeerAccess) \
   X(cuCtxDisablePeerAccess) X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle) X(cuIpcCloseMemHandle) \
@@ -600,13 +600,19 @@ typedef struct cl_array {
   size_t offset;       /* bytes into mem: views */
   int kind, dtype, ndim, readonly;
   int64_t shape[CL_MAXDIM];
+  int64_t strides[CL_MAXDIM];   /* bytes from one index of an axis to the next (> 0; views) */
   size_t size;         /* elements */
+  int contig;          /* C-contiguous: the strides are the shape's row-major ones */
 } cl_array;
 #define CL_ARRAY "cudalua.array"
 cl_array *cl_toarray(lua_State *L, int idx);      /* NULL unless a cudalua array */
 cl_array *cl_checkarray(lua_State *L, int idx);   /* raises if not an open array */
 extern cl_array *(*cl_foreign_array)(lua_State *L, int idx);   /* set by interop.c: see array.c */
-size_t cl_nbytes(const cl_array *a);
+size_t cl_nbytes(const cl_array *a);             /* size x itemsize (a view's elements, not its span) */
+size_t cl_elem_offset(const cl_array *a, size_t flat);   /* bytes from the start to element flat (row-major) */
+/* raises where's error unless a is C-contiguous (what = its role, e.g. "the array") */
+void cl_need_contiguous(lua_State *L, const cl_array *a, const char *where, const char *what);
+void cl_set_strides(cl_array *a, const int64_t *strides);   /* NULL: C-contiguous; sets contig */
 CUdeviceptr cl_devptr(const cl_array *a);         /* 0 for pageable host arrays */
 void *cl_hostptr(const cl_array *a);              /* NULL for device arrays */
 cl_array *cl_newarray(lua_State *L, int kind, int dt, int ndim, const int64_t *shape,
@@ -622,7 +628,7 @@ int cl_parse_shape(lua_State *L, int idx, int64_t *shape, const char *where);
    byte counts of such products cannot overflow) */
 int cl_shape_mul(size_t *n, int ndim, const int64_t *shape);
 cl_array *cl_push_array(lua_State *L, cl_mem *m, size_t offset, int kind, int dt, int ndim,
-                        const int64_t *shape);      /* a new array object on m (not referenced) */
+                        const int64_t *shape);      /* a new array object on m (not referenced), C-contiguous */
 void cl_push_shape(lua_State *L, cl_array *a);
 
 /* ---- from interop.c: the CUDA Array Interface ---- */
@@ -641,6 +647,20 @@ void cl_open_ipc(lua_State *L);
 cl_array *cl_host_from(lua_State *L, int idx, int dtidx);
 void cl_open_copy(lua_State *L);   /* the arrays' copy methods, cuda.to_device and cuda.copy */
 void cl_copy(lua_State *L, cl_array *dst, cl_array *src, cl_stream *s, int sync, const char *where);
+/* a copy between two arrays of one shape, as axes of bytes: those of extent 1 left out, those
+   that step as one on both sides merged, and the item's bytes the innermost (ext[nd - 1], whose
+   strides are 1); outer axes first */
+typedef struct cl_layout {
+  int nd;
+  size_t ext[CL_MAXDIM + 1];
+  int64_t dst[CL_MAXDIM + 1], src[CL_MAXDIM + 1];
+} cl_layout;
+void cl_copy_layout(const cl_array *dst, const cl_array *src, cl_layout *y);
+/* raises where's error unless dst and src have one shape, their axes of extent 1 aside */
+void cl_same_shape(lua_State *L, const cl_array *dst, const cl_array *src, const char *where);
+/* the innermost axes of y one 3-D copy takes (1 to 3): pitches no smaller than the rows, a
+   third axis whose strides are whole pitches; p's extents and pitches set for them */
+int cl_copy_piece(const cl_layout *y, CUDA_MEMCPY3D *p);
 
 /* ---- from cuarray.c: CUDA arrays (cuda.cuda_array) ---- */
 /* a texture's or surface's driver object left by its close, for the next one made over the same

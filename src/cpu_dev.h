@@ -36,7 +36,8 @@ struct cpu_op {
   cpu_op *next;
   uint64_t seq;
   union {
-    struct { void *dst; const void *src; size_t n; } copy;
+    /* n bytes a row; h rows (0: 1) dp/sp apart, d slices (0: 1) dz/sz apart */
+    struct { void *dst; const void *src; size_t n, h, d, dp, sp, dz, sz; } copy;
     struct { void *dst; uint32_t v; size_t n, pitch, w, h; int size; } fill;
     struct { void (*fn)(void *); void *data; } host;
     struct { struct cpu_event *ev; } rec;
@@ -103,6 +104,7 @@ extern const cl_cpu_rt cpu_rt;
 /* ---- cpu_driver.c: the ops' runners and makers, which graph nodes reuse ---- */
 size_t cpu_device_free(void);   /* what the device's memory has left (CUDALUA_CPU_MEMORY) */
 void cpu_run_copy(cpu_op *op);
+CUresult cpu_copy_op(const CUDA_MEMCPY3D *p, cpu_op *op);   /* op's copy from p: linear memory */
 void cpu_run_fill(cpu_op *op);
 void cpu_run_host(cpu_op *op);
 void cpu_run_free(cpu_op *op);

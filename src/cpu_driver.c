@@ -242,7 +242,35 @@ static CUresult c_MemGetAddressRange(CUdeviceptr *base, size_t *size, CUdevicept
 }
 
 /* ---- copies and fills, in stream order ---- */
-void cpu_run_copy(cpu_op *op) { memmove(op->u.copy.dst, op->u.copy.src, op->u.copy.n); }
+void cpu_run_copy(cpu_op *op) {
+  size_t h = op->u.copy.h ? op->u.copy.h : 1, d = op->u.copy.d ? op->u.copy.d : 1;
+  for (size_t z = 0; z < d; z++)
+    for (size_t y = 0; y < h; y++)
+      memmove((char *)op->u.copy.dst + z * op->u.copy.dz + y * op->u.copy.dp,
+              (const char *)op->u.copy.src + z * op->u.copy.sz + y * op->u.copy.sp, op->u.copy.n);
+}
+/* a copy's addresses: linear memory (every kind is host memory here; CUDA arrays are not) */
+static const void *side(CUmemorytype t, const void *host, CUdeviceptr dev, size_t x) {
+  if (t == CU_MEMORYTYPE_HOST) return host ? (const char *)host + x : NULL;
+  if (t == CU_MEMORYTYPE_DEVICE || t == CU_MEMORYTYPE_UNIFIED) return dev ? (const char *)(uintptr_t)dev + x : NULL;
+  return NULL;
+}
+/* op's copy (its run and u.copy) from p: pitched rows and slices of linear memory */
+CUresult cpu_copy_op(const CUDA_MEMCPY3D *p, cpu_op *op) {
+  if (!p) return CUDA_ERROR_INVALID_VALUE;
+  if (p->srcY || p->srcZ || p->dstY || p->dstZ || p->srcLOD || p->dstLOD) return CUDA_ERROR_NOT_SUPPORTED;
+  size_t h = p->Height ? p->Height : 1, d = p->Depth ? p->Depth : 1;
+  if ((h > 1 || d > 1) && (p->srcPitch < p->WidthInBytes || p->dstPitch < p->WidthInBytes)) return CUDA_ERROR_INVALID_VALUE;
+  if (d > 1 && (p->srcHeight < h || p->dstHeight < h)) return CUDA_ERROR_INVALID_VALUE;
+  memset(&op->u.copy, 0, sizeof op->u.copy);
+  op->run = cpu_run_copy;
+  op->u.copy.src = side(p->srcMemoryType, p->srcHost, p->srcDevice, p->srcXInBytes);
+  op->u.copy.dst = (void *)side(p->dstMemoryType, p->dstHost, p->dstDevice, p->dstXInBytes);
+  op->u.copy.n = p->WidthInBytes, op->u.copy.h = h, op->u.copy.d = d;
+  op->u.copy.dp = p->dstPitch, op->u.copy.sp = p->srcPitch;
+  op->u.copy.dz = p->dstPitch * p->dstHeight, op->u.copy.sz = p->srcPitch * p->srcHeight;
+  return op->u.copy.src && op->u.copy.dst ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
 static CUresult copy(void *dst, const void *src, size_t n, CUstream s, int wait) {
   cpu_op *op = new_op(cpu_run_copy);
   if (!op) return CUDA_ERROR_OUT_OF_MEMORY;
@@ -256,6 +284,23 @@ static CUresult c_MemcpyHtoDAsync(CUdeviceptr d, const void *s, size_t n, CUstre
 static CUresult c_MemcpyDtoHAsync(void *d, CUdeviceptr s, size_t n, CUstream st) { return copy(d, PTR(s), n, st, 0); }
 static CUresult c_MemcpyDtoDAsync(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st) { return copy(PTR(d), PTR(s), n, st, 0); }
 static CUresult c_MemcpyHtoD(CUdeviceptr d, const void *s, size_t n) { return copy(PTR(d), s, n, NULL, 1); }
+/* pitched copies of linear memory (every kind is host memory here) */
+static CUresult c_Memcpy3DAsync(const CUDA_MEMCPY3D *p, CUstream s) {
+  cpu_op *op = new_op(cpu_run_copy);
+  if (!op) return CUDA_ERROR_OUT_OF_MEMORY;
+  CUresult r = cpu_copy_op(p, op);
+  if (r) { free(op); return r; }
+  return cpu_enqueue(s, op);
+}
+static CUresult c_Memcpy2DAsync(const CUDA_MEMCPY2D *p, CUstream s) {
+  CUDA_MEMCPY3D q = {0};
+  q.srcXInBytes = p->srcXInBytes, q.srcY = p->srcY, q.srcMemoryType = p->srcMemoryType, q.srcHost = p->srcHost;
+  q.srcDevice = p->srcDevice, q.srcArray = p->srcArray, q.srcPitch = p->srcPitch, q.srcHeight = p->Height;
+  q.dstXInBytes = p->dstXInBytes, q.dstY = p->dstY, q.dstMemoryType = p->dstMemoryType, q.dstHost = p->dstHost;
+  q.dstDevice = p->dstDevice, q.dstArray = p->dstArray, q.dstPitch = p->dstPitch, q.dstHeight = p->Height;
+  q.WidthInBytes = p->WidthInBytes, q.Height = p->Height, q.Depth = 1;
+  return c_Memcpy3DAsync(&q, s);
+}
 static CUresult c_MemcpyDtoH(void *d, CUdeviceptr s, size_t n) { return copy(d, PTR(s), n, NULL, 1); }
 
 void cpu_run_fill(cpu_op *op) {
@@ -623,7 +668,7 @@ static const struct { const char *name; void *fn; } impls[] = {
   IMPL(cuMemAdvise, c_MemAdvise), IMPL(cuPointerGetAttribute, c_PointerGetAttribute),
   IMPL(cuMemcpyAsync, c_MemcpyAsync), IMPL(cuMemcpyHtoDAsync, c_MemcpyHtoDAsync),
   IMPL(cuMemcpyDtoHAsync, c_MemcpyDtoHAsync), IMPL(cuMemcpyDtoDAsync, c_MemcpyDtoDAsync),
-  IMPL(cuMemcpyHtoD, c_MemcpyHtoD), IMPL(cuMemcpyDtoH, c_MemcpyDtoH), IMPL(cuMemsetD8Async, c_MemsetD8Async),
+  IMPL(cuMemcpyHtoD, c_MemcpyHtoD), IMPL(cuMemcpy2DAsync, c_Memcpy2DAsync), IMPL(cuMemcpy3DAsync, c_Memcpy3DAsync), IMPL(cuMemcpyDtoH, c_MemcpyDtoH), IMPL(cuMemsetD8Async, c_MemsetD8Async),
   IMPL(cuMemsetD16Async, c_MemsetD16Async), IMPL(cuMemsetD32Async, c_MemsetD32Async),
   IMPL(cuMemsetD2D32Async, c_MemsetD2D32Async), IMPL(cuStreamCreate, c_StreamCreate),
   IMPL(cuStreamSynchronize, c_StreamSynchronize),

@@ -705,27 +705,11 @@ static CUresult c_GraphAddKernelNode(CUgraphNode *n, CUgraph g, const CUgraphNod
   return r;
 }
 
-/* a copy's addresses (one row: cudalua's copies are linear) */
-static const void *side(CUmemorytype t, const void *host, CUdeviceptr dev, size_t x) {
-  if (t == CU_MEMORYTYPE_HOST) return host ? (const char *)host + x : NULL;
-  if (t == CU_MEMORYTYPE_DEVICE || t == CU_MEMORYTYPE_UNIFIED) return dev ? (const char *)(uintptr_t)dev + x : NULL;
-  return NULL;
-}
-static CUresult copy_op(const CUDA_MEMCPY3D *p, cpu_op *op) {
-  if (!p) return CUDA_ERROR_INVALID_VALUE;
-  if (p->Height > 1 || p->Depth > 1 || p->srcY || p->srcZ || p->dstY || p->dstZ || p->srcLOD || p->dstLOD)
-    return CUDA_ERROR_NOT_SUPPORTED;
-  memset(op, 0, sizeof *op);
-  op->run = cpu_run_copy;
-  op->u.copy.src = side(p->srcMemoryType, p->srcHost, p->srcDevice, p->srcXInBytes);
-  op->u.copy.dst = (void *)side(p->dstMemoryType, p->dstHost, p->dstDevice, p->dstXInBytes);
-  op->u.copy.n = p->WidthInBytes;
-  return op->u.copy.src && op->u.copy.dst ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
-}
 static CUresult c_GraphAddMemcpyNode(CUgraphNode *n, CUgraph g, const CUgraphNode *deps, size_t nd, const CUDA_MEMCPY3D *p, CUcontext ctx) {
   (void)ctx;
   cpu_op op;
-  CUresult r = copy_op(p, &op);
+  memset(&op, 0, sizeof op);
+  CUresult r = cpu_copy_op(p, &op);
   return r ? r : add_locked(n, g, deps, nd, CU_GRAPH_NODE_TYPE_MEMCPY, &op);
 }
 
@@ -1067,7 +1051,8 @@ static CUresult c_GraphExecKernelNodeSetParams(CUgraphExec x, CUgraphNode n, con
 static CUresult c_GraphExecMemcpyNodeSetParams(CUgraphExec x, CUgraphNode n, const CUDA_MEMCPY3D *p, CUcontext ctx) {
   (void)ctx;
   cpu_op op;
-  CUresult r = copy_op(p, &op);
+  memset(&op, 0, sizeof op);
+  CUresult r = cpu_copy_op(p, &op);
   return r ? r : exec_set_op(x, n, CU_GRAPH_NODE_TYPE_MEMCPY, &op);
 }
 static CUresult c_GraphExecMemsetNodeSetParams(CUgraphExec x, CUgraphNode n, const CUDA_MEMSET_NODE_PARAMS *p, CUcontext ctx) {

@@ -136,6 +136,7 @@ static void linear_side(cl_array *a, CUmemorytype *type, const void **host, CUde
 static void copy3d(lua_State *L, cl_cuarray *ca, cl_array *a, int into_ca, cl_stream *s, int sync,
                    const char *where) {
   if (!a->mem) cl_error(L, where, "the array is closed");
+  cl_need_contiguous(L, a, where, "the array");
   if (a->dtype != ca->dtype)
     cl_error(L, where, "dtype mismatch (the array is %s, the CUDA array %s)", cl_dtypes[a->dtype].name, cl_dtypes[ca->dtype].name);
   if (a->size != cl_cuarray_size(ca))

@@ -47,8 +47,10 @@ typedef struct cudalua_array_info {
   int64_t shape[8];
   const char *dtype;       /* "float32", ... (static string) */
   int itemsize;
-  uint64_t nbytes;
+  uint64_t nbytes;         /* shape's elements x itemsize (a strided view's span is larger) */
   void *stream;            /* CUstream that last used it (NULL: the legacy default stream) */
+  int64_t strides[8];      /* bytes from one index of each axis to the next (a view's own) */
+  int contiguous;          /* 1: C order, the elements one after another */
 } cudalua_array_info;
 
 /* Fills info from the array at idx; returns 1, or 0 if the value is not an open array. */

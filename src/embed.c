@@ -56,6 +56,8 @@ int cudalua_to_array(lua_State *L, int idx, cudalua_array_info *info) {
   info->dtype = cl_dtypes[a->dtype].name;
   info->itemsize = cl_dtypes[a->dtype].size;
   info->nbytes = cl_nbytes(a);
+  for (int i = 0; i < a->ndim; i++) info->strides[i] = a->strides[i];
+  info->contiguous = a->contig;
   info->stream = a->mem->used && a->mem->spread == CL_ONE_STREAM && a->mem->stream ? (void *)a->mem->stream->h : NULL;
   return 1;
 }

@@ -331,15 +331,19 @@ void cl_graph_memcpy_params(lua_State *L, int didx, int sidx, CUDA_MEMCPY3D *p, 
   if (d->readonly) cl_error(L, where, "destination is read-only");
   size_t n = cl_nbytes(d);
   if (n == 0) cl_error(L, where, "empty arrays");
+  cl_layout y = {1, {n}, {1}, {1}};
+  if (!d->contig || !s->contig) {   /* strided views: one node is one 3-D copy */
+    cl_same_shape(L, d, s, where);
+    cl_copy_layout(d, s, &y);
+  }
   if (g) { own_mem(L, g, d->mem, where); own_mem(L, g, s->mem, where); }
-  memset(p, 0, sizeof *p);
+  if (cl_copy_piece(&y, p) < y.nd)
+    cl_error(L, where, "these strided views take more than one 3-D copy (%d axes that do not merge): "
+             "copy through a contiguous array", y.nd);
   p->srcMemoryType = CU_MEMORYTYPE_UNIFIED;
   p->srcDevice = copy_addr(L, s, 2, where);
   p->dstMemoryType = CU_MEMORYTYPE_UNIFIED;
   p->dstDevice = copy_addr(L, d, 1, where);
-  p->WidthInBytes = n;
-  p->Height = 1;
-  p->Depth = 1;
 }
 
 /* g:memcpy(dst, src, deps) */
@@ -370,6 +374,7 @@ int cl_graph_memset_params(lua_State *L, int didx, int vidx, CUDA_MEMSET_NODE_PA
   if (d->kind == CL_HOST) cl_error(L, where, "a pageable host array cannot be set by the GPU; use a pinned or device array");
   if (d->readonly) cl_error(L, where, "destination is read-only");
   if (d->size == 0) cl_error(L, where, "empty array");
+  cl_need_contiguous(L, d, where, "the array");
   if (g) own_mem(L, g, d->mem, where);
   char v[CL_MAXITEM];
   cl_tovalue(L, vidx, d->dtype, v, where, 0);

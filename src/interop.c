@@ -31,12 +31,21 @@ void cl_wait_cai_stream(lua_State *L, lua_Integer h, lua_Integer ptr) {
 
 static const char cache_key = 0;   /* registry: object -> its last view (weak keys) */
 
-/* a new array viewing [ptr, ptr + size) after the driver confirmed it, owner kept alive */
+/* the bytes from the first element to the end of the last: the span a view reaches */
+static size_t span_of(int ndim, const int64_t *shape, const int64_t *strides, size_t n, size_t isz) {
+  if (!strides || !n) return n * isz;
+  size_t last = 0;
+  for (int i = 0; i < ndim; i++) last += (size_t)(shape[i] - 1) * (size_t)strides[i];
+  return last + isz;
+}
+
+/* a new array viewing [ptr, ptr + span) after the driver confirmed it, owner kept alive;
+   strides in bytes (NULL: C order) */
 static cl_array *foreign_view(lua_State *L, lua_Integer ptr, int dt, int ndim,
-                              const int64_t *shape, int readonly, int owner) {
+                              const int64_t *shape, const int64_t *strides, int readonly, int owner) {
   size_t n = 1;
   if (!cl_shape_mul(&n, ndim, shape)) cl_error(L, "cuda.as_cuda_array", "shape too large");
-  size_t bytes = n * cl_dtypes[dt].size;
+  size_t bytes = span_of(ndim, shape, strides, n, (size_t)cl_dtypes[dt].size);
   CUcontext ctx = cl_ctx(L);
   int portable = 0;
   if (bytes) {
@@ -65,6 +74,7 @@ static cl_array *foreign_view(lua_State *L, lua_Integer ptr, int dt, int ndim,
     else portable = 1;
   }
   cl_array *a = cl_push_array(L, NULL, 0, CL_FOREIGN, dt, ndim, shape);
+  cl_set_strides(a, strides);
   a->readonly = readonly;
   if (owner) { lua_pushvalue(L, owner); lua_setiuservalue(L, -2, 1); }
   cl_mem *m = cl_mem_record(L, CL_FOREIGN, bytes, ctx);
@@ -80,7 +90,7 @@ static int l_foreign_array(lua_State *L) {
   int dt = cl_checkdtype(L, 2);
   int64_t shape[CL_MAXDIM];
   int ndim = cl_parse_shape(L, 3, shape, "as_cuda_array");
-  foreign_view(L, ptr, dt, ndim, shape, lua_toboolean(L, 4), lua_isnoneornil(L, 5) ? 0 : 5);
+  foreign_view(L, ptr, dt, ndim, shape, NULL, lua_toboolean(L, 4), lua_isnoneornil(L, 5) ? 0 : 5);
   return 1;
 }
 
@@ -109,6 +119,8 @@ typedef struct {
   lua_Integer ptr;
   int readonly, dt, ndim, sdim;   /* sdim: the interface's own (0 for a 0-d array, made 1-d) */
   int64_t shape[CL_MAXDIM];
+  int64_t strides[CL_MAXDIM];     /* in bytes */
+  int strided;                    /* strides given (else C order) */
 } cai_desc;
 
 /* data = {ptr, readonly} and typestr */
@@ -153,24 +165,21 @@ static void cai_shape(lua_State *L, int cai, cai_desc *d) {
   if (ndim == 0) { d->ndim = 1; d->shape[0] = 1; }
 }
 
-/* no mask; strides absent or those of a C-order (row-major) array */
-static void cai_layout(lua_State *L, int cai, const cai_desc *d) {
+/* no mask; strides absent (C order) or positive ones, in bytes: C order, Fortran order or any
+   other (a strided view: kernels get its first element's address) */
+static void cai_layout(lua_State *L, int cai, cai_desc *d) {
+  d->strided = 0;
   if (lua_getfield(L, cai, "mask") != LUA_TNIL) fail(L, "masked arrays are not supported%s", "");
-  if (lua_getfield(L, cai, "strides") == LUA_TNIL) return;
+  if (lua_getfield(L, cai, "strides") == LUA_TNIL || d->sdim == 0) return;
   int sdim = d->sdim;
-  int64_t st[CL_MAXDIM], c = cl_dtypes[d->dt].size, f = c;
-  if (lua_type(L, -1) != LUA_TTABLE || (int)lua_rawlen(L, -1) != sdim || !ints(L, -1, sdim, st))
+  if (lua_type(L, -1) != LUA_TTABLE || (int)lua_rawlen(L, -1) != sdim || !ints(L, -1, sdim, d->strides))
     fail(L, "strides must be nil or one integer per dimension%s", "");
-  int is_c = 1, is_f = 1;
-  for (int i = sdim - 1; i >= 0; i--) { if (d->shape[i] > 1 && st[i] != c) is_c = 0; c *= d->shape[i]; }
-  for (int i = 0; i < sdim; i++) { if (d->shape[i] > 1 && st[i] != f) is_f = 0; f *= d->shape[i]; }
-  if (is_c) return;
-  if (is_f) fail(L, "Fortran-order (column-major) arrays are not supported: pass a C-order copy%s", "");
-  luaL_Buffer b;
-  luaL_buffinit(L, &b);
-  for (int i = 0; i < sdim; i++) { lua_pushfstring(L, i ? ", %I" : "%I", (lua_Integer)st[i]); luaL_addvalue(&b); }
-  luaL_pushresult(&b);
-  fail(L, "non-contiguous strides {%s} are not supported", lua_tostring(L, -1));
+  for (int i = 0; i < sdim; i++)
+    if (d->strides[i] <= 0 && d->shape[i] > 1)
+      cl_error(L, "cuda.as_cuda_array", "strides[%d] is %I: cudalua's views step forwards (strides > 0)", i + 1,
+               (lua_Integer)d->strides[i]);
+  for (int i = 0; i < sdim; i++) if (d->strides[i] <= 0) d->strides[i] = cl_dtypes[d->dt].size;   /* (an axis of one) */
+  d->strided = 1;
 }
 
 /* stream: the producer's work may still be queued there, waited for before the data is used */
@@ -193,12 +202,13 @@ static cl_array *cai_cached_view(lua_State *L, int idx, const cai_desc *d) {
   if (lua_rawget(L, cache) == LUA_TUSERDATA) {
     v = lua_touserdata(L, -1);
     if (!(v->mem && v->mem->dptr == (CUdeviceptr)d->ptr && v->dtype == d->dt && v->ndim == d->ndim &&
-          v->readonly == d->readonly && !memcmp(v->shape, d->shape, sizeof(int64_t) * d->ndim)))
+          v->readonly == d->readonly && !memcmp(v->shape, d->shape, sizeof(int64_t) * d->ndim) &&
+          (d->strided ? !memcmp(v->strides, d->strides, sizeof(int64_t) * d->ndim) : v->contig)))
       v = NULL;
   }
   if (!v) {
     lua_pop(L, 1);
-    v = foreign_view(L, d->ptr, d->dt, d->ndim, d->shape, d->readonly, idx);
+    v = foreign_view(L, d->ptr, d->dt, d->ndim, d->shape, d->strided ? d->strides : NULL, d->readonly, idx);
     lua_pushvalue(L, idx);
     lua_pushvalue(L, -2);
     lua_rawset(L, cache);
@@ -256,12 +266,8 @@ static int a_cai(lua_State *L) {
   lua_setfield(L, -2, "shape");
   lua_pushstring(L, cl_dtypes[a->dtype].typestr);
   lua_setfield(L, -2, "typestr");
-  lua_createtable(L, a->ndim, 0);   /* C order, in bytes */
-  int64_t st = cl_dtypes[a->dtype].size;
-  for (int i = a->ndim - 1; i >= 0; i--) {
-    lua_pushinteger(L, st); lua_rawseti(L, -2, i + 1);
-    st *= a->shape[i];
-  }
+  lua_createtable(L, a->ndim, 0);   /* in bytes (a view's own) */
+  for (int i = 0; i < a->ndim; i++) { lua_pushinteger(L, a->strides[i]); lua_rawseti(L, -2, i + 1); }
   lua_setfield(L, -2, "strides");
   lua_pushinteger(L, 3);
   lua_setfield(L, -2, "version");

@@ -13,6 +13,7 @@
 /* a:ipc_handle() -> "cudalua-ipc-mem:<handle>:<offset>:<bytes>" for this array (a view too) */
 static int a_ipc_handle(lua_State *L) {
   cl_array *a = cl_checkarray(L, 1);
+  cl_need_contiguous(L, a, "array:ipc_handle", "the array");   /* (the handle names a range of bytes) */
   cl_mem *m = a->mem;
   if (a->kind != CL_DEVICE || m->ipc != CL_IPC_EXPORTABLE)
     return cl_error(L, "array:ipc_handle", "%s", a->kind != CL_DEVICE ? "only device arrays can be shared"

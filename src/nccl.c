@@ -794,6 +794,7 @@ static int nccl_type(lua_State *L, int dt, const char *where) {
 /* the array at idx, device memory the communicator's device reaches */
 static cl_array *buffer(lua_State *L, ncomm *k, int idx, const char *where) {
   cl_array *a = cl_checkarray(L, idx);
+  cl_need_contiguous(L, a, where, "the buffer");
   if (a->kind == CL_HOST || a->kind == CL_PINNED || a->kind == CL_MAPPED)
     cl_error(L, where, "NCCL works on device memory, got a %s", cl_kind_names[a->kind]);
   if (!cl_mem_reachable(a->mem, k->ctx))

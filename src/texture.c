@@ -142,6 +142,7 @@ static void device_resource(lua_State *L, cl_array *a, const texopts *o, CUDA_RE
   if (a->kind == CL_HOST || !p) cl_error(L, "cuda.texture", "the array must be in device memory (device, managed, mapped or pinned), not a pageable host array");
   if (a->mem->gmem) cl_error(L, "cuda.texture", "the array's memory is a graph's (it exists only while that graph runs)");
   if (a->ndim != 1 && a->ndim != 2) cl_error(L, "cuda.texture", "a device array gives a 1-D or 2-D texture, got %d dimensions (copy it into a cuda_array)", a->ndim);
+  cl_need_contiguous(L, a, "cuda.texture", "the array");
   int64_t last = a->shape[a->ndim - 1];
   if (last % o->channels) cl_error(L, "cuda.texture", "the last extent (%I) is not a multiple of channels (%d)", (lua_Integer)last, o->channels);
   cl_use_ctx(L, a->mem->ctx);   /* cuTexObjectCreate runs there */

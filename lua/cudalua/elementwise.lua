@@ -224,11 +224,11 @@ local function is_pair(v)
   return type(v) == "table" and getmetatable(v) == nil and rawlen(v) == 2
 end
 
--- an open array's size, dtype and device address (nil for a pageable host array); nil for
--- anything else
+-- an open array's size, dtype, device address (nil for a pageable host array) and whether it
+-- is contiguous; nil for anything else
 local function array_of(v)
-  local ok, n, dt, kind, ptr = pcall(core.array_info, v)
-  if ok and n then return n, dt, kind ~= "array" and ptr or nil end
+  local ok, n, dt, kind, ptr, _, contig = pcall(core.array_info, v)
+  if ok and n then return n, dt, kind ~= "array" and ptr or nil, contig end
 end
 
 -- the call's options (a trailing plain table, unless it is a {re, im} pair; taken out of
@@ -270,10 +270,13 @@ end
 -- itemsize among the arrays)
 local function check_array(self, scan, v, p, role, i)
   local where = self.where
-  local size, dt, ptr = array_of(v)
+  local size, dt, ptr, contig = array_of(v)
   if not size then
     if role == "output" then check.error(where, 4, "output %s must be an array, got %s", p.name, type(v)) end
     check.error(where, 4, "input %s must be a number%s or an array, got %s", p.name, p.complex and ", a pair {re, im}" or "", type(v))
+  end
+  if not contig then   -- (its kernel indexes elements one after another)
+    check.error(where, 4, "%s %s is a strided view: this needs a contiguous array (a:copy() makes one)", role, p.name)
   end
   if dt ~= p.dtype then
     check.error(where, 4, "%s %s is %s, the parameter %s", role, p.name, tostring(dt), p.dtype.name)

@@ -60,9 +60,12 @@ end
 
 -- init_xoroshiro128p_states(states, seed [, subsequence_start [, stream]])
 function M.init_xoroshiro128p_states(states, seed, subsequence_start, stream)
-  local n, dtype, kind, _, dev = core.array_info(states)
+  local n, dtype, kind, _, dev, contig = core.array_info(states)
   if not n or kind ~= "device_array" or tostring(dtype) ~= "uint64" or states.shape[2] ~= 2 then
     check.error("cuda.random.init_xoroshiro128p_states", 2, "states must be a device array of uint64 with shape {n, 2}")
+  end
+  if not contig then
+    check.error("cuda.random.init_xoroshiro128p_states", 2, "states is a strided view: this needs a contiguous array")
   end
   seed = check_int(seed, "seed", "cuda.random.init_xoroshiro128p_states")
   subsequence_start = check_int(subsequence_start or 0, "subsequence_start", "cuda.random.init_xoroshiro128p_states")

@@ -201,6 +201,9 @@ function Reducer:__call(arr, opts)
     arr = cuda.as_cuda_array(arr)
     n, dtype, kind, ptr, dev = core.array_info(arr)
   end
+  if n and not select(6, core.array_info(arr)) then
+    check.error("cuda.reduce", 2, "the array is a strided view: this needs a contiguous array (a:copy() makes one)")
+  end
   if not n then
     if type(arr) == "table" and getmetatable(arr) == nil then
       check.error("cuda.reduce", 2, "expected an array, got a table (make one with cuda.array(t, dtype))")
