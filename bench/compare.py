@@ -408,6 +408,30 @@ def bench_cupy_helpers():
     section("cupy reduce 2^28", reduce_big)
     section("cupy reduce 1234", reduce_small)
     section("cupy elementwise saxpy 2^28", elementwise)
+
+    # the means of the rows and of the columns of an 8192 x 8192 float32 matrix (bench/helpers.lua)
+    def axis_means():
+        x = cp.full((8192, 8192), 1.5, dtype=cp.float32)
+        e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+        for key, f in (("cupy_mean_rows_us", lambda: x.mean(axis=1)), ("cupy_mean_cols_us", lambda: x.T.mean(axis=1))):
+            f()
+            sync()
+            times = []
+            for _ in range(REPS * 2):
+                e0.record()
+                for _ in range(10):
+                    f()
+                e1.record()
+                e1.synchronize()
+                times.append(cp.cuda.get_elapsed_time(e0, e1) * 1e3 / 10)
+            if float(f()[-1]) != 1.5:
+                note(f"cupy: {key} gave {float(f()[-1])}")
+            out(key, statistics.median(times))
+        del x
+        sync()
+        pool.free_all_blocks()
+
+    section("cupy axis means 8192^2", axis_means)
     section("cupy plain launch", plain_launch)
     section("cupy graphs", graphs)
     section("cupy host functions", host_functions)

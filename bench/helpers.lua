@@ -307,6 +307,48 @@ extern "C" __global__ void saxpy(const float *x, const float *y, float a, float 
 end)
 collectgarbage()
 
+-- means along an axis of an 8192 x 8192 float32 matrix with cuda.reduction: of the rows
+-- (axis 2) and of the columns (axis 2 of the transpose, a strided view), each timed with
+-- events over K calls; the memory-bandwidth time: half a device-to-device copy of the matrix
+-- (it reads and writes the 256 MiB once each). CuPy's x.mean(axis=1), x.T.mean(axis=1):
+-- bench/compare.py
+section("axis means", function()
+  local n = 8192
+  local x = cuda.device_array({ n, n }, "float32")
+  x:fill(1.5)
+  local mean = cuda.reduction("float32 x", "float32 y", "x", "a + b", "y = a / _count", "0", "mean")
+  local rows, cols = cuda.device_array(n, "float32"), cuda.device_array(n, "float32")
+  local copy = cuda.device_array({ n, n }, "float32")
+  local bodies = {
+    rows = function() mean(x, { axis = 2, out = rows }) end,
+    cols = function() mean(x:T(), { axis = 2, out = cols }) end,
+    copy = function() cuda.copy(copy, x, cuda.default_stream()) end,
+  }
+  local K = 10
+  local e0, e1 = cuda.event(), cuda.event()
+  local res = { rows = {}, cols = {}, copy = {} }
+  for _, f in pairs(bodies) do f() end
+  cuda.synchronize()
+  for _ = 1, REPS * 2 do
+    for _, name in ipairs { "rows", "cols", "copy" } do
+      e0:record()
+      for _ = 1, K do bodies[name]() end
+      e1:record()
+      e1:synchronize()
+      res[name][#res[name] + 1] = e0:elapsed_time(e1) * 1e3 / K
+    end
+  end
+  local r, c = rows:copy_to_host(), cols:copy_to_host()
+  if r[n] ~= 1.5 or c[n] ~= 1.5 then note(("helpers.lua: axis means gave %s and %s"):format(r[n], c[n])) end
+  out("mean_rows_us", median(res.rows))
+  out("mean_cols_us", median(res.cols))
+  out("mean_bandwidth_us", median(res.copy) / 2)
+  out("mean_rows_vs_bandwidth", median(res.rows) / (median(res.copy) / 2))
+  out("mean_cols_vs_bandwidth", median(res.cols) / (median(res.copy) / 2))
+  x:close(); copy:close()
+end)
+collectgarbage()
+
 section("reduce", function()
   local sum = cuda.reduce("a + b")
   local BIG = 1 << 28

@@ -714,7 +714,12 @@ function Launcher:__call(...) end
 
 --- Numba's reduce: a reducer for a binary expression of a and b ("a + b", "fmax(a, b)").
 -- Options (`opts`): `init`. The reducer is called as `r(array, opts)` with options `init`,
--- `res` (a device array: the result stays there) and `stream`; it returns a number.
+-- `res` (a device array: the result stays there) and `stream`; it returns a number. With
+-- `axis` (1-based, negative from the end, or a list) and `keepdims` it reduces along those
+-- axes and returns a device array of the results (into `res` when given), init folded into
+-- each: an expression known to commute ("a + b", "a * b", bitwise) folds in parallel lanes,
+-- any other folds each result in one thread in the elements' order. A strided view
+-- (`Array:sub`, `Array:transpose`) is reduced whole the same way.
 -- `r:precompile(dtypes)` compiles its kernels for these dtypes (names or dtypes) on the
 -- selected device now, all at once (`cuda.compile_all`), rather than each at its first call,
 -- and returns r; the dtypes that compile are kept, then the first that does not raises,
@@ -732,7 +737,10 @@ function cuda.reduce(expr, opts) end
 -- compiles, now and at once (`cuda.compile_all`) on the selected device, the kernels of the
 -- calls whose inputs named in the list `scalars` are numbers and the others arrays (default:
 -- every input an array), at both vector widths, and returns ew; calls of that pattern then
--- compile nothing.
+-- compile nothing. An input declared `raw` ("raw float32 t", CuPy's raw arguments) is an array
+-- of any size the body indexes itself, and `_i` is the element's index (CuPy's `i`):
+-- `cuda.elementwise("float32 x, raw float32 n, int64 cols", "float32 y", "y = x / n[_i / cols]")`
+-- divides each row of a matrix by its entry of n.
 -- @usage local saxpy = cuda.elementwise("float32 x, float32 y, float32 a", "float32 z",
 --   "z = a * x + y"):precompile { "a" }
 -- @param in_params "float32 x, float32 y, float32 a"
@@ -740,6 +748,22 @@ function cuda.reduce(expr, opts) end
 -- @param body C++ statements on the parameters' names: "z = a * x + y"
 -- @param name for messages and the kernel's file name (default "elementwise")
 function cuda.elementwise(in_params, out_params, body, name) end
+
+--- CuPy's ReductionKernel: a callable folding along axes. map_expr is computed for every
+-- element from the inputs (by their names; Lua numbers given for inputs are broadcast),
+-- reduce_expr folds two mapped values `a` and `b` (assumed associative and commutative: the
+-- order is not kept), identity starts each fold, and post_map_expr sets the outputs from the
+-- result `a` (`_count`: how many elements went into it). `r(in1, ..., [out1, ...], [opts])`
+-- with options `axis` (1-based, negative from the end, or a list; default every axis),
+-- `keepdims`, `out` (the first output) and `stream`; inputs are arrays of one shape, strided
+-- views welcome; outputs not given are made (device arrays of the kept axes' shape; {1} when
+-- every axis is folded). One kernel per signature and layout class: a block folds one output
+-- reading along it (the innermost step is along a folded axis) or 32 side by side.
+-- `opts` (the 7th argument) is a name, or `{name =, reduce_type =}` (the fold's dtype;
+-- default the first output's).
+-- @usage local mean = cuda.reduction("float32 x", "float32 y", "x", "a + b", "y = a / _count", "0")
+--   local rows = mean(d, { axis = 2 })
+function cuda.reduction(in_params, out_params, map_expr, reduce_expr, post_map_expr, identity, opts) end
 
 --- Wraps an object with `__cuda_array_interface` as an array, without a copy.
 function cuda.as_cuda_array(obj) end

@@ -24,9 +24,10 @@ end
 
 -- Every cudalua error reads "cudalua: <public name>: <what is wrong>", the public name being
 -- what the user called: cuda.copy, array:slice, module.saxpy, array[i] =, kernel 'add' (a
--- kernel's call), elementwise 'saxpy' (an elementwise function's call). The message's prefix,
--- or nil and why not.
-local NAMED = { "^cudalua: [%a_][%w_]*[%.:%[][^\n]-: ", "^cudalua: kernel '[^']*'", "^cudalua: elementwise '[^']*'" }
+-- kernel's call), elementwise 'saxpy' (an elementwise function's call), reduction 'mean' (a
+-- cuda.reduction's call). The message's prefix, or nil and why not.
+local NAMED = { "^cudalua: [%a_][%w_]*[%.:%[][^\n]-: ", "^cudalua: kernel '[^']*'", "^cudalua: elementwise '[^']*'",
+  "^cudalua: reduction '[^']*'" }
 function C.prefix(e)
   local m = e:gsub("^[^\n:]*:%d+: ", "")   -- the position error() adds (a chunk name has no colon)
   for _, p in ipairs(NAMED) do

@@ -5,13 +5,16 @@
 -- Inputs given as Lua numbers are broadcast (passed by value); arrays all have the same number
 -- of elements, and the outputs are allocated like the first array when not given. One kernel
 -- is compiled per dtypes-and-scalars signature (through the compile cache): a grid-stride loop
--- whose arrays are read and written 16 bytes at a time when every pointer allows it.
+-- whose arrays are read and written 16 bytes at a time when every pointer allows it. An input
+-- declared "raw float32 t" is an array of any size the body indexes itself (CuPy's raw
+-- arguments), and _i is the element's index (CuPy's i): "y = x / t[_i / cols]".
 local core = ...
 local compile = require "cudalua.compile"
 local check = require "cudalua.check"
 local M = {}
 
--- "float32 x, float32 y" -> { {dtype=, name=}, ... }
+-- "float32 x, float32 y" -> { {dtype=, name=}, ... }; "raw float32 t": an array the body
+-- indexes itself (raw = true), CuPy's raw arguments
 local function parse_params(s, where, level)
   if type(s) ~= "string" then
     check.error(where, level, "parameters must be a string such as \"float32 x, float32 y\", got %s", type(s))
@@ -19,7 +22,8 @@ local function parse_params(s, where, level)
   local list, seen = {}, {}
   if s:match("^%s*$") then return list end
   for part in (s .. ","):gmatch("([^,]*),") do
-    local dt, name = part:match("^%s*([%w_]+)%s+([%a_][%w_]*)%s*$")
+    local raw, dt, name = part:match("^%s*(raw%s+)([%w_]+)%s+([%a_][%w_]*)%s*$")
+    if not raw then dt, name = part:match("^%s*([%w_]+)%s+([%a_][%w_]*)%s*$") end
     if not dt then
       check.error(where, level, "cannot read parameter %q (expected \"dtype name\")", part:match("^%s*(.-)%s*$"))
     end
@@ -28,7 +32,7 @@ local function parse_params(s, where, level)
     if seen[name] then check.error(where, level, "parameter %s is named twice", name) end
     if name:match("^_cl_") then check.error(where, level, "parameter name %s is reserved", name) end
     seen[name] = true
-    list[#list + 1] = { dtype = d, name = name, itemsize = d.itemsize, complex = d.is_complex }
+    list[#list + 1] = { dtype = d, name = name, itemsize = d.itemsize, complex = d.is_complex, raw = raw ~= nil }
   end
   return list
 end
@@ -44,6 +48,15 @@ __device__ __forceinline__ float2 _cl_raw(cuda::std::complex<float> v) { return 
 __device__ __forceinline__ double2 _cl_raw(cuda::std::complex<double> v) { return make_double2(v.real(), v.imag()); }]]
 local function ctype(d) return STORED[d.name] or d.ctype end
 local function value(d) return (compile.value_type(d)) end
+-- (cudalua.reduction builds its kernels from the same parts)
+M.parse_params, M.STORED, M.CONVERT, M.ctype, M.value = parse_params, STORED, CONVERT, ctype, value
+
+-- the inputs read element by element: not the raw ones
+local function plain_of(ins)
+  local plain = {}
+  for _, v in ipairs(ins) do if not v.raw then plain[#plain + 1] = v end end
+  return plain
+end
 
 -- the kernel source for inputs ins (each with .scalar), outputs outs; w: elements a thread
 -- reads per step (1: no vector loads)
@@ -59,6 +72,7 @@ local function source(ins, outs, body, w)
     need(v.dtype)
     p[#p + 1] = v.scalar and ("%s %s_"):format(ct, v.name) or ("const %s *__restrict__ %s_"):format(ct, v.name)
   end
+  local plain = plain_of(ins)
   for _, v in ipairs(outs) do
     need(v.dtype)
     p[#p + 1] = ("%s *__restrict__ %s_"):format(ctype(v.dtype), v.name)
@@ -68,10 +82,12 @@ local function source(ins, outs, body, w)
   for h in pairs(headers) do L[#L + 1] = h end
   table.sort(L)   -- the same source, so the same cache entry, every time
   if complex then L[#L + 1] = CONVERT end
-  -- one element: the body sees every parameter by its name, as a value
-  local function element(read, write)
-    local e = {}
-    for _, v in ipairs(ins) do
+  -- one element (index idx, the body's _i): the body sees every parameter by its name, as a
+  -- value; a raw one as the array's pointer
+  local function element(read, write, idx)
+    local e = { ("    const long long _i = %s; (void)_i;"):format(idx) }
+    for _, v in ipairs(ins) do e[#e + 1] = v.raw and ("    const %s *%s = %s_;"):format(ctype(v.dtype), v.name, v.name) or nil end
+    for _, v in ipairs(plain) do
       local x = v.scalar and (v.name .. "_") or read(v)
       if STORED[v.dtype.name] then x = "_cl_cx(" .. x .. ")" end
       e[#e + 1] = ("    %s %s = %s;"):format(value(v.dtype), v.name, x)
@@ -84,7 +100,7 @@ local function source(ins, outs, body, w)
     return table.concat(e, "\n")
   end
   if w > 1 then
-    for _, v in ipairs(ins) do
+    for _, v in ipairs(plain) do
       if not v.scalar then
         L[#L + 1] = ("struct __align__(%d) _cl_v_%s { %s v[%d]; };"):format(v.dtype.itemsize * w, v.name, ctype(v.dtype), w)
       end
@@ -99,7 +115,7 @@ local function source(ins, outs, body, w)
   local tail_from = "0"
   if w > 1 then
     L[#L + 1] = ("  for (long long _cl_j = _cl_t; _cl_j < _cl_n / %d; _cl_j += _cl_stride) {"):format(w)
-    for _, v in ipairs(ins) do
+    for _, v in ipairs(plain) do
       if not v.scalar then
         L[#L + 1] = ("    _cl_v_%s _cl_in_%s = reinterpret_cast<const _cl_v_%s *>(%s_)[_cl_j];"):format(v.name, v.name, v.name, v.name)
       end
@@ -108,7 +124,7 @@ local function source(ins, outs, body, w)
     L[#L + 1] = "    #pragma unroll"
     L[#L + 1] = ("    for (int _cl_k = 0; _cl_k < %d; _cl_k++) {"):format(w)
     L[#L + 1] = element(function(v) return ("_cl_in_%s.v[_cl_k]"):format(v.name) end,
-                        function(v) return ("_cl_out_%s.v[_cl_k]"):format(v.name) end)
+                        function(v) return ("_cl_out_%s.v[_cl_k]"):format(v.name) end, ("_cl_j * %d + _cl_k"):format(w))
     L[#L + 1] = "    }"
     for _, v in ipairs(outs) do
       L[#L + 1] = ("    reinterpret_cast<_cl_v_%s *>(%s_)[_cl_j] = _cl_out_%s;"):format(v.name, v.name, v.name)
@@ -118,7 +134,7 @@ local function source(ins, outs, body, w)
   end
   L[#L + 1] = ("  for (long long _cl_i = %s + _cl_t; _cl_i < _cl_n; _cl_i += _cl_stride) {"):format(tail_from)
   L[#L + 1] = element(function(v) return v.name .. "_[_cl_i]" end,
-                      function(v) return v.name .. "_[_cl_i]" end)
+                      function(v) return v.name .. "_[_cl_i]" end, "_cl_i")
   L[#L + 1] = "  }"
   L[#L + 1] = "}"
   return table.concat(L, "\n")
@@ -138,6 +154,9 @@ function M.elementwise(cuda, in_params, out_params, body, name)
   local where = "cuda.elementwise"
   local ins = parse_params(in_params, where, 3)
   local outs = parse_params(out_params, where, 3)
+  for _, o in ipairs(outs) do
+    if o.raw then check.error(where, 2, "output %s: raw outputs are not supported (raw inputs are)", o.name) end
+  end
   if #outs == 0 then check.error(where, 2, "give at least one output parameter") end
   for _, o in ipairs(outs) do
     for _, i in ipairs(ins) do
@@ -160,7 +179,7 @@ end
 -- the inputs as source() takes them, scalar where mask has their bit
 local function inputs(self, mask)
   local ins = {}
-  for i, v in ipairs(self.ins) do ins[i] = { dtype = v.dtype, name = v.name, scalar = mask & (1 << (i - 1)) ~= 0 } end
+  for i, v in ipairs(self.ins) do ins[i] = { dtype = v.dtype, name = v.name, scalar = mask & (1 << (i - 1)) ~= 0, raw = v.raw } end
   return ins
 end
 
@@ -292,7 +311,12 @@ local function scan_args(self, args)
   local scan = { mask = 0, ptrs = {}, widest = self.out_widest }
   for i, p in ipairs(self.ins) do   -- numbers broadcast, arrays all of one size
     local v = args[i]
-    if type(v) == "number" or type(v) == "boolean" or (p.complex and is_pair(v)) then
+    if p.raw then   -- (any size: the body indexes it)
+      local size, dt, _, contig = array_of(v)
+      if not size then check.error(self.where, 3, "raw input %s must be an array, got %s", p.name, type(v)) end
+      if dt ~= p.dtype then check.error(self.where, 3, "raw input %s is %s, the parameter %s", p.name, tostring(dt), p.dtype.name) end
+      if not contig then check.error(self.where, 3, "raw input %s is a strided view: this needs a contiguous array", p.name) end
+    elseif type(v) == "number" or type(v) == "boolean" or (p.complex and is_pair(v)) then
       scan.mask = scan.mask | (1 << (i - 1))
     else
       check_array(self, scan, v, p, "input", i)
@@ -314,7 +338,7 @@ local function vector_width(self, args, scan)
   local nin, w = #self.ins, 16 // scan.widest
   if w == 1 or scan.n < w * 1024 then return 1 end
   for i, p in ipairs(self.ins) do
-    if scan.mask & (1 << (i - 1)) == 0 and not aligned(scan.ptrs[i], p.itemsize, w) then return 1 end
+    if not p.raw and scan.mask & (1 << (i - 1)) == 0 and not aligned(scan.ptrs[i], p.itemsize, w) then return 1 end
   end
   for j, p in ipairs(self.outs) do
     local ptr = scan.ptrs[nin + j]

@@ -102,6 +102,14 @@ function cuda.elementwise(...)
   return elementwise.elementwise(cuda, ins, outs, body, name)
 end
 
+-- CuPy's ReductionKernel: cuda.reduction("float32 x", "float32 y", "x", "a + b", "y = a / _count", "0")
+local reduction = require "cudalua.reduction"
+function cuda.reduction(...)
+  at_most(7, "cuda.reduction", ...)
+  local r = reduction.reduction(cuda, ...)
+  return r
+end
+
 -- NVTX ranges for Nsight Systems and Nsight Compute (src/nvtx.c); no-ops without a profiler
 local nvtx = core.nvtx
 cuda.nvtx = nvtx

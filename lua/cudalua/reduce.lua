@@ -177,7 +177,49 @@ local function run(self, arr, n, dtype, kind, ptr, init, stream, res, dev)
   return out[1]
 end
 
-local CALL_OPTS = { "init", "res", "stream" }   -- a reducer's call takes these (made once)
+local CALL_OPTS = { "init", "res", "stream", "axis", "keepdims" }   -- a reducer's call takes these (made once)
+
+-- a literal of init for the fold's type (_cl_R, cudalua.reduction's)
+local function literal(init)
+  local function num(x) return math.type(x) == "integer" and tostring(x) or ("%.17g"):format(x) end
+  if type(init) == "table" then return ("_cl_R(%s, %s)"):format(num(init[1]), num(init[2])) end
+  return num(init)
+end
+
+-- the identities of the expressions known to commute (their lanes fold from it, then init
+-- is folded in once)
+local IDENTITY = { ["a+b"] = "0", ["b+a"] = "0", ["a|b"] = "0", ["b|a"] = "0", ["a&b"] = "~(_cl_R)0",
+  ["b&a"] = "~(_cl_R)0", ["a^b"] = "0", ["b^a"] = "0", ["a*b"] = "1", ["b*a"] = "1" }
+
+-- along axes (opts.axis; or every axis of a strided view): a cudalua.reduction whose map is the
+-- element and whose fold is this reducer's, init folded in once per result as the whole
+-- array's is: an expression known to commute folds in lanes from its identity, then init op
+-- that; any other runs each result's fold in one thread, init first and the elements in order
+-- (Numba's semantics, whatever the operation). One per dtype and init. Returns the array of
+-- results (res: into it)
+local function by_axis(self, arr, dtype, init, opts, stream, res)
+  local key = tostring(dtype) .. "\0" .. literal(init)
+  self.by_axis = self.by_axis or {}
+  local red = self.by_axis[key]
+  if not red then
+    local fold = self.expr and ("(" .. self.expr .. ")")
+      or ("([](_cl_R a, _cl_R b) -> _cl_R { " .. self.body .. " })(a, b)")
+    local t = dtype.name
+    local e = self.expr and self.expr:gsub("%s+", "")
+    local id = e and (COMMUTES[e] or COMMUTES_REAL[e] and not PACK[dtype]) and IDENTITY[e]
+    if id then
+      local post = ("{ const _cl_R b = a; _cl_R a = (_cl_R)(%s); y = %s; }"):format(literal(init), fold)
+      red = self.cuda.reduction(t .. " x", t .. " y", "x", fold, post, id)
+    else
+      red = self.cuda.reduction(t .. " x", t .. " y", "x", fold, "y = a", literal(init))
+      red.serial = true
+    end
+    red.preamble = self.preamble
+    red.where, red.up = "cuda.reduce", 2   -- (its errors: this reducer's, at its caller's line)
+    self.by_axis[key] = red
+  end
+  return red(arr, { axis = opts and opts.axis, keepdims = opts and opts.keepdims, out = res, stream = stream })
+end
 
 function Reducer:__call(arr, opts)
   local cuda = self.cuda
@@ -201,8 +243,10 @@ function Reducer:__call(arr, opts)
     arr = cuda.as_cuda_array(arr)
     n, dtype, kind, ptr, dev = core.array_info(arr)
   end
-  if n and not select(6, core.array_info(arr)) then
-    check.error("cuda.reduce", 2, "the array is a strided view: this needs a contiguous array (a:copy() makes one)")
+  local along = opts ~= nil and (opts.axis ~= nil or opts.keepdims ~= nil)
+  local strided = n and not select(6, core.array_info(arr))
+  if strided and not along and res ~= nil then
+    check.error("cuda.reduce", 2, "res with a strided view: give axis (or reduce a:copy())")
   end
   if not n then
     if type(arr) == "table" and getmetatable(arr) == nil then
@@ -231,6 +275,11 @@ function Reducer:__call(arr, opts)
       check.error("cuda.reduce", 2, "res is on device %d and the input on device %d", rdev, dev)
     end
     if dev < 0 then dev = rdev end
+  end
+  if along or strided then   -- (a strided view's whole reduction: its one result read back)
+    local out = by_axis(self, arr, dtype, init, opts, stream, res)
+    if along then return out end
+    return out:copy_to_host(nil, stream)[1]
   end
   -- the work runs on the input's device (a stream given must be that device's)
   local cur = core.is_available() and core.current_device() or 0
