@@ -103,6 +103,11 @@ describe("cuda.reduction", function()
     local all = sum(d)
     assert.same({ 1 }, all.shape)
     compare(all, cpu_fold(h, { true, true, true }, add, 0), 0)
+    -- rows enough for a warp per row on every multiprocessor (the warp-per-output kernel)
+    local sms = cuda.devices()[1].multiprocessors
+    local tall = random_array({ sms * 32 + 5, 70 }, "int64", 51)
+    compare(sum(cuda.to_device(tall), { axis = 2 }), cpu_fold(tall, { [2] = true }, add, 0), 0)
+    compare(sum(cuda.to_device(tall), { axis = 1 }), cpu_fold(tall, { [1] = true }, add, 0), 0)
   end)
 
   gpu("strided views in: a transpose, a stepped block, a column (the layouts pick the block's shape)", function()

@@ -161,9 +161,51 @@ local function fold_loop(self, ins, nk, nr, L)
   L[#L + 1] = "      }"
 end
 
+-- the outputs of the fold a, written by the thread for which cond holds
+local function write_out(self, L, cond)
+  local S, vt = elementwise.STORED, elementwise.value
+  L[#L + 1] = "    if (" .. cond .. ") {"
+  for _, v in ipairs(self.outs) do L[#L + 1] = ("      %s %s;"):format(vt(v.dtype), v.name) end
+  L[#L + 1] = "      { " .. self.post .. "; }"
+  for _, v in ipairs(self.outs) do
+    L[#L + 1] = ("      %s_[_cl_o] = %s;"):format(v.name, S[v.dtype.name] and ("_cl_raw(" .. v.name .. ")") or v.name)
+  end
+  L[#L + 1] = "    }"
+end
+
+-- a value of any type across the warp (__shfl_down_sync on its 4-byte words)
+local SHFL = [[
+template <class T> __device__ __forceinline__ T _cl_shfl_down(const T &v, int d) {
+  int w[(sizeof(T) + 3) / 4];
+  memcpy(w, &v, sizeof(T));
+  #pragma unroll
+  for (int k = 0; k < (int)((sizeof(T) + 3) / 4); k++) w[k] = __shfl_down_sync(0xffffffffu, w[k], d);
+  T r;
+  memcpy(&r, w, sizeof(T));
+  return r;
+}]]
+
+-- a warp folds each output: its lanes along the folded elements, then shuffles (no shared
+-- memory, no barrier): the rows of a matrix, each long enough for a warp
+local function warp_body(self, ins, nk, nr, L)
+  L[#L + 1] = "  const int _cl_lr = threadIdx.x % 32, _cl_nl = 32, _cl_nw = blockDim.x / 32;"
+  L[#L + 1] = "  for (long long _cl_o = (long long)blockIdx.x * _cl_nw + threadIdx.x / 32; _cl_o < _cl_nout;"
+  L[#L + 1] = "       _cl_o += (long long)gridDim.x * _cl_nw) {"
+  L[#L + 1] = ("    _cl_R a = (_cl_R)(%s);"):format(self.identity)
+  L[#L + 1] = "    {"
+  fold_loop(self, ins, nk, nr, L)
+  L[#L + 1] = "    }"
+  L[#L + 1] = "    #pragma unroll"
+  L[#L + 1] = "    for (int _cl_s = 16; _cl_s > 0; _cl_s >>= 1) {"
+  L[#L + 1] = "      const _cl_R b = _cl_shfl_down(a, _cl_s);"
+  L[#L + 1] = ("      a = (_cl_R)(%s);"):format(self.reduce)
+  L[#L + 1] = "    }"
+  write_out(self, L, "_cl_lr == 0")
+  L[#L + 1] = "  }"
+end
+
 -- the lanes of each output meet (a tree in shared memory); the first writes the outputs
 local function meet(self, L)
-  local S, vt = elementwise.STORED, elementwise.value
   L[#L + 1] = "    _cl_sh[threadIdx.x] = a;"
   L[#L + 1] = "    __syncthreads();"
   L[#L + 1] = "    for (int _cl_s = _cl_nl / 2; _cl_s > 0; _cl_s >>= 1) {"
@@ -174,13 +216,7 @@ local function meet(self, L)
   L[#L + 1] = "      }"
   L[#L + 1] = "      __syncthreads();"
   L[#L + 1] = "    }"
-  L[#L + 1] = "    if (_cl_lr == 0 && _cl_o < _cl_nout) {"
-  for _, v in ipairs(self.outs) do L[#L + 1] = ("      %s %s;"):format(vt(v.dtype), v.name) end
-  L[#L + 1] = "      { " .. self.post .. "; }"
-  for _, v in ipairs(self.outs) do
-    L[#L + 1] = ("      %s_[_cl_o] = %s;"):format(v.name, S[v.dtype.name] and ("_cl_raw(" .. v.name .. ")") or v.name)
-  end
-  L[#L + 1] = "    }"
+  write_out(self, L, "_cl_lr == 0 && _cl_o < _cl_nout")
   L[#L + 1] = "    __syncthreads();"
 end
 
@@ -188,7 +224,13 @@ local function source(self, ins, nk, nr, stride)
   local p, L = params(self, ins, nk, nr)
   L[#L + 1] = ("typedef %s _cl_R;"):format(elementwise.value(self.rtype))
   if self.preamble then L[#L + 1] = self.preamble end   -- (cuda.reduce's {body =, preamble =})
+  if stride == 0 then L[#L + 1] = SHFL end
   L[#L + 1] = ('extern "C" __global__ void cudalua_reduction(%s) {'):format(table.concat(p, ", "))
+  if stride == 0 then
+    warp_body(self, ins, nk, nr, L)
+    L[#L + 1] = "}"
+    return table.concat(L, "\n")
+  end
   L[#L + 1] = "  extern __shared__ unsigned char _cl_raw_sh[];"
   L[#L + 1] = "  _cl_R *_cl_sh = reinterpret_cast<_cl_R *>(_cl_raw_sh);"
   L[#L + 1] = ("  const int _cl_S = %d, _cl_lo = threadIdx.x %% _cl_S, _cl_lr = threadIdx.x / _cl_S;"):format(stride)
@@ -276,7 +318,7 @@ end
 
 -- the inputs: scalars (a mask bit each), the arrays' shape and strides
 local function scan_inputs(self, args)
-  local mask, shape, first, strides_of, names = 0, nil, nil, {}, {}
+  local mask, shape, first, strides_of, names, widths = 0, nil, nil, {}, {}, {}
   for i, p in ipairs(self.ins) do
     local v = args[i]
     if type(v) == "number" or type(v) == "boolean" then
@@ -303,11 +345,11 @@ local function scan_inputs(self, args)
       end
       shape, first = shape or sh, first or p.name
       strides_of[p.name] = v.strides
-      names[#names + 1] = p.name
+      names[#names + 1], widths[p.name] = p.name, p.dtype.itemsize
     end
   end
   if not shape then fail(self, 3, "no array among the inputs says the shape") end
-  return mask, shape, strides_of, names
+  return mask, shape, strides_of, names, widths
 end
 
 -- the outputs' shape: the kept axes (keepdims: every axis, the folded ones of extent 1)
@@ -322,13 +364,19 @@ end
 
 local function prod(t) local n = 1 for _, x in ipairs(t) do n = n * x end return n end
 
--- the block's outputs side by side: 1 when the smallest step of the first array input is along
--- a folded axis, else 32
-local function stride_for(kept, red, first)
+-- the block's shape: when the smallest step of the first array input is along a folded axis,
+-- a warp per output (0) where there are outputs enough for a warp on each of the device's
+-- slots and elements enough for a warp's lanes, else a block per output (1); otherwise 32
+-- outputs side by side, fewer (down to 32 bytes of a row a warp) while the blocks would not
+-- fill the device twice
+local function stride_for(kept, red, first, itemsize, nout, count, sms)
   local kmin, rmin = math.huge, math.huge
   for _, s in ipairs(kept.st[first] or NONE) do kmin = math.min(kmin, s) end
   for _, s in ipairs(red.st[first] or NONE) do rmin = math.min(rmin, s) end
-  return rmin <= kmin and 1 or 32
+  if rmin <= kmin then return (count >= 64 and nout >= sms * 32) and 0 or 1 end
+  local stride, least = 32, math.max(1, 32 // itemsize)
+  while stride > least and (nout + stride - 1) // stride < sms * (2048 // BLOCK) * 2 do stride = stride // 2 end
+  return stride
 end
 
 -- the inputs as source() takes them
@@ -356,7 +404,7 @@ local sms_of = {}
 function Reduction.__call(self, ...)
   local args = table.pack(...)
   local opts = read_args(self, args)
-  local mask, shape, strides_of, names = scan_inputs(self, args)
+  local mask, shape, strides_of, names, widths = scan_inputs(self, args)
   local fold = axes_of(self, #shape, opts.axis)
   local kept = merged(shape, strides_of, names, function(d) return not fold[d] end)
   local red = merged(shape, strides_of, names, function(d) return fold[d] end)
@@ -382,8 +430,10 @@ function Reduction.__call(self, ...)
     outs[j] = o
   end
   -- (serial: each result folded by one thread, in order: cuda.reduce's operations not known to commute)
-  local stride = self.serial and BLOCK or stride_for(kept, red, names[1])
   local dev = cuda.current_device()
+  local sms = sms_of[dev]
+  if not sms then sms = cuda.devices()[dev + 1].multiprocessors; sms_of[dev] = sms end
+  local stride = self.serial and BLOCK or stride_for(kept, red, names[1], widths[names[1]], nout, count, sms)
   local k = kernel_for(self, mask, #kept.ext, #red.ext, stride, dev)
   if nout > 0 then
     local kargs = {}
@@ -397,9 +447,8 @@ function Reduction.__call(self, ...)
     end
     kargs[#kargs + 1] = nout
     kargs[#kargs + 1] = count
-    local sms = sms_of[dev]
-    if not sms then sms = cuda.devices()[dev + 1].multiprocessors; sms_of[dev] = sms end
-    local grid = math.max(1, math.min((nout + stride - 1) // stride, sms * (2048 // BLOCK) * 4))
+    local per = stride == 0 and BLOCK // 32 or stride   -- (outputs a block takes at once)
+    local grid = math.max(1, math.min((nout + per - 1) // per, sms * (2048 // BLOCK) * 4))
     k:launch({ grid = grid, block = BLOCK, stream = stream, shared = BLOCK * self.rtype.itemsize }, table.unpack(kargs))
   end
   return table.unpack(outs)
