@@ -491,6 +491,12 @@ static double default_timeout(void) {
   return t > 0 && t <= 1e9 ? t : 600;
 }
 
+/* default_timeout() -> seconds: for the Lua side's waits (nccl.init's id file), read here only */
+static int l_default_timeout(lua_State *L) {
+  lua_pushnumber(L, default_timeout());
+  return 1;
+}
+
 /* the timeout of options at idx (seconds > 0), else the default */
 static double timeout_of(lua_State *L, int idx, const char *where) {
   if (lua_type(L, idx) == LUA_TTABLE && lua_getfield(L, idx, "timeout") != LUA_TNIL) {
@@ -1181,15 +1187,8 @@ static int c_abort(lua_State *L) {
   if (group_depth && holds(k))
     cl_error(L, "comm:abort", "not inside the nccl.group that queued its collectives (abort it after the group)");
   c->k = NULL;
-  if (k->busy || cl_must_defer_now(L)) { close_or_defer(L, &k, 1, 1); return 0; }
-  cl_host_drain(L);   /* (destroying its events may wait for the device: L's host functions run first) */
-  unwatch(k);
-  pthread_mutex_lock(&k->lock);
-  if (k->c) { CU0(cuCtxSetCurrent, k->ctx); nc.ncclCommAbort(k->c); k->c = NULL; }
-  drop_events(k);
-  pthread_mutex_unlock(&k->lock);
-  pthread_mutex_destroy(&k->lock);
-  free(k);
+  if (k->busy || cl_must_defer_now(L)) close_or_defer(L, &k, 1, 1);
+  else close_comms(L, &k, 1, 1);   /* (as a broken list's close: aborted, and the context before put back) */
   return 0;
 }
 
@@ -1212,7 +1211,7 @@ int luaopen_cudalua_nccl_core(lua_State *L) {
   static const luaL_Reg f[] = {
     {"available", l_available}, {"version", l_version}, {"unique_id", l_unique_id},
     {"comm_init_rank", l_comm_init_rank}, {"comm_init_at", l_comm_init_at}, {"comm_init_all", l_comm_init_all},
-    {"group", l_group}, {NULL, NULL}};
+    {"group", l_group}, {"default_timeout", l_default_timeout}, {NULL, NULL}};
   static const luaL_Reg meta[] = {
     {"__gc", c_close}, {"__close", c_close}, {"__tostring", c_tostring}, {NULL, NULL}};
   cl_class_define(L, &(cl_class){COMM_MT, m, NULL, meta, NULL});

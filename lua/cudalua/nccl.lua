@@ -136,7 +136,7 @@ function M.init(opts)
   if ngpu < 1 then check.error("nccl.init", 2, "%s", check.cause(core.driver_error())) end
   core.select_device(opts.device or (opts.local_rank or info.local_rank or rank) % ngpu)
   if addr then return C.comm_init_at(size, addr, rank, comm_opts) end
-  local timeout = opts.timeout or tonumber(os.getenv("CUDALUA_NCCL_TIMEOUT")) or 600
+  local timeout = opts.timeout or C.default_timeout()   -- (CUDALUA_NCCL_TIMEOUT, read by the C side only)
   local comm = C.comm_init_rank(size, id_by_file(file, rank, timeout), rank, comm_opts)
   -- every rank has read the id once the communicator is made: rank 0 removes the file, so
   -- that the next job's ranks cannot read this one's
