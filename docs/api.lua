@@ -338,6 +338,13 @@ function Array:close() end
 --- cuMemAdvise for managed memory: "read_mostly", "preferred_location", "accessed_by"...
 function Array:advise(advice, device) end
 
+--- The array as a new DLPack tensor (a light userdata: a `DLManagedTensorVersioned *`, or with
+-- versioned false a legacy `DLManagedTensor *`): device, dtype, shape, strides in items and
+-- (versioned) the read-only flag; queued work on it is waited for first. Its memory stays alive
+-- until the consumer calls the deleter (once, from any thread); the state lets it go at its
+-- next DLPack call or its close. The C API: `cudalua_to_dlpack`.
+function Array:to_dlpack(versioned) end
+
 --- A string another process passes to `cuda.open_ipc_array` (arrays made with `ipc = true`).
 function Array:ipc_handle() end
 
@@ -764,6 +771,14 @@ function cuda.elementwise(in_params, out_params, body, name) end
 -- @usage local mean = cuda.reduction("float32 x", "float32 y", "x", "a + b", "y = a / _count", "0")
 --   local rows = mean(d, { axis = 2 })
 function cuda.reduction(in_params, out_params, map_expr, reduce_expr, post_map_expr, identity, opts) end
+
+--- An array over a DLPack tensor (a light userdata: a `DLManagedTensorVersioned *`, DLPack 1.x;
+-- with versioned false a legacy `DLManagedTensor *`) in CUDA device, CUDA host or managed
+-- memory: its dtype, shape, strides and read-only flag; cudalua owns the tensor and calls its
+-- deleter once, when no array uses the memory and queued work is done. A CPU tensor, a dtype
+-- cudalua lacks, negative strides, or a device id that is not the memory's raise (the tensor
+-- still the caller's). The C API: `cudalua_push_dlpack` (src/cudalua.h).
+function cuda.from_dlpack(tensor, versioned) end
 
 --- Wraps an object with `__cuda_array_interface` as an array, without a copy.
 function cuda.as_cuda_array(obj) end

@@ -260,6 +260,81 @@ check(d[#t] == 1.5)
     assert.matches("released 1\n", out, 1, true) -- once, by the end of the state at the latest
   end)
 
+  -- DLPack through the C API (issue 31, part 5): tensors made in C, in and out, every dtype
+  -- DLPack has that cudalua has, strides in items, the read-only flag, device types, and the
+  -- deleter called once (from another thread too, for the ones cudalua hands out)
+  gpu("DLPack in and out through the C API: dtypes, strides, read-only, deleters once, misuse", function()
+    local ok, out = script(PRELUDE .. [[
+math.randomseed(91)
+local h = cuda.zeros({ 5, 7 }, "int32")
+for i = 1, #h do h[i] = math.random(-1000, 1000) end
+local d = cuda.to_device(h)
+-- in: a legacy tensor and a versioned one over d's memory, the second a transposed view
+local a = c_dlpack_in { ptr = d:ptr(), code = 0, bits = 32, shape = { 5, 7 }, versioned = 0 }
+check(a.kind == "foreign_array" and a.dtype == cuda.int32 and a:is_contiguous())
+same(h:totable()[3], a:copy_to_host():totable()[3], "row 3")
+local t = c_dlpack_in { ptr = d:ptr(), code = 0, bits = 32, shape = { 7, 5 }, strides = { 1, 7 }, readonly = 1 }
+check(not t:is_contiguous() and t.strides[1] == 4 and t.strides[2] == 28)
+for i = 1, 7 do for j = 1, 5 do check(t:get(i, j) == h:get(j, i), "transpose", i, j) end end
+raises("read-only", t.fill, t, 0)
+-- every dtype's code and bits
+local codes = { int8 = { 0, 8 }, uint16 = { 1, 16 }, float16 = { 2, 16 }, float64 = { 2, 64 }, bfloat16 = { 4, 16 },
+  complex64 = { 5, 64 }, complex128 = { 5, 128 }, bool = { 6, 8 } }
+for name, cb in pairs(codes) do
+  local x = c_dlpack_in { ptr = d:ptr(), code = cb[1], bits = cb[2], shape = { 2 } }
+  check(tostring(x.dtype) == name, name, tostring(x.dtype))
+  local o = c_dlpack_out(x, true)
+  check(o.code == cb[1] and o.bits == cb[2] and o.lanes == 1, "out", name)
+end
+-- misuse: the tensor stays the caller's (freed by the harness), nothing is called
+raises("cudalua_push_dlpack: dtype code 2, 8 bits, 1 lanes has no cudalua dtype", c_dlpack_in, { ptr = d:ptr(), code = 2, bits = 8, shape = { 2 } })
+raises("dtype code 2, 32 bits, 4 lanes", c_dlpack_in, { ptr = d:ptr(), code = 2, bits = 32, lanes = 4, shape = { 2 } })
+raises("cudalua_push_dlpack: a CPU tensor (kDLCPU)", c_dlpack_in, { ptr = d:ptr(), device_type = 1, shape = { 2 } })
+raises("cudalua_push_dlpack: device type 10", c_dlpack_in, { ptr = d:ptr(), device_type = 10, shape = { 2 } })
+raises("cudalua_push_dlpack: the tensor says CUDA device 1, its memory is device 0's", c_dlpack_in, { ptr = d:ptr(), device_id = 1, shape = { 2 } })
+raises("cudalua_push_dlpack: strides[1] is -1", c_dlpack_in, { ptr = d:ptr(), shape = { 3 }, strides = { -1 } })
+raises("cudalua_push_dlpack: a DLPack 2.0 tensor: cudalua reads DLPack 1.x", c_dlpack_in, { ptr = d:ptr(), shape = { 2 }, version = 2 })
+raises("is not memory the CUDA driver knows", c_dlpack_in, { ptr = 4096, shape = { 2 } })
+raises("the array needs", c_dlpack_in, { ptr = d:ptr(), code = 0, bits = 32, shape = { 5, 7 }, strides = { 8, 1 } })
+local n0, twice0 = c_dl_deleted()
+check(twice0 == 0)
+a, t = nil, nil
+collectgarbage(); collectgarbage()
+cuda.synchronize()
+local n1, twice1 = c_dl_deleted()
+check(n1 == n0 + 2 and twice1 == 0, "deleters", n0, n1, twice1)
+-- out: fields, strides in items, flags; the memory outlives the array until the deleter
+local v = d:sub({ 2, 5, 2 }, { 1, 7, 3 })
+local o, p = c_dlpack_out(v, true)
+check(o.device_type == 2 and o.device_id == 0 and o.code == 0 and o.bits == 32 and o.version == 1 and o.flags == 0)
+same({ 2, 3 }, o.shape, "shape")
+same({ 14, 3 }, o.strides, "strides in items")
+check(o.ptr == d:ptr() + 7 * 4, "data: the view's first element")
+local pin = cuda.pinned_array(4, "float32")
+check(c_dlpack_out(pin, true).device_type == 3, "pinned: kDLCUDAHost")
+local man = cuda.managed_array(4, "float32")
+check(c_dlpack_out(man, false).device_type == 13, "managed: kDLCUDAManaged")
+local ro = cuda.as_cuda_array(setmetatable({}, { __cuda_array_interface = { version = 3, data = { d:ptr(), true },
+  shape = { 35 }, typestr = "<i4" } }))
+check(c_dlpack_out(ro, true).flags == 1, "read-only flag")
+local odd = cuda.as_cuda_array(setmetatable({}, { __cuda_array_interface = { version = 3, data = { d:ptr(), false },
+  shape = { 3 }, typestr = "<i4", strides = { 6 } } }))
+raises("cudalua_to_dlpack: strides[1] is 6 bytes, not a whole number of 4-byte items", c_dlpack_out, odd, true)
+local keep = cuda.device_array(1 << 20, "float32")
+keep:fill(3)
+local o2, p2 = c_dlpack_out(keep, false)
+local addr = keep:ptr()
+keep = nil
+collectgarbage(); collectgarbage()
+local still = c_push_device_array(addr, "float32", 1, 1 << 20)
+check(still[1 << 20] == 3, "the memory outlives the array until the deleter")
+still = nil
+c_dlpack_delete(p2, false, true)   -- from another thread
+c_dlpack_delete(p, true, false)
+]])
+    expect_ok(ok, out)
+  end)
+
   gpu("the last state to close frees what cudalua holds and releases every primary context", function()
     local ok, out = script(PRELUDE .. [[
 local v = math.random(1, 1000) + 0.5

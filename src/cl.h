@@ -3,7 +3,7 @@
    Layers, bottom first: a file calls only the files before it (tools/layers.lua checks this
    against the object files: make layers).
      layers: embedded error class loader cpu_mem cpu_queue cpu_exec cpu_driver cpu_graph driver opts hostfn capstate wait memory
-             dtype stream event array interop ipc copy cuarray texture config kernel module compile cxx link
+             dtype stream event array interop ipc dlpack copy cuarray texture config kernel module compile cxx link
              args launch launcher graph unbound gexec capture random progress cache nvtx nccl device
              embed core
    embedded: the Lua parts and CUDA headers, as data. error: raising `cudalua: <public name>:
@@ -640,6 +640,15 @@ void cl_wait_cai_stream(lua_State *L, lua_Integer h, lua_Integer ptr);   /* an i
 
 /* ---- from ipc.c: memory and events shared with other processes ---- */
 void cl_open_ipc(lua_State *L);
+
+/* ---- from dlpack.c: DLPack in and out ---- */
+/* pushes a view of a DLManagedTensorVersioned (versioned) or DLManagedTensor, which it owns
+   from its return; raises (the tensor still the caller's) for what does not fit */
+int cl_dlpack_push(lua_State *L, void *tensor, int versioned, const char *where);
+/* the array at idx as a new tensor the consumer owns (it calls the deleter once, any thread) */
+void *cl_dlpack_export(lua_State *L, int idx, int versioned, const char *where);
+void cl_dlpack_close(lua_State *L);   /* L closes (core.c) */
+void cl_open_dlpack(lua_State *L);    /* array:to_dlpack, core.from_dlpack */
 
 /* ---- from copy.c: the arrays' copies ---- */
 /* the table at idx (data, not a foreign array) made a new pageable array of the dtype at dtidx

@@ -42,6 +42,7 @@ static const char sentinel_key = 0;
 
 static int state_closed(lua_State *L) {
   pthread_mutex_lock(&states_mu);
+  cl_dlpack_close(L);       /* the tensors handed out that their consumers are done with */
   cl_flush_deferred(L);
   cl_mem_forget_state(L);   /* the blocks it cached: only it may free them (memory.c) */
   if (--live_states == 0) {
@@ -103,6 +104,7 @@ int luaopen_cudalua(lua_State *L) {
   cl_open_gexec(L);     /* adds graph:instantiate and graph:launch */
   cl_open_capture(L);   /* adds the stream's capture methods */
   cl_open_interop(L);
+  cl_open_dlpack(L);    /* DLPack in and out (after interop: it makes foreign arrays) */
   cl_open_ipc(L);
   cl_open_nvtx(L);
   luaopen_cudalua_nccl_core(L); lua_setfield(L, core, "nccl");

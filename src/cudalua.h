@@ -56,6 +56,22 @@ typedef struct cudalua_array_info {
 /* Fills info from the array at idx; returns 1, or 0 if the value is not an open array. */
 CUDALUA_API int cudalua_to_array(lua_State *L, int idx, cudalua_array_info *info);
 
+/* DLPack. cudalua_push_dlpack pushes an array over a DLManagedTensorVersioned (versioned = 1,
+   DLPack 1.x) or a legacy DLManagedTensor (versioned = 0) in CUDA device, CUDA host or managed
+   memory, with its dtype, shape, strides and read-only flag; cudalua owns the tensor from the
+   return and calls its deleter once, when no array uses the memory and queued work is done.
+   Returns 1, or raises a Lua error (the tensor still the caller's): a dtype cudalua lacks,
+   negative strides, a CPU tensor, memory the driver does not know, a device id that is not the
+   memory's. The producer's work on the memory must be finished or ordered before cudalua's.
+   cudalua_to_dlpack hands out the array at idx (or CUDA Array Interface object) as a new
+   tensor (versioned or legacy) after its queued work is done; the memory stays alive until
+   the consumer calls the tensor's deleter (once, from any thread), and the state lets it go at
+   its next DLPack call or its close. Raises a Lua error for a non-array or strides that are
+   not whole items. A tensor still held when the last cudalua state closes loses its memory
+   with the contexts. */
+CUDALUA_API int cudalua_push_dlpack(lua_State *L, void *tensor, int versioned);
+CUDALUA_API void *cudalua_to_dlpack(lua_State *L, int idx, int versioned);
+
 /* Pushes a cudalua stream for a host-made CUstream/cudaStream_t (not destroyed by cudalua).
    blocking: 1 if it synchronises with the legacy default stream (made without the
    non-blocking flag), which lets cudalua order frees with it. */

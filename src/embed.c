@@ -65,3 +65,11 @@ int cudalua_to_array(lua_State *L, int idx, cudalua_array_info *info) {
 int cudalua_push_stream(lua_State *L, void *stream, int blocking) {
   return cl_push_foreign_stream(L, (CUstream)stream, blocking);
 }
+
+int cudalua_push_dlpack(lua_State *L, void *tensor, int versioned) {
+  return cl_dlpack_push(L, tensor, versioned, "cudalua_push_dlpack");
+}
+
+void *cudalua_to_dlpack(lua_State *L, int idx, int versioned) {
+  return cl_dlpack_export(L, lua_absindex(L, idx), versioned, "cudalua_to_dlpack");
+}

@@ -84,13 +84,20 @@ static cl_array *foreign_view(lua_State *L, lua_Integer ptr, int dt, int ndim,
   return a;
 }
 
-/* foreign_array(ptr, dtype, shape, readonly, owner): for the C embedding API */
+/* foreign_array(ptr, dtype, shape, readonly, owner [, strides]): for the C embedding API and
+   DLPack (dlpack.c); strides in bytes, positive (the caller checked them) */
 static int l_foreign_array(lua_State *L) {
   lua_Integer ptr = cl_checkinteger(L, 1);
   int dt = cl_checkdtype(L, 2);
-  int64_t shape[CL_MAXDIM];
+  int64_t shape[CL_MAXDIM], strides[CL_MAXDIM];
   int ndim = cl_parse_shape(L, 3, shape, "as_cuda_array");
-  foreign_view(L, ptr, dt, ndim, shape, NULL, lua_toboolean(L, 4), lua_isnoneornil(L, 5) ? 0 : 5);
+  int strided = lua_type(L, 6) == LUA_TTABLE;
+  for (int i = 0; strided && i < ndim; i++) {
+    lua_rawgeti(L, 6, i + 1);
+    strides[i] = lua_tointeger(L, -1);
+    lua_pop(L, 1);
+  }
+  foreign_view(L, ptr, dt, ndim, shape, strided ? strides : NULL, lua_toboolean(L, 4), lua_isnoneornil(L, 5) ? 0 : 5);
   return 1;
 }
 

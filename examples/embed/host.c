@@ -2,6 +2,9 @@
  *   host single   one Lua state: the host's cudaMalloc'd buffer goes to a Lua script that
  *                 launches a kernel on it and runs cuda.reduce; the host checks the result.
  *   host threads  two Lua states in two threads, each on its own cudaStream_t.
+ * Each job also hands Lua a DLPack tensor (DLManagedTensorVersioned over a cudaMalloc'd buffer,
+ * freed by its deleter once Lua is done) and takes the script's result back as one, reading it
+ * in C and calling its deleter before the state closes.
  * Built by `make examples` (build/embed_host), run with examples/embed/script.lua. */
 #include <math.h>
 #include <pthread.h>
@@ -24,6 +27,31 @@ static void release(void *ud, uint64_t ptr) {
   (void)ud;
   cudaFree((void *)(uintptr_t)ptr);
   __atomic_add_fetch(&released, 1, __ATOMIC_SEQ_CST);
+}
+
+/* DLPack 1.0's structures (its dlpack.h), declared here from the specification */
+typedef struct { int32_t device_type, device_id; } DLDevice;
+typedef struct { uint8_t code, bits; uint16_t lanes; } DLDataType;
+typedef struct { void *data; DLDevice device; int32_t ndim; DLDataType dtype; int64_t *shape, *strides; uint64_t byte_offset; } DLTensor;
+typedef struct { uint32_t major, minor; } DLPackVersion;
+typedef struct DLMTV { DLPackVersion version; void *manager_ctx; void (*deleter)(struct DLMTV *); uint64_t flags; DLTensor dl_tensor; } DLMTV;
+
+static int tensors_freed;   /* the host's tensors whose deleter cudalua called */
+typedef struct { DLMTV t; int64_t shape[1]; } host_tensor;
+static void free_tensor(DLMTV *t) {
+  cudaFree(t->dl_tensor.data);
+  free(t);
+  __atomic_add_fetch(&tensors_freed, 1, __ATOMIC_SEQ_CST);
+}
+
+/* a float32 tensor of n elements on device dev, owned by whoever takes it */
+static DLMTV *new_tensor(float *data, int n, int dev) {
+  host_tensor *h = calloc(1, sizeof *h);
+  h->shape[0] = n;
+  h->t.version = (DLPackVersion){1, 0};
+  h->t.deleter = free_tensor;
+  h->t.dl_tensor = (DLTensor){data, {2 /* kDLCUDA */, dev}, 1, {2 /* kDLFloat */, 32, 1}, h->shape, NULL, 0};
+  return &h->t;
 }
 
 static lua_State *new_state(void) {
@@ -62,6 +90,14 @@ static void run_job(job *j) {
   cudalua_push_device_array(L, (uint64_t)(uintptr_t)owned, "float32", 1, s16, release, NULL);
   lua_setglobal(L, "owned");
   lua_pushinteger(L, j->id); lua_setglobal(L, "job");
+  /* a DLPack tensor in: a copy of h, which cudalua owns from here (its deleter frees it) */
+  float *dl;
+  int dev;
+  CHECK(cudaGetDevice(&dev));
+  CHECK(cudaMalloc((void **)&dl, sizeof(float) * n));
+  CHECK(cudaMemcpy(dl, h, sizeof(float) * n, cudaMemcpyHostToDevice));
+  cudalua_push_dlpack(L, new_tensor(dl, n, dev), 1);
+  lua_setglobal(L, "dl_in");
 
   if (luaL_dofile(L, script) != LUA_OK) {
     fprintf(stderr, "job %d: %s\n", j->id, lua_tostring(L, -1));
@@ -74,6 +110,16 @@ static void run_job(job *j) {
   lua_getglobal(L, "buf");
   cudalua_array_info info;
   int is_array = cudalua_to_array(L, -1, &info);
+  /* a DLPack tensor out: the script's `tripled` (3 h), read here, then given back */
+  lua_getglobal(L, "tripled");
+  DLMTV *out = cudalua_to_dlpack(L, -1, 1);
+  float *tri = malloc(sizeof(float) * n);
+  int dl_ok = out->dl_tensor.ndim == 1 && out->dl_tensor.shape[0] == n && out->dl_tensor.dtype.code == 2 &&
+              out->dl_tensor.dtype.bits == 32 && out->dl_tensor.device.device_type == 2;
+  CHECK(cudaMemcpy(tri, out->dl_tensor.data, sizeof(float) * n, cudaMemcpyDeviceToHost));
+  for (int i = 0; i < n && dl_ok; i++) dl_ok = tri[i] == 3.0f * h[i];
+  out->deleter(out);   /* (before the state closes) */
+  free(tri);
   lua_close(L);   /* Lua lets go of `owned` here */
 
   CHECK(cudaStreamSynchronize(j->stream));
@@ -86,11 +132,11 @@ static void run_job(job *j) {
     sum += want;
   }
   double rel = fabs(j->lua_sum - sum) / (fabs(sum) > 1 ? fabs(sum) : 1);
-  j->ok = bad == 0 && rel < 1e-4 && is_array && info.ptr == (uint64_t)(uintptr_t)d &&
+  j->ok = bad == 0 && rel < 1e-4 && is_array && dl_ok && info.ptr == (uint64_t)(uintptr_t)d &&
           info.shape[0] == n && strcmp(info.dtype, "float32") == 0;
   printf("job %d: %d elements on %s, %d wrong, Lua's cuda.reduce sum %.6g, CPU %.6g (rel. diff %.1e), "
-         "array read back: %s\n", j->id, n, j->stream ? "its own stream" : "the default stream", bad,
-         j->lua_sum, sum, rel, is_array ? info.dtype : "no");
+         "array read back: %s, DLPack round trip: %s\n", j->id, n, j->stream ? "its own stream" : "the default stream", bad,
+         j->lua_sum, sum, rel, is_array ? info.dtype : "no", dl_ok ? "3x, as the CPU" : "WRONG");
   cudaFree(d);
   free(h); free(back);
 }
@@ -120,7 +166,8 @@ int main(int argc, char **argv) {
     ok = j.ok;
   }
   int expect = strcmp(mode, "threads") == 0 ? 2 : 1;
-  printf("embed %s: %s (buffers released by Lua: %d of %d)\n", mode, ok && released == expect ? "ok" : "FAILED",
-         released, expect);
-  return ok && released == expect ? 0 : 1;
+  ok = ok && released == expect && tensors_freed == expect;
+  printf("embed %s: %s (buffers released by Lua: %d of %d; DLPack tensors freed by their deleter: %d of %d)\n", mode,
+         ok ? "ok" : "FAILED", released, expect, tensors_freed, expect);
+  return ok ? 0 : 1;
 }

@@ -88,6 +88,7 @@ function cuda.reduce(...)
 end
 
 cuda.as_cuda_array = core.as_cuda_array -- src/interop.c
+cuda.from_dlpack = core.from_dlpack     -- src/dlpack.c
 cuda.NULL = core.NULL   -- a NULL pointer kernel argument (src/args.c), like nil
 
 cuda.random = require "cudalua.random"

@@ -14,6 +14,15 @@
  *                                         result as a string (or raises its error)
  *   c_thread_state(code)               -> the same on a thread of its own, which then ends
  *   c_pid()                            -> the process's id (its threads: /proc/PID/task)
+ *   c_dlpack_in(t)                     a DLPack tensor made in C from the table t (ptr, code,
+ *                                      bits, lanes, device_type, device_id, versioned,
+ *                                      readonly, shape, strides (elements) or nil, version) and
+ *                                      pushed with cudalua_push_dlpack; on its error the
+ *                                      tensor is freed here and the error raised
+ *   c_dl_deleted()                     -> how many such tensors' deleters cudalua called
+ *   c_dlpack_out(a, versioned)         -> cudalua_to_dlpack's tensor as a table (its fields read
+ *                                         in C) and a handle
+ *   c_dlpack_delete(handle, versioned, on_thread)   calls its deleter (on a thread of its own)
  * After the script, the state is closed; "active contexts N" (with a driver: how many devices'
  * primary contexts are still active, cudalua having released its references) and "released N"
  * are printed. */
@@ -33,6 +42,118 @@ static int released;
 static void release(void *ud, uint64_t ptr) {
   (void)ptr;
   if (ud == (void *)&released) released++;
+}
+
+/* ---- DLPack: the structures of its dlpack.h (v1.0), from the specification ---- */
+typedef struct { int32_t device_type, device_id; } DLDevice;
+typedef struct { uint8_t code, bits; uint16_t lanes; } DLDataType;
+typedef struct { void *data; DLDevice device; int32_t ndim; DLDataType dtype; int64_t *shape, *strides; uint64_t byte_offset; } DLTensor;
+typedef struct DLMT { DLTensor dl_tensor; void *manager_ctx; void (*deleter)(struct DLMT *); } DLMT;
+typedef struct { uint32_t major, minor; } DLVersion;
+typedef struct DLMTV { DLVersion version; void *manager_ctx; void (*deleter)(struct DLMTV *); uint64_t flags; DLTensor dl_tensor; } DLMTV;
+typedef struct { union { DLMT m; DLMTV v; } t; int64_t shape[8], strides[8]; int deleted; } made;
+
+static int dl_deleted, dl_twice;
+static made *all_made[256];   /* freed at exit: a deleter called twice is counted, not a double free */
+static int n_made;
+static void made_gone(made *m) {
+  if (m->deleted++) { dl_twice++; return; }   /* (a second call is counted, not freed twice) */
+  dl_deleted++;
+}
+static void del_legacy(DLMT *t) { made_gone((made *)t); }
+static void del_versioned(DLMTV *t) { made_gone((made *)t); }
+
+static int l_field(lua_State *L, int t, const char *k, lua_Integer d) {
+  lua_getfield(L, t, k);
+  lua_Integer v = luaL_optinteger(L, -1, d);
+  lua_pop(L, 1);
+  return (int)v;
+}
+
+static int push_made(lua_State *L) {
+  made *m = lua_touserdata(L, 1);
+  return cudalua_push_dlpack(L, m, (int)lua_tointeger(L, 2));
+}
+
+static int c_dlpack_in(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  made *m = calloc(1, sizeof *m);
+  int versioned = l_field(L, 1, "versioned", 1);
+  DLTensor *t = versioned ? &m->t.v.dl_tensor : &m->t.m.dl_tensor;
+  lua_getfield(L, 1, "ptr");
+  t->data = (void *)(uintptr_t)lua_tointeger(L, -1);
+  lua_pop(L, 1);
+  t->dtype = (DLDataType){(uint8_t)l_field(L, 1, "code", 2), (uint8_t)l_field(L, 1, "bits", 32), (uint16_t)l_field(L, 1, "lanes", 1)};
+  t->device = (DLDevice){l_field(L, 1, "device_type", 2), l_field(L, 1, "device_id", 0)};
+  lua_getfield(L, 1, "shape");
+  t->ndim = (int32_t)lua_rawlen(L, -1);
+  for (int i = 0; i < t->ndim && i < 8; i++) { lua_rawgeti(L, -1, i + 1); m->shape[i] = lua_tointeger(L, -1); lua_pop(L, 1); }
+  lua_pop(L, 1);
+  t->shape = m->shape;
+  if (lua_getfield(L, 1, "strides") == LUA_TTABLE) {
+    for (int i = 0; i < t->ndim && i < 8; i++) { lua_rawgeti(L, -1, i + 1); m->strides[i] = lua_tointeger(L, -1); lua_pop(L, 1); }
+    t->strides = m->strides;
+  }
+  lua_pop(L, 1);
+  if (versioned) {
+    m->t.v.version = (DLVersion){(uint32_t)l_field(L, 1, "version", 1), 0};
+    m->t.v.flags = l_field(L, 1, "readonly", 0) ? 1 : 0;
+    m->t.v.deleter = del_versioned;
+  } else m->t.m.deleter = del_legacy;
+  lua_pushcfunction(L, push_made);
+  lua_pushlightuserdata(L, m);
+  lua_pushinteger(L, versioned);
+  if (lua_pcall(L, 2, 1, 0) != LUA_OK) { free(m); return lua_error(L); }   /* (still ours: freed) */
+  if (n_made < 256) all_made[n_made++] = m;
+  return 1;
+}
+
+static int c_dl_deleted(lua_State *L) {
+  lua_pushinteger(L, dl_deleted);
+  lua_pushinteger(L, dl_twice);
+  return 2;
+}
+
+static int c_dlpack_out(lua_State *L) {
+  int versioned = lua_toboolean(L, 2);
+  void *p = cudalua_to_dlpack(L, 1, versioned);
+  DLTensor *t = versioned ? &((DLMTV *)p)->dl_tensor : &((DLMT *)p)->dl_tensor;
+  lua_createtable(L, 0, 12);
+  lua_pushinteger(L, (lua_Integer)(uintptr_t)t->data); lua_setfield(L, -2, "ptr");
+  lua_pushinteger(L, t->device.device_type); lua_setfield(L, -2, "device_type");
+  lua_pushinteger(L, t->device.device_id); lua_setfield(L, -2, "device_id");
+  lua_pushinteger(L, t->dtype.code); lua_setfield(L, -2, "code");
+  lua_pushinteger(L, t->dtype.bits); lua_setfield(L, -2, "bits");
+  lua_pushinteger(L, t->dtype.lanes); lua_setfield(L, -2, "lanes");
+  lua_pushinteger(L, (lua_Integer)t->byte_offset); lua_setfield(L, -2, "byte_offset");
+  lua_createtable(L, t->ndim, 0);
+  for (int i = 0; i < t->ndim; i++) { lua_pushinteger(L, t->shape[i]); lua_rawseti(L, -2, i + 1); }
+  lua_setfield(L, -2, "shape");
+  lua_createtable(L, t->ndim, 0);
+  for (int i = 0; t->strides && i < t->ndim; i++) { lua_pushinteger(L, t->strides[i]); lua_rawseti(L, -2, i + 1); }
+  lua_setfield(L, -2, "strides");
+  if (versioned) {
+    lua_pushinteger(L, (lua_Integer)((DLMTV *)p)->flags); lua_setfield(L, -2, "flags");
+    lua_pushinteger(L, ((DLMTV *)p)->version.major); lua_setfield(L, -2, "version");
+  }
+  lua_pushlightuserdata(L, p);
+  return 2;
+}
+
+static void *delete_on_thread(void *arg) {
+  void **a = arg;
+  if (a[1]) ((DLMTV *)a[0])->deleter(a[0]); else ((DLMT *)a[0])->deleter(a[0]);
+  return NULL;
+}
+
+static int c_dlpack_delete(lua_State *L) {
+  void *a[2] = {lua_touserdata(L, 1), (void *)(uintptr_t)lua_toboolean(L, 2)};
+  if (lua_toboolean(L, 3)) {
+    pthread_t th;
+    pthread_create(&th, NULL, delete_on_thread, a);
+    pthread_join(th, NULL);
+  } else delete_on_thread(a);
+  return 0;
 }
 
 static lua_State *new_state(void) {
@@ -158,6 +279,10 @@ static int run_script(const char *path) {
   lua_register(L, "c_other_state", c_other_state);
   lua_register(L, "c_thread_state", c_thread_state);
   lua_register(L, "c_pid", c_pid);
+  lua_register(L, "c_dlpack_in", c_dlpack_in);
+  lua_register(L, "c_dl_deleted", c_dl_deleted);
+  lua_register(L, "c_dlpack_out", c_dlpack_out);
+  lua_register(L, "c_dlpack_delete", c_dlpack_delete);
   int status = luaL_dofile(L, path);
   if (status != LUA_OK) fprintf(stderr, "script error: %s\n", lua_tostring(L, -1));
   lua_close(L);
@@ -182,5 +307,6 @@ int main(int argc, char **argv) {
     printf("active contexts %d\n", active);
   }
   printf("released %d\n", released);
+  for (int i = 0; i < n_made; i++) free(all_made[i]);
   return status == LUA_OK ? 0 : 1;
 }
