@@ -74,6 +74,21 @@ describe("DLPack from Lua", function()
     assert.is_true(cuda.memory_stats().used_bytes <= base + 2, "the 1 MiB array was let go")
   end)
 
+  -- a real producer and consumer: PyTorch, through the C API from ctypes (spec/support/dlpack_torch.py)
+  local torch = H.has_gpu and not H.cpu_device and os.execute("python3 -c 'import torch' >/dev/null 2>&1")
+  local torch_it = torch and it or function(name) pending(name .. " #gpu (no PyTorch with a GPU here)") end
+  torch_it("a zero-copy round trip with PyTorch: its tensor in, doubled in place, a transposed view back #gpu", function()
+    local ok = os.execute("make -s libs >/dev/null")
+    assert(ok, "make libs failed")
+    local inc = os.getenv("LUA_INCDIR")
+    local lib = inc and inc ~= "" and (inc .. "/../lib/liblua5.4.so.0") or "liblua5.4.so.0"
+    local p = io.popen(("python3 spec/support/dlpack_torch.py %q ./libcudalua.so 2>&1"):format(lib))
+    local out = p:read("a")
+    local _, _, code = p:close()
+    assert.equal(0, code, out)
+    assert.matches("dlpack_torch: ok: same memory true, values true, strides true", out, 1, true)
+  end)
+
   gpu("misuse names the function", function()
     C.raises("cuda.from_dlpack: argument 1: light userdata (a DLManagedTensor pointer) expected, got number",
       cuda.from_dlpack, 5)
