@@ -86,7 +86,7 @@ describe("DLPack from Lua", function()
     local out = p:read("a")
     local _, _, code = p:close()
     assert.equal(0, code, out)
-    assert.matches("dlpack_torch: ok: same memory true, values true, strides true", out, 1, true)
+    assert.matches("dlpack_torch: ok: same memory True, values True, strides True", out, 1, true)
   end)
 
   gpu("misuse names the function", function()
