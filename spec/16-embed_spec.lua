@@ -45,7 +45,8 @@ local function script(src, times)
   local exe = build()
   local path = workdir .. "/script.lua"
   H.write(path, src)
-  return run(q(exe) .. " " .. q(path) .. " " .. (times or 1))
+  -- (a watchdog: a hang ends the run, reported as a failure)
+  return run("timeout -k 5 300 " .. q(exe) .. " " .. q(path) .. " " .. (times or 1))
 end
 
 -- the helpers every script starts with
@@ -333,6 +334,39 @@ c_dlpack_delete(p2, false, true)   -- from another thread
 c_dlpack_delete(p, true, false)
 ]])
     expect_ok(ok, out)
+  end)
+
+  -- where threads meet: consumers delete handed-out tensors from 8 threads of their own, in an
+  -- order drawn from a seed, while the state hands out more, takes tensors in and collects;
+  -- a watchdog (timeout) ends a hang. Every tensor's memory must be let go, none twice.
+  gpu("DLPack deleters from 8 threads at once, seeded, while the state goes on (under a watchdog)", function()
+    for _, seed in ipairs({ 17, 4242, 90001 }) do
+      local ok, out = script(PRELUDE .. ([[
+local function collect() collectgarbage(); collectgarbage() end
+local function drain() cuda.from_dlpack(cuda.device_array(1, "int8"):to_dlpack()); collect() end
+drain(); drain(); cuda.empty_cache()
+local base = cuda.memory_stats().used_bytes
+math.randomseed(%d)
+local handles = {}
+for i = 1, 600 do
+  local a = cuda.device_array(math.random(1, 64) * 256, "float32")
+  local _, p = c_dlpack_out(i %% 3 == 0 and a:sub({ 1, -1, 2 }) or a, true)
+  handles[i] = p
+end
+collect()
+c_dlpack_scatter(handles, %d, 8)
+for i = 1, 300 do   -- the state goes on meanwhile: more tensors out and in, collections
+  local b = cuda.from_dlpack(cuda.device_array(math.random(1, 16) * 64, "int32"):to_dlpack())
+  b:fill(i)
+  if i %% 50 == 0 then collect() end
+end
+c_dlpack_join()
+drain(); drain()
+local left = cuda.memory_stats().used_bytes - base
+check(left <= 64, "memory left after every deleter ran:", left)
+]]):format(seed, seed))
+      expect_ok(ok, out)
+    end
   end)
 
   gpu("the last state to close frees what cudalua holds and releases every primary context", function()

@@ -23,6 +23,9 @@
  *   c_dlpack_out(a, versioned)         -> cudalua_to_dlpack's tensor as a table (its fields read
  *                                         in C) and a handle
  *   c_dlpack_delete(handle, versioned, on_thread)   calls its deleter (on a thread of its own)
+ *   c_dlpack_scatter(handles, seed, nthreads)       their deleters (versioned tensors), called by
+ *                                      nthreads threads of their own in an order drawn from
+ *                                      seed, while the script goes on; c_dlpack_join() waits
  * After the script, the state is closed; "active contexts N" (with a driver: how many devices'
  * primary contexts are still active, cudalua having released its references) and "released N"
  * are printed. */
@@ -144,6 +147,44 @@ static void *delete_on_thread(void *arg) {
   void **a = arg;
   if (a[1]) ((DLMTV *)a[0])->deleter(a[0]); else ((DLMT *)a[0])->deleter(a[0]);
   return NULL;
+}
+
+/* the scattered deleters: a shuffled list taken from by several threads at once */
+static void *scatter_items[4096];
+static int scatter_n, scatter_next, scatter_threads;
+static pthread_t scatter_ids[16];
+static void *scatter_main(void *arg) {
+  (void)arg;
+  for (;;) {
+    int i = __atomic_fetch_add(&scatter_next, 1, __ATOMIC_SEQ_CST);
+    if (i >= scatter_n) return NULL;
+    DLMTV *t = scatter_items[i];
+    if (i % 7 == 0) usleep(50);   /* (some late, while the state exports and collects) */
+    t->deleter(t);
+  }
+}
+
+static int c_dlpack_scatter(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  unsigned seed = (unsigned)luaL_checkinteger(L, 2);
+  int nt = (int)luaL_checkinteger(L, 3);
+  scatter_n = (int)lua_rawlen(L, 1);
+  if (scatter_n > 4096 || nt < 1 || nt > 16) return luaL_error(L, "c_dlpack_scatter: too many");
+  for (int i = 0; i < scatter_n; i++) { lua_rawgeti(L, 1, i + 1); scatter_items[i] = lua_touserdata(L, -1); lua_pop(L, 1); }
+  for (int i = scatter_n - 1; i > 0; i--) {   /* the seed's order */
+    int k = (int)(rand_r(&seed) % (unsigned)(i + 1));
+    void *x = scatter_items[i]; scatter_items[i] = scatter_items[k]; scatter_items[k] = x;
+  }
+  scatter_next = 0, scatter_threads = nt;
+  for (int i = 0; i < nt; i++) pthread_create(&scatter_ids[i], NULL, scatter_main, NULL);
+  return 0;
+}
+
+static int c_dlpack_join(lua_State *L) {
+  for (int i = 0; i < scatter_threads; i++) pthread_join(scatter_ids[i], NULL);
+  scatter_threads = 0;
+  (void)L;
+  return 0;
 }
 
 static int c_dlpack_delete(lua_State *L) {
@@ -283,6 +324,8 @@ static int run_script(const char *path) {
   lua_register(L, "c_dl_deleted", c_dl_deleted);
   lua_register(L, "c_dlpack_out", c_dlpack_out);
   lua_register(L, "c_dlpack_delete", c_dlpack_delete);
+  lua_register(L, "c_dlpack_scatter", c_dlpack_scatter);
+  lua_register(L, "c_dlpack_join", c_dlpack_join);
   int status = luaL_dofile(L, path);
   if (status != LUA_OK) fprintf(stderr, "script error: %s\n", lua_tostring(L, -1));
   lua_close(L);
