@@ -148,6 +148,12 @@ Elementwise.__name = "cudalua.elementwise"
 local EW_OPTS = { stream = true, block = true }
 local NO_OPTS = {}   -- a call without options makes no table
 local sms_of = {}   -- device -> multiprocessors (cuda.devices() builds every device's table)
+-- (cudalua.reduction asks too)
+function M.multiprocessors(cuda, dev)
+  local sms = sms_of[dev]
+  if not sms then sms = cuda.devices()[dev + 1].multiprocessors; sms_of[dev] = sms end
+  return sms
+end
 
 -- cuda.elementwise(in_params, out_params, body [, name]) -> a callable
 function M.elementwise(cuda, in_params, out_params, body, name)
@@ -362,8 +368,7 @@ function Elementwise.__call(self, ...)
   local dev = cuda.current_device()
   local k = kernel_for(self, scan.mask, w, dev)
   if n > 0 then
-    local sms = sms_of[dev]
-    if not sms then sms = cuda.devices()[dev + 1].multiprocessors; sms_of[dev] = sms end
+    local sms = M.multiprocessors(cuda, dev)
     local work = (n + w - 1) // w
     local grid = math.max(1, math.min((work + block - 1) // block, sms * (2048 // block) * 2))
     args[nin + nout + 1] = n

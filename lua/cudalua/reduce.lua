@@ -238,13 +238,13 @@ function Reducer:__call(arr, opts)
       stream = nil
     end
   end
-  local n, dtype, kind, ptr, dev = core.array_info(arr)
+  local n, dtype, kind, ptr, dev, contig = core.array_info(arr)
   if not n and type(getmetatable(arr)) == "table" and getmetatable(arr).__cuda_array_interface then
     arr = cuda.as_cuda_array(arr)
-    n, dtype, kind, ptr, dev = core.array_info(arr)
+    n, dtype, kind, ptr, dev, contig = core.array_info(arr)
   end
   local along = opts ~= nil and (opts.axis ~= nil or opts.keepdims ~= nil)
-  local strided = n and not select(6, core.array_info(arr))
+  local strided = n and not contig
   if strided and not along and res ~= nil then
     check.error("cuda.reduce", 2, "res with a strided view: give axis (or reduce a:copy())")
   end

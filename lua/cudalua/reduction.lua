@@ -272,11 +272,12 @@ end
 
 -- the kept and reduced axes, merged where every array input steps along two as along one:
 -- { ext = {...}, st = { [name] = {...} } } for each
-local function merged(shape, strides_of, names, pick)
+-- (fold: the folded axes' set; folded: true for those, false for the kept ones)
+local function merged(shape, strides_of, names, fold, folded)
   local out = { ext = {}, st = {} }
   for _, n in ipairs(names) do out.st[n] = {} end
   for d = 1, #shape do
-    if pick(d - 1) and shape[d] ~= 1 then
+    if (fold[d - 1] or false) == folded and shape[d] ~= 1 then
       local k = #out.ext
       local joins = k > 0
       for _, n in ipairs(names) do
@@ -318,7 +319,7 @@ end
 
 -- the inputs: scalars (a mask bit each), the arrays' shape and strides
 local function scan_inputs(self, args)
-  local mask, shape, first, strides_of, names, widths = 0, nil, nil, {}, {}, {}
+  local mask, shape, first, strides_of, names, width = 0, nil, nil, {}, {}, nil
   for i, p in ipairs(self.ins) do
     local v = args[i]
     if type(v) == "number" or type(v) == "boolean" then
@@ -345,11 +346,11 @@ local function scan_inputs(self, args)
       end
       shape, first = shape or sh, first or p.name
       strides_of[p.name] = v.strides
-      names[#names + 1], widths[p.name] = p.name, p.dtype.itemsize
+      names[#names + 1], width = p.name, width or p.dtype.itemsize
     end
   end
   if not shape then fail(self, 3, "no array among the inputs says the shape") end
-  return mask, shape, strides_of, names, widths
+  return mask, shape, strides_of, names, width   -- (width: the first array input's itemsize)
 end
 
 -- the outputs' shape: the kept axes (keepdims: every axis, the folded ones of extent 1)
@@ -387,28 +388,30 @@ local function inputs(self, mask)
   return ins
 end
 
+-- (kernels: per device, by an integer of mask, the axes (at most 8 each) and the stride (< 1024))
 local function kernel_for(self, mask, nk, nr, stride, dev)
-  local key = ("%d:%d:%d:%d:%d"):format(dev, mask, nk, nr, stride)
-  local k = self.kernels[key]
+  local per = self.kernels[dev]
+  if not per then per = {}; self.kernels[dev] = per end
+  local key = ((mask * 16 + nk) * 16 + nr) * 1024 + stride
+  local k = per[key]
   if k then return k end
   local src = source(self, inputs(self, mask), nk, nr, stride)
   local ok, mod = pcall(self.cuda.compile, src, { name = self.name .. ".cu" })
   if not ok then fail(self, 4, "its code does not compile: %s", check.cause(mod)) end
   k = mod:get("cudalua_reduction")
-  self.kernels[key] = k
+  per[key] = k
   return k
 end
 
-local sms_of = {}
 
 -- r(in1, ... [, out1, ...] [, {axis =, keepdims =, out =, stream =}]) -> the outputs
 function Reduction.__call(self, ...)
   local args = table.pack(...)
   local opts = read_args(self, args)
-  local mask, shape, strides_of, names, widths = scan_inputs(self, args)
+  local mask, shape, strides_of, names, width = scan_inputs(self, args)
   local fold = axes_of(self, #shape, opts.axis)
-  local kept = merged(shape, strides_of, names, function(d) return not fold[d] end)
-  local red = merged(shape, strides_of, names, function(d) return fold[d] end)
+  local kept = merged(shape, strides_of, names, fold, false)
+  local red = merged(shape, strides_of, names, fold, true)
   local oshape = out_shape(shape, fold, opts.keepdims)
   local nout, count = prod(kept.ext), prod(red.ext)
   local cuda, stream, nin = self.cuda, opts.stream, #self.ins
@@ -432,9 +435,8 @@ function Reduction.__call(self, ...)
   end
   -- (serial: each result folded by one thread, in order: cuda.reduce's operations not known to commute)
   local dev = cuda.current_device()
-  local sms = sms_of[dev]
-  if not sms then sms = cuda.devices()[dev + 1].multiprocessors; sms_of[dev] = sms end
-  local stride = self.serial and BLOCK or stride_for(kept, red, names[1], widths[names[1]], nout, count, sms)
+  local sms = elementwise.multiprocessors(cuda, dev)
+  local stride = self.serial and BLOCK or stride_for(kept, red, names[1], width, nout, count, sms)
   local k = kernel_for(self, mask, #kept.ext, #red.ext, stride, dev)
   if nout > 0 then
     local kargs = {}
