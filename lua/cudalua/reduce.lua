@@ -215,7 +215,7 @@ local function by_axis(self, arr, dtype, init, opts, stream, res)
       red.serial = true
     end
     red.preamble = self.preamble
-    red.where, red.up = "cuda.reduce", 2   -- (its errors: this reducer's, at its caller's line)
+    red.where, red.up = "cuda.reduce", 1   -- (its errors: this reducer's, at its caller's line: red's call below is a tail call)
     self.by_axis[key] = red
   end
   return red(arr, { axis = opts and opts.axis, keepdims = opts and opts.keepdims, out = res, stream = stream })

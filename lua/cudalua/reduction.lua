@@ -397,7 +397,7 @@ local function kernel_for(self, mask, nk, nr, stride, dev)
   if k then return k end
   local src = source(self, inputs(self, mask), nk, nr, stride)
   local ok, mod = pcall(self.cuda.compile, src, { name = self.name .. ".cu" })
-  if not ok then fail(self, 4, "its code does not compile: %s", check.cause(mod)) end
+  if not ok then fail(self, 3, "its code does not compile: %s", check.cause(mod)) end
   k = mod:get("cudalua_reduction")
   per[key] = k
   return k
@@ -423,13 +423,13 @@ function Reduction.__call(self, ...)
       o = cuda.device_array(oshape, p.dtype, stream)
     else
       local n, dt, kind, _, _, contig = core.array_info(o)
-      if not n then fail(self, 3, "output %s must be an array, got %s", p.name, type(o)) end
-      if kind == "array" then fail(self, 3, "output %s is a pageable host array", p.name) end
+      if not n then fail(self, 2, "output %s must be an array, got %s", p.name, type(o)) end
+      if kind == "array" then fail(self, 2, "output %s is a pageable host array", p.name) end
       if dt ~= p.dtype then
-        fail(self, 3, "output %s is %s, the parameter %s", p.name, tostring(dt), p.dtype.name)
+        fail(self, 2, "output %s is %s, the parameter %s", p.name, tostring(dt), p.dtype.name)
       end
-      if n ~= nout then fail(self, 3, "output %s has %d elements, the result %d", p.name, n, nout) end
-      if not contig then fail(self, 3, "output %s is a strided view: this needs a contiguous array", p.name) end
+      if n ~= nout then fail(self, 2, "output %s has %d elements, the result %d", p.name, n, nout) end
+      if not contig then fail(self, 2, "output %s is a strided view: this needs a contiguous array", p.name) end
     end
     outs[j] = o
   end
