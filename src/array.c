@@ -416,7 +416,7 @@ static int a_len(lua_State *L) {
 static cl_array *push_view(lua_State *L, cl_array *a, size_t offset, int dt, int ndim, const int64_t *shape,
                            const int64_t *strides) {
   cl_array *v = cl_push_array(L, cl_mem_ref(a->mem), offset, a->kind, dt, ndim, shape);
-  cl_set_strides(v, strides);
+  if (strides) cl_set_strides(v, strides);   /* (cl_push_array made C order's) */
   v->readonly = a->readonly;
   lua_getiuservalue(L, 1, 1);
   lua_setiuservalue(L, -2, 1);

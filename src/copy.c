@@ -303,37 +303,9 @@ static int a_copy(lua_State *L) {
   return 1;
 }
 
-static int a_fill(lua_State *L) {
-  cl_array *a = cl_checkarray(L, 1);
-  char v[CL_MAXITEM];
+/* the contiguous device array a set to the item v on s (NULL: the legacy stream), queued */
+static void fill_device(lua_State *L, cl_array *a, const char *v, cl_stream *s) {
   int isz = cl_dtypes[a->dtype].size;
-  cl_tovalue(L, 2, a->dtype, v, "array:fill", 0);
-  cl_stream *s = cl_tostream(L, 3, "array:fill");
-  if (a->readonly) return cl_error(L, "array:fill", "array is read-only");
-  if (!a->contig && !cl_is_host(a) && a->size) {
-    /* a strided view of device memory: an array of its shape filled, then copied into it (one
-       2-D or 3-D copy, not a memset per row) */
-    cl_use_ctx(L, a->mem->ctx);
-    lua_pushcfunction(L, a_fill);
-    cl_newarray(L, CL_DEVICE, a->dtype, a->ndim, a->shape, s, 0);
-    lua_pushvalue(L, 2);
-    if (s) lua_pushvalue(L, 3); else lua_pushnil(L);
-    lua_call(L, 3, 1);
-    cl_copy(L, a, lua_touserdata(L, -1), s, !s, "array:fill");
-    cl_flush_deferred(L);
-    lua_settop(L, 1);
-    return 1;
-  }
-  lua_settop(L, 1);
-  if (a->size == 0) return 1;
-  if (cl_is_host(a)) {
-    cl_host_access(L, a);
-    if (a->mem && a->mem->used) cl_mem_settle(L, a->mem);
-    cl_still_open(L, a, "array:fill");
-    char *p = cl_hostptr(a);
-    for (size_t i = 0; i < a->size; i++) memcpy(p + cl_elem_offset(a, i), v, isz);
-    return 1;
-  }
   cl_stream_check(L, s, a->mem->ctx, "array:fill", "array");
   cl_use_ctx(L, a->mem->ctx);
   cl_capture_guard(L, s, !s, "array:fill");
@@ -357,6 +329,38 @@ static int a_fill(lua_State *L) {
   }
   cl_check(L, r, "array:fill");
   cl_mem_use_n(L, &m, 1, s, m->ctx);
+}
+
+static int a_fill(lua_State *L) {
+  cl_array *a = cl_checkarray(L, 1);
+  char v[CL_MAXITEM];
+  int isz = cl_dtypes[a->dtype].size;
+  cl_tovalue(L, 2, a->dtype, v, "array:fill", 0);
+  cl_stream *s = cl_tostream(L, 3, "array:fill");
+  if (a->readonly) return cl_error(L, "array:fill", "array is read-only");
+  lua_settop(L, 1);
+  if (a->size == 0) return 1;
+  if (cl_is_host(a)) {
+    cl_host_access(L, a);
+    if (a->mem && a->mem->used) cl_mem_settle(L, a->mem);
+    cl_still_open(L, a, "array:fill");
+    char *p = cl_hostptr(a);
+    if (a->contig) for (size_t i = 0; i < a->size; i++) memcpy(p + i * isz, v, isz);
+    else for (size_t i = 0; i < a->size; i++) memcpy(p + cl_elem_offset(a, i), v, isz);
+    return 1;
+  }
+  if (!a->contig) {
+    /* a strided view of device memory: an array of its shape filled, then copied into it (one
+       2-D or 3-D copy, not a memset per row), the copy ordered after the fill on the stream */
+    cl_use_ctx(L, a->mem->ctx);
+    cl_array *t = cl_newarray(L, CL_DEVICE, a->dtype, a->ndim, a->shape, s, 0);
+    fill_device(L, t, v, s);
+    cl_copy(L, a, t, s, !s, "array:fill");
+    cl_flush_deferred(L);
+    lua_settop(L, 1);
+    return 1;
+  }
+  fill_device(L, a, v, s);
   if (!s) {
     cl_wait(L, CL_WAIT_STREAM, NULL, "array:fill");
     cl_flush_deferred(L);

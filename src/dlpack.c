@@ -140,12 +140,12 @@ int cl_dlpack_push(lua_State *L, void *tensor, int versioned, const char *where)
 
 /* ---- out ---- */
 /* an array handed out: the tensor first (the consumer's pointer is the record's), the memory's
-   reference, the state it belongs to (its main thread; NULL once that state closed) */
+   reference, the state it belongs to (cl_state_id; NULL once that state closed) */
 typedef struct exported {
   union { DLManagedTensorVersioned v; DLManagedTensor m; } t;
   int versioned, done;
   cl_mem *mem;
-  lua_State *owner;
+  const void *owner;     /* cl_state_id */
   struct exported *next;
   int64_t shape[CL_MAXDIM], strides[CL_MAXDIM];
 } exported;
@@ -168,16 +168,9 @@ static void finish(exported *x) {
 static void delete_versioned(DLManagedTensorVersioned *v) { finish((exported *)v); }
 static void delete_legacy(DLManagedTensor *m) { finish((exported *)m); }
 
-static lua_State *main_of(lua_State *L) {
-  lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
-  lua_State *m = lua_tothread(L, -1);
-  lua_pop(L, 1);
-  return m;
-}
-
 /* L's records the consumers are done with: their memory let go */
 static void collect(lua_State *L) {
-  lua_State *me = main_of(L);
+  const void *me = cl_state_id(L);
   exported *mine = NULL;
   pthread_mutex_lock(&out_lock);
   for (exported **p = &handed; *p;) {
@@ -193,7 +186,7 @@ static void collect(lua_State *L) {
    (its memory until the last state's close frees every context's) */
 void cl_dlpack_close(lua_State *L) {
   collect(L);
-  lua_State *me = main_of(L);
+  const void *me = cl_state_id(L);
   pthread_mutex_lock(&out_lock);
   for (exported *x = handed; x; x = x->next) if (x->owner == me) x->owner = NULL;
   pthread_mutex_unlock(&out_lock);
@@ -239,7 +232,7 @@ void *cl_dlpack_export(lua_State *L, int idx, int versioned, const char *where) 
   } else {
     x->t.m.deleter = delete_legacy;
   }
-  x->versioned = versioned, x->mem = cl_mem_ref(a->mem), x->owner = main_of(L);
+  x->versioned = versioned, x->mem = cl_mem_ref(a->mem), x->owner = cl_state_id(L);
   pthread_mutex_lock(&out_lock);
   x->next = handed, handed = x;
   pthread_mutex_unlock(&out_lock);

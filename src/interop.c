@@ -74,7 +74,7 @@ static cl_array *foreign_view(lua_State *L, lua_Integer ptr, int dt, int ndim,
     else portable = 1;
   }
   cl_array *a = cl_push_array(L, NULL, 0, CL_FOREIGN, dt, ndim, shape);
-  cl_set_strides(a, strides);
+  if (strides) cl_set_strides(a, strides);   /* (cl_push_array made C order's) */
   a->readonly = readonly;
   if (owner) { lua_pushvalue(L, owner); lua_setiuservalue(L, -2, 1); }
   cl_mem *m = cl_mem_record(L, CL_FOREIGN, bytes, ctx);
